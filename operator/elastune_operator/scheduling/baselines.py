@@ -1,0 +1,264 @@
+"""The two baselines of the paper's evaluation (§3, §6.1), behind the same policy interface.
+
+Both get everything the paper gave them: the same estimator (learned online, like PromptTuner's),
+multi-GPU execution and the Prompt Bank (run for every job — the latency budget is PromptTuner's own
+mechanism, ablated separately). They run in the same simulator, on the same trace and physics.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass
+
+from .estimator import Estimator
+from .latency_budget import decide_prompt_bank
+from .policy import Billing, RoundCache
+from .state import Allocation, ClusterState, Job, Launch, RoundDecision
+
+
+def _bank_always(estimator: Estimator, job: Job) -> None:
+    mode = "never" if job.bank_mode == "never" else "always"
+    choice = decide_prompt_bank(mode, 0.0, job.slo)
+    job.use_bank = choice.use
+    job.bank_seconds = estimator.profile(job.llm).bank_lookup_seconds if choice.use else 0.0
+
+
+def _best_effort_gpus(estimator: Estimator, job: Job) -> int:
+    """GPUs for a job that cannot meet its SLO any more: what would have met it starting now."""
+    return estimator.fewest_gpus(
+        job.llm, job.remaining_iterations, job.slo, job.bank_seconds
+    ) or estimator.max_gpus(job.llm)
+
+
+@dataclass(slots=True)
+class INFlessConfig:
+    keep_alive_seconds: float = 60.0
+    """Idle instances are kept this long (same window PromptTuner uses, for a like-for-like cost)."""
+    prewarm: bool = True
+    """Traffic-based autoscaling: keep as many instances as the recent GPU demand needs."""
+    rate_window_seconds: float = 60.0
+
+
+class INFlessPolicy:
+    """INFless-like serverless inference autoscaling, extended to multi-GPU LPT jobs (paper §3.2, §6.1).
+
+    Models: requests dispatched on arrival (FIFO, no global reordering); SLO-aware sizing with the
+    shared estimator, knowing whether instances must be cold-started (A is chosen so that
+    T(A) + T_cold ≤ SLO when idle instances are short); each instance is one GPU and initialises
+    independently, and a multi-GPU job waits until all its instances are up (Inefficiency 2, §3.2);
+    per-LLM autoscaling from traffic (instances pre-warmed to the GPU demand of the last minute, by
+    Little's law) with keep-alive of idle instances; no waiting for busy instances to be released
+    (an inference system scales out instead).
+    Leaves out: INFless's batching and CPU/GPU operator placement (irrelevant to LPT jobs), its LSTH
+    keep-alive histogram (a fixed window stands in), and any cross-model optimisation — it has none.
+    """
+
+    name = "infless"
+    keep_warm = True
+    billing: Billing = "warm_pool"
+
+    def __init__(self, estimator: Estimator, config: INFlessConfig | None = None) -> None:
+        self.estimator = estimator
+        self.config = config or INFlessConfig()
+        self._demand: dict[str, deque[tuple[float, float]]] = {}
+        self._cache = RoundCache()
+
+    def admit(self, state: ClusterState, job: Job, now: float) -> None:
+        _bank_always(self.estimator, job)
+        state.submit(job)
+        est = self.estimator
+        a = est.fewest_gpus(job.llm, job.remaining_iterations, job.slo, job.bank_seconds) or est.max_gpus(
+            job.llm
+        )
+        gpu_seconds = a * est.t_warm(job.llm, job.remaining_iterations, a, job.bank_seconds)
+        self._demand.setdefault(job.llm, deque()).append((now, gpu_seconds))
+
+    def round(self, state: ClusterState, now: float) -> RoundDecision:
+        if self._cache.fresh(state, now):
+            return RoundDecision()
+        est = self.estimator
+        d = RoundDecision()
+        horizon = math.inf
+        cold_free = state.cold_free
+        free = {llm: list(ids) for llm, ids in state.idle.items()}
+        # Jobs still missing instances (cold pool was exhausted when they arrived) go first.
+        queue = sorted(
+            [state.jobs[j] for w in state.waiting.values() for j in w]
+            + [state.jobs[j] for p in state.pending.values() for j in p],
+            key=lambda j: j.arrival,
+        )
+        for job in queue:
+            llm = job.llm
+            idle = free[llm]
+            rem = job.remaining_iterations
+            if job.target_gpus:
+                missing = job.target_gpus - len(job.gpus)
+                target = job.target_gpus
+            else:
+                budget = job.deadline - now
+                a = est.fewest_gpus(llm, rem, budget, job.bank_seconds)
+                if not a or a > len(idle):
+                    a = est.fewest_gpus_cold(llm, rem, budget, job.bank_seconds)
+                if not a:
+                    a = _best_effort_gpus(est, job)
+                missing = target = a
+            if missing <= 0:
+                continue
+            take = min(missing, len(idle))
+            if take:
+                ids = idle[-take:]
+                del idle[-take:]
+                d.allocations.append(Allocation(job.id, ids, target))
+            cold = min(missing - take, cold_free)
+            if cold:
+                cold_free -= cold
+                d.launches.append(Launch(llm, cold, job.id))
+        for llm in state.pending:
+            target = self._prewarm_target(llm, now)
+            size = state.pool_size[llm] + sum(x.count for x in d.launches if x.llm == llm)
+            if size < target and cold_free:
+                n = min(target - size, cold_free)
+                cold_free -= n
+                d.launches.append(Launch(llm, n))
+                size += n
+            surplus = size - target
+            for gid in free[llm]:
+                expires = state.gpus[gid].idle_since + self.config.keep_alive_seconds
+                if expires <= now and surplus > 0:
+                    d.releases.append(gid)
+                    surplus -= 1
+                elif expires > now:
+                    horizon = min(horizon, expires)
+            window_end = self._demand_expiry(llm)
+            if window_end is not None and window_end > now:
+                horizon = min(horizon, window_end)
+        if d.empty():
+            self._cache.store(state, horizon)
+        return d
+
+    def _prewarm_target(self, llm: str, now: float) -> int:
+        if not self.config.prewarm:
+            return 0
+        window = self.config.rate_window_seconds
+        q = self._demand.get(llm)
+        if not q:
+            return 0
+        while q and q[0][0] < now - window:
+            q.popleft()
+        return math.ceil(sum(gs for _, gs in q) / window) if q else 0
+
+    def _demand_expiry(self, llm: str) -> float | None:
+        q = self._demand.get(llm)
+        return q[0][0] + self.config.rate_window_seconds if q else None
+
+
+@dataclass(slots=True)
+class ElasticFlowConfig:
+    cluster_gpus: int | None = None
+    """Size of the fixed, always-paid cluster; None = the cold pool's capacity (the paper's 32 GPUs)."""
+
+
+class ElasticFlowPolicy:
+    """ElasticFlow-like SLO-aware elastic training scheduler (paper §3.1, §6.1; Gu et al. 2023).
+
+    Models: a fixed-size cluster paid all the time; deadline-aware admission control with minimum
+    satisfactory shares (the fewest GPUs that meet the deadline, counting the initialisation every
+    allocation pays), jobs that cannot be guaranteed are dropped (counted as SLO misses); admitted jobs
+    run earliest-deadline-first on at least their minimum share; GPUs left over go to the jobs being
+    started, to the one with the largest marginal time reduction first (elastic scaling); when a newly
+    admitted job needs room, jobs running above their minimum share are shrunk to it (a restart). No
+    runtime reuse: every allocation, including a restart, pays the full initialisation T_cold.
+    Leaves out: ElasticFlow's slot-by-slot future planning (admission here guarantees minimum shares
+    against the current commitments, which is at least as permissive for jobs that fit now), its
+    topology-aware placement, and growing running jobs (a restart costs T_cold, which near-linear
+    scaling rarely repays for jobs of seconds to minutes).
+    """
+
+    name = "elasticflow"
+    keep_warm = False
+    billing: Billing = "fixed_cluster"
+
+    def __init__(self, estimator: Estimator, config: ElasticFlowConfig | None = None) -> None:
+        self.estimator = estimator
+        self.config = config or ElasticFlowConfig()
+        self._min_share: dict[str, int] = {}
+        self._cache = RoundCache()
+
+    def cluster_gpus(self, state: ClusterState) -> int:
+        n = self.config.cluster_gpus
+        return state.capacity if n is None else min(n, state.capacity)
+
+    def _share(self, job: Job, now: float) -> int:
+        budget = job.deadline - now
+        return self.estimator.fewest_gpus_cold(job.llm, job.remaining_iterations, budget, job.bank_seconds)
+
+    def admit(self, state: ClusterState, job: Job, now: float) -> None:
+        _bank_always(self.estimator, job)
+        state.submit(job)
+        m = self._share(job, now)
+        for jid in [j for j in self._min_share if state.jobs[j].finished_at is not None]:
+            del self._min_share[jid]  # guarantees end with the job
+        committed = sum(self._min_share.values())
+        if m == 0 or committed + m > self.cluster_gpus(state):
+            state.drop(job.id)
+            return
+        self._min_share[job.id] = m
+
+    def round(self, state: ClusterState, now: float) -> RoundDecision:
+        if self._cache.fresh(state, now):
+            return RoundDecision()
+        est = self.estimator
+        d = RoundDecision()
+        free = self.cluster_gpus(state) - len(state.gpus)
+        pending = sorted(
+            (state.jobs[j] for p in state.pending.values() for j in p), key=lambda j: j.deadline
+        )
+        starting: dict[str, int] = {}
+        for job in pending:
+            share = max(self._min_share.get(job.id, 1), self._share(job, now))
+            share = min(share, self.cluster_gpus(state))
+            if share > free:
+                free += self._shrink_for(state, d, share - free, now)
+            if share > free:
+                continue  # wait for running jobs to finish
+            starting[job.id] = share
+            free -= share
+        # Elastic scaling: leftover GPUs to the starting job with the largest marginal time reduction.
+        while free > 0 and starting:
+            best, gain = None, 0.0
+            for jid, a in starting.items():
+                job = state.jobs[jid]
+                if a >= est.max_gpus(job.llm):
+                    continue
+                rem = job.remaining_iterations
+                g = est.t_warm(job.llm, rem, a) - est.t_warm(job.llm, rem, a + 1)
+                if g > gain:
+                    best, gain = jid, g
+            if best is None:
+                break
+            starting[best] += 1
+            free -= 1
+        for jid, a in starting.items():
+            d.launches.append(Launch(state.jobs[jid].llm, a, jid))
+        if d.empty():
+            self._cache.store(state, math.inf)
+        return d
+
+    def _shrink_for(self, state: ClusterState, d: RoundDecision, need: int, now: float) -> int:
+        """Shrink running jobs above their minimum share (latest deadline first); returns GPUs freed."""
+        freed = 0
+        running = sorted(
+            (state.jobs[j] for r in state.running.values() for j in r),
+            key=lambda j: j.deadline,
+            reverse=True,
+        )
+        for job in running:
+            if freed >= need:
+                break
+            m = max(1, self._share(job, now)) if job.id in self._min_share else len(job.gpus)
+            surplus = len(job.gpus) - m
+            if surplus > 0 and all(r[0] != job.id for r in d.restarts):
+                d.restarts.append((job.id, m))
+                freed += surplus
+        return freed

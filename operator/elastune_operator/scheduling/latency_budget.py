@@ -1,0 +1,35 @@
+"""The Prompt Bank latency budget (PromptTuner §4.4.3)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+BankMode = Literal["auto", "always", "never"]
+
+DEFAULT_BUDGET_FRACTION = 0.2
+"""Run the bank only if its lookup fits in 20 % of the SLO: the bank's minimum observed speedup
+(1.2×) then still outweighs its overhead (paper §4.4.3)."""
+
+
+@dataclass(frozen=True, slots=True)
+class BankChoice:
+    use: bool
+    reason: str
+
+
+def decide_prompt_bank(
+    mode: BankMode,
+    predicted_lookup_seconds: float,
+    slo_seconds: float,
+    budget_fraction: float = DEFAULT_BUDGET_FRACTION,
+) -> BankChoice:
+    """Whether a job runs the Prompt Bank before tuning, and why (recorded in the job's status)."""
+    if mode == "never":
+        return BankChoice(False, "PromptBankDisabled")
+    if mode == "always":
+        return BankChoice(True, "PromptBankRequested")
+    budget = budget_fraction * slo_seconds
+    if predicted_lookup_seconds <= budget:
+        return BankChoice(True, "WithinLatencyBudget")
+    return BankChoice(False, "OverLatencyBudget")

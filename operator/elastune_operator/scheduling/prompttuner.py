@@ -1,0 +1,397 @@
+"""PromptTuner's Workload Scheduler (paper §4.4, Algorithms 1 and 2), one round at a time.
+
+A round (every 50 ms) does, in this order:
+
+1. Algorithm 1 per LLM — pending jobs sorted by SLO; each gets the fewest warm GPUs A ≤ R_l with
+   T_warm(A) ≤ T_slo, all A at once (a gang), or waits (A = 0).
+2. Algorithm 2 over all LLMs — pending jobs sorted by SLO; DelaySchedulable first (can the job meet
+   its SLO by waiting for warm GPUs being released?); otherwise grow the LLM's warm pool from the
+   shared cold pool by the fewest GPUs A with T_warm(A) + T_cold ≤ T_slo.
+3. Best effort for jobs projected to miss their SLO (see ``_best_effort``).
+4. Idle release: warm GPUs idle for longer than the window (60 s) return to the cold pool.
+
+Interpretations of the paper's pseudo-code (each marked "Interpretation" below):
+
+* Times. E_l holds absolute timestamps while Alg. 2 line 26 mixes them with durations
+  (``T_i(k) − T_cur + E_l,k ≤ T_slo``) and line 30 stores a duration into E_l. We use absolute time
+  throughout: the job can start on k GPUs at ``start = max(E_l,k, now)`` and meets its SLO iff
+  ``start + T_warm(k) ≤ deadline`` (deadline = arrival + SLO); the reservation sets E_l,1:k to that
+  finish time and keeps E_l sorted.
+* Line 29's ``k < E_l.len`` would never use the last GPU of the pool; the intent is k ≤ |E_l|.
+* Line 12's second conjunct ``T_slo < T_cold`` would stop the search immediately for any job whose SLO
+  exceeds T_cold; the intent is "grow A while the SLO is not met and more GPUs can still help",
+  bounded by the per-job maximum. Line 15 then adds GPUs only when the SLO is met.
+* Jobs projected to miss: the paper delays them. Algorithm 1 as written would never allocate them
+  (no A meets the SLO), i.e. starve them. We serve them best-effort after every job that can still
+  meet its SLO: from idle warm GPUs nobody reserved, else by waiting for warm GPUs or growing the
+  pool, whichever is predicted to start them sooner.
+* T_cold in line 12/19 is the estimator's per-LLM value; T_i(A) in Alg. 2 is T_warm(A) (it includes
+  the allocation overhead and the Prompt Bank lookup when the job runs it), matching line 19.
+* Warm GPUs are handed out most-recently-idle first, so surplus GPUs age past the idle window and
+  return to the cold pool instead of all staying lukewarm (the paper does not say which ones).
+* Idle release never removes warm GPUs that DelaySchedulable counted on in this round.
+
+Ablations (paper Table 8): ``warm_allocator=False`` hands warm GPUs to a job one by one as they become
+free, without waiting until all A are available together; ``delay_schedulable=False`` makes
+DelaySchedulable see only idle and starting GPUs (GPUs being released by running jobs are ignored, so
+the pool grows instead of waiting; in-flight GPUs still count so a job is never grown for twice);
+``latency_budget=False`` runs the Prompt Bank for every job whose spec says ``auto``.
+"""
+
+from __future__ import annotations
+
+import math
+from bisect import bisect_left, bisect_right
+from dataclasses import dataclass, field
+
+from .estimator import Estimator
+from .latency_budget import DEFAULT_BUDGET_FRACTION, decide_prompt_bank
+from .policy import Billing, RoundCache
+from .state import Allocation, ClusterState, GPUState, Job, Launch, RoundDecision
+
+DEFAULT_IDLE_WINDOW_SECONDS = 60.0
+"""Idle warm GPUs go back to the cold pool after one minute (paper §4.4.2, Fig. 8c)."""
+
+
+@dataclass(slots=True)
+class PromptTunerConfig:
+    warm_allocator: bool = True
+    delay_schedulable: bool = True
+    latency_budget: bool = True
+    budget_fraction: float = DEFAULT_BUDGET_FRACTION
+    idle_window_seconds: float = DEFAULT_IDLE_WINDOW_SECONDS
+    min_warm: dict[str, int] = field(default_factory=dict)
+    """WarmPool spec.minWarmGPUs per LLM: never shrink below, grow up to it eagerly."""
+    max_warm: dict[str, int] = field(default_factory=dict)
+    """WarmPool spec.maxWarmGPUs per LLM: Algorithm 2 never grows a pool past it."""
+
+    def __post_init__(self) -> None:
+        if self.idle_window_seconds < 0:
+            raise ValueError("idle_window_seconds must be >= 0")
+        if not 0 < self.budget_fraction <= 1:
+            raise ValueError("budget_fraction must be in (0, 1]")
+
+
+@dataclass(slots=True)
+class _Round:
+    """Scratch state of one round."""
+
+    now: float
+    free: dict[str, list[int]]  # idle warm GPUs not handed out yet, oldest idle first
+    E: dict[str, list[float]]  # sorted earliest-free times of each LLM's warm GPUs (absolute)
+    E_busy_free: dict[str, list[float]]  # same without busy GPUs (delay_schedulable ablation)
+    unreserved_idle: dict[str, int]  # idle GPUs that no delayed job counts on
+    growth: dict[str, int]
+    cold_free: int
+    given: dict[str, int] = field(default_factory=dict)  # GPUs handed to each job this round
+    target: dict[str, int] = field(default_factory=dict)  # total GPUs each served job runs on
+    horizon: float = math.inf
+    decision: RoundDecision = field(default_factory=RoundDecision)
+
+    def note(self, t: float) -> None:
+        """Record an instant at which a time comparison made this round could flip."""
+        if self.now < t < self.horizon:
+            self.horizon = t
+
+
+class PromptTunerPolicy:
+    name = "promptTuner"
+    keep_warm = True
+    billing: Billing = "warm_pool"
+
+    def __init__(self, estimator: Estimator, config: PromptTunerConfig | None = None) -> None:
+        self.estimator = estimator
+        self.config = config or PromptTunerConfig()
+        self._cache = RoundCache()
+
+    # -- arrival ----------------------------------------------------------------------------------
+    def admit(self, state: ClusterState, job: Job, now: float) -> None:
+        mode = job.bank_mode
+        if mode == "auto" and not self.config.latency_budget:
+            mode = "always"
+        lookup = self.estimator.profile(job.llm).bank_lookup_seconds
+        choice = decide_prompt_bank(mode, lookup, job.slo, self.config.budget_fraction)  # type: ignore[arg-type]
+        job.use_bank = choice.use
+        job.bank_seconds = lookup if choice.use else 0.0
+        state.submit(job)
+
+    # -- round ------------------------------------------------------------------------------------
+    def round(self, state: ClusterState, now: float) -> RoundDecision:
+        if self._cache.fresh(state, now):
+            return RoundDecision()
+        r = self._begin(state, now)
+        hopeless: list[Job] = []
+        delayed: list[Job] = []
+        for llm in state.pending:
+            self._warm_allocation(state, r, llm, hopeless, delayed)
+        self._build_free_times(state, r)
+        delayed.sort(key=_deadline)
+        for job in delayed:
+            self._cold_allocation(state, r, job)
+        hopeless.sort(key=_deadline)
+        for job in hopeless:
+            self._best_effort(state, r, job)
+        for llm in state.pending:
+            self._min_warm_and_release(state, r, llm)
+        self._check(state, r)
+        if r.decision.empty():
+            self._cache.store(state, r.horizon)
+        return r.decision
+
+    def _begin(self, state: ClusterState, now: float) -> _Round:
+        return _Round(
+            now=now,
+            free={llm: list(ids) for llm, ids in state.idle.items()},
+            E={},
+            E_busy_free={},
+            unreserved_idle={},
+            growth=dict.fromkeys(state.pending, 0),
+            cold_free=state.cold_free,
+        )
+
+    # -- Algorithm 1 --------------------------------------------------------------------------------
+    def _warm_allocation(
+        self, state: ClusterState, r: _Round, llm: str, hopeless: list[Job], delayed: list[Job]
+    ) -> None:
+        est = self.estimator
+        free = r.free[llm]
+        jobs = [state.jobs[j] for j in state.pending[llm]]
+        if not self.config.warm_allocator:
+            # Ablation: partially served jobs keep collecting GPUs; they compete in SLO order.
+            jobs += [state.jobs[j] for j in state.waiting[llm]]
+        jobs.sort(key=_deadline)
+        max_a = est.max_gpus(llm)
+        for job in jobs:
+            rem = job.remaining_iterations
+            if job.target_gpus:  # ablation only: a partially served job
+                missing = job.target_gpus - len(job.gpus)
+                if missing > 0 and free:
+                    self._give(r, job, free, min(missing, len(free)), job.target_gpus)
+                if missing - r.given.get(job.id, 0) > 0:
+                    delayed.append(job)
+                continue
+            a = est.fewest_gpus(llm, rem, job.deadline - r.now, job.bank_seconds)
+            if a == 0:
+                hopeless.append(job)
+                continue
+            # The job turns hopeless once even max_a warm GPUs could not finish it in time.
+            r.note(job.deadline - est.t_warm(llm, rem, max_a, job.bank_seconds))
+            if self.config.warm_allocator:
+                if a <= len(free):
+                    self._give(r, job, free, a, a)
+                else:
+                    delayed.append(job)
+            else:
+                take = min(a, len(free))
+                if take:
+                    self._give(r, job, free, take, a)
+                if take < a:
+                    delayed.append(job)
+
+    def _give(self, r: _Round, job: Job, free: list[int], n: int, target: int) -> None:
+        """Hand the n most recently idle GPUs to the job (see module docstring)."""
+        ids = free[-n:]
+        del free[-n:]
+        r.decision.allocations.append(Allocation(job.id, ids, target))
+        r.given[job.id] = r.given.get(job.id, 0) + n
+        r.target[job.id] = target
+
+    # -- E_l: earliest times each warm GPU becomes free ---------------------------------------------
+    def _build_free_times(self, state: ClusterState, r: _Round) -> None:
+        est = self.estimator
+        now = r.now
+        E: dict[str, list[float]] = {llm: [] for llm in state.pending}
+        no_busy: dict[str, list[float]] = {llm: [] for llm in state.pending}
+        for llm, free in r.free.items():
+            E[llm].extend([now] * len(free))
+            no_busy[llm].extend([now] * len(free))
+            r.unreserved_idle[llm] = len(free)
+        for g in state.gpus.values():
+            if g.state is GPUState.STARTING and g.job is None:
+                t = max(g.launched_at + est.cold_start(g.llm), now)
+                E[g.llm].append(t)
+                no_busy[g.llm].append(t)
+        for llm, running in state.running.items():
+            for jid in running:
+                job = state.jobs[jid]
+                t = max(job.predicted_finish or now, now)
+                E[llm].extend([t] * len(job.gpus))
+        for llm, waiting in state.waiting.items():
+            for jid in waiting:
+                job = state.jobs[jid]
+                if len(job.gpus) < job.target_gpus:
+                    continue  # still missing GPUs: when its held ones free up is unknown (ablation)
+                ready = max(
+                    [now]
+                    + [
+                        state.gpus[g].launched_at + est.cold_start(llm)
+                        for g in job.gpus
+                        if state.gpus[g].state is GPUState.STARTING
+                    ]
+                )
+                t = ready + est.t_warm(llm, job.remaining_iterations, job.target_gpus, job.bank_seconds)
+                E[llm].extend([t] * len(job.gpus))
+        for alloc in r.decision.allocations:
+            job = state.jobs[alloc.job]
+            t = now + est.t_warm(job.llm, job.remaining_iterations, alloc.target, job.bank_seconds)
+            E[job.llm].extend([t] * len(alloc.gpus))
+        for llm in E:
+            E[llm].sort()
+            no_busy[llm].sort()
+        r.E = E
+        r.E_busy_free = no_busy
+
+    # -- Algorithm 2 --------------------------------------------------------------------------------
+    def _cold_allocation(self, state: ClusterState, r: _Round, job: Job) -> None:
+        est = self.estimator
+        llm = job.llm
+        # Ablation only: a partially served job needs exactly its missing GPUs.
+        need = job.target_gpus - len(job.gpus) - r.given.get(job.id, 0) if job.target_gpus else 0
+        if not job.target_gpus and job.id in r.target:  # served partially this round
+            need = r.target[job.id] - r.given[job.id]
+        if self._delay_schedulable(r, job, need):
+            return
+        rem = job.remaining_iterations
+        if need:
+            a = need
+        else:
+            a = est.fewest_gpus_cold(llm, rem, job.deadline - r.now, job.bank_seconds)
+            if a == 0:
+                return  # cannot meet the SLO from the cold pool either: delayed (line 15 fails)
+        if a > self._growth_room(state, r, llm):
+            return  # the cold pool (or the WarmPool's max) cannot supply A GPUs: the job waits
+        finish = r.now + est.cold_start(llm, a) + est.t_warm(llm, rem, a, job.bank_seconds)
+        r.note(r.now + job.deadline - finish)
+        self._grow(r, llm, a, finish)
+
+    def _delay_schedulable(self, r: _Round, job: Job, need: int = 0) -> bool:
+        """Can the job meet its SLO by waiting for k warm GPUs being released? Reserve them if so.
+
+        Smallest k with max(E_l,k, now) + T_warm(k) ≤ deadline (E_l entries are already ≥ now).
+        Hot path of a round: T_warm is inlined from the estimator's curve.
+        """
+        est = self.estimator
+        llm = job.llm
+        E = r.E[llm] if self.config.delay_schedulable else r.E_busy_free[llm]
+        tbl, neg, overhead = est.curve(llm)
+        rem = job.remaining_iterations
+        base = job.bank_seconds + overhead
+        deadline = job.deadline
+        if need:
+            target = job.target_gpus or r.target[job.id]
+            k = need
+            if k > len(E):
+                return False
+            e = E[k - 1]
+            t = base + rem * tbl[min(target, len(tbl)) - 1]
+            if e + t <= deadline:
+                r.note(e if e > r.now else deadline - t)
+                self._reserve(r, llm, k, e + t)
+                return True
+            return False
+        room = deadline - r.now - base
+        if room < 0:
+            return False
+        k_first = bisect_left(neg, -room / rem) + 1 if rem > 0 else 1
+        # No GPU that frees up after deadline − T_warm(max) can help; bound the scan by bisection.
+        k_last = min(len(tbl), bisect_right(E, deadline - base - rem * tbl[-1]))
+        for k in range(k_first, k_last + 1):
+            e = E[k - 1]
+            t = base + rem * tbl[k - 1]
+            if e + t <= deadline:
+                r.note(e if e > r.now else deadline - t)
+                self._reserve(r, llm, k, e + t)
+                return True
+        return False
+
+    def _reserve(self, r: _Round, llm: str, k: int, finish: float) -> None:
+        for E in (r.E[llm], r.E_busy_free[llm]):
+            consumed = E[:k]
+            del E[:k]
+            i = bisect_right(E, finish)
+            E[i:i] = [finish] * len(consumed)
+        r.unreserved_idle[llm] -= min(k, r.unreserved_idle[llm])
+
+    def _growth_room(self, state: ClusterState, r: _Round, llm: str) -> int:
+        cap = self.config.max_warm.get(llm)
+        room = r.cold_free
+        if cap is not None:
+            room = min(room, cap - state.pool_size[llm] - r.growth[llm])
+        return max(room, 0)
+
+    def _grow(self, r: _Round, llm: str, a: int, finish: float) -> None:
+        """Alg. 2 lines 17-19: B_l += A and push the new GPUs' free time A times into E_l."""
+        r.growth[llm] += a
+        r.cold_free -= a
+        r.decision.launches.append(Launch(llm, a))
+        for E in (r.E[llm], r.E_busy_free[llm]):
+            i = bisect_right(E, finish)
+            E[i:i] = [finish] * a
+
+    # -- jobs projected to miss their SLO ---------------------------------------------------------
+    def _best_effort(self, state: ClusterState, r: _Round, job: Job) -> None:
+        """Serve a job that can no longer meet its SLO as early as possible without hurting others.
+
+        It gets the GPU count that would have met its SLO had it started now (A*), runs on idle warm
+        GPUs no one reserved if there are any, else waits for warm GPUs if they free up before a cold
+        start would finish, else grows the pool by A*.
+        """
+        est = self.estimator
+        llm = job.llm
+        rem = job.remaining_iterations
+        if job.target_gpus:  # ablation: partially served hopeless job; Alg. 1 tops it up
+            return
+        a_star = est.fewest_gpus(llm, rem, job.slo, job.bank_seconds) or est.max_gpus(llm)
+        available = min(r.unreserved_idle[llm], len(r.free[llm]))
+        if available:
+            take = min(a_star, available)
+            self._give(r, job, r.free[llm], take, take)
+            self._reserve(r, llm, take, r.now + est.t_warm(llm, rem, take, job.bank_seconds))
+            return
+        E = r.E[llm]
+        t_cold = est.cold_start(llm, a_star)
+        k = min(a_star, len(E))
+        if k and E[k - 1] <= r.now + t_cold:
+            self._reserve(r, llm, k, E[k - 1] + est.t_warm(llm, rem, k, job.bank_seconds))
+            return
+        if k:
+            r.note(E[k - 1] - t_cold)
+        room = self._growth_room(state, r, llm)
+        if room:
+            a = min(a_star, room)
+            self._grow(r, llm, a, r.now + est.cold_start(llm, a) + est.t_warm(llm, rem, a, job.bank_seconds))
+
+    # -- pool size: WarmPool minimum and the idle window ----------------------------------------------
+    def _min_warm_and_release(self, state: ClusterState, r: _Round, llm: str) -> None:
+        size = state.pool_size[llm] + r.growth[llm]
+        minimum = self.config.min_warm.get(llm, 0)
+        if size < minimum:
+            n = min(minimum - size, self._growth_room(state, r, llm))
+            if n:
+                r.growth[llm] += n
+                r.cold_free -= n
+                r.decision.launches.append(Launch(llm, n))
+            return
+        window = self.config.idle_window_seconds
+        free = r.free[llm]  # oldest idle first
+        releasable = min(r.unreserved_idle[llm], len(free), size - minimum)
+        for gid in free:
+            expires = state.gpus[gid].idle_since + window
+            if expires <= r.now and releasable > 0:
+                r.decision.releases.append(gid)
+                releasable -= 1
+            else:
+                r.note(expires)
+
+    def _check(self, state: ClusterState, r: _Round) -> None:
+        """Invariants every round must hold (cheap; keeps refactors honest)."""
+        d = r.decision
+        handed = [g for a in d.allocations for g in a.gpus]
+        assert len(handed) == len(set(handed)), "a GPU was handed out twice"
+        assert all(state.gpus[g].state is GPUState.IDLE for g in handed), "allocated a non-idle GPU"
+        assert not set(handed) & set(d.releases), "released a GPU that was just allocated"
+        assert sum(launch.count for launch in d.launches) <= state.cold_free, "cold pool over-drawn"
+
+
+def _deadline(job: Job) -> float:
+    return job.deadline

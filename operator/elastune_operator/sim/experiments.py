@@ -1,0 +1,208 @@
+"""The scheduler experiments of the paper (§6.2, §6.3: Fig. 7, Table 8, Fig. 8c) and a scale run.
+
+Every figure is measured in the run that reports it: all policies see the same seeded traces and the
+same physics; results are averaged over seeds.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+from ..scheduling.estimator import Estimator, LLMProfile
+from ..scheduling.policy import PolicyName, make_policy
+from .simulator import SimConfig, SimResult, Simulator
+from .workload import LOADS, SimLLM, WorkloadConfig, generate
+
+POLICIES: tuple[PolicyName, ...] = ("promptTuner", "infless", "elasticflow")
+SLO_LEVELS = (0.5, 1.0, 1.5)
+ABLATIONS: dict[str, dict[str, object]] = {
+    "workloadScheduler": {},
+    "withoutWarmAllocator": {"warm_allocator": False},
+    "withoutDelaySchedulable": {"delay_schedulable": False},
+    "withoutLatencyBudget": {"latency_budget": False},
+}
+IDLE_WINDOWS = (10.0, 30.0, 60.0, 120.0, 300.0)
+
+
+@dataclass(slots=True)
+class Cell:
+    """Seed-averaged results of one policy on one setting."""
+
+    slo_violation_pct: float
+    cost_usd: float
+    utilization_pct: float
+    runs: list[dict[str, float | int | str]] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "slo_violation_pct": round(self.slo_violation_pct, 2),
+            "cost_usd": round(self.cost_usd, 2),
+            "utilization_pct": round(self.utilization_pct, 1),
+            "seeds": len(self.runs),
+        }
+
+
+def run_one(
+    policy: PolicyName,
+    workload: WorkloadConfig,
+    sim: SimConfig,
+    **options: object,
+) -> SimResult:
+    jobs = generate(workload)
+    estimator = Estimator([llm.profile for llm in workload.llms.values()])
+    return Simulator(workload.llms, jobs, make_policy(policy, estimator, **options), sim).run()
+
+
+def run_cell(
+    policy: PolicyName, workload: WorkloadConfig, sim: SimConfig, seeds: list[int], **options: object
+) -> Cell:
+    results = [
+        run_one(policy, replace(workload, seed=s), replace(sim, seed=s), **options) for s in seeds
+    ]
+    return Cell(
+        slo_violation_pct=float(np.mean([r.slo_violation_pct for r in results])),
+        cost_usd=float(np.mean([r.cost_usd for r in results])),
+        utilization_pct=float(np.mean([r.utilization_pct for r in results])),
+        runs=[r.summary() for r in results],
+    )
+
+
+def end_to_end(
+    seeds: list[int], sim: SimConfig, progress: Callable[[str], None] = lambda _: None
+) -> dict[str, dict[str, Cell]]:
+    """Fig. 7: every policy at low/medium/high load × S ∈ {0.5, 1.0, 1.5}."""
+    out: dict[str, dict[str, Cell]] = {}
+    for load in LOADS:
+        for s in SLO_LEVELS:
+            key = f"{load}_S{s}"
+            wl = WorkloadConfig(jobs_per_llm=dict(LOADS[load]), slo_emergence=s)
+            out[key] = {p: run_cell(p, wl, sim, seeds) for p in POLICIES}
+            progress(key)
+    return out
+
+
+def ablations(seeds: list[int], sim: SimConfig) -> dict[str, Cell]:
+    """Table 8 at medium load, S = 1.0."""
+    wl = WorkloadConfig(jobs_per_llm=dict(LOADS["medium"]), slo_emergence=1.0)
+    return {name: run_cell("promptTuner", wl, sim, seeds, **opts) for name, opts in ABLATIONS.items()}
+
+
+def idle_window_sweep(seeds: list[int], sim: SimConfig) -> dict[str, Cell]:
+    """Fig. 8c at medium load, S = 1.0."""
+    wl = WorkloadConfig(jobs_per_llm=dict(LOADS["medium"]), slo_emergence=1.0)
+    return {
+        f"{w:g}s": run_cell("promptTuner", wl, sim, seeds, idle_window_seconds=w) for w in IDLE_WINDOWS
+    }
+
+
+# -- scale ------------------------------------------------------------------------------------------
+def scale_llms(count: int = 6) -> dict[str, SimLLM]:
+    """``count`` LLMs of growing size (per-iteration time and T_cold), for the scale run."""
+    out = {}
+    for i in range(count):
+        p = LLMProfile(
+            f"llm-{i}", 0.1 * (1 + i), 20.0 + 8.0 * i, bank_lookup_seconds=5.0 + i, max_gpus_per_job=32
+        )
+        out[p.name] = SimLLM(p)
+    return out
+
+
+@dataclass(slots=True)
+class ScaleResult:
+    gpus: int
+    llms: int
+    jobs: int
+    min_pending: int
+    rounds: int
+    round_ms_mean: float
+    round_ms_max: float
+    round_ms_p99: float
+    recomputed_rounds: int
+    recomputed_ms_mean: float
+    wall_seconds: float
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "gpus": self.gpus,
+            "llms": self.llms,
+            "jobs": self.jobs,
+            "min_pending_jobs": self.min_pending,
+            "rounds": self.rounds,
+            "mean": round(self.round_ms_mean, 4),
+            "max": round(self.round_ms_max, 3),
+            "p99": round(self.round_ms_p99, 3),
+            "recomputed_rounds": self.recomputed_rounds,
+            "recomputed_mean": round(self.recomputed_ms_mean, 3),
+            "wall_seconds": round(self.wall_seconds, 1),
+        }
+
+
+def scale_run(
+    gpus: int = 1000, pending: int = 1000, llms: int = 6, seconds: float = 120.0, seed: int = 0
+) -> ScaleResult:
+    """Round time of PromptTuner with ``gpus`` GPUs busy and at least ``pending`` jobs queued.
+
+    A backlog of long jobs fills the 1,000-GPU cold pool first; then a steady stream keeps well over
+    ``pending`` jobs waiting while jobs keep finishing and GPUs keep being handed out. Only rounds
+    with the pool full and the queue at least ``pending`` deep are measured.
+    """
+    wl = WorkloadConfig(
+        llms=scale_llms(llms),
+        jobs_per_llm={},
+        slo_emergence=1.5,
+        duration_median_seconds=60.0,
+        seed=seed,
+    )
+    per_llm = math.ceil((gpus * 1.0 + pending * 2.0) / llms)
+    wl.jobs_per_llm = {name: per_llm for name in wl.llms}
+    wl.minutes = max(1, math.ceil(seconds / 60))
+    jobs = generate(wl)
+    for j in jobs:  # the backlog: everything arrives within the first minutes
+        j.arrival = j.arrival / 4
+    estimator = Estimator([llm.profile for llm in wl.llms.values()])
+    policy = make_policy("promptTuner", estimator)
+    sim = Simulator(wl.llms, jobs, policy, SimConfig(cold_capacity=gpus, seed=seed, max_seconds=seconds))
+    measured: list[float] = []
+    recomputed: list[float] = []
+    min_pending = 1 << 30
+    state = sim.state
+    original = policy.round
+    cache = policy._cache  # type: ignore[attr-defined]
+
+    def timed(st: object, now: float) -> object:
+        nonlocal min_pending
+        misses = cache.misses
+        t0 = time.perf_counter()
+        d = original(st, now)  # type: ignore[arg-type]
+        dt = (time.perf_counter() - t0) * 1000.0
+        n_pending = sum(len(p) for p in state.pending.values())
+        if len(state.gpus) >= gpus and n_pending >= pending:
+            measured.append(dt)
+            min_pending = min(min_pending, n_pending)
+            if cache.misses != misses:
+                recomputed.append(dt)
+        return d
+
+    policy.round = timed  # type: ignore[method-assign]
+    t0 = time.perf_counter()
+    sim.run()
+    wall = time.perf_counter() - t0
+    arr = np.asarray(measured) if measured else np.zeros(1)
+    return ScaleResult(
+        gpus=gpus,
+        llms=llms,
+        jobs=len(jobs),
+        min_pending=min_pending if measured else 0,
+        rounds=len(measured),
+        round_ms_mean=float(arr.mean()),
+        round_ms_max=float(arr.max()),
+        round_ms_p99=float(np.percentile(arr, 99)),
+        recomputed_rounds=len(recomputed),
+        recomputed_ms_mean=float(np.mean(recomputed)) if recomputed else 0.0,
+        wall_seconds=wall,
+    )
