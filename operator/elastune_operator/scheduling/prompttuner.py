@@ -155,6 +155,11 @@ class PromptTunerPolicy:
     ) -> None:
         est = self.estimator
         free = r.free[llm]
+        if not free and r.cold_free <= 0:
+            # Exact shortcut: with no idle warm GPU of this LLM and an empty cold pool, neither
+            # algorithm nor best effort can hand this LLM's jobs anything this round; any change
+            # (a GPU freed, a job finished) bumps the state version and triggers a full round.
+            return
         jobs = [state.jobs[j] for j in state.pending[llm]]
         if not self.config.warm_allocator:
             # Ablation: partially served jobs keep collecting GPUs; they compete in SLO order.
@@ -245,6 +250,11 @@ class PromptTunerPolicy:
     def _cold_allocation(self, state: ClusterState, r: _Round, job: Job) -> None:
         est = self.estimator
         llm = job.llm
+        if r.cold_free <= 0 and r.unreserved_idle[llm] <= 0:
+            # Exact shortcut: no growth is possible and every idle GPU is already counted on, so
+            # further reservations cannot change this round's decision (they only feed best effort
+            # and idle release, which need unreserved idle GPUs).
+            return
         # Ablation only: a partially served job needs exactly its missing GPUs.
         need = job.target_gpus - len(job.gpus) - r.given.get(job.id, 0) if job.target_gpus else 0
         if not job.target_gpus and job.id in r.target:  # served partially this round

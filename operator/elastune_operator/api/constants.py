@@ -1,0 +1,40 @@
+"""Names of the Elastune API, defined once and imported everywhere (DESIGN.md §3, §7)."""
+
+from typing import Final
+
+GROUP: Final = "elastune.dev"
+VERSION: Final = "v1alpha1"
+API_VERSION: Final = f"{GROUP}/{VERSION}"
+
+KIND_TUNING_JOB: Final = "TuningJob"
+KIND_WARM_POOL: Final = "WarmPool"
+KIND_LORA_ADAPTER: Final = "LoRAAdapter"
+KINDS: Final = (KIND_TUNING_JOB, KIND_WARM_POOL, KIND_LORA_ADAPTER)
+
+PLURAL_TUNING_JOBS: Final = "tuningjobs"
+PLURAL_WARM_POOLS: Final = "warmpools"
+PLURAL_LORA_ADAPTERS: Final = "loraadapters"
+PLURALS: Final = {
+    KIND_TUNING_JOB: PLURAL_TUNING_JOBS,
+    KIND_WARM_POOL: PLURAL_WARM_POOLS,
+    KIND_LORA_ADAPTER: PLURAL_LORA_ADAPTERS,
+}
+SINGULARS: Final = {kind: kind.lower() for kind in KINDS}
+SHORT_NAMES: Final = {
+    KIND_TUNING_JOB: ("tj",),
+    KIND_WARM_POOL: ("wp",),
+    KIND_LORA_ADAPTER: ("lora",),
+}
+# `kubectl get elastune` lists every Elastune resource.
+CATEGORIES: Final = ("elastune",)
+
+FINALIZER: Final = f"{GROUP}/finalizer"
+
+# Label keys. The pool label is also what the GPU nodes of the cold pool carry (DESIGN.md §5).
+LABEL_POOL: Final = f"{GROUP}/pool"
+LABEL_MODEL: Final = f"{GROUP}/model"
+LABEL_JOB: Final = f"{GROUP}/job"
+LABEL_WARM_POOL: Final = f"{GROUP}/warmpool"
+LABEL_ADAPTER: Final = f"{GROUP}/adapter"
+# Value of LABEL_POOL on GPU nodes that have nothing loaded yet.
+POOL_COLD: Final = "cold"

@@ -1,0 +1,171 @@
+"""WarmPool: GPUs kept loaded with one LLM so jobs start without a cold start (PromptTuner §4)."""
+
+from typing import Any, Literal
+
+from pydantic import ConfigDict, Field, ValidationInfo, field_validator
+
+from elastune_operator.api import units
+from elastune_operator.api.common import (
+    ApiModel,
+    Conditions,
+    Duration,
+    EnvName,
+    ModelName,
+    NonNegativeDecimal,
+    PositiveDecimal,
+    Quantity,
+    Resource,
+)
+from elastune_operator.api.constants import KIND_WARM_POOL
+
+DEFAULT_WORKER_IMAGE = "ghcr.io/elastune/worker:0.1.0"
+
+
+class Toleration(ApiModel):
+    """A core/v1 Toleration, so worker pods can land on tainted GPU nodes."""
+
+    key: str | None = None
+    """Taint key to tolerate; empty with operator Exists tolerates every taint."""
+    operator: Literal["Exists", "Equal"] | None = None
+    """Exists or Equal (the Kubernetes default)."""
+    value: str | None = None
+    """Taint value to match when the operator is Equal."""
+    effect: Literal["", "NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
+    """Taint effect to match; empty matches every effect."""
+    toleration_seconds: int | None = None
+    """For NoExecute: how long the pod stays bound after the taint appears."""
+
+
+class ResourceRequirements(ApiModel):
+    """Compute resources of a worker container (core/v1 ResourceRequirements without claims)."""
+
+    limits: dict[str, Quantity] | None = None
+    """Maximum amount of each resource, e.g. nvidia.com/gpu: 1."""
+    requests: dict[str, Quantity] | None = None
+    """Amount of each resource the scheduler reserves."""
+
+
+class EnvVar(ApiModel):
+    """A core/v1 EnvVar of the worker container."""
+
+    name: EnvName
+    """Variable name."""
+    value: str | None = None
+    """Literal value."""
+    value_from: dict[str, Any] | None = None
+    """Source of the value (secretKeyRef, configMapKeyRef, fieldRef, …), passed through to the pod as is."""
+
+
+class WorkerSpec(ApiModel):
+    """The worker pods that hold the model on their GPU."""
+
+    image: str = Field(default=DEFAULT_WORKER_IMAGE, min_length=1)
+    """Worker container image."""
+    resources: ResourceRequirements | None = None
+    """Container resources; the operator adds nvidia.com/gpu for gpusPerPod when it is missing."""
+    env: list[EnvVar] | None = None
+    """Extra environment variables."""
+
+
+class Profile(ApiModel):
+    """Starting point of the estimator before any run of this model has been measured."""
+
+    cold_start_seconds: int | None = Field(default=None, ge=0)
+    """Allocation overhead T_cold: seconds from an empty GPU to a warm worker."""
+    seconds_per_iteration: PositiveDecimal | None = None
+    """Seconds per tuning iteration on one GPU; more GPUs scale it down near-linearly."""
+
+
+class WarmPoolSpec(ApiModel):
+    """Desired state of a WarmPool."""
+
+    # The apiserver cannot compare two fields structurally; CEL can. The has() guards keep the rule
+    # valid even if a default were removed from the schema.
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {
+                    "rule": "!has(self.minWarmGPUs) || !has(self.maxWarmGPUs) "
+                    "|| self.minWarmGPUs <= self.maxWarmGPUs",
+                    "message": "minWarmGPUs must not exceed maxWarmGPUs",
+                    "fieldPath": ".maxWarmGPUs",
+                }
+            ]
+        }
+    )
+
+    model: ModelName
+    """LLM the pool serves: a Hugging Face id or a local path inside the worker image or volume."""
+    gpus_per_pod: int = Field(default=1, ge=1)
+    """GPUs requested by each worker pod."""
+    node_selector: dict[str, str] | None = None
+    """Node labels of the GPU node pool, e.g. elastune.dev/pool: cold."""
+    tolerations: list[Toleration] | None = None
+    """Tolerations for the GPU nodes' taints, e.g. nvidia.com/gpu."""
+    min_warm_gpus: int = Field(default=0, ge=0, alias="minWarmGPUs")
+    """GPUs kept warm even when idle."""
+    # validate_default so the min <= max check also runs when only minWarmGPUs is given.
+    max_warm_gpus: int = Field(default=8, ge=1, alias="maxWarmGPUs", validate_default=True)
+    """Upper bound of the pool (the Knative max-scale)."""
+    idle_window: Duration = "60s"
+    """How long a warm GPU may stay idle before it returns to the cold pool."""
+    # default {} lets the apiserver fill in the nested defaults (the image) when the field is left out.
+    worker: WorkerSpec = Field(default_factory=WorkerSpec, json_schema_extra={"default": {}})
+    """Worker pod template."""
+    profile: Profile | None = None
+    """The estimator's starting profile of this model."""
+
+    @field_validator("max_warm_gpus")
+    @classmethod
+    def _max_not_below_min(cls, value: int, info: ValidationInfo) -> int:
+        minimum = info.data.get("min_warm_gpus")
+        if minimum is not None and value < minimum:
+            raise ValueError(f"must be >= minWarmGPUs ({minimum}); got {value}")
+        return value
+
+    @property
+    def idle_window_seconds(self) -> int:
+        """The idle window in seconds."""
+        return units.parse_duration(self.idle_window)
+
+
+class WarmPoolStatus(ApiModel):
+    """Observed state of a WarmPool."""
+
+    conditions: Conditions = Field(default_factory=list)
+    """Ready summarises whether the pool can take jobs."""
+    observed_generation: int | None = Field(default=None, ge=0)
+    """The .metadata.generation this status describes."""
+    warm_gpus: int | None = Field(default=None, ge=0, alias="warmGPUs")
+    """GPUs with the model loaded (busy + idle)."""
+    busy_gpus: int | None = Field(default=None, ge=0, alias="busyGPUs")
+    """Warm GPUs running a job."""
+    idle_gpus: int | None = Field(default=None, ge=0, alias="idleGPUs")
+    """Warm GPUs waiting for a job."""
+    starting_gpus: int | None = Field(default=None, ge=0, alias="startingGPUs")
+    """GPUs being allocated from the cold pool."""
+    cold_start_seconds: NonNegativeDecimal | None = None
+    """Measured allocation overhead T_cold, in seconds."""
+    iteration_seconds: dict[str, PositiveDecimal] | None = None
+    """Measured seconds per tuning iteration, keyed by GPU count ("1", "2", …)."""
+
+    @field_validator("iteration_seconds")
+    @classmethod
+    def _keys_are_gpu_counts(cls, value: dict[str, str] | None) -> dict[str, str] | None:
+        # A structural schema cannot constrain map keys, so only the model checks them.
+        for key in value or {}:
+            if not key.isascii() or not key.isdigit() or int(key) < 1:
+                raise ValueError(f'keys must be GPU counts such as "1" or "4"; got {key!r}')
+        return value
+
+
+class WarmPool(Resource):
+    """WarmPool keeps GPUs loaded with one LLM between jobs, growing from the cold pool on demand and
+    shrinking after an idle window."""
+
+    kind: Literal["WarmPool"] = KIND_WARM_POOL
+    """Kind of the object: WarmPool."""
+    spec: WarmPoolSpec
+    """Desired state."""
+    status: WarmPoolStatus | None = None
+    """Observed state, written by the operator."""
