@@ -47,6 +47,7 @@ class INFlessPolicy:
     shared estimator, knowing whether instances must be cold-started (A is chosen so that
     T(A) + T_cold ≤ SLO when idle instances are short); each instance is one GPU and initialises
     independently, and a multi-GPU job waits until all its instances are up (Inefficiency 2, §3.2);
+    when the cluster is full, idle instances of other models are evicted to make room;
     per-LLM autoscaling from traffic (instances pre-warmed to the GPU demand of the last minute, by
     Little's law) with keep-alive of idle instances; no waiting for busy instances to be released
     (an inference system scales out instead).
@@ -82,35 +83,35 @@ class INFlessPolicy:
         horizon = math.inf
         cold_free = state.cold_free
         free = {llm: list(ids) for llm, ids in state.idle.items()}
-        # Jobs still missing instances (cold pool was exhausted when they arrived) go first.
-        queue = sorted(
-            [state.jobs[j] for w in state.waiting.values() for j in w]
-            + [state.jobs[j] for p in state.pending.values() for j in p],
-            key=lambda j: j.arrival,
-        )
+        queue = sorted((state.jobs[j] for p in state.pending.values() for j in p), key=lambda j: j.arrival)
         for job in queue:
             llm = job.llm
             idle = free[llm]
             rem = job.remaining_iterations
-            if job.target_gpus:
-                missing = job.target_gpus - len(job.gpus)
-                target = job.target_gpus
-            else:
-                budget = job.deadline - now
-                a = est.fewest_gpus(llm, rem, budget, job.bank_seconds)
-                if not a or a > len(idle):
-                    a = est.fewest_gpus_cold(llm, rem, budget, job.bank_seconds)
-                if not a:
-                    a = _best_effort_gpus(est, job)
-                missing = target = a
-            if missing <= 0:
-                continue
-            take = min(missing, len(idle))
+            budget = job.deadline - now
+            a = est.fewest_gpus(llm, rem, budget, job.bank_seconds)
+            if not a or a > len(idle):
+                a = est.fewest_gpus_cold(llm, rem, budget, job.bank_seconds)
+            if not a:
+                a = _best_effort_gpus(est, job)
+            take = min(a, len(idle))
+            cold = a - take
+            if cold > cold_free:
+                # Make room by evicting other models' idle instances, oldest first (what a
+                # serverless platform does under memory pressure). All-or-nothing: a job never holds
+                # instances while it cannot get the rest, so jobs cannot deadlock each other.
+                victims = [g for other, ids in free.items() if other != llm for g in ids]
+                victims.sort(key=lambda g: state.gpus[g].idle_since)
+                if cold - cold_free > len(victims):
+                    continue  # waits for capacity (next rounds); later requests may still fit
+                for g in victims[: cold - cold_free]:
+                    free[state.gpus[g].llm].remove(g)
+                    d.releases.append(g)
+                    cold_free += 1
             if take:
                 ids = idle[-take:]
                 del idle[-take:]
-                d.allocations.append(Allocation(job.id, ids, target))
-            cold = min(missing - take, cold_free)
+                d.allocations.append(Allocation(job.id, ids, a))
             if cold:
                 cold_free -= cold
                 d.launches.append(Launch(llm, cold, job.id))
@@ -211,9 +212,7 @@ class ElasticFlowPolicy:
         est = self.estimator
         d = RoundDecision()
         free = self.cluster_gpus(state) - len(state.gpus)
-        pending = sorted(
-            (state.jobs[j] for p in state.pending.values() for j in p), key=lambda j: j.deadline
-        )
+        pending = sorted((state.jobs[j] for p in state.pending.values() for j in p), key=lambda j: j.deadline)
         starting: dict[str, int] = {}
         for job in pending:
             share = max(self._min_share.get(job.id, 1), self._share(job, now))

@@ -176,11 +176,16 @@ class Estimator:
         self, llm: str, remaining_iterations: float, budget_seconds: float, bank_seconds: float = 0.0
     ) -> int:
         """Smallest a with T_warm(a) + T_cold(a) ≤ budget (GPUs taken from the cold pool); 0 if none."""
-        a = self.fewest_gpus(llm, remaining_iterations, budget_seconds - self.cold_start(llm, 1), bank_seconds)
+        a = self.fewest_gpus(
+            llm, remaining_iterations, budget_seconds - self.cold_start(llm, 1), bank_seconds
+        )
         if a == 0:
             return 0
         for k in range(a, self.max_gpus(llm) + 1):
-            if self.t_warm(llm, remaining_iterations, k, bank_seconds) + self.cold_start(llm, k) <= budget_seconds:
+            if (
+                self.t_warm(llm, remaining_iterations, k, bank_seconds) + self.cold_start(llm, k)
+                <= budget_seconds
+            ):
                 return k
         return 0
 

@@ -31,10 +31,13 @@ Interpretations of the paper's pseudo-code (each marked "Interpretation" below):
   return to the cold pool instead of all staying lukewarm (the paper does not say which ones).
 * Idle release never removes warm GPUs that DelaySchedulable counted on in this round.
 
-Ablations (paper Table 8): ``warm_allocator=False`` hands warm GPUs to a job one by one as they become
-free, without waiting until all A are available together; ``delay_schedulable=False`` makes
-DelaySchedulable see only idle and starting GPUs (GPUs being released by running jobs are ignored, so
-the pool grows instead of waiting; in-flight GPUs still count so a job is never grown for twice);
+Ablations (paper Table 8): ``warm_allocator=False`` hands a job whatever warm GPUs are idle right
+away and takes the rest of its A GPUs from the cold pool for it (each instance allocated on its own,
+as a serverless platform would), instead of allocating all A together from the warm pool or waiting
+for them; A then counts T_cold. The held warm GPUs idle until the cold ones are up.
+``delay_schedulable=False`` makes DelaySchedulable see only idle and starting GPUs (GPUs being
+released by running jobs are ignored, so the pool grows instead of waiting; in-flight GPUs still
+count so a job is never grown for twice);
 ``latency_budget=False`` runs the Prompt Bank for every job whose spec says ``auto``.
 """
 
@@ -83,8 +86,6 @@ class _Round:
     unreserved_idle: dict[str, int]  # idle GPUs that no delayed job counts on
     growth: dict[str, int]
     cold_free: int
-    given: dict[str, int] = field(default_factory=dict)  # GPUs handed to each job this round
-    target: dict[str, int] = field(default_factory=dict)  # total GPUs each served job runs on
     horizon: float = math.inf
     decision: RoundDecision = field(default_factory=RoundDecision)
 
@@ -161,45 +162,40 @@ class PromptTunerPolicy:
             # (a GPU freed, a job finished) bumps the state version and triggers a full round.
             return
         jobs = [state.jobs[j] for j in state.pending[llm]]
-        if not self.config.warm_allocator:
-            # Ablation: partially served jobs keep collecting GPUs; they compete in SLO order.
-            jobs += [state.jobs[j] for j in state.waiting[llm]]
         jobs.sort(key=_deadline)
         max_a = est.max_gpus(llm)
         for job in jobs:
             rem = job.remaining_iterations
-            if job.target_gpus:  # ablation only: a partially served job
-                missing = job.target_gpus - len(job.gpus)
-                if missing > 0 and free:
-                    self._give(r, job, free, min(missing, len(free)), job.target_gpus)
-                if missing - r.given.get(job.id, 0) > 0:
-                    delayed.append(job)
-                continue
             a = est.fewest_gpus(llm, rem, job.deadline - r.now, job.bank_seconds)
             if a == 0:
                 hopeless.append(job)
                 continue
             # The job turns hopeless once even max_a warm GPUs could not finish it in time.
             r.note(job.deadline - est.t_warm(llm, rem, max_a, job.bank_seconds))
-            if self.config.warm_allocator:
-                if a <= len(free):
-                    self._give(r, job, free, a, a)
-                else:
-                    delayed.append(job)
+            if a <= len(free):
+                self._give(r, job, free, a, a)
+            elif self.config.warm_allocator or not free:
+                delayed.append(job)
             else:
-                take = min(a, len(free))
-                if take:
-                    self._give(r, job, free, take, a)
-                if take < a:
-                    delayed.append(job)
+                self._piecemeal(state, r, job, free)
+
+    def _piecemeal(self, state: ClusterState, r: _Round, job: Job, free: list[int]) -> None:
+        """Ablation: all idle warm GPUs now, the rest of A from the cold pool, held for the job."""
+        est = self.estimator
+        a = est.fewest_gpus_cold(job.llm, job.remaining_iterations, job.deadline - r.now, job.bank_seconds)
+        take = min(a, len(free))
+        if a == 0 or a - take > self._growth_room(state, r, job.llm):
+            return  # cannot be provisioned now; retried next round
+        self._give(r, job, free, take, a)
+        r.growth[job.llm] += a - take
+        r.cold_free -= a - take
+        r.decision.launches.append(Launch(job.llm, a - take, job.id))
 
     def _give(self, r: _Round, job: Job, free: list[int], n: int, target: int) -> None:
         """Hand the n most recently idle GPUs to the job (see module docstring)."""
         ids = free[-n:]
         del free[-n:]
         r.decision.allocations.append(Allocation(job.id, ids, target))
-        r.given[job.id] = r.given.get(job.id, 0) + n
-        r.target[job.id] = target
 
     # -- E_l: earliest times each warm GPU becomes free ---------------------------------------------
     def _build_free_times(self, state: ClusterState, r: _Round) -> None:
@@ -224,8 +220,6 @@ class PromptTunerPolicy:
         for llm, waiting in state.waiting.items():
             for jid in waiting:
                 job = state.jobs[jid]
-                if len(job.gpus) < job.target_gpus:
-                    continue  # still missing GPUs: when its held ones free up is unknown (ablation)
                 ready = max(
                     [now]
                     + [
@@ -255,26 +249,19 @@ class PromptTunerPolicy:
             # further reservations cannot change this round's decision (they only feed best effort
             # and idle release, which need unreserved idle GPUs).
             return
-        # Ablation only: a partially served job needs exactly its missing GPUs.
-        need = job.target_gpus - len(job.gpus) - r.given.get(job.id, 0) if job.target_gpus else 0
-        if not job.target_gpus and job.id in r.target:  # served partially this round
-            need = r.target[job.id] - r.given[job.id]
-        if self._delay_schedulable(r, job, need):
+        if self._delay_schedulable(r, job):
             return
         rem = job.remaining_iterations
-        if need:
-            a = need
-        else:
-            a = est.fewest_gpus_cold(llm, rem, job.deadline - r.now, job.bank_seconds)
-            if a == 0:
-                return  # cannot meet the SLO from the cold pool either: delayed (line 15 fails)
+        a = est.fewest_gpus_cold(llm, rem, job.deadline - r.now, job.bank_seconds)
+        if a == 0:
+            return  # cannot meet the SLO from the cold pool either: delayed (line 15 fails)
         if a > self._growth_room(state, r, llm):
             return  # the cold pool (or the WarmPool's max) cannot supply A GPUs: the job waits
         finish = r.now + est.cold_start(llm, a) + est.t_warm(llm, rem, a, job.bank_seconds)
         r.note(r.now + job.deadline - finish)
         self._grow(r, llm, a, finish)
 
-    def _delay_schedulable(self, r: _Round, job: Job, need: int = 0) -> bool:
+    def _delay_schedulable(self, r: _Round, job: Job) -> bool:
         """Can the job meet its SLO by waiting for k warm GPUs being released? Reserve them if so.
 
         Smallest k with max(E_l,k, now) + T_warm(k) ≤ deadline (E_l entries are already ≥ now).
@@ -287,18 +274,6 @@ class PromptTunerPolicy:
         rem = job.remaining_iterations
         base = job.bank_seconds + overhead
         deadline = job.deadline
-        if need:
-            target = job.target_gpus or r.target[job.id]
-            k = need
-            if k > len(E):
-                return False
-            e = E[k - 1]
-            t = base + rem * tbl[min(target, len(tbl)) - 1]
-            if e + t <= deadline:
-                r.note(e if e > r.now else deadline - t)
-                self._reserve(r, llm, k, e + t)
-                return True
-            return False
         room = deadline - r.now - base
         if room < 0:
             return False
@@ -349,8 +324,6 @@ class PromptTunerPolicy:
         est = self.estimator
         llm = job.llm
         rem = job.remaining_iterations
-        if job.target_gpus:  # ablation: partially served hopeless job; Alg. 1 tops it up
-            return
         a_star = est.fewest_gpus(llm, rem, job.slo, job.bank_seconds) or est.max_gpus(llm)
         available = min(r.unreserved_idle[llm], len(r.free[llm]))
         if available:

@@ -61,9 +61,7 @@ def run_one(
 def run_cell(
     policy: PolicyName, workload: WorkloadConfig, sim: SimConfig, seeds: list[int], **options: object
 ) -> Cell:
-    results = [
-        run_one(policy, replace(workload, seed=s), replace(sim, seed=s), **options) for s in seeds
-    ]
+    results = [run_one(policy, replace(workload, seed=s), replace(sim, seed=s), **options) for s in seeds]
     return Cell(
         slo_violation_pct=float(np.mean([r.slo_violation_pct for r in results])),
         cost_usd=float(np.mean([r.cost_usd for r in results])),
@@ -95,9 +93,7 @@ def ablations(seeds: list[int], sim: SimConfig) -> dict[str, Cell]:
 def idle_window_sweep(seeds: list[int], sim: SimConfig) -> dict[str, Cell]:
     """Fig. 8c at medium load, S = 1.0."""
     wl = WorkloadConfig(jobs_per_llm=dict(LOADS["medium"]), slo_emergence=1.0)
-    return {
-        f"{w:g}s": run_cell("promptTuner", wl, sim, seeds, idle_window_seconds=w) for w in IDLE_WINDOWS
-    }
+    return {f"{w:g}s": run_cell("promptTuner", wl, sim, seeds, idle_window_seconds=w) for w in IDLE_WINDOWS}
 
 
 # -- scale ------------------------------------------------------------------------------------------

@@ -135,7 +135,9 @@ class Simulator:
         remaining = max(0.0, self._true_iterations(run, job) - run.true_done)
         finish = run.iter_start + remaining * llm.true_iteration_seconds(a)
         est = self.policy.estimator
-        predicted = now + est.t_warm(job.llm, job.remaining_iterations, a, job.bank_seconds * (not job.bank_done))
+        predicted = now + est.t_warm(
+            job.llm, job.remaining_iterations, a, job.bank_seconds * (not job.bank_done)
+        )
         self.state.start(job.id, now, predicted)
         self._busy += a
         self._push(finish, _FINISH, (job.id, run.epoch))
@@ -172,14 +174,14 @@ class Simulator:
         for alloc in d.allocations:
             st.assign(alloc.job, alloc.gpus, alloc.target)
             touched.add(alloc.job)
+        for gid in d.releases:  # before launches: released GPUs refill the cold pool
+            gpu = st.gpus.get(gid)
+            if gpu is not None and gpu.state is GPUState.IDLE:
+                st.release(gid)
         for launch in d.launches:
             self._launch(launch.llm, launch.count, launch.job, now)
             if launch.job:
                 touched.add(launch.job)
-        for gid in d.releases:
-            gpu = st.gpus.get(gid)
-            if gpu is not None and gpu.state is GPUState.IDLE:
-                st.release(gid)
 
     # -- main loop ----------------------------------------------------------------------------------
     def run(self) -> SimResult:
@@ -281,4 +283,3 @@ def simulate(
     llms: dict[str, SimLLM], jobs: list[SimJob], policy: Policy, config: SimConfig | None = None
 ) -> SimResult:
     return Simulator(llms, jobs, policy, config).run()
-

@@ -153,7 +153,9 @@ def generate(cfg: WorkloadConfig) -> list[SimJob]:
             arrivals = _minute_arrivals(rng, count, cfg.minutes, cfg.burstiness)
         for i, t in enumerate(arrivals):
             g = int(rng.choice(cfg.gpu_choices, p=weights))
-            d = float(np.clip(rng.lognormal(math.log(cfg.duration_median_seconds), cfg.duration_sigma), lo, hi))
+            d = float(
+                np.clip(rng.lognormal(math.log(cfg.duration_median_seconds), cfg.duration_sigma), lo, hi)
+            )
             iters = max(1, math.ceil(d / llm.true_iteration_seconds(g)))
             speedup = float(np.clip(rng.lognormal(math.log(med), sig), s_lo, s_hi))
             jobs.append(
