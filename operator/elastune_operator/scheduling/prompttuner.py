@@ -125,7 +125,7 @@ class PromptTunerPolicy:
         delayed: list[Job] = []
         for llm in state.pending:
             self._warm_allocation(state, r, llm, hopeless, delayed)
-        self._build_free_times(state, r)
+        self._build_free_times(state, r, {j.llm for j in delayed} | {j.llm for j in hopeless})
         delayed.sort(key=_deadline)
         for job in delayed:
             self._cold_allocation(state, r, job)
@@ -163,15 +163,23 @@ class PromptTunerPolicy:
             return
         jobs = [state.jobs[j] for j in state.pending[llm]]
         jobs.sort(key=_deadline)
-        max_a = est.max_gpus(llm)
+        tbl, neg, overhead = est.curve(llm)
+        n_tbl, fastest = len(tbl), tbl[-1]
+        now = r.now
         for job in jobs:
+            # Inlined est.fewest_gpus (hot loop): smallest a with T_warm(a) <= deadline - now.
             rem = job.remaining_iterations
-            a = est.fewest_gpus(llm, rem, job.deadline - r.now, job.bank_seconds)
-            if a == 0:
+            base = job.bank_seconds + overhead
+            room = job.deadline - now - base
+            if room < 0 or rem * fastest > room:
                 hopeless.append(job)
                 continue
-            # The job turns hopeless once even max_a warm GPUs could not finish it in time.
-            r.note(job.deadline - est.t_warm(llm, rem, max_a, job.bank_seconds))
+            a = bisect_left(neg, -room / rem) + 1 if rem > 0 else 1
+            if a > n_tbl:
+                hopeless.append(job)
+                continue
+            # The job turns hopeless once even the most GPUs could not finish it in time.
+            r.note(job.deadline - base - rem * fastest)
             if a <= len(free):
                 self._give(r, job, free, a, a)
             elif self.config.warm_allocator or not free:
@@ -198,32 +206,38 @@ class PromptTunerPolicy:
         r.decision.allocations.append(Allocation(job.id, ids, target))
 
     # -- E_l: earliest times each warm GPU becomes free ---------------------------------------------
-    def _build_free_times(self, state: ClusterState, r: _Round) -> None:
+    def _build_free_times(self, state: ClusterState, r: _Round, needed: set[str]) -> None:
+        """E_l for the LLMs that have jobs left to plan this round (others stay empty)."""
         est = self.estimator
         now = r.now
         E: dict[str, list[float]] = {llm: [] for llm in state.pending}
         no_busy: dict[str, list[float]] = {llm: [] for llm in state.pending}
         for llm, free in r.free.items():
-            E[llm].extend([now] * len(free))
-            no_busy[llm].extend([now] * len(free))
             r.unreserved_idle[llm] = len(free)
+            if llm in needed:
+                E[llm].extend([now] * len(free))
+                no_busy[llm].extend([now] * len(free))
+        if not needed:
+            r.E, r.E_busy_free = E, no_busy
+            return
+        t_cold = {llm: est.cold_start(llm) for llm in needed}
         for g in state.gpus.values():
-            if g.state is GPUState.STARTING and g.job is None:
-                t = max(g.launched_at + est.cold_start(g.llm), now)
+            if g.state is GPUState.STARTING and g.job is None and g.llm in needed:
+                t = max(g.launched_at + t_cold[g.llm], now)
                 E[g.llm].append(t)
                 no_busy[g.llm].append(t)
-        for llm, running in state.running.items():
+        for llm in needed:
+            running = state.running[llm]
             for jid in running:
                 job = state.jobs[jid]
                 t = max(job.predicted_finish or now, now)
                 E[llm].extend([t] * len(job.gpus))
-        for llm, waiting in state.waiting.items():
-            for jid in waiting:
+            for jid in state.waiting[llm]:
                 job = state.jobs[jid]
                 ready = max(
                     [now]
                     + [
-                        state.gpus[g].launched_at + est.cold_start(llm)
+                        state.gpus[g].launched_at + t_cold[llm]
                         for g in job.gpus
                         if state.gpus[g].state is GPUState.STARTING
                     ]
@@ -232,6 +246,8 @@ class PromptTunerPolicy:
                 E[llm].extend([t] * len(job.gpus))
         for alloc in r.decision.allocations:
             job = state.jobs[alloc.job]
+            if job.llm not in needed:
+                continue
             t = now + est.t_warm(job.llm, job.remaining_iterations, alloc.target, job.bank_seconds)
             E[job.llm].extend([t] * len(alloc.gpus))
         for llm in E:

@@ -1,0 +1,39 @@
+"""Lint and architecture rules run with the tests, so the one test command checks them too."""
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _run(*cmd: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, check=False)
+
+
+def test_ruff_clean():
+    ruff = shutil.which("ruff")
+    if ruff is None:
+        pytest.fail("ruff is not installed: pip install -e '.[dev]'")
+    res = _run(ruff, "check", "operator", "worker", "tests")
+    assert res.returncode == 0, res.stdout + res.stderr
+
+
+def test_import_contracts_hold():
+    """The control plane never imports torch/transformers/peft; scheduling stays pure (pyproject)."""
+    lint = shutil.which("lint-imports")
+    if lint is None:
+        pytest.fail("import-linter is not installed: pip install -e '.[dev]'")
+    res = _run(lint)
+    assert res.returncode == 0, res.stdout + res.stderr
+
+
+def test_no_package_named_operator_at_top_level():
+    # A top-level `operator` package would shadow the standard library (DESIGN.md §2).
+    assert not (ROOT / "operator" / "__init__.py").exists()
+    import operator as stdlib_operator
+
+    assert Path(stdlib_operator.__file__).parent == Path(sys.modules["os"].__file__).parent
