@@ -1,0 +1,89 @@
+"""The `elastune` command line, run as a real subprocess the way users run it."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def elastune(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "elastune_operator.cli", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=300,
+    )
+
+
+def test_crds_prints_the_checked_in_crds():
+    res = elastune("crds")
+    assert res.returncode == 0, res.stderr
+    printed = {d["metadata"]["name"]: d for d in yaml.safe_load_all(res.stdout)}
+    on_disk = {}
+    for f in (ROOT / "crds").glob("*.yaml"):
+        d = yaml.safe_load(f.read_text())
+        on_disk[d["metadata"]["name"]] = d
+    assert printed == on_disk
+    assert set(printed) == {"tuningjobs.elastune.dev", "warmpools.elastune.dev", "loraadapters.elastune.dev"}
+
+
+def test_crds_write(tmp_path):
+    res = elastune("crds", "--write", str(tmp_path))
+    assert res.returncode == 0, res.stderr
+    for f in (ROOT / "crds").glob("*.yaml"):
+        assert (tmp_path / f.name).read_text() == f.read_text()
+
+
+def test_validate_accepts_examples_and_names_bad_fields(tmp_path):
+    ok = elastune(
+        "validate", *[a for f in sorted((ROOT / "manifests").glob("*.yaml")) for a in ("-f", str(f))]
+    )
+    assert ok.returncode == 0, ok.stderr
+    assert ok.stdout.count(": valid") == 3
+
+    job = yaml.safe_load((ROOT / "manifests" / "tuningjob.yaml").read_text())
+    job["spec"]["deadline"] = "0s"
+    job["spec"]["method"] = "fineTuning"
+    job["spec"]["foo"] = 1
+    del job["spec"]["model"]
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump(job))
+    res = elastune("validate", "-f", str(bad))
+    assert res.returncode == 1
+    for field in ("spec.deadline", "spec.method", "spec.foo", "spec.model"):
+        assert field in res.stderr, (field, res.stderr)
+
+
+def test_simulate_prints_the_three_schedulers():
+    res = elastune("simulate", "--load", "low", "--seed", "3")
+    assert res.returncode == 0, res.stderr
+    for name in ("promptTuner", "infless", "elasticflow"):
+        assert name in res.stdout
+    assert "PromptTuner vs infless" in res.stdout
+
+
+def test_bench_scheduler_writes_json_and_plot(tmp_path):
+    out, png = tmp_path / "b.json", tmp_path / "b.png"
+    res = elastune("bench", "scheduler", "--quick", "--seeds", "1", "--json", str(out), "--plot", str(png))
+    assert res.returncode == 0, res.stderr
+    data = json.loads(out.read_text())
+    for pol in ("promptTuner", "infless", "elasticflow"):
+        cell = data["medium_S1.0"][pol]
+        assert cell["slo_violation_pct"] >= 0 and cell["cost_usd"] > 0
+    assert data["round_ms"]["mean"] > 0 and data["round_ms"]["max"] >= data["round_ms"]["mean"]
+    assert data["round_ms"]["gpus"] == 1000 and data["round_ms"]["min_pending_jobs"] >= 1000
+    assert set(data["ablations"]) == {
+        "workloadScheduler",
+        "withoutWarmAllocator",
+        "withoutDelaySchedulable",
+        "withoutLatencyBudget",
+    }
+    assert len(data["idle_window"]) == 5
+    assert len(data["end_to_end"]) == 9
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
