@@ -156,7 +156,7 @@ class PromptTunerPolicy:
     ) -> None:
         est = self.estimator
         free = r.free[llm]
-        if not free and r.cold_free <= 0:
+        if not free and r.cold_free <= 0 and not any(r.free.values()):
             # Exact shortcut: with no idle warm GPU of this LLM and an empty cold pool, neither
             # algorithm nor best effort can hand this LLM's jobs anything this round; any change
             # (a GPU freed, a job finished) bumps the state version and triggers a full round.
@@ -260,7 +260,7 @@ class PromptTunerPolicy:
     def _cold_allocation(self, state: ClusterState, r: _Round, job: Job) -> None:
         est = self.estimator
         llm = job.llm
-        if r.cold_free <= 0 and r.unreserved_idle[llm] <= 0:
+        if r.cold_free <= 0 and r.unreserved_idle[llm] <= 0 and not any(r.unreserved_idle.values()):
             # Exact shortcut: no growth is possible and every idle GPU is already counted on, so
             # further reservations cannot change this round's decision (they only feed best effort
             # and idle release, which need unreserved idle GPUs).
@@ -271,7 +271,7 @@ class PromptTunerPolicy:
         a = est.fewest_gpus_cold(llm, rem, job.deadline - r.now, job.bank_seconds)
         if a == 0:
             return  # cannot meet the SLO from the cold pool either: delayed (line 15 fails)
-        if a > self._growth_room(state, r, llm):
+        if a > self._growth_room(state, r, llm) and not self._reclaim(state, r, llm, a):
             return  # the cold pool (or the WarmPool's max) cannot supply A GPUs: the job waits
         finish = r.now + est.cold_start(llm, a) + est.t_warm(llm, rem, a, job.bank_seconds)
         r.note(r.now + job.deadline - finish)
@@ -312,6 +312,35 @@ class PromptTunerPolicy:
             i = bisect_right(E, finish)
             E[i:i] = [finish] * len(consumed)
         r.unreserved_idle[llm] -= min(k, r.unreserved_idle[llm])
+
+    def _reclaim(self, state: ClusterState, r: _Round, llm: str, a: int) -> bool:
+        """Cold pool short of A GPUs: return other LLMs' idle GPUs that nobody counts on, oldest first.
+
+        Interpretation: the paper releases idle warm GPUs only after the idle window, but its stated
+        aim is the fewest warm GPUs that meet SLOs "based on traffic and GPU availability"; an idle
+        GPU kept for another LLM's possible future job must not cost a present job its SLO.
+        Releases are applied before launches, so the freed GPUs refill the cold pool in time.
+        """
+        cap = self.config.max_warm.get(llm)
+        if cap is not None and cap - state.pool_size[llm] - r.growth[llm] < a:
+            return False
+        short = a - r.cold_free
+        spare = [
+            (state.gpus[g].idle_since, g, other)
+            for other, free in r.free.items()
+            if other != llm and r.unreserved_idle[other] > 0
+            for g in free[: r.unreserved_idle[other]]
+        ]
+        if len(spare) < short:
+            return False
+        spare.sort()
+        for _, gid, other in spare[:short]:
+            r.free[other].remove(gid)
+            r.unreserved_idle[other] -= 1
+            r.growth[other] -= 1
+            r.cold_free += 1
+            r.decision.releases.append(gid)
+        return True
 
     def _growth_room(self, state: ClusterState, r: _Round, llm: str) -> int:
         cap = self.config.max_warm.get(llm)
@@ -389,7 +418,9 @@ class PromptTunerPolicy:
         assert len(handed) == len(set(handed)), "a GPU was handed out twice"
         assert all(state.gpus[g].state is GPUState.IDLE for g in handed), "allocated a non-idle GPU"
         assert not set(handed) & set(d.releases), "released a GPU that was just allocated"
-        assert sum(launch.count for launch in d.launches) <= state.cold_free, "cold pool over-drawn"
+        assert len(set(d.releases)) == len(d.releases), "a GPU was released twice"
+        launched = sum(launch.count for launch in d.launches)
+        assert launched <= state.cold_free + len(d.releases), "cold pool over-drawn"
 
 
 def _deadline(job: Job) -> float:
