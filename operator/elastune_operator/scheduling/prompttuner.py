@@ -47,6 +47,8 @@ import math
 from bisect import bisect_left, bisect_right
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from .estimator import Estimator
 from .latency_budget import DEFAULT_BUDGET_FRACTION, decide_prompt_bank
 from .policy import Billing, RoundCache
@@ -84,6 +86,7 @@ class _Round:
     E: dict[str, list[float]]  # sorted earliest-free times of each LLM's warm GPUs (absolute)
     E_busy_free: dict[str, list[float]]  # same without busy GPUs (delay_schedulable ablation)
     unreserved_idle: dict[str, int]  # idle GPUs that no delayed job counts on
+    total_unreserved: int  # sum of unreserved_idle
     growth: dict[str, int]
     cold_free: int
     horizon: float = math.inf
@@ -95,6 +98,15 @@ class _Round:
             self.horizon = t
 
 
+@dataclass(slots=True)
+class _Queue:
+    version: int
+    jobs: list[Job]
+    deadline: np.ndarray
+    rem: np.ndarray
+    bank: np.ndarray
+
+
 class PromptTunerPolicy:
     name = "promptTuner"
     keep_warm = True
@@ -104,6 +116,7 @@ class PromptTunerPolicy:
         self.estimator = estimator
         self.config = config or PromptTunerConfig()
         self._cache = RoundCache()
+        self._queues: dict[str, _Queue] = {}
 
     # -- arrival ----------------------------------------------------------------------------------
     def admit(self, state: ClusterState, job: Job, now: float) -> None:
@@ -125,13 +138,20 @@ class PromptTunerPolicy:
         delayed: list[Job] = []
         for llm in state.pending:
             self._warm_allocation(state, r, llm, hopeless, delayed)
-        self._build_free_times(state, r, {j.llm for j in delayed} | {j.llm for j in hopeless})
-        delayed.sort(key=_deadline)
-        for job in delayed:
-            self._cold_allocation(state, r, job)
-        hopeless.sort(key=_deadline)
-        for job in hopeless:
-            self._best_effort(state, r, job)
+        if r.cold_free > 0 or any(r.free.values()):
+            # Otherwise (exact shortcut) nothing is left to grow with, reserve or hand out, so
+            # Algorithm 2 and best effort could not change this round's decision.
+            self._build_free_times(state, r, {j.llm for j in delayed} | {j.llm for j in hopeless})
+            delayed.sort(key=_deadline)
+            for job in delayed:
+                if r.cold_free <= 0 and r.total_unreserved <= 0:
+                    break  # absorbing within a round: nothing left to grow with or to reserve
+                self._cold_allocation(state, r, job)
+            hopeless.sort(key=_deadline)
+            for job in hopeless:
+                if r.cold_free <= 0 and r.total_unreserved <= 0:
+                    break
+                self._best_effort(state, r, job)
         for llm in state.pending:
             self._min_warm_and_release(state, r, llm)
         self._check(state, r)
@@ -145,7 +165,8 @@ class PromptTunerPolicy:
             free={llm: list(ids) for llm, ids in state.idle.items()},
             E={},
             E_busy_free={},
-            unreserved_idle={},
+            unreserved_idle=dict.fromkeys(state.idle, 0),  # set after Algorithm 1
+            total_unreserved=0,
             growth=dict.fromkeys(state.pending, 0),
             cold_free=state.cold_free,
         )
@@ -157,35 +178,61 @@ class PromptTunerPolicy:
         est = self.estimator
         free = r.free[llm]
         if not free and r.cold_free <= 0 and not any(r.free.values()):
-            # Exact shortcut: with no idle warm GPU of this LLM and an empty cold pool, neither
+            # Exact shortcut: with no idle warm GPU anywhere and an empty cold pool, neither
             # algorithm nor best effort can hand this LLM's jobs anything this round; any change
             # (a GPU freed, a job finished) bumps the state version and triggers a full round.
             return
-        jobs = [state.jobs[j] for j in state.pending[llm]]
-        jobs.sort(key=_deadline)
+        q = self._queue(state, llm)
+        if not q.jobs:
+            return
         tbl, neg, overhead = est.curve(llm)
-        n_tbl, fastest = len(tbl), tbl[-1]
-        now = r.now
-        for job in jobs:
-            # Inlined est.fewest_gpus (hot loop): smallest a with T_warm(a) <= deadline - now.
-            rem = job.remaining_iterations
-            base = job.bank_seconds + overhead
-            room = job.deadline - now - base
-            if room < 0 or rem * fastest > room:
+        fastest = tbl[-1]
+        # Vectorised est.fewest_gpus over the SLO-sorted queue: smallest a with T_warm(a) ≤ time left.
+        base = q.bank + overhead
+        room = q.deadline - r.now - base
+        feasible = (room >= 0) & (q.rem * fastest <= room)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            x = np.where(q.rem > 0, -room / q.rem, -np.inf)
+        fewest = np.searchsorted(np.asarray(neg), x, side="left") + 1
+        if feasible.any():
+            # A feasible job turns hopeless once even the most GPUs could not finish it in time.
+            r.note(float((q.deadline - base - q.rem * fastest)[feasible].min()))
+        i = 0
+        n = len(q.jobs)
+        while i < n and free:  # Algorithm 1 proper: sequential, it consumes the idle GPUs
+            job = q.jobs[i]
+            if not feasible[i]:
                 hopeless.append(job)
-                continue
-            a = bisect_left(neg, -room / rem) + 1 if rem > 0 else 1
-            if a > n_tbl:
-                hopeless.append(job)
-                continue
-            # The job turns hopeless once even the most GPUs could not finish it in time.
-            r.note(job.deadline - base - rem * fastest)
-            if a <= len(free):
-                self._give(r, job, free, a, a)
-            elif self.config.warm_allocator or not free:
-                delayed.append(job)
             else:
-                self._piecemeal(state, r, job, free)
+                a = int(fewest[i])
+                if a <= len(free):
+                    self._give(r, job, free, a, a)
+                elif self.config.warm_allocator:
+                    delayed.append(job)
+                else:
+                    self._piecemeal(state, r, job, free)
+            i += 1
+        if i < n:  # no idle GPU left: the rest are classified in bulk
+            rest = np.arange(i, n)
+            delayed.extend(q.jobs[k] for k in rest[feasible[i:]])
+            hopeless.extend(q.jobs[k] for k in rest[~feasible[i:]])
+
+    def _queue(self, state: ClusterState, llm: str) -> _Queue:
+        """The LLM's pending jobs sorted by deadline, with their numbers as arrays; rebuilt only when
+        the pending set changed (most rounds touch one LLM at most)."""
+        version = state.pending_version[llm]
+        q = self._queues.get(llm)
+        if q is None or q.version != version:
+            jobs = sorted((state.jobs[j] for j in state.pending[llm]), key=_deadline)
+            q = _Queue(
+                version,
+                jobs,
+                np.array([j.deadline for j in jobs], dtype=float),
+                np.array([j.max_iterations - j.done_iterations for j in jobs], dtype=float),
+                np.array([j.bank_seconds for j in jobs], dtype=float),
+            )
+            self._queues[llm] = q
+        return q
 
     def _piecemeal(self, state: ClusterState, r: _Round, job: Job, free: list[int]) -> None:
         """Ablation: all idle warm GPUs now, the rest of A from the cold pool, held for the job."""
@@ -213,20 +260,20 @@ class PromptTunerPolicy:
         E: dict[str, list[float]] = {llm: [] for llm in state.pending}
         no_busy: dict[str, list[float]] = {llm: [] for llm in state.pending}
         for llm, free in r.free.items():
-            r.unreserved_idle[llm] = len(free)
+            r.unreserved_idle[llm] = len(free)  # after Algorithm 1 handed some out
             if llm in needed:
                 E[llm].extend([now] * len(free))
                 no_busy[llm].extend([now] * len(free))
+        r.total_unreserved = sum(r.unreserved_idle.values())
         if not needed:
             r.E, r.E_busy_free = E, no_busy
             return
         t_cold = {llm: est.cold_start(llm) for llm in needed}
-        for g in state.gpus.values():
-            if g.state is GPUState.STARTING and g.job is None and g.llm in needed:
-                t = max(g.launched_at + t_cold[g.llm], now)
-                E[g.llm].append(t)
-                no_busy[g.llm].append(t)
         for llm in needed:
+            for gid in state.starting[llm]:
+                t = max(state.gpus[gid].launched_at + t_cold[llm], now)
+                E[llm].append(t)
+                no_busy[llm].append(t)
             running = state.running[llm]
             for jid in running:
                 job = state.jobs[jid]
@@ -260,11 +307,6 @@ class PromptTunerPolicy:
     def _cold_allocation(self, state: ClusterState, r: _Round, job: Job) -> None:
         est = self.estimator
         llm = job.llm
-        if r.cold_free <= 0 and r.unreserved_idle[llm] <= 0 and not any(r.unreserved_idle.values()):
-            # Exact shortcut: no growth is possible and every idle GPU is already counted on, so
-            # further reservations cannot change this round's decision (they only feed best effort
-            # and idle release, which need unreserved idle GPUs).
-            return
         if self._delay_schedulable(r, job):
             return
         rem = job.remaining_iterations
@@ -311,7 +353,9 @@ class PromptTunerPolicy:
             del E[:k]
             i = bisect_right(E, finish)
             E[i:i] = [finish] * len(consumed)
-        r.unreserved_idle[llm] -= min(k, r.unreserved_idle[llm])
+        taken = min(k, r.unreserved_idle[llm])
+        r.unreserved_idle[llm] -= taken
+        r.total_unreserved -= taken
 
     def _reclaim(self, state: ClusterState, r: _Round, llm: str, a: int) -> bool:
         """Cold pool short of A GPUs: return other LLMs' idle GPUs that nobody counts on, oldest first.
@@ -337,6 +381,7 @@ class PromptTunerPolicy:
         for _, gid, other in spare[:short]:
             r.free[other].remove(gid)
             r.unreserved_idle[other] -= 1
+            r.total_unreserved -= 1
             r.growth[other] -= 1
             r.cold_free += 1
             r.decision.releases.append(gid)

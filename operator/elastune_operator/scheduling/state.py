@@ -120,6 +120,10 @@ class ClusterState:
         self.running: dict[str, dict[str, None]] = {llm: {} for llm in llms}
         self.waiting: dict[str, dict[str, None]] = {llm: {} for llm in llms}  # hold GPUs, not started
         self.pending: dict[str, dict[str, None]] = {llm: {} for llm in llms}
+        self.starting: dict[str, dict[int, None]] = {llm: {} for llm in llms}
+        """GPUs still loading that no job holds: they join the idle set when warm."""
+        self.pending_version: dict[str, int] = dict.fromkeys(llms, 0)
+        """Bumped whenever an LLM's pending set (or a pending job's progress) changes."""
         self.version = 0
         self._next_gpu = 0
 
@@ -152,12 +156,14 @@ class ClusterState:
             raise KeyError(f"job {job.id!r} targets unknown LLM {job.llm!r}")
         self.jobs[job.id] = job
         self.pending[job.llm][job.id] = None
+        self.pending_version[job.llm] += 1
         self._touch()
 
     def drop(self, job_id: str) -> None:
         job = self.jobs[job_id]
         job.dropped = True
         self.pending[job.llm].pop(job_id, None)
+        self.pending_version[job.llm] += 1
         self._touch()
 
     def launch(self, llm: str, now: float, job: str | None = None, target: int = 0) -> GPU:
@@ -170,6 +176,8 @@ class ClusterState:
         gpu = GPU(gid, llm, GPUState.STARTING, launched_at=now, job=job)
         self.gpus[gid] = gpu
         self.pool_size[llm] += 1
+        if job is None:
+            self.starting[llm][gid] = None
         if job is not None:
             j = self.jobs[job]
             if j.target_gpus == 0:
@@ -183,6 +191,7 @@ class ClusterState:
         gpu = self.gpus.get(gid)
         if gpu is None or gpu.state is not GPUState.STARTING:
             return
+        self.starting[gpu.llm].pop(gid, None)
         if gpu.job is None:
             gpu.state = GPUState.IDLE
             gpu.idle_since = now
@@ -210,6 +219,7 @@ class ClusterState:
     def _mark_waiting(self, job: Job) -> None:
         if job.id in self.pending[job.llm]:
             del self.pending[job.llm][job.id]
+            self.pending_version[job.llm] += 1
             self.waiting[job.llm][job.id] = None
         if job.target_gpus == 0:
             job.target_gpus = len(job.gpus)
@@ -256,12 +266,14 @@ class ClusterState:
             self._free_gpu(gid, now, keep_warm)
         job.gpus = []
         self.pending[job.llm][job_id] = None
+        self.pending_version[job.llm] += 1
         self._touch()
 
     def _free_gpu(self, gid: int, now: float, keep_warm: bool) -> None:
         gpu = self.gpus[gid]
         gpu.job = None
         if keep_warm and gpu.state is GPUState.STARTING:
+            self.starting[gpu.llm][gid] = None
             return  # still loading; becomes an idle warm GPU when ready
         if keep_warm:
             gpu.state = GPUState.IDLE
@@ -278,5 +290,6 @@ class ClusterState:
             if gid in job.gpus:
                 job.gpus.remove(gid)
         self.idle[gpu.llm].pop(gid, None)
+        self.starting[gpu.llm].pop(gid, None)
         self.pool_size[gpu.llm] -= 1
         self._touch()
