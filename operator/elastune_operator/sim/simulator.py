@@ -48,6 +48,8 @@ class SimResult:
     cost_usd: float
     paid_gpu_seconds: float
     busy_gpu_seconds: float
+    idle_gpu_seconds: float
+    """Warm GPUs with nothing assigned (the idle window's price)."""
     makespan_seconds: float
     bank_used: int
     rounds: int
@@ -72,6 +74,9 @@ class SimResult:
             "slo_violation_pct": round(self.slo_violation_pct, 2),
             "cost_usd": round(self.cost_usd, 2),
             "utilization_pct": round(self.utilization_pct, 1),
+            "idle_pct_of_paid": round(100.0 * self.idle_gpu_seconds / self.paid_gpu_seconds, 1)
+            if self.paid_gpu_seconds
+            else 0.0,
             "dropped": self.dropped,
             "unfinished": self.unfinished,
             "bank_used": self.bank_used,
@@ -190,7 +195,7 @@ class Simulator:
             self._push(j.arrival, _ARRIVAL, j)
         dt = cfg.round_seconds
         remaining = len(self.jobs)
-        paid = busy = 0.0
+        paid = busy = idle = 0.0
         round_times: list[float] = []
         tick = 0
         now = 0.0
@@ -234,14 +239,20 @@ class Simulator:
                     self._start(st.jobs[jid], now)
             paid += (len(st.gpus) if pol.billing == "warm_pool" else 0) * dt
             busy += self._busy * dt
+            if pol.billing == "warm_pool":
+                idle += sum(len(ids) for ids in st.idle.values()) * dt
             tick += 1
         makespan = max(now, last_arrival)
         if pol.billing == "fixed_cluster":
             n = getattr(pol, "cluster_gpus")(st)  # noqa: B009 - only fixed-cluster policies have it
             paid = n * makespan
-        return self._result(paid, busy, makespan, round_times)
+        if pol.billing == "fixed_cluster":
+            idle = paid - busy  # every GPU of the fixed cluster not running a job
+        return self._result(paid, busy, idle, makespan, round_times)
 
-    def _result(self, paid: float, busy: float, makespan: float, round_times: list[float]) -> SimResult:
+    def _result(
+        self, paid: float, busy: float, idle: float, makespan: float, round_times: list[float]
+    ) -> SimResult:
         st = self.state
         violations = dropped = unfinished = bank = 0
         latencies = []
@@ -268,6 +279,7 @@ class Simulator:
             cost_usd=paid / 3600.0 * self.cfg.price_per_gpu_hour,
             paid_gpu_seconds=paid,
             busy_gpu_seconds=busy,
+            idle_gpu_seconds=idle,
             makespan_seconds=makespan,
             bank_used=int(bank),
             rounds=len(round_times),
