@@ -122,7 +122,10 @@ def build_parser() -> argparse.ArgumentParser:
     simp.add_argument("--slo-emergence", type=float, default=1.0, help="S: SLO = duration × S + T_cold")
     simp.add_argument("--gpus", type=int, default=32, help="cold pool capacity (GPUs)")
     simp.add_argument("--seed", type=int, default=0)
-    simp.add_argument("--arrivals-csv", help="replay arrival timestamps from this CSV (first column)")
+    simp.add_argument(
+        "--arrivals-csv",
+        help="replay arrival timestamps from this CSV (first column), stretched over the 20-minute trace",
+    )
     simp.set_defaults(func=_cmd_simulate)
 
     bench = sub.add_parser("bench", help="benchmarks that print measured figures")
