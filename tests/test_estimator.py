@@ -93,11 +93,6 @@ def test_fewest_gpus_matches_algorithm1_linear_search():
     assert checked > 1500
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: Estimator.fewest_gpus compares s/iter with room / iterations (a division) while t_warm "
-    "multiplies; at a tie they disagree by one ulp, so the result contradicts its own docstring",
-)
 @pytest.mark.parametrize(
     ("overrides", "iterations", "budget"),
     [

@@ -149,11 +149,10 @@ class Estimator:
     def t_warm(self, llm: str, remaining_iterations: float, gpus: int, bank_seconds: float = 0.0) -> float:
         """T_warm(a): upper bound on the time from allocation on warm GPUs to completion."""
         s = self._state(llm)
-        return (
-            bank_seconds
-            + remaining_iterations * s.table[min(gpus, len(s.table)) - 1]
-            + s.profile.warm_overhead_seconds
-        )
+        # This exact expression (and association) is the one every fit test uses, so a boundary
+        # case can never be "fits" in one place and "does not fit" in another.
+        base = bank_seconds + s.profile.warm_overhead_seconds
+        return base + remaining_iterations * s.table[min(gpus, len(s.table)) - 1]
 
     def fewest_gpus(
         self, llm: str, remaining_iterations: float, budget_seconds: float, bank_seconds: float = 0.0
@@ -163,14 +162,23 @@ class Estimator:
         Equivalent to Algorithm 1's ``while T_warm(A) > T_slo: A += 1`` loop, in O(log n).
         """
         s = self._state(llm)
-        room = budget_seconds - bank_seconds - s.profile.warm_overhead_seconds
-        if room < 0:
-            return 0
+        base = bank_seconds + s.profile.warm_overhead_seconds
+        n = len(s.table)
         if remaining_iterations <= 0:
-            return 1
-        # table is non-increasing; find the first index with table[i] <= room / iterations.
-        i = bisect_left(s.neg_table, -room / remaining_iterations)
-        return i + 1 if i < len(s.table) else 0
+            return 1 if base <= budget_seconds else 0
+        # table is non-increasing: bisection guesses the first a with table[a-1] <= room/iterations;
+        # the exact T_warm comparison then settles rounding ties either way.
+        a = bisect_left(s.neg_table, -(budget_seconds - base) / remaining_iterations) + 1
+        a = min(max(a, 1), n)
+
+        def fits(k: int) -> bool:
+            return base + remaining_iterations * s.table[k - 1] <= budget_seconds
+
+        while a > 1 and fits(a - 1):
+            a -= 1
+        while a <= n and not fits(a):
+            a += 1
+        return a if a <= n else 0
 
     def fewest_gpus_cold(
         self, llm: str, remaining_iterations: float, budget_seconds: float, bank_seconds: float = 0.0

@@ -77,14 +77,20 @@ class PromptTunerConfig:
             raise ValueError("budget_fraction must be in (0, 1]")
 
 
+Slot = tuple[float, bool]
+"""An E_l entry: (time the GPU becomes free, floating). Floating entries are tied to the clock — an
+idle GPU (free "now"), an estimate already overrun, or anything planned from those — and move with
+it; fixed entries are future instants. The round cache needs the distinction to be exact."""
+
+
 @dataclass(slots=True)
 class _Round:
     """Scratch state of one round."""
 
     now: float
     free: dict[str, list[int]]  # idle warm GPUs not handed out yet, oldest idle first
-    E: dict[str, list[float]]  # sorted earliest-free times of each LLM's warm GPUs (absolute)
-    E_busy_free: dict[str, list[float]]  # same without busy GPUs (delay_schedulable ablation)
+    E: dict[str, list[Slot]]  # sorted earliest-free times of each LLM's warm GPUs (absolute)
+    E_busy_free: dict[str, list[Slot]]  # same without busy GPUs (delay_schedulable ablation)
     unreserved_idle: dict[str, int]  # idle GPUs that no delayed job counts on
     total_unreserved: int  # sum of unreserved_idle
     growth: dict[str, int]
@@ -146,7 +152,8 @@ class PromptTunerPolicy:
             for job in delayed:
                 if r.cold_free <= 0 and r.total_unreserved <= 0:
                     break  # absorbing within a round: nothing left to grow with or to reserve
-                self._cold_allocation(state, r, job)
+                if self._cold_allocation(state, r, job) is _PROJECTED_MISS:
+                    hopeless.append(job)
             hopeless.sort(key=_deadline)
             for job in hopeless:
                 if r.cold_free <= 0 and r.total_unreserved <= 0:
@@ -186,17 +193,24 @@ class PromptTunerPolicy:
         if not q.jobs:
             return
         tbl, neg, overhead = est.curve(llm)
-        fastest = tbl[-1]
-        # Vectorised est.fewest_gpus over the SLO-sorted queue: smallest a with T_warm(a) ≤ time left.
+        table = np.asarray(tbl)
+        n_tbl = len(tbl)
+        # Vectorised est.fewest_gpus over the SLO-sorted queue: smallest a with T_warm(a) ≤ time
+        # left, T_warm(a) = (bank + overhead) + rem × table[a-1] exactly as the estimator computes it.
         base = q.bank + overhead
-        room = q.deadline - r.now - base
-        feasible = (room >= 0) & (q.rem * fastest <= room)
+        left = q.deadline - r.now
         with np.errstate(divide="ignore", invalid="ignore"):
-            x = np.where(q.rem > 0, -room / q.rem, -np.inf)
-        fewest = np.searchsorted(np.asarray(neg), x, side="left") + 1
+            x = np.where(q.rem > 0, -(left - base) / q.rem, -np.inf)
+        fewest = np.clip(np.searchsorted(np.asarray(neg), x, side="left") + 1, 1, n_tbl)
+        for _ in range(2):  # settle rounding ties of the bisection guess with the exact comparison
+            lower = np.maximum(fewest - 1, 1)
+            fewest = np.where((fewest > 1) & (base + q.rem * table[lower - 1] <= left), lower, fewest)
+            fits = base + q.rem * table[fewest - 1] <= left
+            fewest = np.where(~fits & (fewest < n_tbl), fewest + 1, fewest)
+        feasible = base + q.rem * table[fewest - 1] <= left
         if feasible.any():
             # A feasible job turns hopeless once even the most GPUs could not finish it in time.
-            r.note(float((q.deadline - base - q.rem * fastest)[feasible].min()))
+            r.note(float((q.deadline - (base + q.rem * table[-1]))[feasible].min()))
         i = 0
         n = len(q.jobs)
         while i < n and free:  # Algorithm 1 proper: sequential, it consumes the idle GPUs
@@ -257,46 +271,50 @@ class PromptTunerPolicy:
         """E_l for the LLMs that have jobs left to plan this round (others stay empty)."""
         est = self.estimator
         now = r.now
-        E: dict[str, list[float]] = {llm: [] for llm in state.pending}
-        no_busy: dict[str, list[float]] = {llm: [] for llm in state.pending}
+        E: dict[str, list[Slot]] = {llm: [] for llm in state.pending}
+        no_busy: dict[str, list[Slot]] = {llm: [] for llm in state.pending}
         for llm, free in r.free.items():
             r.unreserved_idle[llm] = len(free)  # after Algorithm 1 handed some out
             if llm in needed:
-                E[llm].extend([now] * len(free))
-                no_busy[llm].extend([now] * len(free))
+                E[llm].extend([(now, True)] * len(free))
+                no_busy[llm].extend([(now, True)] * len(free))
         r.total_unreserved = sum(r.unreserved_idle.values())
         if not needed:
             r.E, r.E_busy_free = E, no_busy
             return
+
+        def slot(t: float) -> Slot:  # an estimate already overrun floats at "now"
+            return (t, False) if t > now else (now, True)
+
         t_cold = {llm: est.cold_start(llm) for llm in needed}
         for llm in needed:
             for gid in state.starting[llm]:
-                t = max(state.gpus[gid].launched_at + t_cold[llm], now)
-                E[llm].append(t)
-                no_busy[llm].append(t)
-            running = state.running[llm]
-            for jid in running:
+                sl = slot(state.gpus[gid].launched_at + t_cold[llm])
+                E[llm].append(sl)
+                no_busy[llm].append(sl)
+            for jid in state.running[llm]:
                 job = state.jobs[jid]
-                t = max(job.predicted_finish or now, now)
-                E[llm].extend([t] * len(job.gpus))
+                E[llm].extend([slot(job.predicted_finish or now)] * len(job.gpus))
             for jid in state.waiting[llm]:
                 job = state.jobs[jid]
-                ready = max(
-                    [now]
-                    + [
-                        state.gpus[g].launched_at + t_cold[llm]
-                        for g in job.gpus
-                        if state.gpus[g].state is GPUState.STARTING
-                    ]
+                ready = slot(
+                    max(
+                        [now]
+                        + [
+                            state.gpus[g].launched_at + t_cold[llm]
+                            for g in job.gpus
+                            if state.gpus[g].state is GPUState.STARTING
+                        ]
+                    )
                 )
-                t = ready + est.t_warm(llm, job.remaining_iterations, job.target_gpus, job.bank_seconds)
-                E[llm].extend([t] * len(job.gpus))
+                t = est.t_warm(llm, job.remaining_iterations, job.target_gpus, job.bank_seconds)
+                E[llm].extend([(ready[0] + t, ready[1])] * len(job.gpus))
         for alloc in r.decision.allocations:
             job = state.jobs[alloc.job]
             if job.llm not in needed:
                 continue
-            t = now + est.t_warm(job.llm, job.remaining_iterations, alloc.target, job.bank_seconds)
-            E[job.llm].extend([t] * len(alloc.gpus))
+            t = est.t_warm(job.llm, job.remaining_iterations, alloc.target, job.bank_seconds)
+            E[job.llm].extend([(now + t, True)] * len(alloc.gpus))
         for llm in E:
             E[llm].sort()
             no_busy[llm].sort()
@@ -304,20 +322,27 @@ class PromptTunerPolicy:
         r.E_busy_free = no_busy
 
     # -- Algorithm 2 --------------------------------------------------------------------------------
-    def _cold_allocation(self, state: ClusterState, r: _Round, job: Job) -> None:
+    def _cold_allocation(self, state: ClusterState, r: _Round, job: Job) -> object:
+        """Algorithm 2 for one job; returns _PROJECTED_MISS when neither waiting nor growing can
+        meet its SLO any more (it is then served best effort, see the module docstring)."""
         est = self.estimator
         llm = job.llm
         if self._delay_schedulable(r, job):
-            return
+            return None
         rem = job.remaining_iterations
         a = est.fewest_gpus_cold(llm, rem, job.deadline - r.now, job.bank_seconds)
         if a == 0:
-            return  # cannot meet the SLO from the cold pool either: delayed (line 15 fails)
+            return _PROJECTED_MISS  # line 15 fails for every A
         if a > self._growth_room(state, r, llm) and not self._reclaim(state, r, llm, a):
-            return  # the cold pool (or the WarmPool's max) cannot supply A GPUs: the job waits
+            # The cold pool (or the WarmPool's max) cannot supply A GPUs: the job waits — until even
+            # the most GPUs from the cold pool would be too late, when it becomes a projected miss.
+            most = est.max_gpus(llm)
+            r.note(job.deadline - (est.t_warm(llm, rem, most, job.bank_seconds) + est.cold_start(llm, most)))
+            return None
         finish = r.now + est.cold_start(llm, a) + est.t_warm(llm, rem, a, job.bank_seconds)
         r.note(r.now + job.deadline - finish)
         self._grow(r, llm, a, finish)
+        return None
 
     def _delay_schedulable(self, r: _Round, job: Job) -> bool:
         """Can the job meet its SLO by waiting for k warm GPUs being released? Reserve them if so.
@@ -332,27 +357,29 @@ class PromptTunerPolicy:
         rem = job.remaining_iterations
         base = job.bank_seconds + overhead
         deadline = job.deadline
-        room = deadline - r.now - base
-        if room < 0:
-            return False
-        k_first = bisect_left(neg, -room / rem) + 1 if rem > 0 else 1
+        now = r.now
+        # Bisection guess of the fewest GPUs that fit from now, one lower to absorb rounding (the
+        # loop applies the exact test).
+        k_first = max(1, bisect_left(neg, -(deadline - now - base) / rem)) if rem > 0 else 1
         # No GPU that frees up after deadline − T_warm(max) can help; bound the scan by bisection.
-        k_last = min(len(tbl), bisect_right(E, deadline - base - rem * tbl[-1]))
+        k_last = min(len(tbl), bisect_right(E, (deadline - (base + rem * tbl[-1]), True)))
         for k in range(k_first, k_last + 1):
-            e = E[k - 1]
+            e, floating = E[k - 1]
             t = base + rem * tbl[k - 1]
             if e + t <= deadline:
-                r.note(e if e > r.now else deadline - t)
-                self._reserve(r, llm, k, e + t)
+                # Floating start: the slack (deadline - e - t) runs out that much later than now;
+                # fixed start: nothing changes until that instant passes.
+                r.note(now + (deadline - e - t) if floating else e)
+                self._reserve(r, llm, k, (e + t, floating))
                 return True
         return False
 
-    def _reserve(self, r: _Round, llm: str, k: int, finish: float) -> None:
+    def _reserve(self, r: _Round, llm: str, k: int, finish: Slot) -> None:
         for E in (r.E[llm], r.E_busy_free[llm]):
-            consumed = E[:k]
-            del E[:k]
+            n = min(k, len(E))
+            del E[:n]
             i = bisect_right(E, finish)
-            E[i:i] = [finish] * len(consumed)
+            E[i:i] = [finish] * n
         taken = min(k, r.unreserved_idle[llm])
         r.unreserved_idle[llm] -= taken
         r.total_unreserved -= taken
@@ -399,9 +426,10 @@ class PromptTunerPolicy:
         r.growth[llm] += a
         r.cold_free -= a
         r.decision.launches.append(Launch(llm, a))
+        slot = (finish, True)  # planned from now: moves with the clock
         for E in (r.E[llm], r.E_busy_free[llm]):
-            i = bisect_right(E, finish)
-            E[i:i] = [finish] * a
+            i = bisect_right(E, slot)
+            E[i:i] = [slot] * a
 
     # -- jobs projected to miss their SLO ---------------------------------------------------------
     def _best_effort(self, state: ClusterState, r: _Round, job: Job) -> None:
@@ -419,16 +447,19 @@ class PromptTunerPolicy:
         if available:
             take = min(a_star, available)
             self._give(r, job, r.free[llm], take, take)
-            self._reserve(r, llm, take, r.now + est.t_warm(llm, rem, take, job.bank_seconds))
+            self._reserve(r, llm, take, (r.now + est.t_warm(llm, rem, take, job.bank_seconds), True))
             return
         E = r.E[llm]
         t_cold = est.cold_start(llm, a_star)
         k = min(a_star, len(E))
-        if k and E[k - 1] <= r.now + t_cold:
-            self._reserve(r, llm, k, E[k - 1] + est.t_warm(llm, rem, k, job.bank_seconds))
+        if k and E[k - 1][0] <= r.now + t_cold:
+            e, floating = E[k - 1]
+            self._reserve(r, llm, k, (e + est.t_warm(llm, rem, k, job.bank_seconds), floating))
+            if not floating:
+                r.note(e)
             return
-        if k:
-            r.note(E[k - 1] - t_cold)
+        if k and not E[k - 1][1]:
+            r.note(E[k - 1][0] - t_cold)
         room = self._growth_room(state, r, llm)
         if room:
             a = min(a_star, room)
@@ -466,6 +497,9 @@ class PromptTunerPolicy:
         assert len(set(d.releases)) == len(d.releases), "a GPU was released twice"
         launched = sum(launch.count for launch in d.launches)
         assert launched <= state.cold_free + len(d.releases), "cold pool over-drawn"
+
+
+_PROJECTED_MISS = object()
 
 
 def _deadline(job: Job) -> float:
