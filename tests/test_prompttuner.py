@@ -583,11 +583,6 @@ def test_round_cache_is_exact_while_estimates_hold():
     assert checked >= 300  # not vacuous
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: RoundCache horizon ignores E_l entries that move with `now` (max(estimate, now)) once "
-    "an estimate is overrun; see the two counterexamples below",
-)
 def test_round_cache_is_exact_including_overrun_estimates():
     checked, failures = _check_cache_exactness(overruns=True, seeds=range(1500))
     assert checked >= 300
@@ -604,19 +599,13 @@ def _overrun_state() -> ClusterState:
     return state
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: PromptTunerPolicy._delay_schedulable reserving at an E_l entry clamped to `now` (an "
-    "overrun predicted_finish) inserts a finish now + T_warm that moves with the clock; the horizon only "
-    "covers the reserving job, not later jobs that compare against that entry",
-)
 def test_round_cache_overrun_counterexample():
     state = _overrun_state()
     cached = policy()
     assert cached.round(state, 100.0).empty()
-    # At t: E = [max(90, t)] = [t]. j1 reserves it: t + 20 ≤ 125 until t = 105 (noted), E → [t + 20].
-    # j2: (t + 20) + 20 ≤ 141 only until t = 101, but j2 notes E_1 = t + 20 = 120 → horizon 105.
-    assert cached._cache.horizon == 105.0
+    # At t: E = [max(90, t)] = [t] (floating). j1 reserves it: t + 20 ≤ 125 until t = 105, E → [t + 20]
+    # (still floating). j2: (t + 20) + 20 ≤ 141 only until t = 101 → horizon 101.
+    assert cached._cache.horizon == 101.0
     # At t = 102 a fresh policy finds j2 no longer delay-schedulable (142 > 141) and grows the pool
     # (20/1 + 10 = 30 ≤ 39 → A = 1); the cached policy still answers "nothing to do" until 105.
     fresh = policy().round(state, 102.0)
@@ -624,12 +613,6 @@ def test_round_cache_overrun_counterexample():
     assert cached.round(state, 102.0) == fresh
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: PromptTunerPolicy._build_free_times gives a waiting job the E_l entry "
-    "max(now, estimated warm time) + T_warm, which starts moving with the clock at the estimated warm "
-    "time, but no horizon is noted there",
-)
 def test_round_cache_late_warm_up_counterexample():
     state = make_state(capacity=5)
     w = Job("w", LLM, 95.0, 100.0, 10)  # holds one GPU launched at 95: estimated warm at 95 + 10 = 105
@@ -638,9 +621,9 @@ def test_round_cache_late_warm_up_counterexample():
     state.submit(Job("j", LLM, 100.0, 36.0, 20))  # deadline 136, 20 s on 1 GPU
     cached = policy()
     # t = 100, nothing overrun: w's GPU frees at 105 + 10/1 = 115; j: 115 + 20 = 135 ≤ 136 → delayed.
-    # Horizon: min(115 (the reserved entry), 136 − 20/8 = 133.5 (j turns hopeless)) = 115.
+    # That entry is fixed only until w's GPU is due warm (105), then floats: horizon 105.
     assert cached.round(state, 100.0).empty()
-    assert cached._cache.horizon == 115.0
+    assert cached._cache.horizon == 105.0
     # The GPU is late (no event, no version bump). At t = 110: w's entry is max(105, 110) + 10 = 120;
     # j: 120 + 20 = 140 > 136 → not delay-schedulable → grow: 20/A + 10 ≤ 26 → A = 2.
     fresh = policy().round(state, 110.0)

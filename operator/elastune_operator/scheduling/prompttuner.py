@@ -77,10 +77,11 @@ class PromptTunerConfig:
             raise ValueError("budget_fraction must be in (0, 1]")
 
 
-Slot = tuple[float, bool]
-"""An E_l entry: (time the GPU becomes free, floating). Floating entries are tied to the clock — an
-idle GPU (free "now"), an estimate already overrun, or anything planned from those — and move with
-it; fixed entries are future instants. The round cache needs the distinction to be exact."""
+Slot = tuple[float, bool, float]
+"""An E_l entry: (time the GPU becomes free, floating, fixed until). Floating entries are tied to the
+clock — an idle GPU (free "now"), an estimate already overrun, or anything planned from those — and
+move with it; a fixed entry stays put until its underlying estimate (a predicted finish, an expected
+warm-up) passes, then floats. The round cache needs both facts to be exact."""
 
 
 @dataclass(slots=True)
@@ -276,15 +277,15 @@ class PromptTunerPolicy:
         for llm, free in r.free.items():
             r.unreserved_idle[llm] = len(free)  # after Algorithm 1 handed some out
             if llm in needed:
-                E[llm].extend([(now, True)] * len(free))
-                no_busy[llm].extend([(now, True)] * len(free))
+                E[llm].extend([(now, True, now)] * len(free))
+                no_busy[llm].extend([(now, True, now)] * len(free))
         r.total_unreserved = sum(r.unreserved_idle.values())
         if not needed:
             r.E, r.E_busy_free = E, no_busy
             return
 
         def slot(t: float) -> Slot:  # an estimate already overrun floats at "now"
-            return (t, False) if t > now else (now, True)
+            return (t, False, t) if t > now else (now, True, now)
 
         t_cold = {llm: est.cold_start(llm) for llm in needed}
         for llm in needed:
@@ -308,13 +309,13 @@ class PromptTunerPolicy:
                     )
                 )
                 t = est.t_warm(llm, job.remaining_iterations, job.target_gpus, job.bank_seconds)
-                E[llm].extend([(ready[0] + t, ready[1])] * len(job.gpus))
+                E[llm].extend([(ready[0] + t, ready[1], ready[2])] * len(job.gpus))
         for alloc in r.decision.allocations:
             job = state.jobs[alloc.job]
             if job.llm not in needed:
                 continue
             t = est.t_warm(job.llm, job.remaining_iterations, alloc.target, job.bank_seconds)
-            E[job.llm].extend([(now + t, True)] * len(alloc.gpus))
+            E[job.llm].extend([(now + t, True, now)] * len(alloc.gpus))
         for llm in E:
             E[llm].sort()
             no_busy[llm].sort()
@@ -362,15 +363,15 @@ class PromptTunerPolicy:
         # loop applies the exact test).
         k_first = max(1, bisect_left(neg, -(deadline - now - base) / rem)) if rem > 0 else 1
         # No GPU that frees up after deadline − T_warm(max) can help; bound the scan by bisection.
-        k_last = min(len(tbl), bisect_right(E, (deadline - (base + rem * tbl[-1]), True)))
+        k_last = min(len(tbl), bisect_right(E, (deadline - (base + rem * tbl[-1]), True, math.inf)))
         for k in range(k_first, k_last + 1):
-            e, floating = E[k - 1]
+            e, floating, until = E[k - 1]
             t = base + rem * tbl[k - 1]
             if e + t <= deadline:
                 # Floating start: the slack (deadline - e - t) runs out that much later than now;
-                # fixed start: nothing changes until that instant passes.
-                r.note(now + (deadline - e - t) if floating else e)
-                self._reserve(r, llm, k, (e + t, floating))
+                # fixed start: nothing changes until its estimate passes and it starts to float.
+                r.note(now + (deadline - e - t) if floating else until)
+                self._reserve(r, llm, k, (e + t, floating, until))
                 return True
         return False
 
@@ -426,7 +427,7 @@ class PromptTunerPolicy:
         r.growth[llm] += a
         r.cold_free -= a
         r.decision.launches.append(Launch(llm, a))
-        slot = (finish, True)  # planned from now: moves with the clock
+        slot = (finish, True, r.now)  # planned from now: moves with the clock
         for E in (r.E[llm], r.E_busy_free[llm]):
             i = bisect_right(E, slot)
             E[i:i] = [slot] * a
@@ -447,19 +448,21 @@ class PromptTunerPolicy:
         if available:
             take = min(a_star, available)
             self._give(r, job, r.free[llm], take, take)
-            self._reserve(r, llm, take, (r.now + est.t_warm(llm, rem, take, job.bank_seconds), True))
+            finish = r.now + est.t_warm(llm, rem, take, job.bank_seconds)
+            self._reserve(r, llm, take, (finish, True, r.now))
             return
         E = r.E[llm]
         t_cold = est.cold_start(llm, a_star)
         k = min(a_star, len(E))
         if k and E[k - 1][0] <= r.now + t_cold:
-            e, floating = E[k - 1]
-            self._reserve(r, llm, k, (e + est.t_warm(llm, rem, k, job.bank_seconds), floating))
+            e, floating, until = E[k - 1]
+            self._reserve(r, llm, k, (e + est.t_warm(llm, rem, k, job.bank_seconds), floating, until))
             if not floating:
-                r.note(e)
+                r.note(until)
             return
         if k and not E[k - 1][1]:
-            r.note(E[k - 1][0] - t_cold)
+            e, _, until = E[k - 1]
+            r.note(min(e - t_cold, until))
         room = self._growth_room(state, r, llm)
         if room:
             a = min(a_star, room)
