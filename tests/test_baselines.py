@@ -106,7 +106,6 @@ def test_infless_keep_alive_releases_idle_instances_after_60_s():
     state = make_state(capacity=2, idle={LLM: 2})  # idle since 0
     pol = infless(prewarm=False)
     assert pol.round(state, 59.95).empty()
-    assert pol._cache.horizon == 60.0
     assert pol.round(state, 60.0).releases == [0, 1]  # 0 + 60 ≤ 60
 
 
@@ -157,20 +156,15 @@ def test_infless_start_waits_for_the_slowest_instance_in_the_simulator():
     assert job.finished_at == pytest.approx(job.started_at + 40 / 4)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: INFlessPolicy.round caches an empty decision up to the keep-alive/demand horizon, but "
-    "a job blocked on capacity falls back to best effort (fewer GPUs, A* ≤ idle) at a time it never notes",
-)
-def test_infless_round_cache_is_exact():
+def test_infless_decides_afresh_each_round():
+    """The baselines keep no round cache: a policy that saw t = 11 answers at t = 16 like a fresh one."""
     state = make_state(capacity=2)
     pol = infless()
     pol.admit(state, Job("j", LLM, 0.0, 30.0, 40), 0.0)  # deadline 30; A* = 2 (40/2 = 20 ≤ 30)
     make_gpus_warm(state, LLM, 2, at=11.0)
     # t = 11: warm 40/A ≤ 19 → A = 3 > 2 idle → cold 40/A + 10 ≤ 19 → A = 5: 2 idle + 3 cold, none
-    # free → waits. Cached until min(keep-alive 11 + 60, demand window 0 + 60) = 60.
+    # free → waits.
     assert pol.round(state, 11.0).empty()
-    assert pol._cache.horizon == 60.0
     # From t > 15 no cold A fits (40/8 + 10 = 15) → best effort A* = 2 ≤ 2 idle: it would run now.
     fresh = infless_with_demand_of(pol).round(state, 16.0)
     assert fresh.allocations == [Allocation("j", [0, 1], 2)]
@@ -299,11 +293,6 @@ def _tight_running_job(gpus: int, capacity: int, r_slo: float) -> tuple[ClusterS
     return state, pol
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: ElasticFlowPolicy.round commits _shrink_for's restarts even when they free too few "
-    "GPUs for the pending job to start (the restarted job pays T_cold for nothing)",
-)
 def test_elasticflow_does_not_restart_when_shrinking_cannot_make_room():
     # r: SLO 40 → admitted share 2 (40/2 + 10 = 30 ≤ 40); runs on 4. n: share 2; committed 4 ≤ 4.
     state, pol = _tight_running_job(gpus=4, capacity=4, r_slo=40.0)
@@ -315,11 +304,6 @@ def test_elasticflow_does_not_restart_when_shrinking_cannot_make_room():
     assert d.launches == []
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: ElasticFlowPolicy._shrink_for uses max(1, _share(job, now)): a running job whose "
-    "restart could no longer meet its deadline (share 0) is shrunk to 1 GPU, guaranteeing the miss",
-)
 def test_elasticflow_does_not_shrink_a_job_a_restart_would_make_miss():
     # r: SLO 28 → admitted share 3 (40/3 + 10 = 23.3 ≤ 28), runs on 4, predicted to finish at 20.
     # n: share 2; committed 3 + 2 ≤ 5.
@@ -330,16 +314,10 @@ def test_elasticflow_does_not_shrink_a_job_a_restart_would_make_miss():
     assert d.restarts == []
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: ElasticFlowPolicy.round caches an empty decision with horizon inf, but _shrink_for's "
-    "share of a running job falls to 0 (→ 1 GPU) as time passes, so a later full round differs",
-)
-def test_elasticflow_round_cache_is_exact():
+def test_elasticflow_decides_afresh_each_round():
     state, pol = _tight_running_job(gpus=4, capacity=5, r_slo=28.0)
     # t = 12: n needs 2, 1 free; r's share 40/A + 10 ≤ 16 → 7 > 4 running → no surplus → wait.
     assert pol.round(state, 12.0).empty()
-    assert pol._cache.horizon == float("inf")
     fresh = ElasticFlowPolicy(pol.estimator)
     fresh._min_share = dict(pol._min_share)
     assert pol.round(state, 14.0) == fresh.round(state, 14.0)

@@ -351,11 +351,6 @@ def test_growth_does_not_reclaim_gpus_reserved_by_delay_schedulable():
     assert _two_llm_policy().round(state, 5.0).empty()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: PromptTunerPolicy._reclaim releases another LLM's idle GPUs below that LLM's "
-    "min_warm (PromptTunerConfig.min_warm: 'never shrink below')",
-)
 def test_reclaim_keeps_the_other_llms_min_warm():
     state = make_state(capacity=2, llms=("m", "n"), idle={"n": 2})  # no cold GPU left
     state.submit(Job("j", "m", 0.0, 22.0, 24))  # needs A = 2 cold GPUs (24/2 + 10 = 22)

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from .estimator import Estimator
 from .latency_budget import decide_prompt_bank
-from .policy import Billing, RoundCache
+from .policy import Billing
 from .state import Allocation, ClusterState, Job, Launch, RoundDecision
 
 
@@ -63,7 +63,6 @@ class INFlessPolicy:
         self.estimator = estimator
         self.config = config or INFlessConfig()
         self._demand: dict[str, deque[tuple[float, float]]] = {}
-        self._cache = RoundCache()
 
     def admit(self, state: ClusterState, job: Job, now: float) -> None:
         _bank_always(self.estimator, job)
@@ -76,11 +75,8 @@ class INFlessPolicy:
         self._demand.setdefault(job.llm, deque()).append((now, gpu_seconds))
 
     def round(self, state: ClusterState, now: float) -> RoundDecision:
-        if self._cache.fresh(state, now):
-            return RoundDecision()
         est = self.estimator
         d = RoundDecision()
-        horizon = math.inf
         cold_free = state.cold_free
         free = {llm: list(ids) for llm, ids in state.idle.items()}
         queue = sorted((state.jobs[j] for p in state.pending.values() for j in p), key=lambda j: j.arrival)
@@ -129,13 +125,6 @@ class INFlessPolicy:
                 if expires <= now and surplus > 0:
                     d.releases.append(gid)
                     surplus -= 1
-                elif expires > now:
-                    horizon = min(horizon, expires)
-            window_end = self._demand_expiry(llm)
-            if window_end is not None and window_end > now:
-                horizon = min(horizon, window_end)
-        if d.empty():
-            self._cache.store(state, horizon)
         return d
 
     def _prewarm_target(self, llm: str, now: float) -> int:
@@ -148,10 +137,6 @@ class INFlessPolicy:
         while q and q[0][0] < now - window:
             q.popleft()
         return math.ceil(sum(gs for _, gs in q) / window) if q else 0
-
-    def _demand_expiry(self, llm: str) -> float | None:
-        q = self._demand.get(llm)
-        return q[0][0] + self.config.rate_window_seconds if q else None
 
 
 @dataclass(slots=True)
@@ -184,7 +169,6 @@ class ElasticFlowPolicy:
         self.estimator = estimator
         self.config = config or ElasticFlowConfig()
         self._min_share: dict[str, int] = {}
-        self._cache = RoundCache()
 
     def cluster_gpus(self, state: ClusterState) -> int:
         n = self.config.cluster_gpus
@@ -207,8 +191,6 @@ class ElasticFlowPolicy:
         self._min_share[job.id] = m
 
     def round(self, state: ClusterState, now: float) -> RoundDecision:
-        if self._cache.fresh(state, now):
-            return RoundDecision()
         est = self.estimator
         d = RoundDecision()
         free = self.cluster_gpus(state) - len(state.gpus)
@@ -240,13 +222,18 @@ class ElasticFlowPolicy:
             free -= 1
         for jid, a in starting.items():
             d.launches.append(Launch(state.jobs[jid].llm, a, jid))
-        if d.empty():
-            self._cache.store(state, math.inf)
         return d
 
     def _shrink_for(self, state: ClusterState, d: RoundDecision, need: int, now: float) -> int:
-        """Shrink running jobs above their minimum share (latest deadline first); returns GPUs freed."""
+        """Shrink running jobs above their minimum share (latest deadline first) to make ``need`` GPUs.
+
+        All or nothing: restarts are committed only if together they free enough (a restart costs the
+        job T_cold, so shrinking that does not let the pending job start would be pure loss). A job
+        whose restart could no longer meet its deadline (minimum share 0) is never shrunk.
+        """
+        planned: list[tuple[str, int]] = []
         freed = 0
+        restarted = {jid for jid, _ in d.restarts}
         running = sorted(
             (state.jobs[j] for r in state.running.values() for j in r),
             key=lambda j: j.deadline,
@@ -255,9 +242,16 @@ class ElasticFlowPolicy:
         for job in running:
             if freed >= need:
                 break
-            m = max(1, self._share(job, now)) if job.id in self._min_share else len(job.gpus)
+            if job.id not in self._min_share or job.id in restarted:
+                continue
+            m = self._share(job, now)
+            if m == 0:
+                continue
             surplus = len(job.gpus) - m
-            if surplus > 0 and all(r[0] != job.id for r in d.restarts):
-                d.restarts.append((job.id, m))
+            if surplus > 0:
+                planned.append((job.id, m))
                 freed += surplus
+        if freed < need:
+            return 0
+        d.restarts.extend(planned)
         return freed

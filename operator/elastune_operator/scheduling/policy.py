@@ -45,17 +45,19 @@ class RoundCache:
 
     version: int = -1
     horizon: float = -math.inf
+    state_id: int = 0
     hits: int = 0
     misses: int = 0
 
     def fresh(self, state: ClusterState, now: float) -> bool:
-        if state.version == self.version and now < self.horizon:
+        if id(state) == self.state_id and state.version == self.version and now < self.horizon:
             self.hits += 1
             return True
         self.misses += 1
         return False
 
     def store(self, state: ClusterState, horizon: float) -> None:
+        self.state_id = id(state)
         self.version = state.version
         self.horizon = horizon
 

@@ -107,7 +107,7 @@ class _Round:
 
 @dataclass(slots=True)
 class _Queue:
-    version: int
+    version: tuple[int, int]  # (state identity, pending_version)
     jobs: list[Job]
     deadline: np.ndarray
     rem: np.ndarray
@@ -235,7 +235,7 @@ class PromptTunerPolicy:
     def _queue(self, state: ClusterState, llm: str) -> _Queue:
         """The LLM's pending jobs sorted by deadline, with their numbers as arrays; rebuilt only when
         the pending set changed (most rounds touch one LLM at most)."""
-        version = state.pending_version[llm]
+        version = (id(state), state.pending_version[llm])
         q = self._queues.get(llm)
         if q is None or q.version != version:
             jobs = sorted((state.jobs[j] for j in state.pending[llm]), key=_deadline)
@@ -397,12 +397,14 @@ class PromptTunerPolicy:
         if cap is not None and cap - state.pool_size[llm] - r.growth[llm] < a:
             return False
         short = a - r.cold_free
-        spare = [
-            (state.gpus[g].idle_since, g, other)
-            for other, free in r.free.items()
-            if other != llm and r.unreserved_idle[other] > 0
-            for g in free[: r.unreserved_idle[other]]
-        ]
+        spare = []
+        for other, free in r.free.items():
+            if other == llm:
+                continue
+            # Only idle GPUs nobody counts on, and never below the other pool's WarmPool minimum.
+            keep = self.config.min_warm.get(other, 0)
+            n = min(r.unreserved_idle[other], state.pool_size[other] + r.growth[other] - keep)
+            spare += [(state.gpus[g].idle_since, g, other) for g in free[: max(n, 0)]]
         if len(spare) < short:
             return False
         spare.sort()

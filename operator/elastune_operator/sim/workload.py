@@ -127,14 +127,17 @@ def read_arrivals_csv(path: Path, column: str | None = None) -> np.ndarray:
         raise ValueError(f"{path}: no column {col!r}; columns: {list(rows[0])}")
     out: list[float] = []
     for i, row in enumerate(rows, start=2):
-        raw = row[col].strip()
+        raw = (row.get(col) or "").strip()
         try:
-            out.append(float(raw))
+            value = float(raw)
         except ValueError:
             try:
-                out.append(datetime.fromisoformat(raw.replace("Z", "+00:00")).timestamp())
+                value = datetime.fromisoformat(raw.replace("Z", "+00:00")).timestamp()
             except ValueError:
                 raise ValueError(f"{path}:{i}: {col}={raw!r} is neither seconds nor a timestamp") from None
+        if not math.isfinite(value):
+            raise ValueError(f"{path}:{i}: {col}={raw!r} is not a finite time")
+        out.append(value)
     arr = np.sort(np.asarray(out))
     return arr - arr[0]
 
@@ -150,7 +153,11 @@ def generate(cfg: WorkloadConfig) -> list[SimJob]:
     for llm_name, count in cfg.jobs_per_llm.items():
         llm = cfg.llms[llm_name]
         if replay is not None:
-            start = int(rng.integers(0, max(1, len(replay) - count)))
+            if len(replay) < count:
+                raise ValueError(
+                    f"{cfg.arrivals_csv}: {len(replay)} arrivals, but {count} jobs of {llm_name} requested"
+                )
+            start = int(rng.integers(0, len(replay) - count + 1))
             arrivals = replay[start : start + count] - replay[start]
             if cfg.stretch_replay and len(arrivals) > 1 and arrivals[-1] > 0:
                 arrivals = arrivals * (cfg.minutes * 60.0 / arrivals[-1])
