@@ -28,7 +28,24 @@ from elastune_worker.comm import (
 )
 from elastune_worker.comm.allreduce import _GRAD, _MERGED, _encode
 
-CHILD = Path(__file__).with_name("comm_child.py")
+# One worker process: argv = URL JOB WORKER WORLD STEPS DIR; reads DIR/in-{w}-{s}.npy, writes out-{w}-{s}.npy.
+CHILD = """
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from elastune_worker.comm import StorageAllReduce, make_channel
+
+url, job, worker, world, steps, folder = sys.argv[1:]
+worker, world, folder = int(worker), int(world), Path(folder)
+channel = make_channel(url)
+ar = StorageAllReduce(channel, job, worker, world, timeout_s=15.0)
+for step in range(int(steps)):
+    grad = np.load(folder / f"in-{worker}-{step}.npy")
+    np.save(folder / f"out-{worker}-{step}.npy", ar.allreduce_mean(step, grad))
+channel.close()
+"""
 
 
 def free_port() -> int:
@@ -84,20 +101,20 @@ def test_worker_processes_get_the_exact_mean_for_consecutive_steps(
     for w in range(world):
         for s in range(steps):
             np.save(tmp_path / f"in-{w}-{s}.npy", contribution(w, s, n))
+    argv = [sys.executable, "-c", CHILD, backend.url, job]
     procs = [
         subprocess.Popen(
-            [sys.executable, str(CHILD), backend.url, job, str(w), str(world), str(steps), str(tmp_path)]
+            [*argv, str(w), str(world), str(steps), str(tmp_path)], stderr=subprocess.PIPE, text=True
         )
         for w in range(world)
     ]
     try:
-        codes = [p.wait(timeout=30) for p in procs]
+        errors = [p.communicate(timeout=30)[1] for p in procs]
     finally:
         for p in procs:
             if p.poll() is None:
                 p.kill()
-    errors = [f.read_text() for f in sorted(tmp_path.glob("err-*.txt"))]
-    assert codes == [0] * world, "\n".join(errors)
+    assert [p.returncode for p in procs] == [0] * world, "\n".join(errors)
 
     for s in range(steps):
         expected = reference_mean([contribution(w, s, n) for w in range(world)])
