@@ -173,6 +173,18 @@ Quantity = Annotated[
 _PLAIN_KEY = re.compile(r"[A-Za-z_$][A-Za-z0-9_$]*")
 
 
+#: JSON type names of Python values, for error messages of both validation layers.
+JSON_TYPE_NAMES: Final = {
+    bool: "boolean",
+    int: "integer",
+    float: "number",
+    str: "string",
+    list: "array",
+    dict: "object",
+    type(None): "null",
+}
+
+
 def format_path(parts: Sequence[str | int]) -> str:
     """Dotted camelCase path from the resource root: spec.tolerations[0].effect, spec.nodeSelector[a/b].
 

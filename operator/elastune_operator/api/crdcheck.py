@@ -20,7 +20,7 @@ from jsonschema import Draft4Validator, FormatChecker, ValidationError
 from jsonschema.validators import extend
 
 from elastune_operator.api import units
-from elastune_operator.api.common import PATTERN_DESCRIPTIONS, format_path
+from elastune_operator.api.common import JSON_TYPE_NAMES, PATTERN_DESCRIPTIONS, format_path
 
 # Fields of the root the apiserver handles itself; the CRD only says `metadata: {type: object}`.
 _ROOT_PASSTHROUGH: Final = frozenset({"apiVersion", "kind", "metadata"})
@@ -183,17 +183,6 @@ def _nullable_to_type(schema: Any) -> Any:
     return out
 
 
-_TYPE_NAMES: Final = {
-    bool: "boolean",
-    int: "integer",
-    float: "number",
-    str: "string",
-    list: "array",
-    dict: "object",
-    type(None): "null",
-}
-
-
 def _json(value: object) -> str:
     try:
         return json.dumps(value)
@@ -234,7 +223,9 @@ def _describe(error: ValidationError) -> list[str]:
         reason = f"{wording}; got {_json(instance)}"
     elif keyword == "type":
         expected = " or ".join(value) if isinstance(value, list) else value
-        reason = f"must be of type {expected}; got {_TYPE_NAMES.get(type(instance), '?')} {_json(instance)}"
+        reason = (
+            f"must be of type {expected}; got {JSON_TYPE_NAMES.get(type(instance), '?')} {_json(instance)}"
+        )
     elif keyword == "minimum":
         exclusive = error.schema.get("exclusiveMinimum") is True
         reason = f"must be {'>' if exclusive else '>='} {value}; got {_json(instance)}"

@@ -8,7 +8,7 @@ from typing import Annotated, Any, Final, Union, get_args, get_origin
 from pydantic import BaseModel, ValidationError
 from pydantic_core import ErrorDetails
 
-from elastune_operator.api.common import format_path
+from elastune_operator.api.common import JSON_TYPE_NAMES, format_path
 from elastune_operator.api.constants import API_VERSION, KINDS
 from elastune_operator.api.loraadapter import LoRAAdapter
 from elastune_operator.api.tuningjob import TuningJob
@@ -40,15 +40,6 @@ def _json(value: object) -> str:
         return repr(value)
 
 
-_JSON_TYPE_NAMES: Final = {
-    bool: "boolean",
-    int: "integer",
-    float: "number",
-    str: "string",
-    list: "array",
-    dict: "object",
-    type(None): "null",
-}
 _EXPECTED_BY_ERROR: Final = {
     "int_type": "an integer",
     "int_from_float": "an integer",
@@ -62,7 +53,7 @@ _EXPECTED_BY_ERROR: Final = {
 
 
 def _type_name(value: object) -> str:
-    return _JSON_TYPE_NAMES.get(type(value), type(value).__name__)
+    return JSON_TYPE_NAMES.get(type(value), type(value).__name__)
 
 
 def _unwrap(annotation: Any) -> Any:
