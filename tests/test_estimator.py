@@ -38,12 +38,10 @@ def test_t_warm_adds_bank_and_overhead_and_comm_term():
     assert model_iteration_seconds(make_profile(comm_fraction=0.5), 4) == 0.375  # 1/4 × 1.5
 
 
-def test_iteration_seconds_and_iterations_for():
+def test_iteration_seconds_and_accessors():
     est = make_estimator()
     assert est.iteration_seconds(LLM, 4) == 0.25  # 1 / 4
     assert est.iteration_seconds(LLM, 99) == 0.125  # clamped to 8 GPUs: 1 / 8
-    assert est.iterations_for(LLM, 4, 10.0) == 40  # floor(10 / 0.25)
-    assert est.iterations_for(LLM, 1, 0.5) == 1  # floor(0.5) = 0, but at least 1
     assert est.max_gpus(LLM) == 8
     assert est.warm_overhead(LLM) == 0.0
     assert est.llms() == [LLM]

@@ -12,7 +12,6 @@ is the empirical A/(A+1) quantile of recent warm-ups (the expected maximum of A 
 
 from __future__ import annotations
 
-import math
 from bisect import bisect_left
 from collections import deque
 from dataclasses import dataclass, field
@@ -196,7 +195,3 @@ class Estimator:
             ):
                 return k
         return 0
-
-    def iterations_for(self, llm: str, gpus: int, seconds: float) -> int:
-        """How many iterations fit in ``seconds`` on ``gpus`` GPUs (for building workloads)."""
-        return max(1, math.floor(seconds / self.iteration_seconds(llm, gpus)))
