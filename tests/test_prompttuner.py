@@ -654,3 +654,32 @@ def test_gpu_states_after_apply():
     state = make_state(capacity=4, jobs=make_jobs(("j", 0, 20, 20)), idle={LLM: 2})
     apply(state, policy().round(state, 0.0), 0.0)
     assert state.gpus[1].state is GPUState.HELD and state.startable("j")
+
+
+# -- release prediction learned from finished jobs ---------------------------------------------------
+
+
+def _running_then_pending() -> ClusterState:
+    # r runs on 2 GPUs since 0 with an upper-bound finish at 40 (its max iterations). p arrives at 0:
+    # 30 iterations, SLO 45 → on 2 GPUs T_warm = 15. Upper bound: 40 + 15 = 55 > 45 → not delayable;
+    # from the cold pool 30/A + 10 ≤ 45 → A = 1 is enough → grow.
+    state = make_state(capacity=4)
+    make_running(state, Job("r", LLM, 0.0, 100.0, 80), 2, 0.0, 40.0)
+    state.submit(Job("p", LLM, 0.0, 45.0, 30))
+    return state
+
+
+def test_release_prediction_upper_bound_grows_the_pool():
+    d = policy(release_prediction="upper_bound").round(_running_then_pending(), 0.0)
+    assert d.launches == [Launch(LLM, 1)]
+
+
+def test_release_prediction_learned_from_finished_jobs_delays_instead():
+    pol = policy()  # release_prediction="learned" by default
+    for _ in range(30):  # finished jobs without the bank used half of their maximum iterations
+        pol.estimator.observe_completion(LLM, False, 40.0, 80)
+    assert pol.estimator.expected_fraction(LLM, False) == pytest.approx(0.5, abs=1e-4)
+    assert pol.estimator.expected_fraction(LLM, True) == 1.0  # the other class is untouched
+    # r's GPUs are now expected back at 0 + 40 × 0.5 = 20: p on 2 GPUs finishes 20 + 15 = 35 ≤ 45.
+    d = pol.round(_running_then_pending(), 0.0)
+    assert d.empty()

@@ -54,6 +54,8 @@ class _LLMState:
     correction: float = 1.0  # EWMA of observed / model, applied to unobserved GPU counts
     cold_samples: deque[float] = field(default_factory=lambda: deque(maxlen=32))
     cold_sorted: list[float] = field(default_factory=list)
+    # EWMA of iterations used / maximum iterations of finished jobs, with and without the Prompt Bank.
+    used_fraction: dict[bool, float] = field(default_factory=lambda: {True: 1.0, False: 1.0})
     table: list[float] = field(default_factory=list)  # s/iter at a = index + 1
     neg_table: list[float] = field(default_factory=list)  # -table, ascending, for bisect
 
@@ -112,6 +114,18 @@ class Estimator:
         ratio = seconds_per_iteration / model_iteration_seconds(s.profile, gpus)
         s.correction = (1 - a) * s.correction + a * ratio
         self._rebuild(s)
+
+    def observe_completion(self, llm: str, used_bank: bool, iterations: float, max_iterations: int) -> None:
+        """A job finished after ``iterations`` of its ``max_iterations`` (it reached its target early)."""
+        if max_iterations <= 0:
+            return
+        s = self._state(llm)
+        frac = min(1.0, max(0.0, iterations / max_iterations))
+        s.used_fraction[used_bank] = (1 - self._alpha) * s.used_fraction[used_bank] + self._alpha * frac
+
+    def expected_fraction(self, llm: str, used_bank: bool) -> float:
+        """Expected share of the maximum iterations a job really runs (1.0 until observed)."""
+        return self._state(llm).used_fraction[used_bank]
 
     def observe_cold_start(self, llm: str, seconds: float) -> None:
         """Feed a measured warm-up time of one GPU taken from the cold pool."""

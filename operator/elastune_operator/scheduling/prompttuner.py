@@ -30,6 +30,11 @@ Interpretations of the paper's pseudo-code (each marked "Interpretation" below):
 * Warm GPUs are handed out most-recently-idle first, so surplus GPUs age past the idle window and
   return to the cold pool instead of all staying lukewarm (the paper does not say which ones).
 * Idle release never removes warm GPUs that DelaySchedulable counted on in this round.
+* E_l's release times: sizing uses the paper's upper bound (maximum iterations), but jobs stop at
+  their target, and the paper motivates DelaySchedulable precisely by Prompt-Bank jobs finishing
+  early. By default (``release_prediction="learned"``) a running job's bound is scaled by the share of
+  maximum iterations that finished jobs of the same LLM (with / without the bank) really used — a
+  profile learned online like the others. ``"upper_bound"`` keeps the literal bound.
 
 Ablations (paper Table 8): ``warm_allocator=False`` hands a job whatever warm GPUs are idle right
 away and takes the rest of its A GPUs from the cold pool for it (each instance allocated on its own,
@@ -46,6 +51,7 @@ from __future__ import annotations
 import math
 from bisect import bisect_left, bisect_right
 from dataclasses import dataclass, field
+from typing import Literal
 
 import numpy as np
 
@@ -69,6 +75,8 @@ class PromptTunerConfig:
     """WarmPool spec.minWarmGPUs per LLM: never shrink below, grow up to it eagerly."""
     max_warm: dict[str, int] = field(default_factory=dict)
     """WarmPool spec.maxWarmGPUs per LLM: Algorithm 2 never grows a pool past it."""
+    release_prediction: Literal["upper_bound", "learned"] = "learned"
+    """How E_l predicts when running jobs release their GPUs (see ``_expected_release``)."""
 
     def __post_init__(self) -> None:
         if self.idle_window_seconds < 0:
@@ -295,7 +303,7 @@ class PromptTunerPolicy:
                 no_busy[llm].append(sl)
             for jid in state.running[llm]:
                 job = state.jobs[jid]
-                E[llm].extend([slot(job.predicted_finish or now)] * len(job.gpus))
+                E[llm].extend([slot(self._expected_release(job, now))] * len(job.gpus))
             for jid in state.waiting[llm]:
                 job = state.jobs[jid]
                 ready = slot(
@@ -321,6 +329,17 @@ class PromptTunerPolicy:
             no_busy[llm].sort()
         r.E = E
         r.E_busy_free = no_busy
+
+    def _expected_release(self, job: Job, now: float) -> float:
+        """When a running job's GPUs come back (E_l). Sizing uses the upper bound (max iterations,
+        §4.4), but jobs stop at their target: the paper's DelaySchedulable exists because jobs
+        started from the Prompt Bank finish early. With ``release_prediction="learned"`` the tuning
+        part of the bound is scaled by the share of max iterations finished jobs of this LLM used."""
+        bound = job.predicted_finish or now
+        if self.config.release_prediction == "upper_bound" or job.started_at is None:
+            return bound
+        frac = self.estimator.expected_fraction(job.llm, job.use_bank)
+        return job.started_at + (bound - job.started_at) * frac
 
     # -- Algorithm 2 --------------------------------------------------------------------------------
     def _cold_allocation(self, state: ClusterState, r: _Round, job: Job) -> object:

@@ -227,6 +227,8 @@ class Simulator:
                     job = st.jobs[jid]
                     llm = self.llms[job.llm]
                     pol.estimator.observe_iteration(job.llm, run.gpus, llm.true_iteration_seconds(run.gpus))
+                    used = self._true_iterations(run, job)
+                    pol.estimator.observe_completion(job.llm, job.use_bank, used, job.max_iterations)
                     self._busy -= len(job.gpus)
                     st.finish(jid, t, keep_warm=pol.keep_warm)
                     remaining -= 1
