@@ -85,12 +85,18 @@ def run(
     for name, c in sweep.items():
         p(f"  window {name:>5}  violation {c.slo_violation_pct:6.1f}%   cost ${c.cost_usd:7.2f}")
 
-    scale = scale_run(seconds=60.0 if quick else 120.0)
+    # Wall-clock round times are sensitive to other load on the machine: three repetitions, and the
+    # one with the median worst round is reported (all three are in the JSON).
+    reps = sorted(
+        (scale_run(seconds=60.0 if quick else 120.0) for _ in range(3)), key=lambda s: s.round_ms_max
+    )
+    scale = reps[1]
     p(
         f"\nScale — {scale.gpus} GPUs, ≥{scale.min_pending} pending jobs, {scale.llms} LLMs, "
         f"{scale.rounds} rounds: round mean {scale.round_ms_mean:.3f} ms, max {scale.round_ms_max:.3f} ms, "
         f"p99 {scale.round_ms_p99:.3f} ms ({scale.recomputed_rounds} recomputed, "
-        f"mean {scale.recomputed_ms_mean:.3f} ms); paper: 13 / 67 ms at 96 GPUs"
+        f"mean {scale.recomputed_ms_mean:.3f} ms); max of the 3 repetitions: "
+        f"{', '.join(f'{r.round_ms_max:.2f}' for r in reps)} ms; paper: 13 / 67 ms at 96 GPUs"
     )
 
     medium = e2e["medium_S1.0"]
@@ -123,6 +129,7 @@ def run(
         "ablations": {k: c.as_dict() for k, c in abl.items()},
         "idle_window": {k: c.as_dict() for k, c in sweep.items()},
         "round_ms": scale.as_dict(),
+        "round_ms_repetitions": [r.as_dict() for r in reps],
         "targets": checks,
         "elapsed_s": round(elapsed, 1),
     }
