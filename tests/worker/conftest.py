@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import getpass
 import os
+
+# Two cores shared by the test processes: busy-waiting OpenMP threads make torch ~25x slower. Set before
+# any test imports torch; worker subprocesses inherit it.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 import shutil
 import socket
 import subprocess

@@ -1,0 +1,414 @@
+"""Build a tiny GPT-2 base model offline, from Elastune's own task corpus (DESIGN.md §6 "Tiny models").
+
+Nothing is downloaded: a byte-level BPE tokenizer is trained with `tokenizers` on the task suite of
+`tasks.py`, a small GPT-2 is initialised from a config and pretrained briefly on the same corpus, and the
+result is saved as a directory that `AutoModelForCausalLM.from_pretrained(path)` and
+`AutoTokenizer.from_pretrained(path)` load with `HF_HUB_OFFLINE=1`.
+
+Why pretrain at all: prompt tuning on a random-init base barely moves the loss, and prompt sensitivity
+(what the Prompt Bank exploits) only appears once the base has learned that an instruction before the
+input selects the transformation. The corpus therefore mixes partition-specific instructions, generic
+family instructions and bare examples, so that a (soft) prompt has something to select.
+
+    python -m elastune_worker.tiny.build [--force] [--out DIR] [--steps N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import hashlib
+import json
+import math
+import os
+import random
+import shutil
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from . import tasks as T
+
+MODEL_NAME = "tiny-gpt2-v1"
+# Bump when the corpus, tokenizer or training recipe changes, so stale caches are rebuilt.
+FORMAT_VERSION = 2
+EOS_TOKEN = "<|endoftext|>"
+PAD_TOKEN = "<|pad|>"
+INFO_FILE = "build_info.json"
+_CONFIG_KEYS = ("vocab_size", "n_positions", "n_embd", "n_layer", "n_head")
+# Pretraining examples are drawn with seeds far from the small seeds tests and benchmarks use for
+# make_task, so tuning data is not replayed verbatim (pools of a few partitions still overlap).
+_CORPUS_SEED_OFFSET = 1_000_003
+
+
+@dataclass(frozen=True)
+class TinyModelSpec:
+    """Everything that determines the artifact; part of its cache key and of build_info.json."""
+
+    vocab_size: int = 2048
+    n_layer: int = 3
+    n_embd: int = 128
+    n_head: int = 4
+    n_positions: int = 256
+    # No dropout: a few hundred steps on a tiny model underfit rather than overfit, and a dropout-free
+    # base makes later prompt-tuning losses deterministic given a seed.
+    dropout: float = 0.0
+    examples_per_task: int = 300
+    block_size: int = 128
+    batch_size: int = 16
+    steps: int = 700
+    lr: float = 3e-3
+    warmup_steps: int = 30
+    weight_decay: float = 0.01
+    seed: int = 0
+
+    def dirname(self) -> str:
+        """The default spec owns MODEL_NAME; any variant gets a digest suffix so caches never mix."""
+        if self == TinyModelSpec():
+            return MODEL_NAME
+        digest = hashlib.sha256(json.dumps(dataclasses.asdict(self), sort_keys=True).encode()).hexdigest()
+        return f"{MODEL_NAME}-{digest[:10]}"
+
+
+DEFAULT_SPEC = TinyModelSpec()
+
+
+# --------------------------------------------------------------------------------------- locations
+def cache_root(cache_dir: Path | None = None) -> Path:
+    """`cache_dir`, else `$ELASTUNE_CACHE`, else `~/.cache/elastune`."""
+    if cache_dir is not None:
+        return Path(cache_dir)
+    env = os.environ.get("ELASTUNE_CACHE")
+    return Path(env) if env else Path.home() / ".cache" / "elastune"
+
+
+def model_dir(cache_dir: Path | None = None, spec: TinyModelSpec = DEFAULT_SPEC) -> Path:
+    """Where the artifact for `spec` lives: `<cache root>/models/tiny-gpt2-v1[-digest]`."""
+    return cache_root(cache_dir) / "models" / spec.dirname()
+
+
+def read_build_info(path: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads((Path(path) / INFO_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def is_complete(path: Path, spec: TinyModelSpec = DEFAULT_SPEC) -> bool:
+    """build_info.json is written last, inside the temp dir, so its presence means a whole artifact."""
+    info = read_build_info(path)
+    return (
+        info is not None
+        and info.get("format_version") == FORMAT_VERSION
+        and info.get("spec") == dataclasses.asdict(spec)
+    )
+
+
+# ------------------------------------------------------------------------------------------ corpus
+def corpus_documents(spec: TinyModelSpec = DEFAULT_SPEC) -> list[str]:
+    """The pretraining documents, deterministic in `spec.seed`, mixing all families and partitions.
+
+    Per example: 50 % with the partition's own instruction, 15 % with a generic family instruction,
+    20 % bare `input → target`, 15 % plain text (the input or the target alone). Instructions dominate so
+    the model learns to read the text before the input, which is what makes prompts matter.
+    """
+    rng = random.Random(f"elastune-tiny/corpus/{spec.seed}")
+    docs: list[str] = []
+    for task_spec in T.list_tasks():
+        specific = T.partition_instructions(task_spec)
+        generic = T.family_instructions(task_spec.family)
+        examples = T.sample_examples(task_spec, spec.examples_per_task, _CORPUS_SEED_OFFSET + spec.seed)
+        for ex in examples:
+            x, y = ex["input"], ex["target"]
+            r = rng.random()
+            if r < 0.50:
+                docs.append(T.format_example(x, y, rng.choice(specific)))
+            elif r < 0.65:
+                docs.append(T.format_example(x, y, rng.choice(generic)))
+            elif r < 0.85:
+                docs.append(T.format_example(x, y))
+            else:
+                docs.append(x if rng.random() < 0.5 else y)
+    rng.shuffle(docs)
+    return docs
+
+
+def all_instructions() -> list[str]:
+    out: list[str] = []
+    for fam in T.FAMILIES:
+        out += T.family_instructions(fam)
+        for s in T.list_tasks([fam]):
+            out += T.partition_instructions(s)
+    return out
+
+
+# --------------------------------------------------------------------------------------- tokenizer
+def train_tokenizer(docs: list[str], vocab_size: int) -> Any:
+    """A byte-level BPE (GPT-2 style, no prefix space) wrapped as a transformers GPT-2 tokenizer."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import GPT2TokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        min_frequency=2,
+        special_tokens=[EOS_TOKEN, PAD_TOKEN],
+        # All 256 byte symbols up front: any text stays encodable even if unseen in the corpus.
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(docs + all_instructions(), trainer=trainer)
+    return GPT2TokenizerFast(
+        tokenizer_object=tok,
+        eos_token=EOS_TOKEN,
+        bos_token=EOS_TOKEN,
+        unk_token=EOS_TOKEN,
+        # A pad distinct from eos: tuners mask padding without also masking the end of a target.
+        pad_token=PAD_TOKEN,
+    )
+
+
+def _blocks(token_docs: list[list[int]], eos_id: int, block_size: int) -> Any:
+    import torch
+
+    stream: list[int] = []
+    for ids in token_docs:
+        stream += ids
+        stream.append(eos_id)
+    n = len(stream) // block_size
+    return torch.tensor(stream[: n * block_size], dtype=torch.long).view(n, block_size)
+
+
+# ----------------------------------------------------------------------------------------- training
+@contextlib.contextmanager
+def _torch_threads(n: int) -> Iterator[None]:
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def _lr_at(step: int, spec: TinyModelSpec) -> float:
+    if step < spec.warmup_steps:
+        return spec.lr * (step + 1) / spec.warmup_steps
+    progress = (step - spec.warmup_steps) / max(1, spec.steps - spec.warmup_steps)
+    return spec.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress))))
+
+
+def _write_artifact(out: Path, spec: TinyModelSpec, *, log: bool) -> dict[str, Any]:
+    """Train tokenizer and model, save both into `out` (an empty temp dir), return build info."""
+    import tokenizers
+    import torch
+    import transformers
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    t0 = time.perf_counter()
+    docs = corpus_documents(spec)
+    tokenizer = train_tokenizer(docs, spec.vocab_size)
+    tokenizer.model_max_length = spec.n_positions
+    eos_id, pad_id = tokenizer.eos_token_id, tokenizer.pad_token_id
+    blocks = _blocks(tokenizer(docs)["input_ids"], eos_id, spec.block_size)
+    # A slice of blocks held out from training gives an honest "final loss" for build_info.json.
+    n_heldout = max(1, min(16, len(blocks) // 20))
+    train_blocks, heldout = blocks[n_heldout:], blocks[:n_heldout]
+    t_data = time.perf_counter() - t0
+
+    torch.manual_seed(spec.seed)
+    config = GPT2Config(
+        vocab_size=len(tokenizer),
+        n_positions=spec.n_positions,
+        n_embd=spec.n_embd,
+        n_layer=spec.n_layer,
+        n_head=spec.n_head,
+        resid_pdrop=spec.dropout,
+        embd_pdrop=spec.dropout,
+        attn_pdrop=spec.dropout,
+        bos_token_id=eos_id,
+        eos_token_id=eos_id,
+        pad_token_id=pad_id,
+        loss_type="ForCausalLM",  # explicit, else transformers 5 warns on every loss computation
+    )
+    model = GPT2LMHeadModel(config)
+    decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
+    no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
+    opt = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": spec.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=spec.lr,
+        betas=(0.9, 0.98),
+    )
+    gen = torch.Generator().manual_seed(spec.seed)
+    order = torch.randperm(len(train_blocks), generator=gen)
+    cursor, losses = 0, []
+    model.train()
+    for step in range(spec.steps):
+        if cursor + spec.batch_size > len(order):  # next epoch, reshuffled deterministically
+            order, cursor = torch.randperm(len(train_blocks), generator=gen), 0
+        batch = train_blocks[order[cursor : cursor + spec.batch_size]]
+        cursor += spec.batch_size
+        for group in opt.param_groups:
+            group["lr"] = _lr_at(step, spec)
+        loss = model(input_ids=batch, labels=batch).loss
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        losses.append(loss.item())
+        if log and (step % 50 == 0 or step == spec.steps - 1):
+            elapsed = time.perf_counter() - t0
+            print(f"  step {step:4d}/{spec.steps}  loss {losses[-1]:.3f}  {elapsed:6.1f}s", flush=True)
+
+    model.eval()
+    with torch.no_grad():
+        heldout_loss = float(model(input_ids=heldout, labels=heldout).loss)
+    model.save_pretrained(out, safe_serialization=True)
+    tokenizer.save_pretrained(out)
+    seconds = time.perf_counter() - t0
+    tail = losses[-20:] or [float("nan")]
+    return {
+        "name": spec.dirname(),
+        "format_version": FORMAT_VERSION,
+        "spec": dataclasses.asdict(spec),
+        "model_config": {k: getattr(config, k) for k in _CONFIG_KEYS},
+        "n_params": sum(p.numel() for p in model.parameters()),
+        "corpus": {
+            "documents": len(docs),
+            "train_blocks": len(train_blocks),
+            "tokens": int(blocks.numel()),
+            "tasks": len(T.list_tasks()),
+        },
+        "steps": spec.steps,
+        "epochs": round(spec.steps * spec.batch_size / max(1, len(train_blocks)), 2),
+        "initial_loss": losses[0] if losses else None,
+        "final_loss": sum(tail) / len(tail),
+        "heldout_loss": heldout_loss,
+        "seconds": round(seconds, 2),
+        "seconds_data": round(t_data, 2),
+        "torch_threads": torch.get_num_threads(),
+        "versions": {
+            "torch": torch.__version__,
+            "transformers": transformers.__version__,
+            "tokenizers": tokenizers.__version__,
+        },
+        "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+
+
+@contextlib.contextmanager
+def _build_lock(target: Path) -> Iterator[None]:
+    """Serialise builds of one artifact across processes (e.g. parallel test workers)."""
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - non-POSIX: atomic rename alone still prevents torn artifacts
+        yield
+        return
+    lock_path = target.parent / f".{target.name}.lock"
+    with lock_path.open("w") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def build_tiny_model(
+    out_dir: Path, spec: TinyModelSpec = DEFAULT_SPEC, *, force: bool = False, log: bool = False
+) -> Path:
+    """Build `spec` into exactly `out_dir` unless a complete artifact for it is already there.
+
+    The build happens in a sibling temp dir that is renamed into place only when complete, so a killed
+    build never leaves a half model where loaders look.
+    """
+    out_dir = Path(out_dir).resolve()
+    if not force and is_complete(out_dir, spec):
+        return out_dir  # before any write: a prebuilt model may sit on a read-only filesystem
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    with _build_lock(out_dir):
+        if not force and is_complete(out_dir, spec):  # another process built it while we waited
+            return out_dir
+        # Leftovers of builds killed without cleanup (SIGKILL, SIGTERM); ours to delete under the lock.
+        prefixes = (f".{out_dir.name}.tmp-", f".{out_dir.name}.old-")
+        for stale in out_dir.parent.iterdir():
+            if stale.name.startswith(prefixes) and stale.is_dir():
+                shutil.rmtree(stale, ignore_errors=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
+        try:
+            # A fixed thread count keeps results reproducible and avoids oversubscribing small machines.
+            with _torch_threads(max(1, min(4, os.cpu_count() or 1))):
+                info = _write_artifact(tmp, spec, log=log)
+            (tmp / INFO_FILE).write_text(json.dumps(info, indent=2) + "\n")
+            # mkdtemp makes 0700 dirs; a cache shared with other users or a serving image must be readable.
+            for f in tmp.iterdir():
+                f.chmod(0o644)
+            tmp.chmod(0o755)
+            if out_dir.exists():  # stale, incomplete or forced: swap it out, then delete it
+                trash = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.old-", dir=out_dir.parent))
+                os.replace(out_dir, trash / "old")
+                shutil.rmtree(trash, ignore_errors=True)
+            os.replace(tmp, out_dir)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return out_dir
+
+
+def ensure_tiny_model(
+    cache_dir: Path | None = None, *, force: bool = False, spec: TinyModelSpec = DEFAULT_SPEC
+) -> Path:
+    """Return the tiny model's directory, building it first if missing (~2 min on 2 idle CPU cores).
+
+    Cached at `<cache_dir | $ELASTUNE_CACHE | ~/.cache/elastune>/models/tiny-gpt2-v1`; a non-default
+    `spec` (e.g. fewer steps for tests) gets its own directory.
+    """
+    return build_tiny_model(model_dir(cache_dir, spec), spec, force=force)
+
+
+def load_tiny_model(path: Path | None = None) -> tuple[Any, Any]:
+    """(model, tokenizer) from a built directory, strictly from local files."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = Path(path) if path is not None else ensure_tiny_model()
+    model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True)
+    tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    return model, tokenizer
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(
+        prog="python -m elastune_worker.tiny.build", description=__doc__.splitlines()[0]
+    )
+    p.add_argument("--force", action="store_true", help="rebuild even if a complete artifact exists")
+    p.add_argument("--out", type=Path, help="exact output directory (default: the cache location)")
+    p.add_argument("--cache-dir", type=Path, help="cache root (default $ELASTUNE_CACHE or ~/.cache/elastune)")
+    p.add_argument("--steps", type=int, help=f"pretraining steps (default {DEFAULT_SPEC.steps})")
+    p.add_argument("--seed", type=int, help=f"seed (default {DEFAULT_SPEC.seed})")
+    p.add_argument("-q", "--quiet", action="store_true", help="no per-step log")
+    args = p.parse_args(argv)
+    # Must precede the first torch import (build.py imports torch lazily): with the default spinning
+    # policy, 2 OpenMP threads on a 2-core machine shared with another torch process run ~25× slower.
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    overrides = {k: v for k, v in (("steps", args.steps), ("seed", args.seed)) if v is not None}
+    spec = dataclasses.replace(DEFAULT_SPEC, **overrides)
+    target = args.out if args.out is not None else model_dir(args.cache_dir, spec)
+    cached = not args.force and is_complete(target, spec)
+    path = build_tiny_model(target, spec, force=args.force, log=not args.quiet)
+    info = read_build_info(path) or {}
+    verb = "cached at" if cached else "wrote"
+    print(
+        f"{verb} {path}: {info.get('n_params', 0) / 1e6:.2f}M params, {info.get('steps')} steps, "
+        f"build {info.get('seconds')} s, final loss {info.get('final_loss', float('nan')):.3f}, "
+        f"held-out loss {info.get('heldout_loss', float('nan')):.3f}"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
