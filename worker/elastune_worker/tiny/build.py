@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..fsutil import swap_into_place
 from . import tasks as T
 
 MODEL_NAME = "tiny-gpt2-v1"
@@ -350,11 +351,7 @@ def build_tiny_model(
             for f in tmp.iterdir():
                 f.chmod(0o644)
             tmp.chmod(0o755)
-            if out_dir.exists():  # stale, incomplete or forced: swap it out, then delete it
-                trash = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.old-", dir=out_dir.parent))
-                os.replace(out_dir, trash / "old")
-                shutil.rmtree(trash, ignore_errors=True)
-            os.replace(tmp, out_dir)
+            swap_into_place(tmp, out_dir)  # a stale, incomplete or forced one is swapped out
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
     return out_dir

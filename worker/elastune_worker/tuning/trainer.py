@@ -41,6 +41,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from elastune_worker.fsutil import swap_into_place
 from elastune_worker.tuning import metrics as M
 from elastune_worker.tuning.data import Record
 
@@ -800,11 +801,7 @@ class Trainer:
                 "prompt_projection": "nearest-input-embedding-cosine" if projection else None,
             }
             (tmp / "metrics.json").write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
-            if out.exists():
-                trash = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
-                os.replace(out, trash / "old")
-                shutil.rmtree(trash, ignore_errors=True)
-            os.replace(tmp, out)
+            swap_into_place(tmp, out)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
         return out
