@@ -30,30 +30,9 @@ HEADER: Final = (
     "# Regenerate with: elastune crds --write crds/\n"
 )
 
-# Keywords kept as they are (after their values are converted). Anything else is an error.
-_SCALAR_KEYWORDS: Final = frozenset(
-    {
-        "description",
-        "type",
-        "format",
-        "enum",
-        "default",
-        "minimum",
-        "maximum",
-        "minLength",
-        "maxLength",
-        "pattern",
-        "minItems",
-        "maxItems",
-        "minProperties",
-        "maxProperties",
-        "required",
-        "nullable",
-    }
-)
-_JUNCTORS: Final = ("allOf", "anyOf", "oneOf", "not")
-# Output order of keywords in a schema node; properties keep the models' field order.
-_KEY_ORDER: Final = (
+# Scalar keywords kept as they are (after their values are converted), in output order. Anything else
+# is an error.
+_SCALAR_ORDER: Final = (
     "description",
     "type",
     "format",
@@ -69,6 +48,12 @@ _KEY_ORDER: Final = (
     "minProperties",
     "maxProperties",
     "nullable",
+)
+_SCALAR_KEYWORDS: Final = frozenset((*_SCALAR_ORDER, "required"))
+_JUNCTORS: Final = ("allOf", "anyOf", "oneOf", "not")
+# Output order of keywords in a schema node; properties keep the models' field order.
+_KEY_ORDER: Final = (
+    *_SCALAR_ORDER,
     "x-kubernetes-int-or-string",
     "x-kubernetes-preserve-unknown-fields",
     "x-kubernetes-list-type",
