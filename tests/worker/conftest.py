@@ -2,89 +2,43 @@
 
 from __future__ import annotations
 
-import getpass
 import os
 
 # Two cores shared by the test processes: busy-waiting OpenMP threads make torch ~25x slower. Set before
 # any test imports torch; worker subprocesses inherit it.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-import shutil
 import socket
 import subprocess
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import unquote
 
 import pytest
 
-INSTALL_HINT = "apt-get install -y redis-server memcached"
-
-
-@dataclass
-class Server:
-    name: str
-    port: int
-    url: str
-    proc: subprocess.Popen[bytes]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _binary(name: str) -> str:
-    path = shutil.which(name)
-    if path is None:
-        pytest.fail(f"{name} is not installed; the storage-channel tests need real servers: {INSTALL_HINT}")
-    return path
-
-
-def _start(name: str, argv_for_port: list[str], url_for_port: str, log: Path) -> Server:
-    """Start the server, retrying on a port race, and wait until it accepts TCP connections."""
-    last_err = ""
-    for _ in range(3):
-        port = free_port()
-        argv = [a.format(port=port) for a in argv_for_port]
-        with log.open("wb") as out:
-            proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 10.0
-        while time.monotonic() < deadline:
-            if proc.poll() is not None:
-                break
-            try:
-                with socket.create_connection(("127.0.0.1", port), timeout=0.2):
-                    return Server(name, port, url_for_port.format(port=port), proc)
-            except OSError:
-                time.sleep(0.02)
-        _stop(proc)
-        last_err = log.read_text(errors="replace")[-2000:]
-    pytest.fail(f"could not start {name} ({' '.join(argv)}):\n{last_err}")
+from elastune_operator.local.servers import Server, ServerError
+from elastune_operator.local.servers import start_memcached as _start_memcached
+from elastune_operator.local.servers import start_redis as _start_redis
 
 
 def _stop(proc: subprocess.Popen[bytes]) -> None:
-    # SIGKILL: the servers keep nothing worth flushing, and memcached's SIGTERM exit lags up to a second.
     if proc.poll() is None:
         proc.kill()
     proc.wait()
 
 
 def start_redis(tmp: Path, *extra: str) -> Server:
-    binary = _binary("redis-server")
-    argv = [binary, "--port", "{port}", "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
-    argv += ["--dir", str(tmp), *extra]
-    return _start("redis-server", argv, "redis://127.0.0.1:{port}/0", tmp / "redis.log")
+    try:
+        return _start_redis(tmp, *extra)
+    except ServerError as exc:
+        pytest.fail(str(exc))
 
 
 def start_memcached(tmp: Path, *extra: str) -> Server:
-    binary = _binary("memcached")
-    argv = [binary, "-p", "{port}", "-U", "0", "-l", "127.0.0.1", *extra]
-    if os.geteuid() == 0:
-        argv += ["-u", getpass.getuser()]  # memcached refuses to run as root without -u
-    return _start("memcached", argv, "memcached://127.0.0.1:{port}", tmp / "memcached.log")
+    try:
+        return _start_memcached(tmp, *extra)
+    except ServerError as exc:
+        pytest.fail(str(exc))
 
 
 @pytest.fixture(scope="session")

@@ -1,0 +1,1 @@
+"""The worker process: HTTP server (Knative container contract) and the job agent."""
