@@ -131,7 +131,7 @@ BAD_JOBS = [
         _set("spec.hyperparameters.virtualTokens", 513),
         "spec.hyperparameters.virtualTokens",
     ),
-    ("relative-dataset", _set("spec.dataset", "data/train.jsonl"), "spec.dataset"),
+    ("unknown-dataset-scheme", _set("spec.dataset", "ftp://host/train.jsonl"), "spec.dataset"),
     ("empty-model", _set("spec.model", ""), "spec.model"),
     ("unknown-prompt-bank-mode", _set("spec.promptBank", "sometimes"), "spec.promptBank"),
     ("unknown-status-field", _set("status.phase", "Running"), "status.phase"),

@@ -78,6 +78,10 @@ URI_PATTERN: Final = (
 URI_DESCRIPTION: Final = (
     "must be an absolute path, file:///<path>, pvc://<claim>/<path>, s3://<bucket>/<key> or http(s)://<url>"
 )
+#: A dataset location: any URI above, or a path relative to the manifest's directory. Only `elastune run`
+#: (local mode) can resolve a relative path; the operator fails such a job with a reason.
+DATASET_URI_PATTERN: Final = URI_PATTERN[:-2] + r"|(?![A-Za-z][A-Za-z0-9+.-]*:)[^\s/]\S*)$"
+DATASET_URI_DESCRIPTION: Final = URI_DESCRIPTION + ", or a path relative to the manifest (elastune run only)"
 #: A Hugging Face id ("elastune/tiny-gpt2") or a local path: non-empty, no whitespace.
 MODEL_NAME_PATTERN: Final = r"^\S+$"
 MODEL_NAME_DESCRIPTION: Final = (
@@ -106,6 +110,7 @@ QUANTITY_DESCRIPTION: Final = "must be a Kubernetes quantity such as 500m, 2Gi o
 PATTERN_DESCRIPTIONS: Final = {
     **units.PATTERN_DESCRIPTIONS,
     URI_PATTERN: URI_DESCRIPTION,
+    DATASET_URI_PATTERN: DATASET_URI_DESCRIPTION,
     MODEL_NAME_PATTERN: MODEL_NAME_DESCRIPTION,
     REASON_PATTERN: REASON_DESCRIPTION,
     CONDITION_TYPE_PATTERN: CONDITION_TYPE_DESCRIPTION,
@@ -118,6 +123,7 @@ DecimalString = _string_format(units.DECIMAL_PATTERN, units.parse_decimal)
 NonNegativeDecimal = _string_format(units.NON_NEGATIVE_DECIMAL_PATTERN, _non_negative_decimal)
 PositiveDecimal = _string_format(units.POSITIVE_DECIMAL_PATTERN, _positive_decimal)
 Uri = _string_format(URI_PATTERN, _regex_check(URI_PATTERN, URI_DESCRIPTION))
+DatasetUri = _string_format(DATASET_URI_PATTERN, _regex_check(DATASET_URI_PATTERN, DATASET_URI_DESCRIPTION))
 ModelName = _string_format(MODEL_NAME_PATTERN, _regex_check(MODEL_NAME_PATTERN, MODEL_NAME_DESCRIPTION))
 ReasonString = _string_format(
     REASON_PATTERN, _regex_check(REASON_PATTERN, REASON_DESCRIPTION), minLength=1, maxLength=1024

@@ -8,6 +8,7 @@ from elastune_operator.api import units
 from elastune_operator.api.common import (
     ApiModel,
     Conditions,
+    DatasetUri,
     DecimalString,
     Duration,
     ModelName,
@@ -106,9 +107,9 @@ class TuningJobSpec(ApiModel):
 
     model: ModelName
     """LLM to tune a prompt for; must be the model of a WarmPool."""
-    dataset: Uri
+    dataset: DatasetUri
     """JSONL file of {"input", "target"} records: an absolute path, file://, pvc://<claim>/<path>, s3:// or
-    http(s)://."""
+    http(s)://; or a path relative to the manifest's directory, which only `elastune run` resolves."""
     initial_prompt: str | None = Field(default=None, max_length=65536)
     """Text the virtual tokens start from; the Prompt Bank may choose a better start."""
     method: Method = "promptTuning"
@@ -149,6 +150,8 @@ class PromptBankStatus(ApiModel):
     """How long the lookup took."""
     reason: ReasonString | None = None
     """Why it ran or was skipped, e.g. PromptBankSkipped."""
+    message: str | None = Field(default=None, max_length=32768)
+    """Human-readable details of the decision, e.g. why the job fell back to its own initial prompt."""
 
 
 class TuningJobStatus(ApiModel):
@@ -166,6 +169,10 @@ class TuningJobStatus(ApiModel):
     """Optimizer steps completed."""
     current_metric: DecimalString | None = None
     """Latest value of the termination metric (loss when no target is set)."""
+    initial_metric: DecimalString | None = None
+    """The termination metric with the initial prompt, measured before the first step."""
+    attempts: int | None = Field(default=None, ge=0)
+    """Attempts started; more than one after a worker was lost (each resumes from the last checkpoint)."""
     predicted_completion_time: Timestamp | None = None
     """When the estimator expects the job to finish."""
     prompt_bank: PromptBankStatus | None = None

@@ -5,6 +5,7 @@ the trainer converts tensors to flat float32 numpy arrays and back.
 
 from elastune_worker.comm.allreduce import (
     DEFAULT_TTL_S,
+    CollectiveAborted,
     CollectiveTimeout,
     StorageAllReduce,
     chunk_bounds,
@@ -27,6 +28,7 @@ __all__ = [
     "DEFAULT_TTL_S",
     "ChannelError",
     "ChannelUnavailable",
+    "CollectiveAborted",
     "CollectiveTimeout",
     "MemcachedChannel",
     "RedisChannel",

@@ -31,6 +31,7 @@ from __future__ import annotations
 import re
 import struct
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -54,6 +55,13 @@ _MAGIC = b"ELAR"
 # magic, kind, world, src, chunk, step, total length, chunk length
 _HEADER = struct.Struct("<4sBIIIQQQ")
 _F32 = np.dtype("<f4")  # fixed byte order on the wire
+
+
+ABORT_CHECK_S = 0.25
+
+
+class CollectiveAborted(RuntimeError):
+    """``should_abort`` returned True while waiting for peers."""
 
 
 class CollectiveTimeout(TimeoutError):
@@ -143,6 +151,7 @@ class StorageAllReduce:
         timeout_s: float = 30.0,
         poll_s: float = 0.002,
         ttl_s: int = DEFAULT_TTL_S,
+        should_abort: Callable[[], bool] | None = None,
     ) -> None:
         if not _JOB_RE.match(job):
             raise ValueError(f"job {job!r} must match {_JOB_RE.pattern} (no ':' or whitespace)")
@@ -162,6 +171,9 @@ class StorageAllReduce:
         self.timeout_s = timeout_s
         self.poll_s = poll_s
         self.ttl_s = int(ttl_s)
+        self.should_abort = should_abort
+        """Checked about every ``ABORT_CHECK_S`` while waiting for peers: a cancelled attempt (job deleted,
+        a peer lost) stops at once instead of waiting out the timeout."""
         self._last_step: int | None = None
         self._stale_merged: str | None = None  # own merged key of the previous step, deleted next step
 
@@ -244,6 +256,7 @@ class StorageAllReduce:
         got: dict[str, np.ndarray] = {}
         rejected: dict[str, str] = {}
         pending = list(wanted)
+        next_abort_check = time.monotonic() + ABORT_CHECK_S
         while pending:
             for key, raw in self.channel.get_many(pending).items():
                 value = _decode(raw, wanted[key], self.world, step, n)
@@ -255,8 +268,13 @@ class StorageAllReduce:
             pending = [k for k in pending if k not in got]
             if not pending:
                 break
-            if time.monotonic() >= deadline:
+            now = time.monotonic()
+            if now >= deadline:
                 raise self._timeout(step, phase, [wanted[k] for k in pending], rejected)
+            if self.should_abort is not None and now >= next_abort_check:
+                next_abort_check = now + ABORT_CHECK_S
+                if self.should_abort():
+                    raise CollectiveAborted(f"all-reduce of job {self.job!r} step {step} aborted ({phase})")
             time.sleep(self.poll_s)
         return got
 

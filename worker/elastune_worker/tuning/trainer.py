@@ -297,12 +297,18 @@ def _apply_text_init(model: PeftModel, tok: PreTrainedTokenizerBase, cfg: Tuning
 
 
 def build_peft_model(
-    model_dir: str | Path, cfg: TuningConfig, device: torch.device | str | None = None
+    model_dir: str | Path,
+    cfg: TuningConfig,
+    device: torch.device | str | None = None,
+    base_model: Any | None = None,
 ) -> PeftModel:
     """The base model with the method's trainable virtual tokens, frozen base, in eval mode.
 
     Initialisation is seeded by ``cfg.seed`` (without disturbing the caller's RNG) and done on the CPU
     before moving to ``device``, so every worker of a job starts from the same parameters.
+    ``base_model``: the already loaded base of a warm worker, reused instead of reading the weights
+    again. Prompt-learning methods only wrap it (no layer is injected or modified), so one base serves
+    job after job; pass it on the CPU or on ``device``.
     """
     from peft import get_peft_model
     from transformers import AutoModelForCausalLM
@@ -310,7 +316,9 @@ def build_peft_model(
     device = torch.device(device) if device is not None else pick_device()
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(cfg.seed)
-        base = AutoModelForCausalLM.from_pretrained(str(model_dir), local_files_only=True)
+        base = base_model
+        if base is None:
+            base = AutoModelForCausalLM.from_pretrained(str(model_dir), local_files_only=True)
         model = get_peft_model(base, _peft_config(model_dir, cfg))
         if cfg.init_text and cfg.method != "promptTuning":
             _apply_text_init(model, _load_tokenizer(model_dir), cfg)
@@ -509,6 +517,7 @@ class Trainer:
         checkpoint_dir: str | Path | None = None,
         device: torch.device | str | None = None,
         write_checkpoints: bool | None = None,
+        base_model: Any | None = None,
     ) -> None:
         if world < 1 or not 0 <= worker < world:
             raise ValueError(f"need 0 <= worker < world, got worker={worker} world={world}")
@@ -529,7 +538,7 @@ class Trainer:
         self.write_checkpoints = (worker == 0) if write_checkpoints is None else write_checkpoints
 
         self.tokenizer = _load_tokenizer(self.model_dir)
-        self.model = build_peft_model(self.model_dir, cfg, self.device)
+        self.model = build_peft_model(self.model_dir, cfg, self.device, base_model=base_model)
         self._check_context_fits()
         self._pad_id = _pad_id(self.tokenizer)
         self._train_enc = [_encode(self.tokenizer, r, cfg) for r in self.records_train]

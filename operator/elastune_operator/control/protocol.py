@@ -1,0 +1,238 @@
+"""The pull protocol between the control plane and worker processes, over Redis (DESIGN.md §5).
+
+Workers need no inbound network path from the operator: each worker registers itself, heartbeats,
+and pops its job assignments from its own queue; rank 0 of a job reports progress and the result on
+the job's event stream. Both sides import this module (the worker may import the operator's
+contracts; never the reverse), so the key layout and the message shapes exist once.
+
+Keys (``ns`` defaults to ``elastune``):
+
+- ``{ns}:worker:{id}`` — the worker's ``WorkerRecord`` as JSON, with a TTL refreshed by its heartbeat:
+  a worker whose key expired is gone (pod deleted, process killed).
+- ``{ns}:workers`` — set of worker ids ever registered (pruned when their record expired).
+- ``{ns}:assign:{id}`` — list of ``Assignment`` JSON; the worker BLPOPs it, so it runs them in order.
+- ``{ns}:job:{job}:events`` — stream of ``Event`` JSON: survives restarts of the control plane, which
+  re-reads it from the last id it processed (kept in the job's status by the operator).
+- ``{ns}:job:{job}:cancel:{attempt}`` — set when an attempt must stop (job deleted, a peer died).
+"""
+
+from __future__ import annotations
+
+import time
+from enum import StrEnum
+from typing import Any, Literal
+
+import redis
+from pydantic import BaseModel, ConfigDict, Field
+
+DEFAULT_NAMESPACE = "elastune"
+HEARTBEAT_SECONDS = 1.0
+"""How often a worker refreshes its record."""
+WORKER_TTL_SECONDS = 10
+"""A worker silent for this long is considered gone (ten missed heartbeats)."""
+EVENTS_TTL_SECONDS = 7 * 24 * 3600
+"""Event streams of finished jobs expire after a week; status already holds what matters."""
+
+
+class WorkerState(StrEnum):
+    STARTING = "starting"  # loading the runtime and weights (not warm yet)
+    READY = "ready"  # warm and idle: takes the next assignment
+    BUSY = "busy"  # running an assignment
+    FAILED = "failed"  # cannot serve (e.g. the model does not load); stays up to report why
+
+
+class _Message(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    def dumps(self) -> str:
+        return self.model_dump_json()
+
+
+class WorkerRecord(_Message):
+    id: str
+    pool: str
+    model: str
+    state: WorkerState
+    url: str = ""
+    """http://host:port of the worker's server (informational: dispatch never needs it)."""
+    pid: int = 0
+    started_at: float
+    """Unix time the process started: T_cold is measured from here to ``ready_at``."""
+    ready_at: float | None = None
+    heartbeat: float = 0.0
+    job: str | None = None
+    attempt: int | None = None
+    reason: str | None = None
+    message: str | None = None
+
+
+class Assignment(_Message):
+    """One worker's share of one attempt of a TuningJob."""
+
+    job: str
+    """Job key, ``namespace/name``."""
+    attempt: int = Field(ge=1)
+    rank: int = Field(ge=0)
+    world: int = Field(ge=1)
+    model: str
+    """The LLM the job needs; a worker holding another model refuses the assignment."""
+    spec: dict[str, Any]
+    """The TuningJob spec as the API stores it (camelCase): the contract, validated again by the worker."""
+    dataset: str
+    """Where this worker reads the JSONL (the spec's URI, resolved by the control plane)."""
+    channel_url: str = ""
+    """Storage channel of the gradient all-reduce (redis:// or memcached://); unused when world == 1."""
+    comm_job: str
+    """All-reduce key of this attempt: keys of a failed attempt can never mix into the retry's."""
+    collective_timeout_s: float = 60.0
+    checkpoint_dir: str
+    artifact_dir: str
+    eval_every: int = Field(default=10, ge=1)
+    checkpoint_every: int = Field(default=10, ge=1)
+    eval_fraction: float = 0.1
+    max_eval: int = 64
+    seed: int = 0
+
+
+EventType = Literal["started", "progress", "succeeded", "failed", "cancelled"]
+
+
+class Event(_Message):
+    type: EventType
+    job: str
+    attempt: int
+    rank: int
+    worker: str
+    time: float = Field(default_factory=time.time)
+    iterations: int | None = None
+    checkpointed: int | None = None
+    """Iterations covered by the newest checkpoint: where a retry resumes."""
+    loss: float | None = None
+    metric: str | None = None
+    value: float | None = None
+    initial_value: float | None = None
+    """The metric with the initial prompt, before any step (first attempt only)."""
+    seconds_per_iteration: float | None = None
+    sync_seconds: float | None = None
+    reason: str | None = None
+    """CamelCase reason of a failure (DatasetNotFound, ...) or of the termination (TargetReached, ...)."""
+    message: str | None = None
+    prompt: str | None = None
+    artifact: str | None = None
+    metrics: dict[str, float] | None = None
+
+
+def worker_key(ns: str, worker_id: str) -> str:
+    return f"{ns}:worker:{worker_id}"
+
+
+def assign_key(ns: str, worker_id: str) -> str:
+    return f"{ns}:assign:{worker_id}"
+
+
+def events_key(ns: str, job: str) -> str:
+    return f"{ns}:job:{job}:events"
+
+
+def cancel_key(ns: str, job: str, attempt: int) -> str:
+    return f"{ns}:job:{job}:cancel:{attempt}"
+
+
+class BusUnreachable(ConnectionError):
+    """Redis cannot be reached; the message names the URL."""
+
+
+class Bus:
+    """Both sides of the protocol on one Redis connection pool."""
+
+    def __init__(self, url: str, namespace: str = DEFAULT_NAMESPACE, *, socket_timeout: float = 10.0) -> None:
+        self.url = url
+        self.ns = namespace
+        self.redis = redis.Redis.from_url(
+            url, socket_timeout=socket_timeout, socket_connect_timeout=5.0, decode_responses=True
+        )
+
+    def ping(self) -> None:
+        try:
+            self.redis.ping()
+        except redis.RedisError as exc:
+            raise BusUnreachable(f"cannot reach Redis at {_redact(self.url)}: {exc}") from exc
+
+    def close(self) -> None:
+        self.redis.close()
+
+    # -- worker side --------------------------------------------------------------------------------
+    def publish_worker(self, record: WorkerRecord, ttl: int = WORKER_TTL_SECONDS) -> None:
+        record.heartbeat = time.time()
+        pipe = self.redis.pipeline()
+        pipe.set(worker_key(self.ns, record.id), record.dumps(), ex=ttl)
+        pipe.sadd(f"{self.ns}:workers", record.id)
+        pipe.execute()
+
+    def pop_assignment(self, worker_id: str, timeout: float = 1.0) -> Assignment | None:
+        item = self.redis.blpop([assign_key(self.ns, worker_id)], timeout=timeout)
+        if item is None:
+            return None
+        return Assignment.model_validate_json(item[1])
+
+    def post(self, event: Event) -> None:
+        key = events_key(self.ns, event.job)
+        pipe = self.redis.pipeline()
+        pipe.xadd(key, {"event": event.dumps()})
+        pipe.expire(key, EVENTS_TTL_SECONDS)
+        pipe.execute()
+
+    def cancelled(self, job: str, attempt: int) -> bool:
+        return bool(self.redis.exists(cancel_key(self.ns, job, attempt)))
+
+    # -- control side -------------------------------------------------------------------------------
+    def workers(self) -> dict[str, WorkerRecord]:
+        """Live workers by id; ids whose record expired are pruned from the registry."""
+        ids = sorted(self.redis.smembers(f"{self.ns}:workers"))
+        if not ids:
+            return {}
+        raws = self.redis.mget([worker_key(self.ns, i) for i in ids])
+        live: dict[str, WorkerRecord] = {}
+        gone = []
+        for wid, raw in zip(ids, raws, strict=True):
+            if raw is None:
+                gone.append(wid)
+            else:
+                live[wid] = WorkerRecord.model_validate_json(raw)
+        if gone:
+            self.redis.srem(f"{self.ns}:workers", *gone)
+        return live
+
+    def assign(self, worker_id: str, assignment: Assignment) -> None:
+        self.redis.rpush(assign_key(self.ns, worker_id), assignment.dumps())
+
+    def events(self, job: str, after: str = "0-0", count: int = 1000) -> list[tuple[str, Event]]:
+        """Events of ``job`` after stream id ``after``, oldest first."""
+        out = []
+        for entry_id, fields in self.redis.xrange(events_key(self.ns, job), min=f"({after}", count=count):
+            out.append((entry_id, Event.model_validate_json(fields["event"])))
+        return out
+
+    def cancel(self, job: str, attempt: int, ttl: int = 24 * 3600) -> None:
+        self.redis.set(cancel_key(self.ns, job, attempt), "1", ex=ttl)
+
+    def forget_worker(self, worker_id: str) -> None:
+        pipe = self.redis.pipeline()
+        pipe.delete(worker_key(self.ns, worker_id), assign_key(self.ns, worker_id))
+        pipe.srem(f"{self.ns}:workers", worker_id)
+        pipe.execute()
+
+    def purge_job(self, job: str) -> None:
+        """Drop a deleted job's stream and cancel flags."""
+        keys = [events_key(self.ns, job), *self.redis.scan_iter(match=f"{self.ns}:job:{job}:cancel:*")]
+        self.redis.delete(*keys)
+
+
+def _redact(url: str) -> str:
+    """The URL without its password, for messages."""
+    if "@" not in url:
+        return url
+    scheme, rest = url.split("://", 1) if "://" in url else ("", url)
+    creds, host = rest.rsplit("@", 1)
+    user = creds.split(":", 1)[0]
+    return f"{scheme}://{user + ':***' if ':' in creds else user}@{host}"

@@ -1,0 +1,336 @@
+"""The worker's job loop: register, heartbeat, pop assignments, run them, report (DESIGN.md §5 pull model).
+
+One assignment at a time. Any failure of a job — bad dataset, unreachable storage channel, a peer that
+died — is reported on the job's event stream with a CamelCase reason, and the worker goes back to
+READY for the next job: it never exits because of a job. A model that does not load leaves the worker
+FAILED (it cannot serve anything) but alive, reporting why on /readyz and in its record.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+
+from elastune_operator.api.tuningjob import TuningJobSpec
+from elastune_operator.control.protocol import (
+    HEARTBEAT_SECONDS,
+    Assignment,
+    Bus,
+    Event,
+    WorkerRecord,
+    WorkerState,
+)
+from elastune_worker.comm import (
+    ChannelError,
+    CollectiveAborted,
+    CollectiveTimeout,
+    StorageAllReduce,
+    make_channel,
+)
+from elastune_worker.server.metrics import WorkerMetrics
+from elastune_worker.server.models import LoadedModel, ModelLoadError, load_model
+from elastune_worker.tuning.data import DatasetError, load_dataset, split
+from elastune_worker.tuning.trainer import CheckpointMismatch, StepInfo, Trainer, TuningConfig
+
+log = logging.getLogger("elastune.worker")
+
+# Failure reasons a worker reports (besides DatasetError's DatasetNotFound / DatasetMalformed / ...).
+INVALID_ASSIGNMENT = "InvalidAssignment"
+INVALID_SPEC = "InvalidSpec"
+CHANNEL_UNREACHABLE = "ChannelUnreachable"
+COLLECTIVE_TIMEOUT = "CollectiveTimeout"
+CHECKPOINT_MISMATCH = "CheckpointMismatch"
+WORKER_ERROR = "WorkerError"
+
+
+class Cancelled(Exception):
+    pass
+
+
+@dataclass
+class AgentConfig:
+    worker_id: str
+    pool: str
+    model: str
+    url: str = ""
+    poll_seconds: float = 1.0
+
+
+class Agent:
+    def __init__(self, cfg: AgentConfig, bus: Bus, metrics: WorkerMetrics | None = None) -> None:
+        self.cfg = cfg
+        self.bus = bus
+        self.metrics = metrics or WorkerMetrics()
+        self.record = WorkerRecord(
+            id=cfg.worker_id,
+            pool=cfg.pool,
+            model=cfg.model,
+            state=WorkerState.STARTING,
+            url=cfg.url,
+            pid=os.getpid(),
+            started_at=_process_start_time(),
+        )
+        self.loaded: LoadedModel | None = None
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+
+    # -- state shared with the HTTP server --------------------------------------------------------
+    @property
+    def ready(self) -> bool:
+        return self.record.state in (WorkerState.READY, WorkerState.BUSY)
+
+    def snapshot(self) -> dict[str, object]:
+        with self._lock:
+            return self.record.model_dump(mode="json")
+
+    def _set(self, **fields: object) -> None:
+        with self._lock:
+            for k, v in fields.items():
+                setattr(self.record, k, v)
+        self._publish()
+
+    def _publish(self) -> None:
+        try:
+            with self._lock:
+                record = self.record.model_copy()
+            self.bus.publish_worker(record)
+        except Exception as exc:  # Redis down: keep working, the heartbeat retries
+            log.warning("cannot publish worker record: %s", exc)
+
+    # -- lifecycle ----------------------------------------------------------------------------------
+    def stop(self) -> None:
+        self._stop.set()
+
+    def load(self) -> bool:
+        """Load the runtime and weights; the worker is warm (READY) afterwards."""
+        self._publish()
+        try:
+            self.loaded = load_model(self.cfg.model)
+        except ModelLoadError as exc:
+            log.error("%s", exc)
+            self._set(state=WorkerState.FAILED, reason=exc.reason, message=str(exc))
+            return False
+        self.metrics.model_load.set(self.loaded.load_seconds)
+        self.metrics.ready.set(1)
+        self._set(state=WorkerState.READY, ready_at=time.time())
+        log.info(
+            "warm: %s loaded from %s in %.1f s", self.cfg.model, self.loaded.path, self.loaded.load_seconds
+        )
+        return True
+
+    def heartbeat_forever(self) -> None:
+        while not self._stop.wait(HEARTBEAT_SECONDS):
+            self._publish()
+
+    def run_forever(self) -> None:
+        threading.Thread(target=self.heartbeat_forever, name="heartbeat", daemon=True).start()
+        if not self.load():
+            self._stop.wait()  # stay up and keep reporting why (readiness stays false)
+            return
+        while not self._stop.is_set():
+            try:
+                assignment = self.bus.pop_assignment(self.cfg.worker_id, timeout=self.cfg.poll_seconds)
+            except Exception as exc:
+                log.warning("cannot read assignments (%s); retrying", exc)
+                self._stop.wait(1.0)
+                continue
+            if assignment is not None:
+                self.run_assignment(assignment)
+
+    # -- one job ------------------------------------------------------------------------------------
+    def _event(self, a: Assignment, type_: str, **fields: object) -> Event:
+        return Event(
+            type=type_, job=a.job, attempt=a.attempt, rank=a.rank, worker=self.cfg.worker_id, **fields
+        )  # type: ignore[arg-type]
+
+    def _post(self, event: Event) -> None:
+        try:
+            self.bus.post(event)
+        except Exception as exc:
+            log.error("cannot post %s event of %s: %s", event.type, event.job, exc)
+
+    def run_assignment(self, a: Assignment) -> str:
+        """Run one assignment to its end; returns the outcome (succeeded | failed | cancelled)."""
+        self._set(state=WorkerState.BUSY, job=a.job, attempt=a.attempt)
+        self.metrics.busy.set(1)
+        outcome = "failed"
+        try:
+            if self.bus.cancelled(a.job, a.attempt):
+                raise Cancelled()
+            self._post(self._event(a, "started"))
+            self._train(a)
+            outcome = "succeeded"
+        except Cancelled:
+            outcome = "cancelled"
+            self._post(self._event(a, "cancelled"))
+        except Exception as exc:
+            reason, message = classify_failure(exc)
+            if reason == WORKER_ERROR:
+                log.error("job %s failed:\n%s", a.job, traceback.format_exc())
+            else:
+                log.warning("job %s failed: %s: %s", a.job, reason, message)
+            self._post(self._event(a, "failed", reason=reason, message=message))
+        finally:
+            self.metrics.jobs.labels(outcome).inc()
+            self.metrics.busy.set(0)
+            self._set(state=WorkerState.READY, job=None, attempt=None)
+        return outcome
+
+    def _train(self, a: Assignment) -> None:
+        assert self.loaded is not None
+        if a.model != self.cfg.model:
+            raise _Fail(
+                INVALID_ASSIGNMENT, f"job needs model {a.model!r}, this worker holds {self.cfg.model!r}"
+            )
+        try:
+            spec = TuningJobSpec.model_validate(a.spec)
+        except ValueError as exc:
+            raise _Fail(INVALID_SPEC, f"spec does not validate: {exc}") from exc
+        records = load_dataset(a.dataset)
+        train, evals = split(records, a.eval_fraction, a.max_eval, a.seed)
+        cfg = TuningConfig.from_spec(
+            spec, eval_every=a.eval_every, checkpoint_every=a.checkpoint_every, seed=a.seed
+        )
+        cancelled = _CancelCheck(self.bus, a.job, a.attempt)
+        allreduce = None
+        if a.world > 1:
+            allreduce = StorageAllReduce(
+                make_channel(a.channel_url),
+                a.comm_job,
+                a.rank,
+                a.world,
+                timeout_s=a.collective_timeout_s,
+                should_abort=cancelled,
+            )
+        trainer = Trainer(
+            self.loaded.path,
+            cfg,
+            train,
+            evals,
+            worker=a.rank,
+            world=a.world,
+            allreduce=allreduce,
+            checkpoint_dir=a.checkpoint_dir,
+            device=self.loaded.device,
+            base_model=self.loaded.model,
+        )
+        lead = a.rank == 0
+        if lead and trainer.iterations == 0 and trainer.records_eval:
+            self._post(
+                self._event(a, "progress", iterations=0, metric=cfg.metric, initial_value=trainer.evaluate())
+            )
+        window: list[float] = []
+
+        def on_step(info: StepInfo) -> None:
+            self.metrics.steps.inc()
+            self.metrics.compute.observe(info.seconds)
+            self.metrics.sync.observe(info.sync_seconds)
+            window.append(info.seconds + info.sync_seconds)
+            if cancelled():
+                raise Cancelled()
+            if lead and (info.value is not None or len(window) >= 10):
+                ckpt = info.iterations - info.iterations % cfg.checkpoint_every
+                self._post(
+                    self._event(
+                        a,
+                        "progress",
+                        iterations=info.iterations,
+                        checkpointed=ckpt,
+                        loss=info.loss,
+                        metric=info.metric,
+                        value=info.value,
+                        seconds_per_iteration=sum(window) / len(window),
+                        sync_seconds=info.sync_seconds,
+                    )
+                )
+                window.clear()
+
+        try:
+            result = trainer.run(progress_cb=on_step)
+        except CollectiveAborted as exc:
+            raise Cancelled() from exc
+        if not lead:
+            return
+        trainer.save_artifact(a.artifact_dir)
+        projection = trainer.prompt_projection()
+        self._post(
+            self._event(
+                a,
+                "succeeded",
+                iterations=result.iterations,
+                checkpointed=result.iterations,
+                metric=result.metric,
+                value=result.value,
+                metrics=result.metrics,
+                reason=result.termination_reason,
+                prompt=projection[0] if projection else None,
+                artifact=str(Path(a.artifact_dir).resolve()),
+            )
+        )
+
+
+class _Fail(Exception):
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+class _CancelCheck:
+    """bus.cancelled(), at most every 0.25 s: called once per step and while polling peers."""
+
+    def __init__(self, bus: Bus, job: str, attempt: int) -> None:
+        self.bus, self.job, self.attempt = bus, job, attempt
+        self._next = 0.0
+        self._value = False
+
+    def __call__(self) -> bool:
+        now = time.monotonic()
+        if not self._value and now >= self._next:
+            self._next = now + 0.25
+            try:
+                self._value = self.bus.cancelled(self.job, self.attempt)
+            except Exception:
+                self._value = False  # Redis hiccup: the collective timeout still bounds the wait
+        return self._value
+
+
+def classify_failure(exc: BaseException) -> tuple[str, str]:
+    """(reason, message) of a failed assignment, the reason a CamelCase constant for the job's status."""
+    if isinstance(exc, _Fail):
+        return exc.reason, str(exc)
+    if isinstance(exc, DatasetError):
+        return exc.reason, str(exc)
+    if isinstance(exc, ChannelError):
+        return CHANNEL_UNREACHABLE, f"gradient storage channel: {exc}"
+    if isinstance(exc, CollectiveTimeout):
+        return COLLECTIVE_TIMEOUT, str(exc)
+    if isinstance(exc, CheckpointMismatch):
+        return CHECKPOINT_MISMATCH, str(exc)
+    if isinstance(exc, ValueError):  # config checks: context too long, bad combination of fields
+        return INVALID_SPEC, str(exc)
+    return WORKER_ERROR, f"{type(exc).__name__}: {exc}"
+
+
+def default_worker_id(pool: str) -> str:
+    """POD_NAME (downward API) on Kubernetes, else <pool>-<host>-<pid>."""
+    return os.environ.get("POD_NAME") or f"{pool}-{socket.gethostname()}-{os.getpid()}"
+
+
+def _process_start_time() -> float:
+    """When this process started (T_cold counts the interpreter and imports, not just the weights)."""
+    try:
+        ticks = int(Path(f"/proc/{os.getpid()}/stat").read_text().rsplit(")", 1)[1].split()[19])
+        boot = next(
+            float(line.split()[1])
+            for line in Path("/proc/stat").read_text().splitlines()
+            if line.startswith("btime")
+        )
+        return boot + ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, StopIteration):
+        return time.time()

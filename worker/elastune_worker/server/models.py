@@ -1,0 +1,74 @@
+"""Resolve a WarmPool's ``model`` to a local directory and load it once: what makes a worker warm."""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from elastune_worker.tuning.trainer import pick_device
+
+TINY_MODEL_NAMES = ("elastune/tiny-gpt2", "tiny-gpt2")
+"""Names of the project's own tiny model: built offline on first use, never downloaded."""
+
+MODEL_LOAD_FAILED = "ModelLoadFailed"
+
+
+class ModelLoadError(RuntimeError):
+    reason = MODEL_LOAD_FAILED
+
+
+@dataclass
+class LoadedModel:
+    name: str
+    path: Path
+    model: Any
+    tokenizer: Any
+    device: torch.device
+    load_seconds: float
+
+
+def resolve_model(name: str) -> Path:
+    """A local directory for ``name``: the tiny model (built if missing), a path, or a Hugging Face id
+    resolved through the local HF cache (downloaded only if the environment allows it — pods set
+    HF_HUB_OFFLINE=1 and mount the weights)."""
+    if name in TINY_MODEL_NAMES:
+        from elastune_worker.tiny.build import ensure_tiny_model
+
+        return ensure_tiny_model()
+    path = Path(name).expanduser()
+    if path.is_dir():
+        return path
+    if path.is_absolute() or name.startswith("."):
+        raise ModelLoadError(f"model {name!r}: {path} is not a directory")
+    try:
+        from huggingface_hub import snapshot_download
+
+        return Path(snapshot_download(name, local_files_only=os.environ.get("HF_HUB_OFFLINE") == "1"))
+    except Exception as exc:
+        raise ModelLoadError(
+            f"model {name!r} is neither a local directory nor a loadable Hugging Face id: {exc}"
+        ) from exc
+
+
+def load_model(name: str, device: torch.device | str | None = None) -> LoadedModel:
+    """Tokenizer and base weights on the chosen device (GPU when there is one)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    t0 = time.perf_counter()
+    path = resolve_model(name)
+    dev = torch.device(device) if device is not None else pick_device()
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+        model = AutoModelForCausalLM.from_pretrained(str(path), local_files_only=True)
+    except Exception as exc:
+        raise ModelLoadError(f"model {name!r} at {path} does not load: {exc}") from exc
+    model.to(dev)
+    model.eval()
+    for p in model.parameters():
+        p.requires_grad_(False)
+    return LoadedModel(name, path, model, tokenizer, dev, time.perf_counter() - t0)
