@@ -80,7 +80,7 @@ URI_DESCRIPTION: Final = (
 )
 #: A dataset location: any URI above, or a path relative to the manifest's directory. Only `elastune run`
 #: (local mode) can resolve a relative path; the operator fails such a job with a reason.
-DATASET_URI_PATTERN: Final = URI_PATTERN[:-2] + r"|(?![A-Za-z][A-Za-z0-9+.-]*:)[^\s/]\S*)$"
+DATASET_URI_PATTERN: Final = URI_PATTERN[:-2] + r"|[^\s/:][^\s:]*)$"  # relative: no ':' (RE2 has no lookahead)
 DATASET_URI_DESCRIPTION: Final = URI_DESCRIPTION + ", or a path relative to the manifest (elastune run only)"
 #: A Hugging Face id ("elastune/tiny-gpt2") or a local path: non-empty, no whitespace.
 MODEL_NAME_PATTERN: Final = r"^\S+$"
