@@ -6,8 +6,6 @@ import argparse
 import sys
 from pathlib import Path
 
-import yaml
-
 
 def _cmd_crds(args: argparse.Namespace) -> int:
     from .api.crds import render_crds, write_crds
@@ -22,32 +20,17 @@ def _cmd_crds(args: argparse.Namespace) -> int:
 
 def _cmd_validate(args: argparse.Namespace) -> int:
     """Check manifests the way the API server (CRD schema) and the operator (models) will."""
-    from .api.crdcheck import validate_against_crd
-    from .api.crds import render_crds
-    from .api.resources import InvalidResource, parse_resource
+    from .api import manifests
 
-    crds = {}
-    for text in render_crds().values():
-        crd = yaml.safe_load(text)
-        crds[crd["spec"]["names"]["kind"]] = crd
     failed = 0
-    for file in args.file:
-        docs = [d for d in yaml.safe_load_all(Path(file).read_text()) if d]
-        for doc in docs:
-            name = f"{doc.get('kind', '?')}/{(doc.get('metadata') or {}).get('name', '?')}"
-            crd = crds.get(doc.get("kind", ""))
-            problems = validate_against_crd(doc, crd) if crd else [f"kind: unknown kind {doc.get('kind')!r}"]
-            try:
-                parse_resource(doc)
-            except InvalidResource as exc:
-                problems += [f"(model) {e}" for e in exc.errors]
-            if problems:
-                failed += 1
-                print(f"{file}: {name}: invalid", file=sys.stderr)
-                for problem in problems:
-                    print(f"  {problem}", file=sys.stderr)
-            else:
-                print(f"{file}: {name}: valid")
+    for m in manifests.load([Path(f) for f in args.file]):
+        if m.problems:
+            failed += 1
+            print(f"{m.file}: {m.name}: invalid", file=sys.stderr)
+            for problem in m.problems:
+                print(f"  {problem}", file=sys.stderr)
+        else:
+            print(f"{m.file}: {m.name}: valid")
     return 1 if failed else 0
 
 
@@ -92,17 +75,52 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
-    if args.what == "scheduler":
-        from .sim.bench_scheduler import run
+    from .sim.bench_scheduler import run
 
-        run(
-            args.quick,
-            Path(args.json) if args.json else None,
-            Path(args.plot) if args.plot else None,
-            args.seeds,
-        )
-        return 0
-    raise SystemExit(f"unknown benchmark {args.what!r}")
+    run(
+        args.quick, Path(args.json) if args.json else None, Path(args.plot) if args.plot else None, args.seeds
+    )
+    return 0
+
+
+def _exec_worker_module(module: str, argv: list[str]) -> int:
+    """Run a data-plane command in its own interpreter: the control plane never imports torch or the
+    worker package (it runs in a small image), so it only checks that they are installed."""
+    import importlib.util
+    import os
+
+    for name in ("elastune_worker", "torch"):
+        if importlib.util.find_spec(name) is None:
+            print(
+                f"elastune: this command needs the worker extra ({name} is missing): "
+                "pip install torch==2.13.0 (CPU; on its own first), then pip install 'elastune[worker]'",
+                file=sys.stderr,
+            )
+            return 2
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # idle OpenMP threads must not spin on shared cores
+    sys.stdout.flush()
+    os.execv(sys.executable, [sys.executable, "-m", module, *argv])
+    return 0  # not reached
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    from .local.run import RunError, RunOptions, run
+
+    opts = RunOptions(
+        files=[Path(f) for f in args.file],
+        workers=args.workers,
+        state_dir=Path(args.state_dir),
+        redis_url=args.redis_url,
+        channel=args.channel,
+        timeout=args.timeout,
+        eval_every=args.eval_every,
+        checkpoint_every=args.checkpoint_every,
+    )
+    try:
+        return run(opts)
+    except RunError as exc:
+        print(f"elastune run: {exc}", file=sys.stderr)
+        return 2
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -129,16 +147,62 @@ def build_parser() -> argparse.ArgumentParser:
     simp.set_defaults(func=_cmd_simulate)
 
     bench = sub.add_parser("bench", help="benchmarks that print measured figures")
-    bench.add_argument("what", choices=["scheduler"])
-    bench.add_argument("--quick", action="store_true", help="fewer seeds, shorter scale run (< 60 s)")
-    bench.add_argument("--json", metavar="PATH")
-    bench.add_argument("--plot", metavar="PATH")
-    bench.add_argument("--seeds", type=int, help="seeds per cell (default 5, --quick 2)")
-    bench.set_defaults(func=_cmd_bench)
+    bsub = bench.add_subparsers(dest="what", required=True)
+    sched = bsub.add_parser("scheduler", help="PromptTuner vs INFless vs ElasticFlow in the simulator")
+    sched.add_argument("--quick", action="store_true", help="fewer seeds, shorter scale run (< 60 s)")
+    sched.add_argument("--json", metavar="PATH")
+    sched.add_argument("--plot", metavar="PATH")
+    sched.add_argument("--seeds", type=int, help="seeds per cell (default 5, --quick 2)")
+    sched.set_defaults(func=_cmd_bench)
+    for name, module, text in (
+        (
+            "sync",
+            "elastune_worker.bench.sync",
+            "per-step compute vs gradient sync, 1/2/4 workers, Redis vs Memcached",
+        ),
+        ("bank", "elastune_worker.bank.bench", "Prompt Bank: iterations-to-accuracy and lookup cost"),
+    ):
+        bsub.add_parser(name, help=f"{text} (runs {module}; see its --help)")
+
+    runp = sub.add_parser("run", help="run TuningJobs to completion on this machine (no cluster, no GPU)")
+    runp.add_argument("-f", "--file", action="append", required=True, help="manifest file (repeatable)")
+    runp.add_argument("--workers", type=int, default=2, help="local CPU workers = GPUs of the cold pool")
+    runp.add_argument("--state-dir", default=".elastune", help="checkpoints, artifacts, logs, status")
+    runp.add_argument("--redis-url", help="use this Redis instead of starting an embedded one")
+    runp.add_argument(
+        "--channel", default="redis", help="gradient channel: redis (default), memcached, or a URL"
+    )
+    runp.add_argument("--timeout", type=float, help="give up after this many seconds")
+    runp.add_argument("--eval-every", type=int, default=10, help="iterations between evaluations")
+    runp.add_argument("--checkpoint-every", type=int, default=10, help="iterations between checkpoints")
+    runp.set_defaults(func=_cmd_run)
+
+    worker = sub.add_parser(
+        "worker", help="run one worker process (python -m elastune_worker serve)", add_help=False
+    )
+    worker.add_argument("rest", nargs=argparse.REMAINDER)
+    worker.set_defaults(func=lambda a: _exec_worker_module("elastune_worker", ["serve", *a.rest]))
+
+    bank = sub.add_parser("bank", help="Prompt Bank: build | lookup | insert", add_help=False)
+    bank.add_argument("rest", nargs=argparse.REMAINDER)
+    bank.set_defaults(func=lambda a: _exec_worker_module("elastune_worker.bank", a.rest))
     return parser
 
 
+#: Data-plane commands: everything after them goes to the worker package's own parser (incl. --help).
+WORKER_COMMANDS: dict[tuple[str, ...], list[str]] = {
+    ("worker",): ["elastune_worker", "serve"],
+    ("bank",): ["elastune_worker.bank"],
+    ("bench", "sync"): ["elastune_worker.bench.sync"],
+    ("bench", "bank"): ["elastune_worker.bank.bench"],
+}
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    for prefix, target in WORKER_COMMANDS.items():
+        if tuple(argv[: len(prefix)]) == prefix:
+            return _exec_worker_module(target[0], target[1:] + argv[len(prefix) :])
     args = build_parser().parse_args(argv)
     return int(args.func(args) or 0)
 

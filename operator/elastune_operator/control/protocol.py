@@ -89,6 +89,8 @@ class Assignment(_Message):
     artifact_dir: str
     eval_every: int = Field(default=10, ge=1)
     checkpoint_every: int = Field(default=10, ge=1)
+    progress_every: int = Field(default=10, ge=1)
+    """Rank 0 reports progress every this many steps (and after every evaluation)."""
     eval_fraction: float = 0.1
     max_eval: int = 64
     seed: int = 0
@@ -110,6 +112,8 @@ class Event(_Message):
     loss: float | None = None
     metric: str | None = None
     value: float | None = None
+    resumed_from: int | None = None
+    """Iteration this attempt started from (its newest checkpoint; 0 on a fresh start)."""
     initial_value: float | None = None
     """The metric with the initial prompt, before any step (first attempt only)."""
     seconds_per_iteration: float | None = None

@@ -195,7 +195,11 @@ class Agent:
         records = load_dataset(a.dataset)
         train, evals = split(records, a.eval_fraction, a.max_eval, a.seed)
         cfg = TuningConfig.from_spec(
-            spec, eval_every=a.eval_every, checkpoint_every=a.checkpoint_every, seed=a.seed
+            spec,
+            eval_every=a.eval_every,
+            checkpoint_every=a.checkpoint_every,
+            seed=a.seed,
+            max_length=self._max_length(spec.hyperparameters.virtual_tokens),
         )
         cancelled = _CancelCheck(self.bus, a.job, a.attempt)
         allreduce = None
@@ -221,9 +225,19 @@ class Agent:
             base_model=self.loaded.model,
         )
         lead = a.rank == 0
-        if lead and trainer.iterations == 0 and trainer.records_eval:
+        if lead:
+            initial = trainer.evaluate() if trainer.iterations == 0 and trainer.records_eval else None
+            start = trainer.iterations
             self._post(
-                self._event(a, "progress", iterations=0, metric=cfg.metric, initial_value=trainer.evaluate())
+                self._event(
+                    a,
+                    "progress",
+                    iterations=start,
+                    checkpointed=start,
+                    resumed_from=start,
+                    metric=cfg.metric,
+                    initial_value=initial,
+                )
             )
         window: list[float] = []
 
@@ -234,7 +248,7 @@ class Agent:
             window.append(info.seconds + info.sync_seconds)
             if cancelled():
                 raise Cancelled()
-            if lead and (info.value is not None or len(window) >= 10):
+            if lead and (info.value is not None or len(window) >= a.progress_every):
                 ckpt = info.iterations - info.iterations % cfg.checkpoint_every
                 self._post(
                     self._event(
@@ -273,6 +287,25 @@ class Agent:
                 artifact=str(Path(a.artifact_dir).resolve()),
             )
         )
+
+
+    def _max_length(self, virtual_tokens: int) -> int:
+        """Input+target tokens per sample: the default, capped so the virtual tokens still fit the
+        model's context (small models have short ones)."""
+        assert self.loaded is not None
+        config = self.loaded.model.config
+        context = getattr(config, "n_positions", None) or getattr(config, "max_position_embeddings", None)
+        default = TuningConfig.max_length
+        if context is None:
+            return default
+        room = context - virtual_tokens
+        if room < 16:
+            raise _Fail(
+                INVALID_SPEC,
+                f"spec.hyperparameters.virtualTokens ({virtual_tokens}) leaves {room} of the model's "
+                f"{context} positions for the input and target; use fewer virtual tokens",
+            )
+        return min(default, room)
 
 
 class _Fail(Exception):

@@ -1,0 +1,60 @@
+"""Read manifest files and check each object the way the API server (CRD schema) and the operator
+(models) will: shared by `elastune validate` and `elastune run`."""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from elastune_operator.api.crdcheck import validate_against_crd
+from elastune_operator.api.crds import render_crds
+from elastune_operator.api.resources import AnyResource, InvalidResource, parse_resource
+
+
+@dataclass
+class Manifest:
+    file: Path
+    doc: dict[str, Any]
+    resource: AnyResource | None = None
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def name(self) -> str:
+        meta = self.doc.get("metadata") or {}
+        return f"{self.doc.get('kind', '?')}/{meta.get('name', '?') if isinstance(meta, dict) else '?'}"
+
+
+@functools.cache
+def _crds() -> dict[str, dict[str, Any]]:
+    out = {}
+    for text in render_crds().values():
+        crd = yaml.safe_load(text)
+        out[crd["spec"]["names"]["kind"]] = crd
+    return out
+
+
+def check(doc: Any, file: Path) -> Manifest:
+    if not isinstance(doc, dict):
+        return Manifest(file, {}, problems=[f"<root>: must be an object; got {type(doc).__name__}"])
+    crd = _crds().get(doc.get("kind", ""))
+    problems = validate_against_crd(doc, crd) if crd else [f"kind: unknown kind {doc.get('kind')!r}"]
+    resource = None
+    try:
+        resource = parse_resource(doc)
+    except InvalidResource as exc:
+        problems += [f"(model) {e}" for e in exc.errors]
+    return Manifest(file, doc, resource if not problems else None, problems)
+
+
+def load(files: list[Path]) -> list[Manifest]:
+    """Every object of every file, checked; unreadable files raise OSError / yaml.YAMLError."""
+    out = []
+    for file in files:
+        for doc in yaml.safe_load_all(Path(file).read_text()):
+            if doc:
+                out.append(check(doc, Path(file)))
+    return out

@@ -1,0 +1,25 @@
+"""Where worker processes come from: the interface the Local backend implements today and the Knative
+backend (one Knative Service per WarmPool, min-scale driven by Algorithm 2) implements next."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+
+class ClusterBackend(Protocol):
+    def grow(self, pool: str, model: str, count: int) -> None:
+        """Start ``count`` more workers for ``pool`` (GPUs leave the cold pool). They announce
+        themselves through the protocol's registry once warm; the core binds them then."""
+        ...
+
+    def shrink(self, pool: str, worker_ids: list[str]) -> None:
+        """Return these idle workers' GPUs to the cold pool. Only idle workers are ever named: the
+        core never lets a scale-down pick a busy one."""
+        ...
+
+    def exited(self) -> dict[str, tuple[str, str]]:
+        """Workers known to be gone: id -> (model, what happened). A faster signal than an expiring
+        heartbeat, and the only one for a worker that died before it ever registered."""
+        ...
+
+    def close(self) -> None: ...

@@ -1,0 +1,123 @@
+"""The Local backend: worker processes on this machine stand in for the Knative pods of a WarmPool.
+
+Each "GPU" is one `python -m elastune_worker serve` process (one torch thread each, so a 2-core machine
+holds two). Growing a pool starts processes; shrinking terminates the idle ones the core names. The
+processes register through Redis exactly as pods do, so the core cannot tell the difference.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass
+class _Proc:
+    wid: str
+    pool: str
+    model: str
+    proc: subprocess.Popen[bytes]
+    log: Path
+    stopping: bool = False
+    reported: bool = False
+
+
+class LocalBackend:
+    def __init__(
+        self,
+        work_dir: Path,
+        redis_url: str,
+        namespace: str = "elastune",
+        *,
+        threads_per_worker: int = 1,
+        python: str = sys.executable,
+        extra_env: dict[str, str] | None = None,
+    ) -> None:
+        self.work_dir = Path(work_dir)
+        self.redis_url = redis_url
+        self.namespace = namespace
+        self.threads = threads_per_worker
+        self.python = python
+        self.extra_env = extra_env or {}
+        self.procs: dict[str, _Proc] = {}
+        self._n = 0
+        (self.work_dir / "logs").mkdir(parents=True, exist_ok=True)
+
+    def grow(self, pool: str, model: str, count: int) -> None:
+        for _ in range(count):
+            self._n += 1
+            wid = f"{pool}-w{self._n}"
+            self.start_worker(wid, pool, model)
+
+    def start_worker(self, wid: str, pool: str, model: str) -> _Proc:
+        log = self.work_dir / "logs" / f"{wid}.log"
+        argv = [self.python, "-m", "elastune_worker", "serve", "--pool", pool, "--model", model]
+        argv += ["--redis-url", self.redis_url, "--namespace", self.namespace, "--worker-id", wid]
+        argv += ["--host", "127.0.0.1", "--port", "0", "--threads", str(self.threads)]
+        env = {
+            **os.environ,
+            # Idle OpenMP threads must not spin: workers share the cores (~25x slower otherwise).
+            "OMP_WAIT_POLICY": "PASSIVE",
+            "HF_HUB_OFFLINE": "1",
+            "TOKENIZERS_PARALLELISM": "false",
+            **self.extra_env,
+        }
+        with log.open("ab") as out:
+            proc = subprocess.Popen(
+                argv, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True
+            )
+        p = _Proc(wid, pool, model, proc, log)
+        self.procs[wid] = p
+        return p
+
+    def shrink(self, pool: str, worker_ids: list[str]) -> None:
+        for wid in worker_ids:
+            p = self.procs.get(wid)
+            if p is not None and p.proc.poll() is None:
+                p.stopping = True
+                p.proc.send_signal(signal.SIGTERM)
+
+    def kill(self, wid: str) -> None:
+        """SIGKILL a worker as a crash would (tests)."""
+        self.procs[wid].proc.kill()
+
+    def exited(self) -> dict[str, tuple[str, str]]:
+        out: dict[str, tuple[str, str]] = {}
+        for wid, p in list(self.procs.items()):
+            rc = p.proc.poll()
+            if rc is None:
+                continue
+            if p.stopping:
+                del self.procs[wid]
+                continue
+            out[wid] = (p.model, f"worker process {wid} exited with code {rc}; log {p.log}: {_tail(p.log)}")
+        return out
+
+    def alive(self) -> list[str]:
+        return [wid for wid, p in self.procs.items() if p.proc.poll() is None]
+
+    def close(self, timeout: float = 10.0) -> None:
+        for p in self.procs.values():
+            if p.proc.poll() is None:
+                p.stopping = True
+                p.proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + timeout
+        for p in self.procs.values():
+            try:
+                p.proc.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                p.proc.kill()
+                p.proc.wait()
+
+
+def _tail(path: Path, lines: int = 3) -> str:
+    try:
+        text = path.read_text(errors="replace").strip().splitlines()
+    except OSError:
+        return "(no log)"
+    return " | ".join(text[-lines:]) if text else "(empty log)"

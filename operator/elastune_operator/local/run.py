@@ -1,0 +1,333 @@
+"""`elastune run -f tuningjob.yaml`: the whole loop on one machine, no cluster, no GPU.
+
+Starts an embedded redis-server (control bus and, by default, the gradient storage channel), a local
+warm pool of CPU worker processes (the Local backend) and the same control core and PromptTuner
+scheduler the operator runs; drives the TuningJobs to completion with a progress display, then prints
+and saves the optimized prompt and the status the operator would write.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import shutil
+import signal
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TextIO
+from urllib.parse import urlsplit
+
+import yaml
+
+from elastune_operator.api import manifests, units
+from elastune_operator.api.tuningjob import TuningJob
+from elastune_operator.api.warmpool import WarmPool
+from elastune_operator.control.core import (
+    ControlCore,
+    CoreSettings,
+    JobRecord,
+    PoolConfig,
+    status_dict,
+)
+from elastune_operator.control.protocol import Bus, BusUnreachable
+from elastune_operator.local.backend import LocalBackend
+from elastune_operator.local.servers import Server, ServerError, start_memcached, start_redis
+
+log = logging.getLogger("elastune.run")
+
+#: The tiny model warms up in seconds once built; its first build takes ~2 min (cached afterwards).
+TINY_COLD_START_SECONDS = 15
+
+
+class RunError(Exception):
+    """Bad input or environment: printed as is, exit code 2."""
+
+
+@dataclass
+class RunOptions:
+    files: list[Path]
+    workers: int = 2
+    state_dir: Path = Path(".elastune")
+    redis_url: str | None = None
+    channel: str = "redis"
+    """redis (the embedded Redis), memcached (an embedded memcached) or a redis:// / memcached:// URL."""
+    timeout: float | None = None
+    eval_every: int = 10
+    checkpoint_every: int = 10
+    collective_timeout_s: float = 60.0
+
+
+def _resolve_dataset(uri: str, base: Path) -> str:
+    if "://" in uri or uri.startswith("/"):
+        return uri
+    return str((base / uri).resolve())
+
+
+def _resolve_output(job: TuningJob, state_dir: Path) -> Path:
+    ns = job.metadata.namespace or "default"
+    default = state_dir / "artifacts" / ns / job.metadata.name
+    uri = job.spec.output.uri if job.spec.output else None
+    if not uri:
+        return default.resolve()
+    parts = urlsplit(uri)
+    if parts.scheme == "" and uri.startswith("/"):
+        return Path(uri)
+    if parts.scheme == "file":
+        return Path(parts.path)
+    if parts.scheme == "pvc":  # a PersistentVolumeClaim is a folder of the state dir locally
+        return (state_dir / "volumes" / parts.netloc / parts.path.lstrip("/")).resolve()
+    raise RunError(
+        f"{job.metadata.name}: spec.output.uri {uri!r}: {parts.scheme}:// outputs are not supported by "
+        "elastune run; leave output unset, or use a path, file:// or pvc:// URI"
+    )
+
+
+def _pool_config(wp: WarmPool, workers: int) -> PoolConfig:
+    profile = wp.spec.profile
+    cold = profile.cold_start_seconds if profile and profile.cold_start_seconds is not None else None
+    spi = profile.seconds_per_iteration if profile and profile.seconds_per_iteration else None
+    return PoolConfig(
+        name=wp.metadata.name,
+        model=wp.spec.model,
+        min_warm=min(wp.spec.min_warm_gpus, workers),
+        max_warm=min(wp.spec.max_warm_gpus, workers),
+        idle_window_seconds=wp.spec.idle_window_seconds,
+        cold_start_seconds=float(cold if cold is not None else TINY_COLD_START_SECONDS),
+        seconds_per_iteration=float(units.parse_decimal(spi)) if spi else 0.1,
+    )
+
+
+def plan(opts: RunOptions) -> tuple[list[PoolConfig], list[tuple[TuningJob, Path]]]:
+    """Pools and jobs from the manifests; every problem raises RunError naming file and field."""
+    try:
+        found = manifests.load(opts.files)
+    except (OSError, yaml.YAMLError) as exc:
+        raise RunError(f"cannot read manifests: {exc}") from exc
+    bad = [m for m in found if m.problems]
+    if bad:
+        lines = [f"{m.file}: {m.name}: invalid" + "".join(f"\n  {p}" for p in m.problems) for m in bad]
+        raise RunError("\n".join(lines))
+    jobs = [(m.resource, m.file.resolve().parent) for m in found if isinstance(m.resource, TuningJob)]
+    if not jobs:
+        raise RunError(f"no TuningJob in {', '.join(map(str, opts.files))}")
+    pools = {
+        m.resource.spec.model: _pool_config(m.resource, opts.workers)
+        for m in found
+        if isinstance(m.resource, WarmPool)
+    }
+    for job, _ in jobs:
+        model = job.spec.model
+        if model not in pools:  # local default: a pool of this machine's workers for the job's model
+            name = "local-" + re.sub(r"[^a-z0-9-]+", "-", model.lower()).strip("-")
+            pools[model] = PoolConfig(
+                name=name, model=model, max_warm=opts.workers, cold_start_seconds=TINY_COLD_START_SECONDS
+            )
+    return list(pools.values()), jobs
+
+
+class Progress:
+    """One line per job: a bar on a terminal, a line per change otherwise (CI logs)."""
+
+    def __init__(self, out: TextIO) -> None:
+        self.out = out
+        self.tty = out.isatty()
+        self._last: dict[str, str] = {}
+        self._drawn = 0
+
+    def line(self, job: JobRecord, now: float) -> str:
+        st = job.status
+        total = job.spec.termination.max_iterations
+        done = st.iterations or 0
+        width = 24
+        filled = int(width * min(done, total) / total)
+        bar = "#" * filled + "-" * (width - filled)
+        metric = job.spec.termination.target.metric if job.spec.termination.target else "loss"
+        state = _phase(job)
+        value = st.current_metric or "-"
+        gpus = st.allocated_gpus or 0
+        elapsed = units.format_duration(int(now - job.created)) if now > job.created else "0s"
+        return (
+            f"{job.key:<24} [{bar}] {done:>4}/{total} it  {metric} {value:<8} {gpus} GPU  "
+            f"{state:<10} {elapsed} / {job.spec.deadline}"
+        )
+
+    def update(self, jobs: list[JobRecord], now: float, final: bool = False) -> None:
+        lines = [self.line(j, now) for j in jobs]
+        if self.tty:
+            if self._drawn:
+                self.out.write(f"\x1b[{self._drawn}F")
+            for line in lines:
+                self.out.write("\x1b[2K" + line + "\n")
+            self._drawn = len(lines)
+            self.out.flush()
+            return
+        for job, line in zip(jobs, lines, strict=True):
+            key = re.sub(r"\s+\S+ / \S+$", "", line)  # ignore the clock
+            if key != self._last.get(job.key) and (
+                final or _phase(job) != "Running" or _step_changed(self._last.get(job.key), line)
+            ):
+                self.out.write(line + "\n")
+                self.out.flush()
+                self._last[job.key] = key
+
+
+def _step_changed(prev: str | None, line: str) -> bool:
+    """Outside a terminal, print running jobs every 10 iterations."""
+    if prev is None:
+        return True
+    it = lambda s: int(re.search(r"(\d+)/\d+ it", s).group(1))  # noqa: E731
+    return it(line) // 10 != it(prev) // 10
+
+
+def _phase(job: JobRecord) -> str:
+    conds = {c.type: c for c in job.status.conditions}
+    if "Succeeded" in conds and conds["Succeeded"].status != "Unknown":
+        return "Succeeded" if conds["Succeeded"].status == "True" else "Failed"
+    if "Running" in conds and conds["Running"].status == "True":
+        return "Running"
+    if "Scheduled" in conds and conds["Scheduled"].status == "True":
+        return "Warming" if conds["Scheduled"].reason == "PoolGrowing" else "Scheduled"
+    return "Pending"
+
+
+def resource_with_status(job: TuningJob, record: JobRecord) -> dict[str, Any]:
+    obj = job.model_dump(by_alias=True, exclude_none=True, mode="json")
+    obj["status"] = status_dict(record)
+    return obj
+
+
+def run(opts: RunOptions, out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> int:
+    pools, jobs = plan(opts)
+    state_dir = opts.state_dir.resolve()
+    state_dir.mkdir(parents=True, exist_ok=True)
+    records: dict[str, tuple[TuningJob, JobRecord]] = {}
+    now = time.time()
+    for job, base in jobs:
+        ns = job.metadata.namespace or "default"
+        rec = JobRecord(
+            key=f"{ns}/{job.metadata.name}",
+            spec=job.spec,
+            created=now,
+            dataset=_resolve_dataset(job.spec.dataset, base),
+            artifact_dir=str(_resolve_output(job, state_dir)),
+            generation=1,
+        )
+        if rec.key in records:
+            raise RunError(f"TuningJob {rec.key} appears twice")
+        records[rec.key] = (job, rec)
+
+    servers: list[Server] = []
+    backend: LocalBackend | None = None
+    tmp = Path(tempfile.mkdtemp(prefix="servers-", dir=state_dir))
+    try:
+        redis_url = opts.redis_url
+        if redis_url is None:
+            servers.append(start_redis(tmp / "redis"))
+            redis_url = servers[-1].url
+        bus = Bus(redis_url)
+        bus.ping()
+        channel_url = opts.channel
+        if channel_url == "redis":
+            channel_url = redis_url
+        elif channel_url == "memcached":
+            servers.append(start_memcached(tmp / "memcached", "-I", "8m", "-m", "256"))
+            channel_url = servers[-1].url
+        backend = LocalBackend(state_dir, redis_url)
+        settings = CoreSettings(
+            cold_capacity=opts.workers,
+            channel_url=channel_url,
+            work_dir=state_dir,
+            collective_timeout_s=opts.collective_timeout_s,
+            eval_every=opts.eval_every,
+            checkpoint_every=opts.checkpoint_every,
+        )
+        core = ControlCore(backend, bus, settings, pools)
+        progress = Progress(err)
+        print(
+            f"elastune run: {len(records)} TuningJob(s), {opts.workers} local CPU worker(s) max, "
+            f"state in {state_dir}",
+            file=err,
+        )
+        for _, rec in records.values():
+            core.submit(rec)
+        stop = _install_sigint()
+        deadline = time.monotonic() + opts.timeout if opts.timeout else None
+        last_draw = 0.0
+        while not core.done():
+            core.tick()
+            if stop.requested:
+                raise RunError("interrupted: jobs left unfinished (their checkpoints are kept)")
+            if deadline is not None and time.monotonic() > deadline:
+                raise RunError(f"--timeout of {opts.timeout:g} s reached with jobs unfinished")
+            t = time.monotonic()
+            if t - last_draw >= 0.5:
+                progress.update([r for _, r in records.values()], time.time())
+                last_draw = t
+            time.sleep(settings.round_seconds)
+        progress.update([r for _, r in records.values()], time.time(), final=True)
+        return _report(records, state_dir, out)
+    except (ServerError, BusUnreachable) as exc:
+        raise RunError(str(exc)) from exc
+    finally:
+        if backend is not None:
+            backend.close()
+        for server in servers:
+            server.stop()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _report(records: dict[str, tuple[TuningJob, JobRecord]], state_dir: Path, out: TextIO) -> int:
+    failed = 0
+    for job, rec in records.values():
+        obj = resource_with_status(job, rec)
+        path = state_dir / "status" / f"{rec.key}.yaml"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(yaml.safe_dump(obj, sort_keys=False))
+        st = rec.status
+        succeeded = next(c for c in st.conditions if c.type == "Succeeded")
+        print(f"\nTuningJob {rec.key}: {_phase(rec)} ({succeeded.reason})", file=out)
+        if succeeded.status != "True":
+            failed += 1
+            print(f"  reason:   {succeeded.message}", file=out)
+        metric = rec.spec.termination.target.metric if rec.spec.termination.target else "loss"
+        if st.initial_metric is not None or st.current_metric is not None:
+            print(
+                f"  {metric}: {st.initial_metric or '-'} with the initial prompt -> "
+                f"{st.current_metric or '-'} tuned",
+                file=out,
+            )
+        if st.iterations is not None:
+            print(
+                f"  iterations: {st.iterations}   attempts: {st.attempts or 0}   "
+                f"GPU-seconds: {st.gpu_seconds}",
+                file=out,
+            )
+        if st.slo_met is not None:
+            print(f"  deadline {rec.spec.deadline}: {'met' if st.slo_met else 'missed'}", file=out)
+        if st.optimized_prompt is not None:
+            print(f"  optimized prompt (nearest tokens): {st.optimized_prompt!r}", file=out)
+        if st.artifact_uri:
+            print(f"  artifact: {st.artifact_uri}", file=out)
+        print(f"  status:   {path}", file=out)
+    return 1 if failed else 0
+
+
+class _Stop:
+    requested = False
+
+
+def _install_sigint() -> _Stop:
+    stop = _Stop()
+
+    def handler(_signum: int, _frame: object) -> None:
+        stop.requested = True
+
+    try:
+        signal.signal(signal.SIGINT, handler)
+        signal.signal(signal.SIGTERM, handler)
+    except ValueError:  # not the main thread (tests): no handler
+        pass
+    return stop

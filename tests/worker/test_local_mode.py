@@ -1,0 +1,250 @@
+"""`elastune run` and the control core with real parts: an embedded redis-server, worker processes
+(`python -m elastune_worker serve`) loading a tiny GPT-2, PromptTuner scheduling, real training.
+
+The example manifest runs on the default tiny model (the README's main job); the other cases use the
+small test variant of test_tuning.py through a WarmPool whose model is its local directory.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+torch = pytest.importorskip("torch")
+
+from test_tuning import TASK, TEST_SPEC  # noqa: E402 - the small model and task of the tuning tests
+
+from elastune_operator.api.resources import parse_resource  # noqa: E402
+from elastune_operator.control.core import ControlCore, CoreSettings, JobRecord, PoolConfig  # noqa: E402
+from elastune_operator.control.protocol import Bus  # noqa: E402
+from elastune_operator.local.backend import LocalBackend  # noqa: E402
+from elastune_worker.tiny import build as tiny_build  # noqa: E402
+from elastune_worker.tiny import tasks as tiny_tasks  # noqa: E402
+from elastune_worker.tuning.data import load_dataset, split  # noqa: E402
+from elastune_worker.tuning.trainer import evaluate_artifact  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.filterwarnings("ignore:.*is_gradient_checkpointing.*:FutureWarning")
+
+
+def elastune(*args: str, cwd: Path, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE"}
+    cmd = [sys.executable, "-m", "elastune_operator.cli", *args]
+    return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def tuning_job(name: str, dataset: str, *, deadline: str = "10m", iterations: int = 20, **spec: Any) -> dict:
+    return {
+        "apiVersion": "elastune.dev/v1alpha1",
+        "kind": "TuningJob",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {
+            "model": spec.pop("model", "test-tiny"),
+            "dataset": dataset,
+            "initialPrompt": tiny_tasks.family_instructions(TASK.family)[0],
+            "termination": {"maxIterations": iterations},
+            "deadline": deadline,
+            "hyperparameters": {"batchSize": 4, "virtualTokens": 4},
+            "promptBank": "never",
+            **spec,
+        },
+    }
+
+
+def warm_pool(model: str, name: str = "test-pool", **spec: Any) -> dict:
+    return {
+        "apiVersion": "elastune.dev/v1alpha1",
+        "kind": "WarmPool",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {"model": model, "maxWarmGPUs": 2, "idleWindow": "60s", **spec},
+    }
+
+
+def write(path: Path, *docs: dict) -> Path:
+    path.write_text(yaml.safe_dump_all(docs, sort_keys=False))
+    return path
+
+
+def status_of(state_dir: Path, name: str) -> dict:
+    return yaml.safe_load((state_dir / "status" / "default" / f"{name}.yaml").read_text())["status"]
+
+
+def condition(status: dict, ctype: str) -> dict:
+    return next(c for c in status["conditions"] if c["type"] == ctype)
+
+
+@pytest.fixture(scope="module")
+def small_model() -> Path:
+    return tiny_build.ensure_tiny_model(spec=TEST_SPEC)
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    d = tmp_path_factory.mktemp("data")
+    task = tiny_tasks.make_task(TASK, n_train=40, n_eval=8, seed=1)
+    tiny_tasks.write_jsonl(list(task.train) + list(task.eval), d / "good.jsonl")
+    (d / "malformed.jsonl").write_text('{"input": "a", "target": "b"}\n{"input": "c", "target": \n')
+    (d / "empty.jsonl").write_text("\n\n")
+    return d
+
+
+# --------------------------------------------------------------------------- the README's main job
+def test_example_manifest_runs_improves_and_its_artifact_reproduces_the_metric(tmp_path: Path) -> None:
+    """`elastune run -f manifests/tuningjob.yaml`: completes, beats the initial prompt, and the saved
+    PEFT artifact re-evaluates to the metric written in status."""
+    state = tmp_path / "state"
+    proc = elastune(
+        "run", "-f", str(ROOT / "manifests" / "tuningjob.yaml"), "--state-dir", str(state), cwd=tmp_path
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    st = status_of(state, "nl2sql-tiny")
+    assert condition(st, "Succeeded")["status"] == "True"
+    assert st["sloMet"] is True and st["iterations"] >= 1
+    initial, final = float(st["initialMetric"]), float(st["currentMetric"])
+    assert final > initial, f"tuning did not beat the initial prompt: {initial} -> {final}"
+    assert "optimized prompt" in proc.stdout and st["optimizedPrompt"]
+
+    artifact = Path(st["artifactURI"].removeprefix("file://"))
+    assert (artifact / "adapter_config.json").is_file() and (artifact / "prompt.txt").is_file()
+    # The worker's eval split: spec dataset, 10 % (at most 64) records, seed 0.
+    records = load_dataset(str(ROOT / "manifests" / "data" / "nl2sql.jsonl"))
+    _, evals = split(records, 0.1, 64, 0)
+    again = evaluate_artifact(tiny_build.ensure_tiny_model(), artifact, evals)
+    assert round(again, 4) == pytest.approx(final, abs=1e-4)
+
+
+# --------------------------------------------------------------------------- bad input
+def test_bad_datasets_fail_with_reasons_and_the_worker_serves_the_next_job(
+    tmp_path: Path, small_model: Path, data_dir: Path
+) -> None:
+    """Missing file, malformed line, empty file: each job ends Failed with the reason in status and in
+    the CLI output; the one worker (--workers 1) then runs the good job — it never restarted."""
+    manifest = write(
+        tmp_path / "jobs.yaml",
+        warm_pool(str(small_model)),
+        # Earlier deadlines are scheduled first (Algorithm 1 sorts by SLO): the bad jobs run first.
+        tuning_job("missing", str(data_dir / "nope.jsonl"), model=str(small_model), deadline="6m"),
+        tuning_job("malformed", str(data_dir / "malformed.jsonl"), model=str(small_model), deadline="7m"),
+        tuning_job("empty", str(data_dir / "empty.jsonl"), model=str(small_model), deadline="8m"),
+        tuning_job("good", "data/good.jsonl", model=str(small_model), deadline="9m"),
+    )
+    (tmp_path / "data").symlink_to(data_dir)  # relative dataset path, resolved against the manifest
+    state = tmp_path / "state"
+    proc = elastune("run", "-f", str(manifest), "--workers", "1", "--state-dir", str(state), cwd=tmp_path)
+    assert proc.returncode == 1, proc.stdout + proc.stderr  # some jobs failed
+
+    expected = {
+        "missing": ("DatasetNotFound", "does not exist"),
+        "malformed": ("DatasetMalformed", "line 2"),
+        "empty": ("DatasetEmpty", "no records"),
+    }
+    for name, (reason, words) in expected.items():
+        st = status_of(state, name)
+        succeeded, failed = condition(st, "Succeeded"), condition(st, "Failed")
+        assert succeeded["status"] == "False" and succeeded["reason"] == reason
+        assert failed["status"] == "True" and words in failed["message"]
+        assert f"TuningJob default/{name}: Failed ({reason})" in proc.stdout
+        assert words in proc.stdout
+    good = status_of(state, "good")
+    assert condition(good, "Succeeded")["status"] == "True", good
+    assert good["iterations"] == 20
+    logs = sorted((state / "logs").glob("*.log"))
+    assert len(logs) == 1, f"expected one worker process, got {logs}"
+
+
+def test_model_that_cannot_load_fails_the_job_with_the_reason(tmp_path: Path, data_dir: Path) -> None:
+    missing_model = str(tmp_path / "no-such-model")
+    manifest = write(
+        tmp_path / "job.yaml",
+        warm_pool(missing_model),
+        tuning_job("nomodel", str(data_dir / "good.jsonl"), model=missing_model),
+    )
+    state = tmp_path / "state"
+    proc = elastune("run", "-f", str(manifest), "--workers", "1", "--state-dir", str(state), cwd=tmp_path)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    st = status_of(state, "nomodel")
+    assert condition(st, "Succeeded")["reason"] == "ModelLoadFailed"
+    assert "no-such-model" in condition(st, "Failed")["message"]
+    assert "ModelLoadFailed" in proc.stdout
+
+
+def test_unreachable_redis_is_a_clear_cli_error(tmp_path: Path, data_dir: Path) -> None:
+    manifest = write(tmp_path / "job.yaml", tuning_job("x", str(data_dir / "good.jsonl")))
+    proc = elastune(
+        "run", "-f", str(manifest), "--redis-url", "redis://127.0.0.1:1/0", cwd=tmp_path, timeout=60
+    )
+    assert proc.returncode == 2
+    assert "cannot reach Redis at redis://127.0.0.1:1/0" in proc.stderr
+
+
+def test_invalid_manifest_is_rejected_before_anything_starts(tmp_path: Path) -> None:
+    bad = tuning_job("bad", "data.jsonl", deadline="0s")
+    proc = elastune("run", "-f", str(write(tmp_path / "bad.yaml", bad)), cwd=tmp_path, timeout=60)
+    assert proc.returncode == 2
+    assert "spec.deadline" in proc.stderr
+    assert not (tmp_path / ".elastune" / "logs").exists() or not any(
+        (tmp_path / ".elastune" / "logs").iterdir()
+    )
+
+
+# --------------------------------------------------------------------------- a worker dies mid-job
+def test_job_survives_a_killed_worker_and_resumes_from_its_checkpoint(
+    tmp_path: Path, small_model: Path, data_dir: Path, redis_server: Any
+) -> None:
+    """Two GPUs for one job (the profile makes one GPU too slow for the deadline); SIGKILL one worker
+    mid-job: the core cancels the attempt, re-schedules, and attempt 2 resumes from the checkpoint."""
+    bus = Bus(redis_server.url, namespace=f"kill{time.time_ns()}")
+    backend = LocalBackend(tmp_path, redis_server.url, bus.ns)
+    pool = PoolConfig(
+        "test-pool", str(small_model), max_warm=2, cold_start_seconds=10, seconds_per_iteration=2.0
+    )
+    settings = CoreSettings(
+        cold_capacity=2,
+        channel_url=redis_server.url,
+        work_dir=tmp_path,
+        collective_timeout_s=20,
+        checkpoint_every=5,
+        progress_every=1,
+    )
+    core = ControlCore(backend, bus, settings, [pool])
+    spec = tuning_job(
+        "survivor", str(data_dir / "good.jsonl"), model=str(small_model), deadline="1m40s", iterations=60
+    )
+    job = parse_resource(spec)
+    rec = JobRecord(
+        "default/survivor", job.spec, time.time(), str(data_dir / "good.jsonl"), str(tmp_path / "artifact")
+    )
+    core.submit(rec)
+    killed_at = None
+    deadline = time.monotonic() + 300
+    try:
+        while not core.done() and time.monotonic() < deadline:
+            core.tick()
+            if killed_at is None and (rec.status.iterations or 0) >= 17 and rec.attempt == 1:
+                assert rec.status.allocated_gpus == 2, "the deadline should need both GPUs"
+                killed_at = rec.status.iterations
+                backend.kill(rec.workers[1])
+            time.sleep(0.05)
+    finally:
+        backend.close()
+    assert killed_at is not None, "the job never got far enough to kill a worker"
+    assert core.done(), rec.status
+    assert condition(rec.status.model_dump(by_alias=True), "Succeeded")["status"] == "True", rec.status
+    assert rec.status.attempts == 2 and rec.status.iterations == 60
+    # Attempt 2 resumed from the newest checkpoint before the kill: at most checkpoint_every steps repeated.
+    assert rec.resumed_from[0] == 0 and len(rec.resumed_from) == 2
+    resumed = rec.resumed_from[1]
+    assert resumed % settings.checkpoint_every == 0
+    assert killed_at - settings.checkpoint_every <= resumed <= killed_at
+    metrics = json.loads((tmp_path / "artifact" / "metrics.json").read_text())
+    assert metrics["iterations"] == 60
+    assert (tmp_path / "artifact" / "prompt.txt").read_text()
