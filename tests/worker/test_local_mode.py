@@ -106,7 +106,7 @@ def test_example_manifest_runs_improves_and_its_artifact_reproduces_the_metric(t
         "run", "-f", str(ROOT / "manifests" / "tuningjob.yaml"), "--state-dir", str(state), cwd=tmp_path
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    st = status_of(state, "nl2sql-tiny")
+    st = status_of(state, "book-author")
     assert condition(st, "Succeeded")["status"] == "True"
     assert st["sloMet"] is True and st["iterations"] >= 1
     initial, final = float(st["initialMetric"]), float(st["currentMetric"])
@@ -116,7 +116,7 @@ def test_example_manifest_runs_improves_and_its_artifact_reproduces_the_metric(t
     artifact = Path(st["artifactURI"].removeprefix("file://"))
     assert (artifact / "adapter_config.json").is_file() and (artifact / "prompt.txt").is_file()
     # The worker's eval split: spec dataset, 10 % (at most 64) records, seed 0.
-    records = load_dataset(str(ROOT / "manifests" / "data" / "nl2sql.jsonl"))
+    records = load_dataset(str(ROOT / "manifests" / "data" / "extract.jsonl"))
     _, evals = split(records, 0.1, 64, 0)
     again = evaluate_artifact(tiny_build.ensure_tiny_model(), artifact, evals)
     assert round(again, 4) == pytest.approx(final, abs=1e-4)

@@ -78,10 +78,15 @@ URI_PATTERN: Final = (
 URI_DESCRIPTION: Final = (
     "must be an absolute path, file:///<path>, pvc://<claim>/<path>, s3://<bucket>/<key> or http(s)://<url>"
 )
-#: A dataset location: any URI above, or a path relative to the manifest's directory. Only `elastune run`
-#: (local mode) can resolve a relative path; the operator fails such a job with a reason.
-DATASET_URI_PATTERN: Final = URI_PATTERN[:-2] + r"|[^\s/:][^\s:]*)$"  # relative: no ':' (RE2 has no lookahead)
-DATASET_URI_DESCRIPTION: Final = URI_DESCRIPTION + ", or a path relative to the manifest (elastune run only)"
+#: A dataset location: any URI above, or a relative path: `elastune run` resolves it against the manifest's
+#: directory, a worker pod against its working directory (the worker image keeps the example datasets of
+#: manifests/data/ there). A relative path has no ':' at all, which tells it from a URI without a
+#: lookahead (RE2, the apiserver's regex engine, has none).
+DATASET_URI_PATTERN: Final = URI_PATTERN[:-2] + r"|[^\s/:][^\s:]*)$"
+DATASET_URI_DESCRIPTION: Final = (
+    URI_DESCRIPTION
+    + ", or a relative path (to the manifest with elastune run, to the worker's directory in a pod)"
+)
 #: A Hugging Face id ("elastune/tiny-gpt2") or a local path: non-empty, no whitespace.
 MODEL_NAME_PATTERN: Final = r"^\S+$"
 MODEL_NAME_DESCRIPTION: Final = (

@@ -109,7 +109,8 @@ class TuningJobSpec(ApiModel):
     """LLM to tune a prompt for; must be the model of a WarmPool."""
     dataset: DatasetUri
     """JSONL file of {"input", "target"} records: an absolute path, file://, pvc://<claim>/<path>, s3:// or
-    http(s)://; or a path relative to the manifest's directory, which only `elastune run` resolves."""
+    http(s)://; or a relative path, resolved against the manifest's directory by `elastune run` and against
+    the worker's working directory in a pod (where the worker image keeps the example datasets)."""
     initial_prompt: str | None = Field(default=None, max_length=65536)
     """Text the virtual tokens start from; the Prompt Bank may choose a better start."""
     method: Method = "promptTuning"

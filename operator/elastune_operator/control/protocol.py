@@ -18,14 +18,18 @@ Keys (``ns`` defaults to ``elastune``):
 
 from __future__ import annotations
 
+import os
 import time
 from enum import StrEnum
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
 import redis
 from pydantic import BaseModel, ConfigDict, Field
 
 DEFAULT_NAMESPACE = "elastune"
+PASSWORD_ENV = "ELASTUNE_REDIS_PASSWORD"
+"""Redis password when the URL carries none (the storage channel reads the same variable)."""
 HEARTBEAT_SECONDS = 1.0
 """How often a worker refreshes its record."""
 WORKER_TTL_SECONDS = 10
@@ -152,8 +156,11 @@ class Bus:
     def __init__(self, url: str, namespace: str = DEFAULT_NAMESPACE, *, socket_timeout: float = 10.0) -> None:
         self.url = url
         self.ns = namespace
+        extra = {}
+        if urlsplit(url).password is None and os.environ.get(PASSWORD_ENV):
+            extra["password"] = os.environ[PASSWORD_ENV]  # from a Secret, never in the URL on disk
         self.redis = redis.Redis.from_url(
-            url, socket_timeout=socket_timeout, socket_connect_timeout=5.0, decode_responses=True
+            url, socket_timeout=socket_timeout, socket_connect_timeout=5.0, decode_responses=True, **extra
         )
 
     def ping(self) -> None:

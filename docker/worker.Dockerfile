@@ -1,0 +1,49 @@
+# syntax=docker/dockerfile:1
+# Not built or tested here: the development machines and CI have no container engine. Build from the
+# repository root:
+#   docker build -f docker/worker.Dockerfile -t ghcr.io/elastune/worker:0.1.0 .                  # CUDA
+#   docker build -f docker/worker.Dockerfile --build-arg TORCH_INDEX=https://download.pytorch.org/whl/cpu \
+#     -t ghcr.io/elastune/worker:0.1.0-cpu .                                                    # CPU (kind e2e)
+#
+# The data plane: one pod = one GPU, HTTP on $PORT (Knative) with /healthz, /readyz, /metrics.
+#
+# torch: installed on its own, first, pinned (as .ci/run does), so resolving the `worker` extra never
+# swaps it. The default index serves CUDA builds (the image is then several GB and needs the NVIDIA
+# container runtime on the node); TORCH_INDEX=https://download.pytorch.org/whl/cpu gives a ~1 GB
+# CPU-only image for clusters without GPUs.
+
+FROM python:3.11-slim-bookworm
+ARG TORCH_VERSION=2.13.0
+ARG TORCH_INDEX=""
+ENV PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1 \
+    PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 \
+    ELASTUNE_CACHE=/opt/elastune/cache \
+    OMP_WAIT_POLICY=PASSIVE
+RUN if [ -n "$TORCH_INDEX" ]; then \
+      pip install "torch==${TORCH_VERSION}" --index-url "$TORCH_INDEX"; \
+    else \
+      pip install "torch==${TORCH_VERSION}"; \
+    fi
+WORKDIR /src
+COPY pyproject.toml README.md ./
+COPY operator/ operator/
+COPY worker/ worker/
+RUN pip install ".[worker]" && rm -rf /src
+# Relative dataset paths in a TuningJob resolve against the worker's working directory: the example
+# datasets of manifests/data/ live in /app/data, so manifests/tuningjob.yaml (data/extract.jsonl)
+# runs unchanged on a cluster.
+WORKDIR /app
+COPY manifests/data/ data/
+# The tiny GPT-2 and its tokenizer are built at image build time into $ELASTUNE_CACHE, so pods start
+# warm from local files and never reach a model hub (HF_HUB_OFFLINE below).
+RUN python -m elastune_worker.tiny.build \
+ && groupadd --system --gid 10001 elastune \
+ && useradd --system --uid 10001 --gid 10001 --home-dir /tmp --shell /usr/sbin/nologin elastune \
+ && chmod -R a+rX /opt/elastune /app
+ENV HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_HOME=/tmp/hf HOME=/tmp
+USER 10001:10001
+# Knative sets PORT (8080 by default).
+ENV PORT=8080
+EXPOSE 8080
+ENTRYPOINT ["python", "-m", "elastune_worker"]
+CMD ["serve"]

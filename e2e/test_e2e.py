@@ -1,0 +1,168 @@
+"""End to end on a real cluster (kind + Knative, see e2e/README.md): a WarmPool and a TuningJob from
+manifests/ go all the way to an optimized prompt, and deleting them releases everything.
+
+Skipped unless ELASTUNE_E2E_KUBECONFIG names a kubeconfig: the default `python3 -m pytest` only
+collects tests/ (pyproject testpaths), and even `python3 -m pytest e2e` never touches a cluster it
+was not pointed at. Uses kubectl (PATH or tools/k8s_binaries.py) and PyYAML only.
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+import json
+import os
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+KUBECONFIG = os.environ.get("ELASTUNE_E2E_KUBECONFIG", "")
+NAMESPACE = os.environ.get("ELASTUNE_E2E_NAMESPACE", "default")
+# The worker image setup-kind.sh loads (CPU torch); the manifest's tag by default.
+WORKER_IMAGE = os.environ.get("ELASTUNE_E2E_WORKER_IMAGE", "")
+JOB_TIMEOUT_S = float(os.environ.get("ELASTUNE_E2E_JOB_TIMEOUT", "900"))
+# Secret and Redis Service of the chart installed as release "elastune" in NAMESPACE.
+REDIS_URL = os.environ.get("ELASTUNE_E2E_REDIS_URL", f"redis://elastune-redis.{NAMESPACE}.svc:6379/0")
+REDIS_SECRET = os.environ.get("ELASTUNE_E2E_REDIS_SECRET", "elastune-redis")
+LABEL_WARM_POOL = "elastune.dev/warmpool"
+
+pytestmark = pytest.mark.skipif(
+    not KUBECONFIG, reason="set ELASTUNE_E2E_KUBECONFIG to a cluster prepared by e2e/setup-kind.sh"
+)
+
+T = TypeVar("T")
+
+
+def _kubectl_binary() -> str:
+    spec = importlib.util.spec_from_file_location(
+        "elastune_tools_k8s_binaries", REPO / "tools" / "k8s_binaries.py"
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return str(module.find_binary("kubectl"))
+
+
+def kubectl(*args: str, stdin: str | None = None, check: bool = True) -> subprocess.CompletedProcess[str]:
+    cmd = [_kubectl_binary(), "--kubeconfig", KUBECONFIG, *args]
+    result = subprocess.run(cmd, input=stdin, capture_output=True, text=True, check=False, timeout=300)
+    if check and result.returncode != 0:
+        pytest.fail(f"{' '.join(args)} failed:\n{result.stdout}{result.stderr}")
+    return result
+
+
+def get_json(*args: str) -> dict[str, Any] | None:
+    result = kubectl("get", *args, "-o", "json", check=False)
+    if result.returncode != 0:
+        if "NotFound" in result.stderr or "not found" in result.stderr:
+            return None
+        pytest.fail(result.stderr)
+    return json.loads(result.stdout)
+
+
+def wait_for(what: str, probe: Callable[[], T | None], timeout: float, interval: float = 5.0) -> T:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = probe()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout:.0f} s waiting for {what}")
+        time.sleep(interval)
+
+
+def condition(obj: dict[str, Any], kind: str) -> dict[str, Any] | None:
+    return next((c for c in obj.get("status", {}).get("conditions", []) if c.get("type") == kind), None)
+
+
+def manifest(name: str) -> dict[str, Any]:
+    doc = yaml.safe_load((REPO / "manifests" / name).read_text(encoding="utf-8"))
+    doc["metadata"]["namespace"] = NAMESPACE
+    return doc
+
+
+def cpu_warm_pool() -> dict[str, Any]:
+    """manifests/warmpool.yaml sized for one kind node: the node advertises fake nvidia.com/gpu capacity,
+    so only CPU and memory shrink; the workers get the chart's Redis like the chart's example pool."""
+    pool = copy.deepcopy(manifest("warmpool.yaml"))
+    worker = pool["spec"]["worker"]
+    worker["resources"]["requests"].update(cpu="500m", memory="1536Mi")
+    worker["resources"]["limits"].update(memory="1536Mi")
+    pool["spec"]["maxWarmGPUs"] = 2
+    if WORKER_IMAGE:
+        worker["image"] = WORKER_IMAGE
+    worker["env"] = [e for e in worker["env"] if e["name"] == "HF_HUB_OFFLINE"] + [
+        {"name": "ELASTUNE_REDIS_URL", "value": REDIS_URL},
+        {
+            "name": "ELASTUNE_REDIS_PASSWORD",
+            "valueFrom": {"secretKeyRef": {"name": REDIS_SECRET, "key": "password"}},
+        },
+    ]
+    return pool
+
+
+def apply(doc: dict[str, Any]) -> None:
+    kubectl("apply", "-f", "-", stdin=yaml.safe_dump(doc))
+
+
+@pytest.fixture
+def cluster_ready() -> Iterator[None]:
+    for crd in ("tuningjobs.elastune.dev", "warmpools.elastune.dev", "services.serving.knative.dev"):
+        assert get_json("crd", crd) is not None, f"CRD {crd} missing: run e2e/setup-kind.sh"
+    yield
+
+
+def test_tuning_job_end_to_end(cluster_ready: None) -> None:
+    pool, job = cpu_warm_pool(), manifest("tuningjob.yaml")
+    pool_name, job_name = pool["metadata"]["name"], job["metadata"]["name"]
+    selector = f"{LABEL_WARM_POOL}={pool_name}"
+    try:
+        apply(pool)
+        # One Knative Service per WarmPool, labelled with the pool.
+        services = wait_for(
+            "the WarmPool's Knative Service",
+            lambda: (get_json("ksvc", "-n", NAMESPACE, "-l", selector) or {}).get("items"),
+            timeout=180,
+        )
+        assert len(services) == 1, [s["metadata"]["name"] for s in services]
+        annotations = services[0]["spec"]["template"]["metadata"].get("annotations", {})
+        assert int(annotations["autoscaling.knative.dev/max-scale"]) == pool["spec"]["maxWarmGPUs"]
+
+        apply(job)
+
+        def succeeded() -> dict[str, Any] | None:
+            current = get_json("tuningjob", job_name, "-n", NAMESPACE) or {}
+            state = condition(current, "Succeeded")
+            if state and state["status"] == "False":
+                pytest.fail(f"TuningJob failed: {state.get('reason')}: {state.get('message')}")
+            return current if state and state["status"] == "True" else None
+
+        done = wait_for("the TuningJob's Succeeded condition", succeeded, timeout=JOB_TIMEOUT_S)
+        status = done["status"]
+        assert status.get("optimizedPrompt"), status
+        assert status.get("iterations", 0) >= 1, status
+        assert condition(done, "Succeeded")["reason"], status
+    finally:
+        # Deleting waits for the finalizers: a stuck finalizer fails the test here.
+        kubectl("delete", "tuningjob", job_name, "-n", NAMESPACE, "--ignore-not-found", "--timeout=120s")
+        kubectl("delete", "warmpool", pool_name, "-n", NAMESPACE, "--ignore-not-found", "--timeout=180s")
+
+    # The finalizers released everything the pool and the job held.
+    assert get_json("tuningjob", job_name, "-n", NAMESPACE) is None
+    assert get_json("warmpool", pool_name, "-n", NAMESPACE) is None
+    wait_for(
+        "the Knative Service to go",
+        lambda: not (get_json("ksvc", "-n", NAMESPACE, "-l", selector) or {}).get("items") or None,
+        timeout=120,
+    )
+    wait_for(
+        "the worker pods to go",
+        lambda: not (get_json("pods", "-n", NAMESPACE, "-l", selector) or {}).get("items") or None,
+        timeout=180,
+    )

@@ -1,0 +1,102 @@
+{{/* Names and labels shared by every template (app.kubernetes.io/* recommended labels). */}}
+
+{{- define "elastune.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Resource name prefix: <release>-<chart>, or <release> when it already names the chart. */}}
+{{- define "elastune.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "elastune.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Selector labels of one component (operator | redis): stable across upgrades. */}}
+{{- define "elastune.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "elastune.name" .root }}
+app.kubernetes.io/instance: {{ .root.Release.Name }}
+app.kubernetes.io/component: {{ .component }}
+{{- end }}
+
+{{/* Labels of every resource: call with (dict "root" $ "component" "operator"). */}}
+{{- define "elastune.labels" -}}
+helm.sh/chart: {{ include "elastune.chart" .root }}
+{{ include "elastune.selectorLabels" . }}
+app.kubernetes.io/version: {{ .root.Chart.AppVersion | quote }}
+app.kubernetes.io/part-of: elastune
+app.kubernetes.io/managed-by: {{ .root.Release.Service }}
+{{- with .root.Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end }}
+
+{{- define "elastune.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "elastune.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- required "serviceAccount.name is required when serviceAccount.create is false" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{- define "elastune.operatorImage" -}}
+{{- printf "%s:%s" .Values.operator.image.repository (default .Chart.AppVersion .Values.operator.image.tag) }}
+{{- end }}
+
+{{- define "elastune.workerImage" -}}
+{{- printf "%s:%s" .Values.worker.image.repository (default .Chart.AppVersion .Values.worker.image.tag) }}
+{{- end }}
+
+{{/* Redis: the bundled Service's URL (with the .svc suffix: workers run in other namespaces) or the
+external one, which is then required. */}}
+{{- define "elastune.redisUrl" -}}
+{{- if .Values.redis.bundled.enabled }}
+{{- printf "redis://%s-redis.%s.svc:6379/0" (include "elastune.fullname" .) .Release.Namespace }}
+{{- else }}
+{{- required "redis.url is required when redis.bundled.enabled is false" .Values.redis.url }}
+{{- end }}
+{{- end }}
+
+{{- define "elastune.redisAuth" -}}
+{{- or .Values.redis.bundled.enabled .Values.redis.auth.enabled }}
+{{- end }}
+
+{{- define "elastune.redisSecretName" -}}
+{{- default (printf "%s-redis" (include "elastune.fullname" .)) .Values.redis.auth.existingSecret }}
+{{- end }}
+
+{{/* Pod-level part of the restricted Pod Security profile; uid/gid optional (platform-assigned). */}}
+{{- define "elastune.podSecurityContext" -}}
+runAsNonRoot: true
+{{- if not (kindIs "invalid" .runAsUser) }}
+runAsUser: {{ .runAsUser }}
+{{- end }}
+{{- if not (kindIs "invalid" .runAsGroup) }}
+runAsGroup: {{ .runAsGroup }}
+fsGroup: {{ .runAsGroup }}
+{{- end }}
+seccompProfile:
+  type: RuntimeDefault
+{{- end }}
+
+{{/* Container-level part of the restricted profile, plus a read-only root filesystem. */}}
+{{- define "elastune.containerSecurityContext" -}}
+allowPrivilegeEscalation: false
+readOnlyRootFilesystem: true
+runAsNonRoot: true
+capabilities:
+  drop:
+    - ALL
+seccompProfile:
+  type: RuntimeDefault
+{{- end }}

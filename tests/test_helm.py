@@ -1,0 +1,600 @@
+"""The Helm chart renders, lints and validates offline: built-in kinds against the Kubernetes OpenAPI
+schemas (kubernetes-validate), custom resources against their CRDs, RBAC without wildcards and every
+pod under the restricted Pod Security profile. Helm itself comes from tools/k8s_binaries.py."""
+
+from __future__ import annotations
+
+import base64
+import copy
+import functools
+import importlib.util
+import json
+import subprocess
+import tarfile
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from elastune_operator.api import crdcheck
+
+REPO = Path(__file__).resolve().parents[1]
+CHART = REPO / "helm" / "elastune"
+RELEASE, NAMESPACE = "elastune", "elastune-system"
+# Oldest Kubernetes the chart targets that kubernetes-validate ships schemas for (Chart.yaml: >=1.29).
+KUBE_VERSION = "1.33.0"
+# Kinds no built-in schema covers: checked against CRDs or structurally below.
+CUSTOM_GROUPS = ("elastune.dev/", "kopf.dev/", "monitoring.coreos.com/")
+RESYNC = "regenerate both: elastune crds --write crds/ && elastune crds --write helm/elastune/crds/"
+
+
+def _load_tool(name: str) -> ModuleType:
+    # tools/ is not a package on sys.path: load the module from its file.
+    spec = importlib.util.spec_from_file_location(f"elastune_tools_{name}", REPO / "tools" / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+k8s_binaries = _load_tool("k8s_binaries")
+
+
+@functools.cache
+def helm_binary() -> str:
+    try:
+        return str(k8s_binaries.find_binary("helm"))
+    except k8s_binaries.BinaryNotFound as exc:
+        pytest.fail(f"no helm binary: {exc}")
+
+
+def helm(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([helm_binary(), *args], capture_output=True, text=True, check=False, cwd=REPO)
+
+
+def value_args(sets: tuple[str, ...]) -> list[str]:
+    args = []
+    for item in sets:
+        # "@path" is a values file (relative to the repository), anything else a --set.
+        args += ["--values", str(REPO / item[1:])] if item.startswith("@") else ["--set", item]
+    return args
+
+
+def template_args(sets: tuple[str, ...]) -> list[str]:
+    args = ["template", RELEASE, str(CHART), "--namespace", NAMESPACE, "--include-crds"]
+    return [*args, "--kube-version", KUBE_VERSION, *value_args(sets)]
+
+
+@functools.cache
+def render(*sets: str) -> tuple[dict[str, Any], ...]:
+    result = helm(*template_args(sets))
+    assert result.returncode == 0, result.stderr
+    docs = tuple(doc for doc in yaml.safe_load_all(result.stdout) if doc)
+    assert docs, "helm template rendered nothing"
+    return docs
+
+
+EXTERNAL_REDIS = (
+    "redis.bundled.enabled=false",
+    "redis.url=redis://redis.data.svc:6379/0",
+    "redis.auth.existingSecret=managed-redis",
+)
+# Value combinations every check below runs on.
+COMBINATIONS = {
+    "defaults": (),
+    "external-redis": EXTERNAL_REDIS,
+    "external-redis-no-auth": (*EXTERNAL_REDIS[:2], "redis.auth.enabled=false"),
+    "monitoring": ("metrics.serviceMonitor.enabled=true", "metrics.podMonitor.enabled=true"),
+    "example-warmpool": ("examples.warmPool.enabled=true",),
+    "namespaced": ("operator.watchNamespaces={team-a,team-b}", "metrics.podMonitor.enabled=true"),
+    "standalone": ("operator.peering.enabled=false", "dashboards.enabled=false"),
+    "kind-e2e": ("@e2e/values-kind.yaml",),
+    "platform-uids": ("operator.runAsUser=null", "operator.runAsGroup=null", "redis.bundled.runAsUser=null"),
+}
+combination = pytest.mark.parametrize("sets", list(COMBINATIONS.values()), ids=list(COMBINATIONS))
+
+
+def of_kind(docs: tuple[dict[str, Any], ...], kind: str) -> list[dict[str, Any]]:
+    return [doc for doc in docs if doc["kind"] == kind]
+
+
+def named(docs: tuple[dict[str, Any], ...], kind: str, name: str) -> dict[str, Any]:
+    (doc,) = [d for d in of_kind(docs, kind) if d["metadata"]["name"] == name]
+    return doc
+
+
+def crd_file(name: str) -> dict[str, Any]:
+    return yaml.safe_load((CHART / "crds" / name).read_text(encoding="utf-8"))
+
+
+# -- the chart as a whole ------------------------------------------------------------------------
+
+
+def test_chart_crds_are_exact_copies_of_the_generated_crds() -> None:
+    top = {p.name: p.read_bytes() for p in sorted((REPO / "crds").glob("*.yaml"))}
+    chart = {p.name: p.read_bytes() for p in sorted((CHART / "crds").glob("*"))}
+    assert top, "crds/ is empty"
+    assert sorted(chart) == sorted(top), f"helm/elastune/crds/ holds other files than crds/; {RESYNC}"
+    for name, data in top.items():
+        assert chart[name] == data, f"helm/elastune/crds/{name} drifted from crds/{name}; {RESYNC}"
+
+
+@combination
+def test_helm_lint_is_clean(sets: tuple[str, ...]) -> None:
+    args = ["lint", str(CHART), "--strict", "--namespace", NAMESPACE, "--kube-version", KUBE_VERSION]
+    args += value_args(sets)
+    result = helm(*args)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "1 chart(s) linted, 0 chart(s) failed" in result.stdout
+    assert "[WARNING]" not in result.stdout and "[ERROR]" not in result.stdout, result.stdout
+
+
+@pytest.mark.parametrize(
+    ("sets", "message"),
+    [
+        (("redis.bundled.enabled=false",), "redis.url is required when redis.bundled.enabled is false"),
+        (("operator.bogus=1",), "additional properties 'bogus' not allowed"),
+        (("operator.peering.name=Not_Valid",), "/operator/peering/name"),
+        (('redis.auth.password=with"quote',), "/redis/auth/password"),
+        (("metrics.serviceMonitor.enabled=true", "metrics.service.enabled=false"), "needs metrics.service"),
+        (("serviceAccount.create=false",), "serviceAccount.name is required"),
+    ],
+    ids=[
+        "external-redis-without-url",
+        "unknown-value",
+        "bad-peering-name",
+        "bad-password",
+        "servicemonitor-without-service",
+        "no-serviceaccount-name",
+    ],
+)
+def test_invalid_values_are_refused_with_a_message(sets: tuple[str, ...], message: str) -> None:
+    result = helm(*template_args(sets))
+    assert result.returncode != 0, f"rendered although {sets} is invalid"
+    assert message in result.stderr, result.stderr
+
+
+# -- every rendering -----------------------------------------------------------------------------
+
+
+@combination
+def test_built_in_kinds_validate_against_the_kubernetes_schemas(sets: tuple[str, ...]) -> None:
+    checked = 0
+    for doc in render(*sets):
+        if doc["apiVersion"].startswith(CUSTOM_GROUPS):
+            continue
+        try:
+            kubernetes_validate.validate(doc, KUBE_VERSION, strict=True)
+        except kubernetes_validate.ValidationError as exc:
+            path = ".".join(str(p) for p in exc.absolute_path)
+            pytest.fail(f"{doc['kind']}/{doc['metadata']['name']}: {path}: {exc.message}")
+        checked += 1
+    assert checked >= 6
+
+
+@combination
+def test_custom_resources_validate_against_their_crds(sets: tuple[str, ...]) -> None:
+    docs = render(*sets)
+    crds = {
+        (crd["spec"]["group"], crd["spec"]["names"]["kind"]): crd
+        for crd in of_kind(docs, "CustomResourceDefinition")
+    }
+    for doc in docs:
+        group = doc["apiVersion"].split("/")[0]
+        if group not in ("elastune.dev", "kopf.dev"):
+            continue
+        crd = crds.get((group, doc["kind"]))
+        if crd is None:
+            # The peering CRDs may come from another release (operator.peering.createCRDs=false).
+            assert group == "kopf.dev", f"{doc['kind']} rendered without its CRD"
+            continue
+        assert crdcheck.validate_against_crd(doc, crd) == [], doc
+
+
+def test_rendered_elastune_crds_are_the_chart_files() -> None:
+    rendered = {crd["metadata"]["name"]: crd for crd in of_kind(render(), "CustomResourceDefinition")}
+    for path in sorted((CHART / "crds").glob("*.yaml")):
+        crd = crd_file(path.name)
+        assert rendered[crd["metadata"]["name"]] == crd
+
+
+@combination
+def test_rbac_has_no_wildcards(sets: tuple[str, ...]) -> None:
+    roles = [d for d in render(*sets) if d["kind"] in ("ClusterRole", "Role")]
+    assert roles
+    for role in roles:
+        for rule in role["rules"]:
+            for field in ("apiGroups", "resources", "verbs", "resourceNames", "nonResourceURLs"):
+                assert not any("*" in value for value in rule.get(field, [])), (
+                    role["metadata"]["name"],
+                    rule,
+                )
+
+
+def grants(rules: list[dict[str, Any]], group: str, resource: str, verb: str) -> bool:
+    return any(
+        group in rule["apiGroups"] and resource in rule["resources"] and verb in rule["verbs"]
+        for rule in rules
+    )
+
+
+REQUIRED_PERMISSIONS = [
+    *[
+        ("elastune.dev", f"{plural}{sub}", verb)
+        for plural in ("tuningjobs", "warmpools", "loraadapters")
+        for sub, verbs in (
+            ("", ("get", "list", "watch", "patch")),
+            ("/status", ("patch",)),
+            ("/finalizers", ("update",)),
+        )
+        for verb in verbs
+    ],
+    *[("serving.knative.dev", "services", v) for v in ("get", "list", "watch", "create", "patch", "delete")],
+    *[("", "pods", v) for v in ("get", "list", "watch", "patch")],
+    ("", "events", "create"),
+]
+
+
+def test_cluster_wide_rbac_covers_what_the_operator_does() -> None:
+    docs = render()
+    rules = named(docs, "ClusterRole", f"{RELEASE}-operator")["rules"]
+    for permission in [*REQUIRED_PERMISSIONS, ("kopf.dev", "clusterkopfpeerings", "patch")]:
+        assert grants(rules, *permission), permission
+    # Least privilege: nothing on Secrets (the password arrives as an env var) or on other workloads.
+    assert not any("secrets" in rule["resources"] for rule in rules)
+    assert not any(grants(rules, "", "pods", verb) for verb in ("create", "delete", "update"))
+    binding = named(docs, "ClusterRoleBinding", f"{RELEASE}-operator")
+    assert binding["roleRef"]["name"] == f"{RELEASE}-operator"
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": RELEASE, "namespace": NAMESPACE}]
+    assert named(docs, "ServiceAccount", RELEASE)
+
+
+def test_namespaced_rbac_binds_only_the_watched_namespaces() -> None:
+    docs = render(*COMBINATIONS["namespaced"])
+    rules = named(docs, "ClusterRole", f"{RELEASE}-operator")["rules"]
+    for permission in [*REQUIRED_PERMISSIONS, ("kopf.dev", "kopfpeerings", "patch")]:
+        assert grants(rules, *permission), permission
+    # The resource permissions are bound per namespace, never cluster-wide.
+    cluster_bindings = {b["roleRef"]["name"] for b in of_kind(docs, "ClusterRoleBinding")}
+    assert cluster_bindings == {f"{RELEASE}-operator-cluster"}
+    cluster_rules = named(docs, "ClusterRole", f"{RELEASE}-operator-cluster")["rules"]
+    assert {r for rule in cluster_rules for r in rule["resources"]} == {
+        "customresourcedefinitions",
+        "namespaces",
+    }
+    assert all(set(rule["verbs"]) <= {"get", "list", "watch"} for rule in cluster_rules)
+    bindings = of_kind(docs, "RoleBinding")
+    assert sorted(b["metadata"]["namespace"] for b in bindings) == ["team-a", "team-b"]
+    assert {b["roleRef"]["name"] for b in bindings} == {f"{RELEASE}-operator"}
+    peerings = of_kind(docs, "KopfPeering")
+    assert sorted(p["metadata"]["namespace"] for p in peerings) == ["team-a", "team-b"]
+    assert not of_kind(docs, "ClusterKopfPeering")
+    args = named(docs, "Deployment", f"{RELEASE}-operator")["spec"]["template"]["spec"]["containers"][0][
+        "args"
+    ]
+    assert "--namespace=team-a" in args and "--namespace=team-b" in args and "--all-namespaces" not in args
+
+
+# -- pods: restricted Pod Security profile -------------------------------------------------------
+
+POD_KINDS = ("Deployment", "StatefulSet", "DaemonSet", "Job", "Pod")
+ALLOWED_VOLUMES = {
+    "configMap",
+    "csi",
+    "downwardAPI",
+    "emptyDir",
+    "ephemeral",
+    "persistentVolumeClaim",
+    "projected",
+    "secret",
+}
+
+
+def pod_specs(docs: tuple[dict[str, Any], ...]) -> list[tuple[str, dict[str, Any]]]:
+    found = []
+    for doc in docs:
+        if doc["kind"] == "Pod":
+            found.append((doc["metadata"]["name"], doc["spec"]))
+        elif doc["kind"] in POD_KINDS:
+            found.append((doc["metadata"]["name"], doc["spec"]["template"]["spec"]))
+    return found
+
+
+def restricted_violations(spec: dict[str, Any]) -> list[str]:
+    """Violations of the restricted Pod Security Standard, plus our read-only-root rule."""
+    problems = []
+    pod = spec.get("securityContext") or {}
+    for flag in ("hostNetwork", "hostPID", "hostIPC"):
+        if spec.get(flag):
+            problems.append(f"{flag} is set")
+    for volume in spec.get("volumes") or []:
+        kinds = set(volume) - {"name"}
+        if not kinds <= ALLOWED_VOLUMES:
+            problems.append(f"volume {volume['name']} is {kinds - ALLOWED_VOLUMES}")
+    containers = [*spec.get("initContainers", []), *spec.get("containers", [])]
+    if not containers:
+        problems.append("no containers")
+    for container in containers:
+        name = container["name"]
+        ctx = container.get("securityContext") or {}
+        if ctx.get("privileged"):
+            problems.append(f"{name}: privileged")
+        if ctx.get("allowPrivilegeEscalation") is not False:
+            problems.append(f"{name}: allowPrivilegeEscalation is not false")
+        caps = ctx.get("capabilities") or {}
+        if "ALL" not in (caps.get("drop") or []):
+            problems.append(f"{name}: capabilities do not drop ALL")
+        if set(caps.get("add") or []) - {"NET_BIND_SERVICE"}:
+            problems.append(f"{name}: adds capabilities {caps['add']}")
+        non_root = ctx.get("runAsNonRoot", pod.get("runAsNonRoot"))
+        if non_root is not True:
+            problems.append(f"{name}: runAsNonRoot is not true")
+        if ctx.get("runAsUser", pod.get("runAsUser")) == 0:
+            problems.append(f"{name}: runs as UID 0")
+        seccomp = (ctx.get("seccompProfile") or pod.get("seccompProfile") or {}).get("type")
+        if seccomp not in ("RuntimeDefault", "Localhost"):
+            problems.append(f"{name}: seccompProfile is {seccomp!r}")
+        if ctx.get("readOnlyRootFilesystem") is not True:
+            problems.append(f"{name}: root filesystem is writable")
+        for port in container.get("ports") or []:
+            if port.get("hostPort"):
+                problems.append(f"{name}: hostPort {port['hostPort']}")
+    return problems
+
+
+def test_restricted_check_catches_each_violation() -> None:
+    """The checker is only worth something if it fails on bad pods."""
+    good = pod_specs(render())[0][1]
+    assert restricted_violations(good) == []
+    edits = {
+        "hostNetwork": lambda s: s.update(hostNetwork=True),
+        "privileged": lambda s: s["containers"][0]["securityContext"].update(privileged=True),
+        "allowPrivilegeEscalation": lambda s: s["containers"][0]["securityContext"].pop(
+            "allowPrivilegeEscalation"
+        ),
+        "drop ALL": lambda s: s["containers"][0]["securityContext"].update(
+            capabilities={"drop": ["NET_RAW"]}
+        ),
+        "runAsNonRoot": lambda s: (
+            s["securityContext"].pop("runAsNonRoot"),
+            s["containers"][0]["securityContext"].pop("runAsNonRoot"),
+        ),
+        "UID 0": lambda s: s["securityContext"].update(runAsUser=0),
+        "seccompProfile": lambda s: (
+            s["securityContext"].pop("seccompProfile"),
+            s["containers"][0]["securityContext"].pop("seccompProfile"),
+        ),
+        "root filesystem": lambda s: s["containers"][0]["securityContext"].update(
+            readOnlyRootFilesystem=False
+        ),
+        "hostPath": lambda s: s["volumes"].append({"name": "h", "hostPath": {"path": "/"}}),
+    }
+    for what, edit in edits.items():
+        bad = copy.deepcopy(good)
+        edit(bad)
+        assert restricted_violations(bad), f"a pod with {what} passed"
+
+
+@combination
+def test_every_pod_meets_the_restricted_profile(sets: tuple[str, ...]) -> None:
+    pods = pod_specs(render(*sets))
+    assert pods
+    for name, spec in pods:
+        assert restricted_violations(spec) == [], name
+        # A read-only root needs a writable scratch directory.
+        for container in spec["containers"]:
+            mounts = {m["mountPath"]: m["name"] for m in container.get("volumeMounts", [])}
+            assert "/tmp" in mounts, f"{name}/{container['name']} has no /tmp"
+            volume = next(v for v in spec["volumes"] if v["name"] == mounts["/tmp"])
+            assert "emptyDir" in volume
+
+
+# -- the operator --------------------------------------------------------------------------------
+
+
+def operator_container(docs: tuple[dict[str, Any], ...]) -> dict[str, Any]:
+    pod = named(docs, "Deployment", f"{RELEASE}-operator")["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    return container
+
+
+def test_operator_runs_elastune_operator_with_kopf_health_and_metrics() -> None:
+    docs = render()
+    deployment = named(docs, "Deployment", f"{RELEASE}-operator")
+    assert deployment["spec"]["replicas"] == 1
+    pod = deployment["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == RELEASE
+    container = operator_container(docs)
+    assert container["image"] == "ghcr.io/elastune/operator:0.1.0"
+    assert container["command"] == ["elastune", "operator"]
+    args = container["args"]
+    assert "--liveness=http://0.0.0.0:8080/healthz" in args
+    assert "--all-namespaces" in args and "--peering=elastune" in args
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert ports == {"metrics": 9090, "health": 8080}
+    for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
+        assert container[probe]["httpGet"] == {"path": "/healthz", "port": "health"}, probe
+    env = {e["name"]: e for e in container["env"]}
+    assert env["ELASTUNE_METRICS_PORT"]["value"] == "9090"
+    assert env["POD_ID"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
+
+
+def test_metrics_service_selects_the_operator_pod() -> None:
+    docs = render()
+    service = named(docs, "Service", f"{RELEASE}-metrics")
+    labels = named(docs, "Deployment", f"{RELEASE}-operator")["spec"]["template"]["metadata"]["labels"]
+    assert service["spec"]["selector"].items() <= labels.items()
+    assert service["spec"]["ports"] == [
+        {"name": "metrics", "port": 9090, "targetPort": "metrics", "protocol": "TCP"}
+    ]
+    assert not of_kind(docs, "ServiceMonitor") and not of_kind(docs, "PodMonitor")
+
+
+def test_service_monitor_scrapes_the_metrics_service() -> None:
+    docs = render(*COMBINATIONS["monitoring"])
+    monitor = named(docs, "ServiceMonitor", f"{RELEASE}-operator")
+    assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
+    service = named(docs, "Service", f"{RELEASE}-metrics")
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
+    assert monitor["spec"]["namespaceSelector"] == {"matchNames": [NAMESPACE]}
+    (endpoint,) = monitor["spec"]["endpoints"]
+    assert endpoint["port"] in {p["name"] for p in service["spec"]["ports"]}
+    assert endpoint["path"] == "/metrics"
+    pod_monitor = named(docs, "PodMonitor", f"{RELEASE}-workers")
+    assert pod_monitor["spec"]["namespaceSelector"] == {"any": True}
+    assert pod_monitor["spec"]["selector"]["matchExpressions"] == [
+        {"key": "elastune.dev/warmpool", "operator": "Exists"}
+    ]
+
+
+def test_peering_crds_are_kopfs_and_the_peering_object_is_a_hook() -> None:
+    docs = render()
+    crds = {c["metadata"]["name"]: c for c in of_kind(docs, "CustomResourceDefinition")}
+    for name, scope, kind in (
+        ("clusterkopfpeerings.kopf.dev", "Cluster", "ClusterKopfPeering"),
+        ("kopfpeerings.kopf.dev", "Namespaced", "KopfPeering"),
+    ):
+        crd = crds[name]
+        assert crd["spec"]["scope"] == scope and crd["spec"]["names"]["kind"] == kind
+        status = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["status"]
+        assert status == {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
+        # Shared with every kopf operator in the cluster: never deleted with this release.
+        assert crd["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
+    assert not any(n.endswith(".kopf.dev") for n in (p.name for p in (CHART / "crds").glob("*")))
+    peering = named(docs, "ClusterKopfPeering", "elastune")
+    assert peering["metadata"]["annotations"]["helm.sh/hook"] == "post-install,post-upgrade"
+    standalone = render(*COMBINATIONS["standalone"])
+    assert not of_kind(standalone, "ClusterKopfPeering")
+    assert not any(
+        c["metadata"]["name"].endswith(".kopf.dev") for c in of_kind(standalone, "CustomResourceDefinition")
+    )
+    assert "--standalone" in operator_container(standalone)["args"]
+    no_crds = render("operator.peering.createCRDs=false")
+    assert named(no_crds, "ClusterKopfPeering", "elastune")
+    assert len(of_kind(no_crds, "CustomResourceDefinition")) == 3
+
+
+def test_every_templated_resource_carries_the_recommended_labels() -> None:
+    for sets in COMBINATIONS.values():
+        for doc in render(*sets):
+            if doc["kind"] == "CustomResourceDefinition" and doc["spec"]["group"] == "elastune.dev":
+                continue  # crds/ is not templated
+            labels = doc["metadata"].get("labels", {})
+            for key in (
+                "app.kubernetes.io/name",
+                "app.kubernetes.io/instance",
+                "app.kubernetes.io/version",
+                "app.kubernetes.io/part-of",
+                "app.kubernetes.io/managed-by",
+                "helm.sh/chart",
+            ):
+                assert key in labels, f"{doc['kind']}/{doc['metadata']['name']} lacks {key}"
+
+
+# -- Redis ---------------------------------------------------------------------------------------
+
+
+def env_of(container: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {e["name"]: e for e in container.get("env", [])}
+
+
+def test_bundled_redis_password_comes_from_a_secret() -> None:
+    docs = render()
+    secret = named(docs, "Secret", f"{RELEASE}-redis")
+    password = base64.b64decode(secret["data"]["password"]).decode()
+    assert len(password) == 32 and password.isalnum()
+    env = env_of(operator_container(docs))
+    assert env["ELASTUNE_REDIS_URL"]["value"] == f"redis://{RELEASE}-redis.{NAMESPACE}.svc:6379/0"
+    assert env["ELASTUNE_REDIS_PASSWORD"]["valueFrom"] == {
+        "secretKeyRef": {"name": f"{RELEASE}-redis", "key": "password"}
+    }
+    redis = named(docs, "Deployment", f"{RELEASE}-redis")["spec"]["template"]["spec"]
+    (container,) = redis["containers"]
+    assert env_of(container)["REDISCLI_AUTH"]["valueFrom"]["secretKeyRef"]["name"] == f"{RELEASE}-redis"
+    # The password is never a literal in a pod spec or on a command line.
+    assert password not in json.dumps([d for d in docs if d["kind"] != "Secret"])
+    assert redis["automountServiceAccountToken"] is False
+    service = named(docs, "Service", f"{RELEASE}-redis")
+    assert (
+        service["spec"]["selector"].items()
+        <= named(docs, "Deployment", f"{RELEASE}-redis")["spec"]["template"]["metadata"]["labels"].items()
+    )
+    assert service["spec"]["ports"][0]["port"] == 6379
+
+
+def test_explicit_password_is_used() -> None:
+    secret = named(render("redis.auth.password=s3cret-pass"), "Secret", f"{RELEASE}-redis")
+    assert base64.b64decode(secret["data"]["password"]) == b"s3cret-pass"
+
+
+def test_external_redis_uses_the_url_and_the_existing_secret() -> None:
+    docs = render(*EXTERNAL_REDIS)
+    assert not [d for d in docs if d["metadata"]["name"].endswith("-redis")], "bundled Redis rendered"
+    env = env_of(operator_container(docs))
+    assert env["ELASTUNE_REDIS_URL"]["value"] == "redis://redis.data.svc:6379/0"
+    assert env["ELASTUNE_REDIS_PASSWORD"]["valueFrom"]["secretKeyRef"] == {
+        "name": "managed-redis",
+        "key": "password",
+    }
+    no_auth = render(*COMBINATIONS["external-redis-no-auth"])
+    assert "ELASTUNE_REDIS_PASSWORD" not in env_of(operator_container(no_auth))
+    assert not of_kind(no_auth, "Secret")
+
+
+# -- example WarmPool and dashboards -------------------------------------------------------------
+
+
+def test_example_warm_pool_matches_the_manifest() -> None:
+    docs = render(*COMBINATIONS["example-warmpool"])
+    pool = named(docs, "WarmPool", "tiny-gpt2")
+    assert pool["metadata"]["namespace"] == NAMESPACE
+    assert pool["metadata"]["labels"]["elastune.dev/model"] == "tiny-gpt2"
+    manifest = yaml.safe_load((REPO / "manifests" / "warmpool.yaml").read_text(encoding="utf-8"))
+    rendered_env = pool["spec"]["worker"].pop("env")
+    manifest_env = manifest["spec"]["worker"].pop("env")
+    assert pool["spec"] == manifest["spec"], (
+        "values.yaml examples.warmPool.spec drifted from manifests/warmpool.yaml"
+    )
+    env = {e["name"]: e for e in rendered_env}
+    assert env["HF_HUB_OFFLINE"] == next(e for e in manifest_env if e["name"] == "HF_HUB_OFFLINE")
+    assert env["ELASTUNE_REDIS_URL"]["value"] == f"redis://{RELEASE}-redis.{NAMESPACE}.svc:6379/0"
+    assert env["ELASTUNE_REDIS_PASSWORD"]["valueFrom"]["secretKeyRef"] == {
+        "name": f"{RELEASE}-redis",
+        "key": "password",
+    }
+    assert not of_kind(render(), "WarmPool")
+
+
+def test_dashboards_ship_as_sidecar_configmaps() -> None:
+    files = {p.name: p.read_text(encoding="utf-8") for p in sorted((CHART / "dashboards").glob("*.json"))}
+    assert sorted(files) == ["jobs-and-slos.json", "pools-and-cost.json", "workers.json"]
+    maps = of_kind(render(), "ConfigMap")
+    shipped = {}
+    for config_map in maps:
+        assert config_map["metadata"]["labels"]["grafana_dashboard"] == "1"
+        ((key, text),) = config_map["data"].items()
+        shipped[key.removeprefix("elastune-")] = text
+    assert {k: json.loads(v) for k, v in shipped.items()} == {k: json.loads(v) for k, v in files.items()}
+    assert not of_kind(render(*COMBINATIONS["standalone"]), "ConfigMap")
+
+
+def test_chart_packages_with_its_crds_and_dashboards(tmp_path: Path) -> None:
+    result = helm("package", str(CHART), "--destination", str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    (archive,) = tmp_path.glob("elastune-*.tgz")
+    with tarfile.open(archive) as tar:
+        names = set(tar.getnames())
+    for path in [*(CHART / "crds").glob("*.yaml"), *(CHART / "dashboards").glob("*.json")]:
+        assert f"elastune/{path.parent.name}/{path.name}" in names
+    assert "elastune/values.schema.json" in names
+
+
+def test_helm_binary_is_found_and_runs() -> None:
+    result = helm("version", "--short")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith(("v3.", "v4.")), result.stdout
+    assert k8s_binaries.main(["helm"]) == 0
+    assert k8s_binaries.main(["oc"]) == 2

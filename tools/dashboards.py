@@ -1,0 +1,581 @@
+"""Generate Elastune's Grafana dashboards with grafana-foundation-sdk (Grafana 11.x dashboard schema).
+
+Writes ``helm/elastune/dashboards/{jobs-and-slos,pools-and-cost,workers}.json``; the chart wraps each file
+in a ConfigMap for the Grafana sidecar. Every query names metrics exactly as ``ControlMetrics``
+(operator/elastune_operator/metrics.py) and ``WorkerMetrics`` (worker/elastune_worker/server/metrics.py)
+expose them — counters with ``_total``, histograms as ``_bucket``/``_sum``/``_count`` — and
+tests/test_dashboards.py checks both that and that the files equal this script's output.
+
+    python tools/dashboards.py           # (re)write the JSON files
+    python tools/dashboards.py --check   # exit 1 when a file differs from what would be written
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Final
+
+from grafana_foundation_sdk.builders import common as common_builders
+from grafana_foundation_sdk.builders import dashboard as dashboard_builders
+from grafana_foundation_sdk.builders import prometheus, stat, timeseries
+from grafana_foundation_sdk.cog.encoder import JSONEncoder
+from grafana_foundation_sdk.models import common
+from grafana_foundation_sdk.models import dashboard as models
+
+OUT_DIR: Final = Path(__file__).resolve().parents[1] / "helm" / "elastune" / "dashboards"
+TAGS: Final = ["elastune"]
+DATASOURCE: Final = models.DataSourceRef(type_val="prometheus", uid="${datasource}")
+# The p4de.24xlarge price per GPU-hour the README's cost figures use; editable on the dashboard.
+DEFAULT_GPU_PRICE: Final = "5.12"
+MODEL: Final = 'model=~"$model"'
+NAMESPACE: Final = 'namespace=~"$namespace"'
+
+
+# -- building blocks -----------------------------------------------------------------------------
+
+
+def query(expr: str, legend: str = "", ref: str = "A") -> prometheus.Dataquery:
+    return prometheus.Dataquery().expr(expr).legend_format(legend or "__auto").ref_id(ref).range()
+
+
+def quantiles(metric: str, by: str, selector: str, window: str, qs: Sequence[float]) -> list[tuple[str, str]]:
+    """histogram_quantile over `metric`_bucket, one (expr, legend) per quantile."""
+    group = f"le, {by}" if by else "le"
+    legend_by = f"{{{{{by}}}}} " if by else ""
+    matchers = f"{{{selector}}}" if selector else ""
+    return [
+        (
+            f"histogram_quantile({q}, sum by ({group}) (rate({metric}_bucket{matchers}[{window}])))",
+            f"{legend_by}p{round(q * 100)}",
+        )
+        for q in qs
+    ]
+
+
+def graph(
+    title: str,
+    description: str,
+    unit: str,
+    targets: Sequence[tuple[str, str]],
+    *,
+    span: int = 12,
+    stacked: bool = False,
+    bars: bool = False,
+) -> timeseries.Panel:
+    panel = (
+        timeseries.Panel()
+        .title(title)
+        .description(description)
+        .datasource(DATASOURCE)
+        .unit(unit)
+        .span(span)
+        .height(8)
+        .min(0)
+        .fill_opacity(30 if stacked else 10)
+        .legend(
+            common_builders.VizLegendOptions()
+            .display_mode(common.LegendDisplayMode.TABLE)
+            .placement(common.LegendPlacement.BOTTOM)
+            .show_legend(True)
+            .calcs(["mean", "max", "lastNotNull"])
+        )
+    )
+    if stacked:
+        panel = panel.stacking(common_builders.StackingConfig().mode(common.StackingMode.NORMAL))
+    if bars:
+        panel = panel.draw_style(common.GraphDrawStyle.BARS)
+    for index, (expr, legend) in enumerate(targets):
+        panel = panel.with_target(query(expr, legend, chr(ord("A") + index)))
+    return panel
+
+
+def single(title: str, description: str, unit: str, expr: str, *, span: int = 6) -> stat.Panel:
+    return (
+        stat.Panel()
+        .title(title)
+        .description(description)
+        .datasource(DATASOURCE)
+        .unit(unit)
+        .span(span)
+        .height(5)
+        .graph_mode(common.BigValueGraphMode.AREA)
+        .color_mode(common.BigValueColorMode.VALUE)
+        .reduce_options(common_builders.ReduceDataOptions().calcs(["lastNotNull"]))
+        .with_target(query(expr, " ", "A"))
+    )
+
+
+def base(uid: str, title: str, description: str) -> dashboard_builders.Dashboard:
+    return (
+        dashboard_builders.Dashboard(title)
+        .uid(uid)
+        .description(description)
+        .tags(TAGS)
+        .editable()
+        .tooltip(models.DashboardCursorSync.CROSSHAIR)
+        .time("now-6h", "now")
+        .refresh("1m")
+        .timezone("browser")
+        .link(
+            dashboard_builders.DashboardLink("Elastune")
+            .type(models.DashboardLinkType.DASHBOARDS)
+            .tags(TAGS)
+            .as_dropdown(True)
+            .include_vars(True)
+            .keep_time(True)
+        )
+        .with_variable(
+            dashboard_builders.DatasourceVariable("datasource").label("Data source").type("prometheus")
+        )
+    )
+
+
+def model_variable(metric: str) -> dashboard_builders.QueryVariable:
+    return (
+        dashboard_builders.QueryVariable("model")
+        .label("Model")
+        .datasource(DATASOURCE)
+        .query(f"label_values({metric}, model)")
+        .refresh(models.VariableRefresh.ON_TIME_RANGE_CHANGED)
+        .sort(models.VariableSort.ALPHABETICAL_ASC)
+        .multi(True)
+        .include_all(True)
+        .all_value(".*")
+    )
+
+
+def window_variable() -> dashboard_builders.CustomVariable:
+    # Jobs end minutes apart: ratios and quantiles over a rate interval would mostly be empty.
+    return (
+        dashboard_builders.CustomVariable("window")
+        .label("Window")
+        .description("Look-back window of SLO ratios, latency quantiles and outcome counts.")
+        .values("15m,1h,6h,1d")
+        .current(models.VariableOption(selected=True, text="1h", value="1h"))
+    )
+
+
+def with_panels(
+    dashboard: dashboard_builders.Dashboard, rows: Sequence[tuple[str, Sequence[object]]]
+) -> dashboard_builders.Dashboard:
+    """Add the panels row by row with ids 1, 2, … so the JSON is stable and panel links work."""
+    next_id = 1
+    for title, panels in rows:
+        dashboard = dashboard.with_row(dashboard_builders.Row(title).id(next_id))
+        next_id += 1
+        for panel in panels:
+            dashboard = dashboard.with_panel(panel.id(next_id))  # type: ignore[attr-defined]
+            next_id += 1
+    return dashboard
+
+
+def series(metric: str, *matchers: str) -> str:
+    """`metric{m1, m2}`, or the bare name without matchers."""
+    return f"{metric}{{{', '.join(matchers)}}}" if matchers else metric
+
+
+def increase(metric: str, *matchers: str, window: str = "$window") -> str:
+    return f"increase({series(metric, *matchers)}[{window}])"
+
+
+def rate(metric: str, *matchers: str, window: str = "$__rate_interval") -> str:
+    return f"rate({series(metric, *matchers)}[{window}])"
+
+
+def ratio(numerator: str, denominator: str, by: str = "") -> str:
+    agg = f"sum by ({by}) " if by else "sum"
+    return f"{agg}({numerator}) / {agg}({denominator})"
+
+
+# -- dashboards ----------------------------------------------------------------------------------
+
+
+def jobs_and_slos() -> dashboard_builders.Dashboard:
+    slo = "elastune_tuningjob_slo_total"
+    met, missed = 'result="met"', 'result="missed"'
+    bank = "elastune_prompt_bank_lookup_duration_seconds"
+    rows = [
+        (
+            "SLOs",
+            [
+                single(
+                    "SLO attainment",
+                    "Share of finished TuningJobs that met their deadline over the window.",
+                    "percentunit",
+                    ratio(increase(slo, met, MODEL), increase(slo, MODEL)),
+                ),
+                single(
+                    "Jobs pending",
+                    "TuningJobs waiting for GPUs now.",
+                    "short",
+                    f"sum({series('elastune_tuningjobs_pending', MODEL)})",
+                ),
+                single(
+                    "Jobs submitted",
+                    "TuningJobs accepted over the window.",
+                    "short",
+                    f"sum({increase('elastune_tuningjobs_submitted_total', MODEL)})",
+                ),
+                single(
+                    "Jobs missing their SLO",
+                    "Finished TuningJobs over the window whose deadline passed first.",
+                    "short",
+                    f"sum({increase(slo, missed, MODEL)})",
+                ),
+                graph(
+                    "SLO attainment by model",
+                    "Met / finished over the sliding window, per LLM.",
+                    "percentunit",
+                    [(ratio(increase(slo, met, MODEL), increase(slo, MODEL), by="model"), "{{model}}")],
+                ),
+                graph(
+                    "Job latency (creation to completion)",
+                    "p50 and p99 of TuningJob latency per LLM over the window.",
+                    "s",
+                    quantiles("elastune_tuningjob_latency_seconds", "model", MODEL, "$window", (0.5, 0.99)),
+                ),
+            ],
+        ),
+        (
+            "Jobs",
+            [
+                graph(
+                    "Pending jobs",
+                    "TuningJobs waiting for GPUs (Algorithm 1 gave them none yet).",
+                    "short",
+                    [(f"sum by (model) ({series('elastune_tuningjobs_pending', MODEL)})", "{{model}}")],
+                    span=8,
+                ),
+                graph(
+                    "Finished jobs by outcome",
+                    "TuningJobs that ended over the window: succeeded, failed or cancelled.",
+                    "short",
+                    [
+                        (
+                            f"sum by (outcome) ({increase('elastune_tuningjobs_finished_total', MODEL)})",
+                            "{{outcome}}",
+                        )
+                    ],
+                    span=8,
+                    stacked=True,
+                ),
+                graph(
+                    "Submitted jobs",
+                    "TuningJobs accepted per minute.",
+                    "short",
+                    [
+                        (
+                            f"sum by (model) ({rate('elastune_tuningjobs_submitted_total', MODEL)}) * 60",
+                            "{{model}}",
+                        )
+                    ],
+                    span=8,
+                ),
+            ],
+        ),
+        (
+            "Prompt Bank",
+            [
+                graph(
+                    "Prompt Bank decisions",
+                    "Per job over the window: used, skipped (latency budget: lookup over 20 % of the SLO) "
+                    "or failed.",
+                    "short",
+                    [
+                        (
+                            f"sum by (result) ({increase('elastune_prompt_bank_lookups_total', MODEL)})",
+                            "{{result}}",
+                        )
+                    ],
+                    stacked=True,
+                ),
+                graph(
+                    "Prompt Bank lookup time",
+                    "p50 and p99 wall time of a lookup, and the mean.",
+                    "s",
+                    [
+                        *quantiles(bank, "", MODEL, "$window", (0.5, 0.99)),
+                        (
+                            ratio(
+                                rate(f"{bank}_sum", MODEL, window="$window"),
+                                rate(f"{bank}_count", MODEL, window="$window"),
+                            ),
+                            "mean",
+                        ),
+                    ],
+                ),
+            ],
+        ),
+        (
+            "Operator",
+            [
+                graph(
+                    "Handler errors",
+                    "Unexpected errors in reconcile handlers over the window (the object is retried).",
+                    "short",
+                    [(f"sum by (handler) ({increase('elastune_handler_errors_total')})", "{{handler}}")],
+                    span=24,
+                    bars=True,
+                ),
+            ],
+        ),
+    ]
+    dashboard = base(
+        "elastune-jobs-slos",
+        "Elastune / Jobs and SLOs",
+        "TuningJob deadlines met, latency, queueing and Prompt Bank use (PromptTuner's SLO view).",
+    )
+    dashboard = dashboard.with_variable(model_variable("elastune_tuningjobs_pending")).with_variable(
+        window_variable()
+    )
+    return with_panels(dashboard, rows)
+
+
+def pools_and_cost() -> dashboard_builders.Dashboard:
+    gpus = "elastune_warm_gpus"
+    paid = "elastune_gpu_seconds_total"
+    overhead = "elastune_allocation_overhead_seconds"
+    rounds = "elastune_scheduling_round_duration_seconds"
+    rows = [
+        (
+            "Cost",
+            [
+                single(
+                    "Cost now",
+                    "Warm GPUs being paid (busy or idle) times the price per GPU-hour.",
+                    "currencyUSD",
+                    f"sum({rate(paid, MODEL)}) * $gpu_price",
+                ),
+                single(
+                    "Cost over the time range",
+                    "GPU-hours paid in warm pools over the dashboard's time range times the price.",
+                    "currencyUSD",
+                    f"sum({increase(paid, MODEL, window='$__range')}) / 3600 * $gpu_price",
+                ),
+                single(
+                    "Warm-GPU utilisation",
+                    "Busy warm GPUs / all warm GPUs now: idle warm GPUs cost as much as busy ones.",
+                    "percentunit",
+                    ratio(series(gpus, 'state="busy"', MODEL), series(gpus, MODEL)),
+                ),
+                single(
+                    "Cold pool free",
+                    "GPUs left in the shared cold pool (nothing loaded, free of charge).",
+                    "short",
+                    "max(elastune_cold_pool_free_gpus)",
+                ),
+                graph(
+                    "Cost rate by model ($/h)",
+                    "GPU-seconds paid per second (= warm GPUs) times $gpu_price per GPU-hour.",
+                    "currencyUSD",
+                    [(f"sum by (model) ({rate(paid, MODEL)}) * $gpu_price", "{{model}}")],
+                    stacked=True,
+                    span=24,
+                ),
+            ],
+        ),
+        (
+            "Pools",
+            [
+                graph(
+                    "Warm GPUs by state",
+                    "Per LLM: starting (taken from the cold pool), idle, held (reserved by "
+                    "DelaySchedulable) and busy.",
+                    "short",
+                    [(f"sum by (model, state) ({series(gpus, MODEL)})", "{{model}} {{state}}")],
+                    stacked=True,
+                ),
+                graph(
+                    "Cold pool free GPUs",
+                    "GPUs the warm pools can still grow into.",
+                    "short",
+                    [("max(elastune_cold_pool_free_gpus)", "free")],
+                ),
+                graph(
+                    "Allocation overhead T_cold",
+                    "Seconds from a cold-pool GPU to a warm worker: p50, p99 and mean per LLM.",
+                    "s",
+                    [
+                        *quantiles(overhead, "model", MODEL, "$__range", (0.5, 0.99)),
+                        (
+                            ratio(
+                                rate(f"{overhead}_sum", MODEL, window="$__range"),
+                                rate(f"{overhead}_count", MODEL, window="$__range"),
+                                by="model",
+                            ),
+                            "{{model}} mean",
+                        ),
+                    ],
+                ),
+                graph(
+                    "Scheduling round time",
+                    "Wall time of one round of Algorithms 1 and 2 (one round every 50 ms).",
+                    "s",
+                    [
+                        *quantiles(rounds, "", "", "$__rate_interval", (0.5, 0.99)),
+                        (f"sum({rate(f'{rounds}_count')})", "rounds/s"),
+                    ],
+                ),
+            ],
+        ),
+    ]
+    dashboard = base(
+        "elastune-pools-cost",
+        "Elastune / Pools and cost",
+        "Warm and cold GPU pools per LLM, what they cost, allocation overhead and scheduler speed.",
+    )
+    dashboard = dashboard.with_variable(model_variable(gpus)).with_variable(
+        dashboard_builders.TextBoxVariable("gpu_price")
+        .label("$ per GPU-hour")
+        .description("Price of one GPU-hour in a warm pool (default: AWS p4de.24xlarge / 8).")
+        .default_value(DEFAULT_GPU_PRICE)
+    )
+    return with_panels(dashboard, rows)
+
+
+def workers() -> dashboard_builders.Dashboard:
+    compute = "elastune_worker_step_compute_seconds"
+    sync = "elastune_worker_step_sync_seconds"
+    step_time = f"sum({rate(f'{compute}_sum', NAMESPACE)}) + sum({rate(f'{sync}_sum', NAMESPACE)})"
+    rows = [
+        (
+            "Workers",
+            [
+                single(
+                    "Ready workers",
+                    "Workers with runtime and weights loaded (warm).",
+                    "short",
+                    f"sum({series('elastune_worker_ready', NAMESPACE)})",
+                ),
+                single(
+                    "Busy workers",
+                    "Workers running a job.",
+                    "short",
+                    f"sum({series('elastune_worker_busy', NAMESPACE)})",
+                ),
+                single(
+                    "Gradient sync share",
+                    "All-reduce time / (compute + all-reduce) per step; PromptTuner measures 0.4–0.5 %.",
+                    "percentunit",
+                    f"sum({rate(f'{sync}_sum', NAMESPACE)}) / ({step_time})",
+                ),
+                single(
+                    "Steps per second",
+                    "Optimizer steps of all workers.",
+                    "short",
+                    f"sum({rate('elastune_worker_steps_total', NAMESPACE)})",
+                ),
+                graph(
+                    "Ready and busy workers",
+                    "Warm workers and how many of them run a job.",
+                    "short",
+                    [
+                        (
+                            f"sum by (namespace) ({series('elastune_worker_ready', NAMESPACE)})",
+                            "{{namespace}} ready",
+                        ),
+                        (
+                            f"sum by (namespace) ({series('elastune_worker_busy', NAMESPACE)})",
+                            "{{namespace}} busy",
+                        ),
+                    ],
+                ),
+                graph(
+                    "Model load time",
+                    "Seconds each worker took to load the runtime and weights.",
+                    "s",
+                    [
+                        (
+                            f"max by (pod) ({series('elastune_worker_model_load_seconds', NAMESPACE)})",
+                            "{{pod}}",
+                        )
+                    ],
+                ),
+            ],
+        ),
+        (
+            "Steps",
+            [
+                graph(
+                    "Step compute vs gradient sync",
+                    "p50 and p99 per step: forward, backward and optimizer; the storage-channel all-reduce.",
+                    "s",
+                    [
+                        (expr, f"{label} {legend}")
+                        for label, metric in (("compute", compute), ("sync", sync))
+                        for expr, legend in quantiles(metric, "", NAMESPACE, "$__rate_interval", (0.5, 0.99))
+                    ],
+                ),
+                graph(
+                    "Jobs by outcome",
+                    "Job assignments the workers ended over the window: succeeded, failed or cancelled.",
+                    "short",
+                    [
+                        (
+                            f"sum by (outcome) ({increase('elastune_worker_jobs_total', NAMESPACE)})",
+                            "{{outcome}}",
+                        )
+                    ],
+                    stacked=True,
+                ),
+            ],
+        ),
+    ]
+    dashboard = base(
+        "elastune-workers",
+        "Elastune / Workers",
+        "Worker pods: warm and busy, step compute against gradient synchronisation, job outcomes.",
+    )
+    dashboard = dashboard.with_variable(
+        dashboard_builders.QueryVariable("namespace")
+        .label("Namespace")
+        .datasource(DATASOURCE)
+        .query("label_values(elastune_worker_ready, namespace)")
+        .refresh(models.VariableRefresh.ON_TIME_RANGE_CHANGED)
+        .sort(models.VariableSort.ALPHABETICAL_ASC)
+        .multi(True)
+        .include_all(True)
+        .all_value(".*")
+    ).with_variable(window_variable())
+    return with_panels(dashboard, rows)
+
+
+DASHBOARDS: Final[dict[str, Callable[[], dashboard_builders.Dashboard]]] = {
+    "jobs-and-slos": jobs_and_slos,
+    "pools-and-cost": pools_and_cost,
+    "workers": workers,
+}
+
+
+def render(name: str) -> str:
+    """The JSON text of one dashboard, exactly as written to disk."""
+    return json.dumps(DASHBOARDS[name]().build(), cls=JSONEncoder, indent=2, ensure_ascii=False) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true", help="fail when a file differs instead of writing")
+    parser.add_argument("--out", type=Path, default=OUT_DIR, help=f"output directory (default {OUT_DIR})")
+    args = parser.parse_args(argv)
+    stale = []
+    for name in DASHBOARDS:
+        path = args.out / f"{name}.json"
+        text = render(name)
+        if args.check:
+            if not path.is_file() or path.read_text(encoding="utf-8") != text:
+                stale.append(path)
+            continue
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text, encoding="utf-8")
+        print(path)
+    for path in stale:
+        print(f"{path} is stale: run python tools/dashboards.py", file=sys.stderr)
+    return 1 if stale else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
