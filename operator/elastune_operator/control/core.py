@@ -195,6 +195,7 @@ class ControlCore:
             return
         job.pool = pool.name
         self._condition(job, ACCEPTED, "True", "Validated", "spec is valid; waiting for the scheduler")
+        self._condition(job, SCHEDULED, "False", "Pending", "waiting for warm GPUs")
         self._condition(job, SUCCEEDED, "Unknown", "Pending", "")
         slo = units.parse_duration(job.spec.deadline)
         sched = Job(
@@ -268,10 +269,12 @@ class ControlCore:
             if dt > 0:
                 self.metrics.gpu_seconds.labels(llm).inc(st.pool_size[llm] * dt)
         self.metrics.cold_free.set(st.cold_free)
-        for job in self.jobs.values():
-            if job.started is not None and not job.terminal and dt > 0:
-                sched = self.state.jobs[job.key]
-                job.gpu_seconds += len(sched.gpus) * dt
+
+    def _close_segment(self, job: JobRecord, now: float) -> None:
+        """GPU-seconds of the attempt that just ended: its GPUs from dispatch until now."""
+        if job.started is not None:
+            job.gpu_seconds += len(job.workers) * max(0.0, now - job.started)
+            job.started = None
 
     # -- workers ------------------------------------------------------------------------------------
     def _sync_workers(self, now: float, touched: set[str]) -> None:
@@ -353,9 +356,9 @@ class ControlCore:
             if job.attempt:
                 self.bus.cancel(job.key, job.attempt)
             iterations = job.checkpointed
+            self._close_segment(job, now)
             self.state.preempt(job.key, float(iterations), now, keep_warm=True)
             job.workers = []
-            job.started = None
             if job.attempt >= self.settings.max_attempts:
                 self._fail(
                     job, WORKER_LOST, f"worker {wid} was lost on the last of {job.attempt} attempts", now
@@ -431,8 +434,9 @@ class ControlCore:
                 self._fail(job, reason, msg, now)
             else:
                 self.bus.cancel(job.key, job.attempt)
+                self._close_segment(job, now)
                 self.state.preempt(job.key, float(job.checkpointed), now, keep_warm=True)
-                job.workers, job.started = [], None
+                job.workers = []
                 self._condition(job, RUNNING, "False", reason, f"{msg}; retrying from the checkpoint")
                 self._emit(job)
 
@@ -464,17 +468,22 @@ class ControlCore:
                 gpu = st.launch(launch.llm, now, job=launch.job, target=launch.count)
                 self.unbound[launch.llm].append(gpu.id)
             self.backend.grow(self.pools[launch.llm].name, launch.llm, launch.count)
-            if launch.job:
-                touched.add(launch.job)
-                job = self.jobs[launch.job]
+            # Algorithm 2 grows the pool (B_l += A), Algorithm 1 then hands out the warm GPUs: tell
+            # the jobs that wait for this model why.
+            waiting = (
+                [self.jobs[launch.job]] if launch.job else [self.jobs[k] for k in st.pending[launch.llm]]
+            )
+            for job in waiting:
+                job_ = self.jobs[job.key]
                 self._condition(
-                    job,
+                    job_,
                     SCHEDULED,
-                    "True",
+                    "True" if launch.job else "False",
                     "PoolGrowing",
-                    f"{launch.count} GPU(s) leaving the cold pool for pool {job.pool} (warming up)",
+                    f"pool {job_.pool} is warming up {launch.count} more GPU(s) from the cold pool",
                 )
-                self._emit(job)
+                self._emit(job_)
+                touched.add(job_.key)
 
     def _dispatch(self, job: JobRecord, now: float) -> None:
         sched = self.state.jobs[job.key]
@@ -524,6 +533,7 @@ class ControlCore:
     def _settle(self, job: JobRecord, sched: Job, now: float) -> None:
         """Take the job out of the scheduler's state; its warm GPUs go back to idle (GPUs still warming
         up for it stay in the pool, unheld)."""
+        self._close_segment(job, now)
         if sched.started_at is not None:
             self.state.finish(job.key, now, keep_warm=True)
         elif sched.gpus:

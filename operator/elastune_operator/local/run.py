@@ -188,8 +188,10 @@ def _phase(job: JobRecord) -> str:
         return "Succeeded" if conds["Succeeded"].status == "True" else "Failed"
     if "Running" in conds and conds["Running"].status == "True":
         return "Running"
+    if "Scheduled" in conds and conds["Scheduled"].reason == "PoolGrowing":
+        return "Warming"
     if "Scheduled" in conds and conds["Scheduled"].status == "True":
-        return "Warming" if conds["Scheduled"].reason == "PoolGrowing" else "Scheduled"
+        return "Scheduled"
     return "Pending"
 
 

@@ -1,0 +1,234 @@
+"""The control core against a real Redis, with scripted workers: the test plays the worker side of the
+protocol (registry records, popping assignments, posting events), so every transition is exact and
+fast. No torch here; test_local_mode.py runs the same core with real worker processes."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from elastune_operator.api.resources import parse_resource
+from elastune_operator.control.core import ControlCore, CoreSettings, JobRecord, PoolConfig
+from elastune_operator.control.protocol import Assignment, Bus, Event, WorkerRecord, WorkerState
+
+MODEL = "test/model"
+
+
+class FakeBackend:
+    """Records what the core asks for; the test decides which workers appear or die."""
+
+    def __init__(self) -> None:
+        self.grown: list[tuple[str, int]] = []
+        self.shrunk: list[str] = []
+        self.dead: dict[str, tuple[str, str]] = {}
+
+    def grow(self, pool: str, model: str, count: int) -> None:
+        self.grown.append((pool, count))
+
+    def shrink(self, pool: str, worker_ids: list[str]) -> None:
+        self.shrunk += worker_ids
+
+    def exited(self) -> dict[str, tuple[str, str]]:
+        return dict(self.dead)
+
+    def close(self) -> None:
+        pass
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 1_800_000_000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+@pytest.fixture
+def env(redis_server: Any, tmp_path: Path) -> dict[str, Any]:
+    bus = Bus(redis_server.url, namespace=f"core{time.time_ns()}")
+    backend, clock = FakeBackend(), Clock()
+    settings = CoreSettings(cold_capacity=4, channel_url=redis_server.url, work_dir=tmp_path, max_attempts=2)
+    pool = PoolConfig(
+        "pool", MODEL, max_warm=4, idle_window_seconds=30, cold_start_seconds=5, seconds_per_iteration=0.1
+    )
+    core = ControlCore(backend, bus, settings, [pool], clock=clock)
+    return {"bus": bus, "backend": backend, "clock": clock, "core": core}
+
+
+def job(name: str, *, model: str = MODEL, deadline: str = "10m", iterations: int = 50) -> JobRecord:
+    res = parse_resource(
+        {
+            "apiVersion": "elastune.dev/v1alpha1",
+            "kind": "TuningJob",
+            "metadata": {"name": name, "namespace": "ns"},
+            "spec": {
+                "model": model,
+                "dataset": "/d.jsonl",
+                "termination": {"maxIterations": iterations},
+                "deadline": deadline,
+            },
+        }
+    )
+    return JobRecord(f"ns/{name}", res.spec, 1_800_000_000.0, "/d.jsonl", f"/out/{name}", generation=1)
+
+
+def worker(bus: Bus, wid: str, clock: Clock, state: WorkerState = WorkerState.READY, **kw: Any) -> None:
+    bus.publish_worker(
+        WorkerRecord(
+            id=wid, pool="pool", model=MODEL, state=state, started_at=clock.t - 3, ready_at=clock.t, **kw
+        )
+    )
+
+
+def cond(rec: JobRecord, ctype: str) -> tuple[str, str]:
+    c = next(c for c in rec.status.conditions if c.type == ctype)
+    return c.status, c.reason
+
+
+def pop(bus: Bus, wid: str) -> Assignment:
+    a = bus.pop_assignment(wid, timeout=0.5)
+    assert a is not None, f"no assignment for {wid}"
+    return a
+
+
+def run_to_dispatch(env: dict[str, Any], rec: JobRecord, workers: list[str]) -> list[Assignment]:
+    core, bus, clock = env["core"], env["bus"], env["clock"]
+    core.submit(rec)
+    core.tick()
+    assert env["backend"].grown == [("pool", len(workers))]
+    assert cond(rec, "Scheduled") == ("False", "PoolGrowing")
+    for wid in workers:
+        worker(bus, wid, clock)
+    clock.t += 5
+    core.tick()
+    return [pop(bus, wid) for wid in workers]
+
+
+def post(bus: Bus, a: Assignment, type_: str, **kw: Any) -> None:
+    bus.post(Event(type=type_, job=a.job, attempt=a.attempt, rank=a.rank, worker="w", **kw))
+
+
+def test_job_grows_the_pool_binds_warm_workers_runs_and_succeeds(env: dict[str, Any]) -> None:
+    core, bus, clock = env["core"], env["bus"], env["clock"]
+    rec = job("a")
+    (a,) = run_to_dispatch(env, rec, ["w1"])
+    assert (a.rank, a.world, a.attempt, a.model) == (0, 1, 1, MODEL)
+    assert cond(rec, "Running") == ("True", "Tuning") and rec.status.pods == ["w1"]
+    assert core.estimator.cold_start(MODEL) == pytest.approx(3.0)  # measured start-to-ready time
+
+    post(bus, a, "progress", iterations=0, resumed_from=0, initial_value=0.2, metric="loss")
+    post(bus, a, "progress", iterations=20, checkpointed=20, value=0.5, seconds_per_iteration=0.2)
+    clock.t += 4
+    core.tick()
+    assert rec.status.iterations == 20 and rec.status.current_metric == "0.5"
+    assert rec.status.initial_metric == "0.2" and rec.checkpointed == 20
+    post(bus, a, "succeeded", iterations=50, value=0.9, prompt="p", artifact="/out/a", reason="MaxIterations")
+    clock.t += 4
+    core.tick()
+    assert cond(rec, "Succeeded") == ("True", "MaxIterations")
+    assert rec.status.optimized_prompt == "p" and rec.status.artifact_uri == "file:///out/a"
+    assert rec.status.slo_met is True and rec.status.allocated_gpus == 0
+    assert float(rec.status.gpu_seconds) == pytest.approx(8.0)  # 1 GPU from dispatch to the result
+    assert core.state.counts(MODEL)["idle"] == 1 and core.done()
+
+
+def test_permanent_failure_fails_the_job_and_cancels_the_other_ranks(env: dict[str, Any]) -> None:
+    core, bus = env["core"], env["bus"]
+    rec = job("b", deadline="40s", iterations=400)  # 40 s of work on one GPU: needs two to fit
+    a0, a1 = run_to_dispatch(env, rec, ["w1", "w2"])
+    assert (a0.world, a1.rank) == (2, 1) and a0.comm_job == a1.comm_job
+    post(bus, a1, "failed", reason="DatasetMalformed", message="line 3: invalid JSON")
+    core.tick()
+    assert cond(rec, "Succeeded") == ("False", "DatasetMalformed")
+    assert cond(rec, "Failed")[0] == "True" and "line 3" in next(
+        c.message for c in rec.status.conditions if c.type == "Failed"
+    )
+    assert bus.cancelled(rec.key, 1)
+    assert core.state.counts(MODEL)["idle"] == 2
+
+
+def test_transient_failure_retries_under_a_new_attempt_and_key(env: dict[str, Any]) -> None:
+    core, bus = env["core"], env["bus"]
+    rec = job("c")
+    (a,) = run_to_dispatch(env, rec, ["w1"])
+    post(bus, a, "progress", iterations=30, checkpointed=30)
+    post(bus, a, "failed", reason="CollectiveTimeout", message="peer 1 silent")
+    core.tick()
+    assert bus.cancelled(rec.key, 1) and not rec.terminal
+    core.tick()  # the retry is scheduled on the now idle warm worker
+    b = pop(bus, "w1")
+    assert b.attempt == 2 and b.comm_job != a.comm_job and b.checkpoint_dir == a.checkpoint_dir
+    post(bus, b, "failed", reason="CollectiveTimeout", message="again")
+    core.tick()
+    assert cond(rec, "Succeeded") == ("False", "CollectiveTimeout")  # max_attempts = 2
+
+
+def test_a_lost_worker_reschedules_its_job_from_the_checkpoint(env: dict[str, Any]) -> None:
+    core, bus, backend = env["core"], env["bus"], env["backend"]
+    rec = job("d")
+    (a,) = run_to_dispatch(env, rec, ["w1"])
+    post(bus, a, "progress", iterations=27, checkpointed=20)
+    core.tick()
+    backend.dead["w1"] = (MODEL, "exit code -9")
+    core.tick()
+    assert bus.cancelled(rec.key, 1) and cond(rec, "Running") == ("False", "WorkerLost")
+    assert core.state.jobs[rec.key].done_iterations == 20
+    assert ("pool", 1) in backend.grown[1:]  # a replacement GPU leaves the cold pool
+    worker(bus, "w2", env["clock"])
+    core.tick()
+    b = pop(bus, "w2")
+    assert b.attempt == 2 and rec.status.attempts == 2
+
+
+def test_workers_that_die_before_becoming_warm_fail_the_job_after_max_attempts(env: dict[str, Any]) -> None:
+    core, backend = env["core"], env["backend"]
+    rec = job("e")
+    core.submit(rec)
+    core.tick()
+    backend.dead["pool-w1"] = (MODEL, "exit code 1: ModuleNotFoundError: No module named 'torch'")
+    core.tick()
+    assert not rec.terminal  # one crash: relaunch
+    backend.dead["pool-w2"] = (MODEL, "exit code 1: ModuleNotFoundError: No module named 'torch'")
+    core.tick()
+    assert cond(rec, "Succeeded") == ("False", "WorkerStartFailed")
+    assert "No module named 'torch'" in next(c.message for c in rec.status.conditions if c.type == "Failed")
+
+
+def test_a_model_that_cannot_load_fails_waiting_jobs(env: dict[str, Any]) -> None:
+    core, bus, clock = env["core"], env["bus"], env["clock"]
+    rec = job("f")
+    core.submit(rec)
+    core.tick()
+    worker(bus, "w1", clock, WorkerState.FAILED, reason="ModelLoadFailed", message="no config.json")
+    core.tick()
+    assert cond(rec, "Succeeded") == ("False", "ModelLoadFailed")
+    assert env["backend"].shrunk == ["w1"]
+
+
+def test_unknown_model_and_deletion(env: dict[str, Any]) -> None:
+    core, bus = env["core"], env["bus"]
+    bad = job("g", model="other/model")
+    core.submit(bad)
+    assert cond(bad, "Succeeded") == ("False", "UnknownModel")
+    rec = job("h")
+    (a,) = run_to_dispatch(env, rec, ["w1"])
+    core.cancel(rec.key)
+    assert bus.cancelled(rec.key, a.attempt)
+    assert rec.key not in core.jobs and core.state.counts(MODEL)["idle"] == 1
+
+
+def test_idle_workers_return_to_the_cold_pool_after_the_window(env: dict[str, Any]) -> None:
+    core, bus, clock = env["core"], env["bus"], env["clock"]
+    rec = job("i")
+    (a,) = run_to_dispatch(env, rec, ["w1"])
+    post(bus, a, "succeeded", iterations=50, value=0.1)
+    core.tick()
+    clock.t += 29
+    core.tick()
+    assert env["backend"].shrunk == []
+    clock.t += 2
+    core.tick()
+    assert env["backend"].shrunk == ["w1"] and core.state.cold_free == 4
