@@ -24,12 +24,16 @@ class FakeBackend:
         self.grown: list[tuple[str, int]] = []
         self.shrunk: list[str] = []
         self.dead: dict[str, tuple[str, str]] = {}
+        self.busy: set[str] = set()
 
     def grow(self, pool: str, model: str, count: int) -> None:
         self.grown.append((pool, count))
 
     def shrink(self, pool: str, worker_ids: list[str]) -> None:
         self.shrunk += worker_ids
+
+    def mark_busy(self, pool: str, worker_ids: list[str], busy: bool) -> None:
+        self.busy = set(worker_ids) if busy else self.busy - set(worker_ids)
 
     def exited(self) -> dict[str, tuple[str, str]]:
         return dict(self.dead)
@@ -232,3 +236,81 @@ def test_idle_workers_return_to_the_cold_pool_after_the_window(env: dict[str, An
     clock.t += 2
     core.tick()
     assert env["backend"].shrunk == ["w1"] and core.state.cold_free == 4
+
+
+# --------------------------------------------------------------------------- control-plane restarts
+def restarted(env: dict[str, Any], rec: JobRecord) -> tuple[ControlCore, JobRecord]:
+    """A new core (the operator restarted) and the job rebuilt from its persisted status."""
+    old = env["core"]
+    core = ControlCore(env["backend"], env["bus"], old.settings, list(old.pools.values()), clock=env["clock"])
+    again = JobRecord(
+        rec.key, rec.spec, rec.created, rec.dataset, rec.artifact_dir, uid=rec.uid, generation=1
+    )
+    again.status = rec.status.model_copy(deep=True)
+    again.attempt = rec.status.attempts or 0
+    return core, again
+
+
+def test_restart_adopts_an_attempt_that_still_runs_and_finishes_it_once(env: dict[str, Any]) -> None:
+    bus, clock = env["bus"], env["clock"]
+    rec = job("r1", deadline="40s", iterations=400)
+    a0, a1 = run_to_dispatch(env, rec, ["w1", "w2"])
+    post(bus, a0, "progress", iterations=10, checkpointed=10)
+    env["core"].tick()
+    for a, wid in ((a0, "w1"), (a1, "w2")):
+        worker(bus, wid, clock, WorkerState.BUSY, job=rec.key, attempt=1, rank=a.rank, world=2)
+    core, again = restarted(env, rec)
+    core.submit(again)
+    core.tick()
+    assert again.workers == ["w1", "w2"] and core.state.counts(MODEL)["busy"] == 2
+    assert again.status.iterations == 10 and not again.terminal
+    post(bus, a0, "succeeded", iterations=400, value=0.3)
+    core.tick()
+    assert cond(again, "Succeeded") == ("True", "Completed")
+    assert bus.pop_assignment("w1", timeout=0.1) is None  # never dispatched again
+    assert core.metrics.jobs_finished.labels(MODEL, "succeeded")._value.get() == 1
+
+
+def test_restart_takes_a_result_posted_while_the_control_plane_was_down(env: dict[str, Any]) -> None:
+    bus = env["bus"]
+    rec = job("r2")
+    (a,) = run_to_dispatch(env, rec, ["w1"])
+    post(bus, a, "succeeded", iterations=50, value=0.4, prompt="q")
+    core, again = restarted(env, rec)
+    core.submit(again)
+    core.tick()
+    assert cond(again, "Succeeded")[0] == "True" and again.status.optimized_prompt == "q"
+
+
+def test_restart_reruns_an_attempt_whose_workers_are_gone_after_the_grace(env: dict[str, Any]) -> None:
+    bus, clock = env["bus"], env["clock"]
+    rec = job("r3")
+    (a,) = run_to_dispatch(env, rec, ["w1"])
+    post(bus, a, "progress", iterations=25, checkpointed=20)
+    bus.forget_worker("w1")  # the worker died with the operator
+    core, again = restarted(env, rec)
+    core.submit(again)
+    core.tick()
+    assert again.key in core.recovering and not bus.cancelled(rec.key, 1)
+    clock.t += core.settings.recovery_grace_s + 1
+    core.tick()
+    assert bus.cancelled(rec.key, 1) and cond(again, "Running") == ("False", "AttemptLost")
+    assert core.state.jobs[rec.key].done_iterations == 20
+    worker(bus, "w9", clock)
+    core.tick()
+    core.tick()
+    b = pop(bus, "w9")
+    assert b.attempt == 2 and b.checkpoint_dir == a.checkpoint_dir
+
+
+def test_terminal_jobs_stay_terminal_after_a_restart(env: dict[str, Any]) -> None:
+    bus = env["bus"]
+    rec = job("r4")
+    (a,) = run_to_dispatch(env, rec, ["w1"])
+    post(bus, a, "succeeded", iterations=50, value=0.4)
+    env["core"].tick()
+    core, again = restarted(env, rec)
+    core.submit(again)
+    core.tick()
+    assert again.terminal and rec.key not in core.state.jobs
+    assert bus.pop_assignment("w1", timeout=0.1) is None

@@ -17,6 +17,11 @@ class ClusterBackend(Protocol):
         core never lets a scale-down pick a busy one."""
         ...
 
+    def mark_busy(self, pool: str, worker_ids: list[str], busy: bool) -> None:
+        """Workers started (busy) or stopped running a job: lets the platform protect busy ones
+        from a scale-down it picks itself (Knative: pod-deletion-cost)."""
+        ...
+
     def exited(self) -> dict[str, tuple[str, str]]:
         """Workers known to be gone: id -> (model, what happened). A faster signal than an expiring
         heartbeat, and the only one for a worker that died before it ever registered."""

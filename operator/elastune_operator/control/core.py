@@ -30,7 +30,14 @@ from elastune_operator.api import units
 from elastune_operator.api.common import set_condition
 from elastune_operator.api.tuningjob import PromptBankStatus, TuningJobSpec, TuningJobStatus
 from elastune_operator.control.backend import ClusterBackend
-from elastune_operator.control.protocol import Assignment, Bus, Event, WorkerRecord, WorkerState
+from elastune_operator.control.protocol import (
+    WORKER_TTL_SECONDS,
+    Assignment,
+    Bus,
+    Event,
+    WorkerRecord,
+    WorkerState,
+)
 from elastune_operator.metrics import ControlMetrics
 from elastune_operator.scheduling.estimator import Estimator, LLMProfile
 from elastune_operator.scheduling.policy import ROUND_SECONDS, make_policy
@@ -88,6 +95,9 @@ class CoreSettings:
     progress_every: int = 10
     max_attempts: int = 3
     round_seconds: float = ROUND_SECONDS
+    recovery_grace_s: float = WORKER_TTL_SECONDS + 5.0
+    """After a control-plane restart, how long a job's in-flight attempt may take to show up (its busy
+    workers in the registry, or its result in the event stream) before it is re-run from its checkpoint."""
 
 
 @dataclass
@@ -148,6 +158,7 @@ class ControlCore:
         self.failed_workers: set[str] = set()
         self.gone: set[str] = set()
         self.start_failures: dict[str, int] = {}
+        self.recovering: dict[str, float] = {}  # job key -> give-up time (see CoreSettings.recovery_grace_s)
         self._last_tick: float | None = None
         for pool in pools:
             self.add_pool(pool)
@@ -180,12 +191,18 @@ class ControlCore:
         cfg.idle_window_seconds = pool.idle_window_seconds
 
     def submit(self, job: JobRecord) -> None:
-        """Accept a TuningJob (or fail it with a reason); idempotent per key."""
+        """Accept a TuningJob (or fail it with a reason); idempotent per key.
+
+        A record built from a resource that already has status (the operator restarted) resumes: a
+        terminal job stays as it is; a job with an attempt in flight is recovered (``_recover``)."""
         if job.key in self.jobs:
             return
         self.jobs[job.key] = job
         now = self.clock()
-        job.status.observed_generation = job.generation
+        done = next((c for c in job.status.conditions if c.type == SUCCEEDED and c.status != "Unknown"), None)
+        if done is not None:
+            job.terminal = True
+            return
         pool = self.pools.get(job.llm)
         if pool is None:
             known = ", ".join(sorted(self.pools)) or "none"
@@ -194,22 +211,34 @@ class ControlCore:
             )
             return
         job.pool = pool.name
+        if job.attempt > 0:
+            self.recovering[job.key] = now + self.settings.recovery_grace_s
+            return
+        job.status.observed_generation = job.generation
         self._condition(job, ACCEPTED, "True", "Validated", "spec is valid; waiting for the scheduler")
         self._condition(job, SCHEDULED, "False", "Pending", "waiting for warm GPUs")
         self._condition(job, SUCCEEDED, "Unknown", "Pending", "")
-        slo = units.parse_duration(job.spec.deadline)
+        self._admit(job, now, 0.0)
+        self.metrics.jobs_submitted.labels(job.llm).inc()
+        self._emit(job)
+
+    def _admit(self, job: JobRecord, now: float, done_iterations: float) -> Job:
+        """Enter the job into the scheduler's state (pending)."""
         sched = Job(
             job.key,
             job.llm,
             job.created,
-            slo,
+            units.parse_duration(job.spec.deadline),
             job.spec.termination.max_iterations,
+            done_iterations=done_iterations,
             bank_mode=job.spec.prompt_bank,
         )
         self.policy.admit(self.state, sched, now)
-        self._prompt_bank_decision(job, sched)
-        self.metrics.jobs_submitted.labels(job.llm).inc()
-        self._emit(job)
+        if job.status.prompt_bank is None:
+            self._prompt_bank_decision(job, sched)
+        else:
+            sched.use_bank, sched.bank_seconds = False, 0.0
+        return sched
 
     def _prompt_bank_decision(self, job: JobRecord, sched: Job) -> None:
         # The Prompt Bank is not wired into workers yet (issue 4): the job always starts from its own
@@ -248,7 +277,9 @@ class ControlCore:
         dt = 0.0 if self._last_tick is None else now - self._last_tick
         self._last_tick = now
         touched: set[str] = set()
-        self._sync_workers(now, touched)
+        records = self._sync_workers(now, touched)
+        if self.recovering:
+            self._recover(records, now, touched)
         self._read_events(now, touched)
         t0 = time.perf_counter()
         decision = self.policy.round(self.state, now)
@@ -275,9 +306,12 @@ class ControlCore:
         if job.started is not None:
             job.gpu_seconds += len(job.workers) * max(0.0, now - job.started)
             job.started = None
+            alive = [w for w in job.workers if w in self.gpu_of]
+            if alive:
+                self.backend.mark_busy(job.pool, alive, False)
 
     # -- workers ------------------------------------------------------------------------------------
-    def _sync_workers(self, now: float, touched: set[str]) -> None:
+    def _sync_workers(self, now: float, touched: set[str]) -> dict[str, WorkerRecord]:
         records = self.bus.workers()
         exited = self.backend.exited()
         for wid, gid in list(self.gpu_of.items()):
@@ -295,8 +329,14 @@ class ControlCore:
             if rec.state is WorkerState.FAILED and wid not in self.failed_workers:
                 self.failed_workers.add(wid)
                 self._pool_broken(rec, now, touched)
-            elif rec.state in (WorkerState.READY, WorkerState.BUSY) and self.unbound[rec.model]:
-                gid = self.unbound[rec.model].pop(0)
+            elif rec.state is WorkerState.BUSY and rec.job in self.recovering:
+                continue  # _recover decides about it
+            elif rec.state in (WorkerState.READY, WorkerState.BUSY) and (
+                self.unbound[rec.model] or self.state.cold_free > 0
+            ):
+                # A worker nobody launched in this process (the control plane restarted) is adopted.
+                unbound = self.unbound[rec.model]
+                gid = unbound.pop(0) if unbound else self.state.launch(rec.model, now).id
                 self.gpu_of[wid], self.worker_of[gid] = gid, wid
                 if rec.ready_at is not None:
                     cold = max(0.0, rec.ready_at - rec.started_at)
@@ -306,6 +346,61 @@ class ControlCore:
                 self.state.gpu_ready(gid, now)
                 if gpu.job:
                     touched.add(gpu.job)
+        return records
+
+    def _recover(self, records: dict[str, WorkerRecord], now: float, touched: set[str]) -> None:
+        """Jobs whose attempt was in flight when the control plane restarted: adopt the attempt if all
+        its workers still run it, take its result if it finished meanwhile, else re-run it from the
+        checkpoint once the grace period is over. Either way the job finishes exactly once."""
+        for key, give_up in list(self.recovering.items()):
+            job = self.jobs[key]
+            stream = self.bus.events(key, "0-0")
+            events = [e for _, e in stream if e.attempt == job.attempt]
+            finished = any(e.type in ("succeeded", "failed") for e in events)
+            job.checkpointed = max((e.checkpointed or 0 for e in events), default=job.checkpointed)
+            ranks = {
+                r.rank: r
+                for r in records.values()
+                if r.state is WorkerState.BUSY
+                and r.job == key
+                and r.attempt == job.attempt
+                and r.rank is not None
+            }
+            world = next((r.world for r in ranks.values() if r.world), 0)
+            complete = not finished and world > 0 and sorted(ranks) == list(range(world))
+            if not (finished or complete or now >= give_up):
+                continue
+            del self.recovering[key]
+            touched.add(key)
+            self._admit(job, now, float(job.checkpointed))
+            job.last_event = "0-0"  # replay this attempt's events: progress, and the result if any
+            if complete and self.state.cold_free >= world:
+                gids = []
+                for rank in range(world):
+                    wid = ranks[rank].id
+                    gpu = self.state.launch(job.llm, now)
+                    self.state.gpu_ready(gpu.id, now)
+                    self.gpu_of[wid], self.worker_of[gpu.id] = gpu.id, wid
+                    gids.append(gpu.id)
+                self.state.assign(key, gids, world)
+                sched = self.state.jobs[key]
+                self.state.start(
+                    key, now, now + self.estimator.t_warm(job.llm, sched.remaining_iterations, world)
+                )
+                job.workers, job.started = [ranks[r].id for r in range(world)], now
+                log.info("%s: adopted attempt %d running on %s", key, job.attempt, ", ".join(job.workers))
+            elif not finished:
+                job.last_event = stream[-1][0] if stream else "0-0"  # nothing of the lost attempt counts
+                self.bus.cancel(key, job.attempt)
+                self._condition(
+                    job,
+                    RUNNING,
+                    "False",
+                    "AttemptLost",
+                    f"attempt {job.attempt} did not survive the control-plane restart; resuming from the "
+                    f"checkpoint at iteration {job.checkpointed}",
+                )
+                self._emit(job)
 
     def _start_failed(self, model: str, wid: str, detail: str, now: float, touched: set[str]) -> None:
         self._drop_unbound(model, now, touched)
@@ -384,7 +479,7 @@ class ControlCore:
     # -- events -------------------------------------------------------------------------------------
     def _read_events(self, now: float, touched: set[str]) -> None:
         for job in list(self.jobs.values()):
-            if job.terminal or not job.attempt:
+            if job.terminal or not job.attempt or job.key in self.recovering:
                 continue
             for entry_id, ev in self.bus.events(job.key, job.last_event):
                 job.last_event = entry_id
@@ -517,6 +612,7 @@ class ControlCore:
         predicted = now + self.estimator.t_warm(job.llm, sched.remaining_iterations, world)
         self.state.start(job.key, now, predicted)
         job.started = now
+        self.backend.mark_busy(job.pool, workers, True)
         st = job.status
         st.attempts = job.attempt
         st.allocated_gpus, st.pods = world, workers

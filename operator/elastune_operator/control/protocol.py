@@ -66,6 +66,8 @@ class WorkerRecord(_Message):
     heartbeat: float = 0.0
     job: str | None = None
     attempt: int | None = None
+    rank: int | None = None
+    world: int | None = None
     reason: str | None = None
     message: str | None = None
 

@@ -82,6 +82,9 @@ class LocalBackend:
                 p.stopping = True
                 p.proc.send_signal(signal.SIGTERM)
 
+    def mark_busy(self, pool: str, worker_ids: list[str], busy: bool) -> None:
+        pass  # the core itself picks which local processes to stop: only idle ones
+
     def kill(self, wid: str) -> None:
         """SIGKILL a worker as a crash would (tests)."""
         self.procs[wid].proc.kill()

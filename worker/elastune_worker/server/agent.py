@@ -157,7 +157,7 @@ class Agent:
 
     def run_assignment(self, a: Assignment) -> str:
         """Run one assignment to its end; returns the outcome (succeeded | failed | cancelled)."""
-        self._set(state=WorkerState.BUSY, job=a.job, attempt=a.attempt)
+        self._set(state=WorkerState.BUSY, job=a.job, attempt=a.attempt, rank=a.rank, world=a.world)
         self.metrics.busy.set(1)
         outcome = "failed"
         try:
@@ -179,7 +179,7 @@ class Agent:
         finally:
             self.metrics.jobs.labels(outcome).inc()
             self.metrics.busy.set(0)
-            self._set(state=WorkerState.READY, job=None, attempt=None)
+            self._set(state=WorkerState.READY, job=None, attempt=None, rank=None, world=None)
         return outcome
 
     def _train(self, a: Assignment) -> None:
@@ -287,7 +287,6 @@ class Agent:
                 artifact=str(Path(a.artifact_dir).resolve()),
             )
         )
-
 
     def _max_length(self, virtual_tokens: int) -> int:
         """Input+target tokens per sample: the default, capped so the virtual tokens still fit the

@@ -1,0 +1,242 @@
+"""The Knative backend: one Knative Service (serving.knative.dev/v1) per WarmPool (DESIGN.md §5).
+
+- ``autoscaling.knative.dev/min-scale`` is the warm pool size Algorithm 2 decides (growing takes GPUs
+  from the cold pool: the GPU nodes labelled ``elastune.dev/pool=cold``); ``max-scale`` bounds it.
+  Workers get no HTTP traffic (jobs are pulled from Redis), so the autoscaler holds exactly min-scale.
+- One GPU per pod (``nvidia.com/gpu``), readiness = ``/readyz`` (runtime and weights loaded = warm).
+- Knative picks which pods go when min-scale drops, and it does not know which are busy. Before
+  lowering min-scale the backend marks the pods the core chose (always idle) with a low
+  ``controller.kubernetes.io/pod-deletion-cost`` and keeps busy pods at a high one, so the
+  ReplicaSet controller removes exactly the idle ones.
+
+Pods are named by Kubernetes; workers register under their pod name (POD_NAME from the downward API),
+so the core binds them like local workers. Knative objects go through the Kubernetes API as custom
+objects (there is no maintained Knative Python client).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+from kubernetes import client
+from kubernetes.client.rest import ApiException
+
+from elastune_operator.api.constants import GROUP, LABEL_MODEL, LABEL_WARM_POOL
+from elastune_operator.api.warmpool import WarmPool
+
+log = logging.getLogger("elastune.knative")
+
+KNATIVE_GROUP, KNATIVE_VERSION, KNATIVE_PLURAL = "serving.knative.dev", "v1", "services"
+MIN_SCALE = "autoscaling.knative.dev/min-scale"
+MAX_SCALE = "autoscaling.knative.dev/max-scale"
+INITIAL_SCALE = "autoscaling.knative.dev/initial-scale"
+DELETION_COST = "controller.kubernetes.io/pod-deletion-cost"
+COST_REMOVE = "-1000"
+"""Pods the core released: removed first when min-scale drops."""
+COST_BUSY = "1000"
+"""Pods running a job: removed last (never, as long as idle pods are released instead)."""
+WORKER_PORT = 8080
+
+
+@dataclass
+class PoolRef:
+    name: str
+    namespace: str
+    model: str
+    uid: str = ""
+    desired: int = 0
+    spec: dict[str, Any] = field(default_factory=dict)
+
+
+def service_manifest(
+    pool: WarmPool, desired: int, redis_url: str, redis_secret: str | None
+) -> dict[str, Any]:
+    """The Knative Service of a WarmPool with ``desired`` warm GPUs (pods)."""
+    spec = pool.spec
+    name, ns = pool.metadata.name, pool.metadata.namespace or "default"
+    resources = (
+        spec.worker.resources.model_dump(by_alias=True, exclude_none=True) if spec.worker.resources else {}
+    )
+    gpus = str(spec.gpus_per_pod)
+    resources.setdefault("limits", {}).setdefault("nvidia.com/gpu", gpus)
+    resources.setdefault("requests", {}).setdefault("nvidia.com/gpu", gpus)
+    env: list[dict[str, Any]] = [
+        {"name": "ELASTUNE_POOL", "value": name},
+        {"name": "ELASTUNE_MODEL", "value": spec.model},
+        {"name": "ELASTUNE_REDIS_URL", "value": redis_url},
+        {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+    ]
+    if redis_secret:
+        env.append(
+            {
+                "name": "ELASTUNE_REDIS_PASSWORD",
+                "valueFrom": {"secretKeyRef": {"name": redis_secret, "key": "password"}},
+            }
+        )
+    names = {e["name"] for e in env}
+    env += [
+        e.model_dump(by_alias=True, exclude_none=True) for e in spec.worker.env or [] if e.name not in names
+    ]
+    labels = {LABEL_WARM_POOL: name, LABEL_MODEL: _label_value(spec.model)}
+    pod_spec: dict[str, Any] = {
+        "containers": [
+            {
+                "name": "worker",
+                "image": spec.worker.image,
+                "args": ["serve"],
+                "ports": [{"containerPort": WORKER_PORT}],
+                "env": env,
+                "resources": resources,
+                "readinessProbe": {"httpGet": {"path": "/readyz"}, "periodSeconds": 2},
+                "livenessProbe": {"httpGet": {"path": "/healthz"}, "periodSeconds": 10},
+                "securityContext": {
+                    "allowPrivilegeEscalation": False,
+                    "capabilities": {"drop": ["ALL"]},
+                    "runAsNonRoot": True,
+                    "seccompProfile": {"type": "RuntimeDefault"},
+                },
+            }
+        ],
+        # Busy workers finish their step and report before they go; long grace for checkpoints.
+        "timeoutSeconds": 3600,
+    }
+    if spec.node_selector:
+        pod_spec["nodeSelector"] = dict(spec.node_selector)
+    if spec.tolerations:
+        pod_spec["tolerations"] = [t.model_dump(by_alias=True, exclude_none=True) for t in spec.tolerations]
+    return {
+        "apiVersion": f"{KNATIVE_GROUP}/{KNATIVE_VERSION}",
+        "kind": "Service",
+        "metadata": {
+            "name": name,
+            "namespace": ns,
+            "labels": labels,
+            "ownerReferences": [
+                {
+                    "apiVersion": f"{GROUP}/v1alpha1",
+                    "kind": "WarmPool",
+                    "name": name,
+                    "uid": pool.metadata.uid or "",
+                    "controller": True,
+                    "blockOwnerDeletion": True,
+                }
+            ],
+        },
+        "spec": {
+            "template": {
+                "metadata": {
+                    "labels": labels,
+                    "annotations": {
+                        MIN_SCALE: str(desired),
+                        MAX_SCALE: str(spec.max_warm_gpus),
+                        INITIAL_SCALE: str(desired),
+                    },
+                },
+                "spec": pod_spec,
+            }
+        },
+    }
+
+
+def _label_value(model: str) -> str:
+    """A model name as a label value (63 chars of [A-Za-z0-9-_.])."""
+    out = "".join(c if c.isalnum() or c in "-_." else "-" for c in model)[:63].strip("-_.")
+    return out or "model"
+
+
+class KnativeBackend:
+    """ClusterBackend over the Kubernetes API (sync client; runs in the control core's thread)."""
+
+    def __init__(self, api_client: client.ApiClient, redis_url: str, redis_secret: str | None = None) -> None:
+        self.custom = client.CustomObjectsApi(api_client)
+        self.core = client.CoreV1Api(api_client)
+        self.redis_url = redis_url
+        self.redis_secret = redis_secret
+        self.pools: dict[str, tuple[WarmPool, int]] = {}  # pool name -> (resource, desired size)
+
+    def register(self, pool: WarmPool, desired: int | None = None) -> int:
+        """Create or update the pool's Service; returns the desired size in force (kept across
+        operator restarts: it is read back from the Service's min-scale)."""
+        name, ns = pool.metadata.name, pool.metadata.namespace or "default"
+        if desired is None:
+            desired = self._current_min_scale(name, ns)
+        desired = max(desired, pool.spec.min_warm_gpus)
+        self.pools[name] = (pool, desired)
+        self._apply(name)
+        return desired
+
+    def unregister(self, name: str) -> None:
+        """The WarmPool is gone; its Service goes with it through the owner reference."""
+        self.pools.pop(name, None)
+
+    def grow(self, pool: str, model: str, count: int) -> None:
+        wp, desired = self.pools[pool]
+        self.pools[pool] = (wp, desired + count)
+        self._apply(pool)
+
+    def shrink(self, pool: str, worker_ids: list[str]) -> None:
+        wp, desired = self.pools[pool]
+        ns = wp.metadata.namespace or "default"
+        for pod in worker_ids:
+            self.mark(ns, pod, COST_REMOVE)
+        self.pools[pool] = (wp, max(0, desired - len(worker_ids)))
+        self._apply(pool)
+
+    def mark(self, namespace: str, pod: str, cost: str | None) -> None:
+        """Set (or clear) a pod's deletion cost; a pod already gone is fine."""
+        body = {"metadata": {"annotations": {DELETION_COST: cost}}}
+        try:
+            self.core.patch_namespaced_pod(pod, namespace, body)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+
+    def mark_busy(self, pool: str, worker_ids: list[str], busy: bool) -> None:
+        wp, _ = self.pools[pool]
+        for pod in worker_ids:
+            self.mark(wp.metadata.namespace or "default", pod, COST_BUSY if busy else None)
+
+    def exited(self) -> dict[str, tuple[str, str]]:
+        return {}  # deleted pods stop heartbeating; the registry TTL tells the core
+
+    def close(self) -> None:
+        pass
+
+    def desired(self, pool: str) -> int:
+        return self.pools[pool][1]
+
+    # -- internals ----------------------------------------------------------------------------------
+    def _current_min_scale(self, name: str, ns: str) -> int:
+        try:
+            svc = self.custom.get_namespaced_custom_object(
+                KNATIVE_GROUP, KNATIVE_VERSION, ns, KNATIVE_PLURAL, name
+            )
+        except ApiException as exc:
+            if exc.status == 404:
+                return 0
+            raise
+        ann = ((svc.get("spec") or {}).get("template") or {}).get("metadata", {}).get("annotations") or {}
+        try:
+            return int(ann.get(MIN_SCALE, "0"))
+        except ValueError:
+            return 0
+
+    def _apply(self, name: str) -> None:
+        wp, desired = self.pools[name]
+        ns = wp.metadata.namespace or "default"
+        body = service_manifest(wp, desired, self.redis_url, self.redis_secret)
+        try:
+            self.custom.create_namespaced_custom_object(
+                KNATIVE_GROUP, KNATIVE_VERSION, ns, KNATIVE_PLURAL, body
+            )
+            log.info("created Knative Service %s/%s (min-scale %d)", ns, name, desired)
+        except ApiException as exc:
+            if exc.status != 409:
+                raise
+            patch = {"metadata": {"labels": body["metadata"]["labels"]}, "spec": body["spec"]}
+            self.custom.patch_namespaced_custom_object(
+                KNATIVE_GROUP, KNATIVE_VERSION, ns, KNATIVE_PLURAL, name, patch
+            )
+            log.info("Knative Service %s/%s: min-scale %d", ns, name, desired)
