@@ -18,7 +18,6 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
-from urllib.parse import urlsplit
 
 import yaml
 
@@ -33,13 +32,16 @@ from elastune_operator.control.core import (
     status_dict,
 )
 from elastune_operator.control.protocol import Bus, BusUnreachable
+from elastune_operator.control.resources import (
+    DEFAULT_COLD_START_SECONDS,
+    artifact_dir,
+    job_record,
+    pool_config,
+)
 from elastune_operator.local.backend import LocalBackend
 from elastune_operator.local.servers import Server, ServerError, start_memcached, start_redis
 
 log = logging.getLogger("elastune.run")
-
-#: The tiny model warms up in seconds once built; its first build takes ~2 min (cached afterwards).
-TINY_COLD_START_SECONDS = 15
 
 
 class RunError(Exception):
@@ -66,40 +68,6 @@ def _resolve_dataset(uri: str, base: Path) -> str:
     return str((base / uri).resolve())
 
 
-def _resolve_output(job: TuningJob, state_dir: Path) -> Path:
-    ns = job.metadata.namespace or "default"
-    default = state_dir / "artifacts" / ns / job.metadata.name
-    uri = job.spec.output.uri if job.spec.output else None
-    if not uri:
-        return default.resolve()
-    parts = urlsplit(uri)
-    if parts.scheme == "" and uri.startswith("/"):
-        return Path(uri)
-    if parts.scheme == "file":
-        return Path(parts.path)
-    if parts.scheme == "pvc":  # a PersistentVolumeClaim is a folder of the state dir locally
-        return (state_dir / "volumes" / parts.netloc / parts.path.lstrip("/")).resolve()
-    raise RunError(
-        f"{job.metadata.name}: spec.output.uri {uri!r}: {parts.scheme}:// outputs are not supported by "
-        "elastune run; leave output unset, or use a path, file:// or pvc:// URI"
-    )
-
-
-def _pool_config(wp: WarmPool, workers: int) -> PoolConfig:
-    profile = wp.spec.profile
-    cold = profile.cold_start_seconds if profile and profile.cold_start_seconds is not None else None
-    spi = profile.seconds_per_iteration if profile and profile.seconds_per_iteration else None
-    return PoolConfig(
-        name=wp.metadata.name,
-        model=wp.spec.model,
-        min_warm=min(wp.spec.min_warm_gpus, workers),
-        max_warm=min(wp.spec.max_warm_gpus, workers),
-        idle_window_seconds=wp.spec.idle_window_seconds,
-        cold_start_seconds=float(cold if cold is not None else TINY_COLD_START_SECONDS),
-        seconds_per_iteration=float(units.parse_decimal(spi)) if spi else 0.1,
-    )
-
-
 def plan(opts: RunOptions) -> tuple[list[PoolConfig], list[tuple[TuningJob, Path]]]:
     """Pools and jobs from the manifests; every problem raises RunError naming file and field."""
     try:
@@ -114,7 +82,7 @@ def plan(opts: RunOptions) -> tuple[list[PoolConfig], list[tuple[TuningJob, Path
     if not jobs:
         raise RunError(f"no TuningJob in {', '.join(map(str, opts.files))}")
     pools = {
-        m.resource.spec.model: _pool_config(m.resource, opts.workers)
+        m.resource.spec.model: pool_config(m.resource, opts.workers)
         for m in found
         if isinstance(m.resource, WarmPool)
     }
@@ -123,7 +91,7 @@ def plan(opts: RunOptions) -> tuple[list[PoolConfig], list[tuple[TuningJob, Path
         if model not in pools:  # local default: a pool of this machine's workers for the job's model
             name = "local-" + re.sub(r"[^a-z0-9-]+", "-", model.lower()).strip("-")
             pools[model] = PoolConfig(
-                name=name, model=model, max_warm=opts.workers, cold_start_seconds=TINY_COLD_START_SECONDS
+                name=name, model=model, max_warm=opts.workers, cold_start_seconds=DEFAULT_COLD_START_SECONDS
             )
     return list(pools.values()), jobs
 
@@ -208,15 +176,14 @@ def run(opts: RunOptions, out: TextIO = sys.stdout, err: TextIO = sys.stderr) ->
     records: dict[str, tuple[TuningJob, JobRecord]] = {}
     now = time.time()
     for job, base in jobs:
-        ns = job.metadata.namespace or "default"
-        rec = JobRecord(
-            key=f"{ns}/{job.metadata.name}",
-            spec=job.spec,
-            created=now,
-            dataset=_resolve_dataset(job.spec.dataset, base),
-            artifact_dir=str(_resolve_output(job, state_dir)),
-            generation=1,
+        try:
+            artifact = artifact_dir(job, state_dir).resolve()
+        except ValueError as exc:
+            raise RunError(f"{job.metadata.name}: {exc}") from exc
+        rec = job_record(
+            job, created=now, dataset=_resolve_dataset(job.spec.dataset, base), artifact=artifact
         )
+        rec.generation = rec.generation or 1
         if rec.key in records:
             raise RunError(f"TuningJob {rec.key} appears twice")
         records[rec.key] = (job, rec)

@@ -115,6 +115,10 @@ class Estimator:
         s.correction = (1 - a) * s.correction + a * ratio
         self._rebuild(s)
 
+    def observed_iteration_seconds(self, llm: str) -> dict[int, float]:
+        """Measured seconds per iteration by GPU count (EWMA), for the WarmPool's status."""
+        return dict(sorted(self._state(llm).observed.items()))
+
     def observe_completion(self, llm: str, used_bank: bool, iterations: float, max_iterations: int) -> None:
         """A job finished after ``iterations`` of its ``max_iterations`` (it reached its target early)."""
         if max_iterations <= 0:

@@ -1,0 +1,1 @@
+"""The operator on Kubernetes: kopf handlers, the runtime that drives the control core, Knative."""

@@ -1,0 +1,74 @@
+"""Operator settings: one typed object, read from ELASTUNE_* environment variables and validated at
+start with errors that name the variable (DESIGN.md §7)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+
+class SettingsError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class OperatorSettings:
+    redis_url: str
+    """ELASTUNE_REDIS_URL: the control bus (worker registry, assignments, events). Required."""
+    redis_secret: str | None = "elastune-redis"
+    """ELASTUNE_REDIS_SECRET: Secret (key `password`) the worker pods read the Redis password from;
+    empty for a Redis without auth. The operator itself reads ELASTUNE_REDIS_PASSWORD."""
+    channel_url: str | None = None
+    """ELASTUNE_CHANNEL_URL: gradient storage channel (redis:// or memcached://); default: the bus."""
+    cold_pool_gpus: int = 32
+    """ELASTUNE_COLD_POOL_GPUS: GPUs of the cold node pool all WarmPools grow from (the paper: 32)."""
+    work_dir: Path = Path("/var/lib/elastune")
+    """ELASTUNE_WORK_DIR: checkpoint root as the worker pods see it. A job on several pods needs a
+    ReadWriteMany volume mounted at this path in every worker pod for checkpoints to outlive a pod."""
+    metrics_port: int = 9090
+    """ELASTUNE_METRICS_PORT: Prometheus /metrics of the operator (0 disables)."""
+    namespace: str = "elastune"
+    """ELASTUNE_NAMESPACE: key prefix in Redis (several installations can share one Redis)."""
+    collective_timeout_s: float = 120.0
+    """ELASTUNE_COLLECTIVE_TIMEOUT: seconds a worker waits for its peers' gradients before failing."""
+
+    @classmethod
+    def from_env(cls, env: dict[str, str] | None = None) -> OperatorSettings:
+        env = dict(os.environ if env is None else env)
+        names = {
+            "redis_url": "ELASTUNE_REDIS_URL",
+            "redis_secret": "ELASTUNE_REDIS_SECRET",
+            "channel_url": "ELASTUNE_CHANNEL_URL",
+            "cold_pool_gpus": "ELASTUNE_COLD_POOL_GPUS",
+            "work_dir": "ELASTUNE_WORK_DIR",
+            "metrics_port": "ELASTUNE_METRICS_PORT",
+            "namespace": "ELASTUNE_NAMESPACE",
+            "collective_timeout_s": "ELASTUNE_COLLECTIVE_TIMEOUT",
+        }
+        values: dict[str, object] = {}
+        for f in fields(cls):
+            var = names[f.name]
+            raw = env.get(var)
+            if raw is None:
+                continue
+            try:
+                if f.name in ("cold_pool_gpus", "metrics_port"):
+                    values[f.name] = int(raw)
+                elif f.name == "collective_timeout_s":
+                    values[f.name] = float(raw)
+                elif f.name == "work_dir":
+                    values[f.name] = Path(raw)
+                else:
+                    values[f.name] = raw or None
+            except ValueError as exc:
+                raise SettingsError(f"{var}={raw!r}: {exc}") from exc
+        if not values.get("redis_url"):
+            raise SettingsError("ELASTUNE_REDIS_URL is required (redis://host:6379/0)")
+        if not str(values["redis_url"]).startswith(("redis://", "rediss://")):
+            raise SettingsError(
+                f"ELASTUNE_REDIS_URL={values['redis_url']!r}: must start with redis:// or rediss://"
+            )
+        if int(values.get("cold_pool_gpus", 32)) < 0:  # type: ignore[call-overload]
+            raise SettingsError("ELASTUNE_COLD_POOL_GPUS must be >= 0")
+        return cls(**values)  # type: ignore[arg-type]
