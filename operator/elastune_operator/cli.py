@@ -189,6 +189,16 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _run_operator(argv: list[str]) -> int:
+    """`elastune operator [kopf run flags]`: kopf's own runner over our handlers module."""
+    import os
+
+    os.execv(
+        sys.executable, [sys.executable, "-m", "kopf", "run", "-m", "elastune_operator.k8s.handlers", *argv]
+    )
+    return 0  # not reached
+
+
 #: Data-plane commands: everything after them goes to the worker package's own parser (incl. --help).
 WORKER_COMMANDS: dict[tuple[str, ...], list[str]] = {
     ("worker",): ["elastune_worker", "serve"],
@@ -203,6 +213,8 @@ def main(argv: list[str] | None = None) -> int:
     for prefix, target in WORKER_COMMANDS.items():
         if tuple(argv[: len(prefix)]) == prefix:
             return _exec_worker_module(target[0], target[1:] + argv[len(prefix) :])
+    if argv[:1] == ["operator"]:
+        return _run_operator(argv[1:])
     args = build_parser().parse_args(argv)
     return int(args.func(args) or 0)
 

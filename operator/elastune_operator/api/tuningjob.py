@@ -105,6 +105,16 @@ class Output(ApiModel):
 class TuningJobSpec(ApiModel):
     """Desired state of a TuningJob."""
 
+    # A job's spec is fixed once accepted (its SLO clock, checkpoints and scheduling depend on it): the
+    # apiserver refuses changes; delete and re-create the job instead.
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {"rule": "self == oldSelf", "message": "spec is immutable: delete and re-create the TuningJob"}
+            ]
+        }
+    )
+
     model: ModelName
     """LLM to tune a prompt for; must be the model of a WarmPool."""
     dataset: DatasetUri

@@ -190,6 +190,18 @@ class ControlCore:
         cfg.max_warm[pool.model] = pool.max_warm
         cfg.idle_window_seconds = pool.idle_window_seconds
 
+    def remove_pool(self, model: str, reason_message: str) -> None:
+        """The WarmPool went away: jobs that still need it fail; its GPUs are left to the backend."""
+        if model not in self.pools:
+            return
+        now = self.clock()
+        for job in list(self.jobs.values()):
+            if job.llm == model and not job.terminal:
+                if job.attempt:
+                    self.bus.cancel(job.key, job.attempt)
+                self._fail(job, "WarmPoolDeleted", reason_message, now)
+        del self.pools[model]
+
     def submit(self, job: JobRecord) -> None:
         """Accept a TuningJob (or fail it with a reason); idempotent per key.
 

@@ -1,0 +1,125 @@
+"""kopf handlers: a few lines each, handing the object to the runtime (DESIGN.md §7).
+
+Run with ``elastune operator [kopf run flags]`` (e.g. ``--all-namespaces --liveness=http://0.0.0.0:8080/healthz``).
+
+- TuningJob create/resume → submitted to the control core (a resumed job with an attempt in flight is
+  recovered, a finished one stays finished); delete → the attempt is cancelled and its GPUs released
+  before kopf removes our finalizer.
+- TuningJob spec changes after creation are rejected by the CRD (CEL ``self == oldSelf`` on spec); on an
+  apiserver without CEL the operator ignores them and says so in a Warning event: the job keeps
+  running with the spec it was accepted with. Delete and re-create it to change the spec.
+- WarmPool create/resume/update → the pool is (re)configured and its Knative Service applied; delete →
+  jobs that still need it fail with WarmPoolDeleted (the Service goes with its owner reference).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import kopf
+from kubernetes import client, config
+
+from elastune_operator.api.constants import FINALIZER, GROUP, PLURAL_TUNING_JOBS, PLURAL_WARM_POOLS, VERSION
+from elastune_operator.k8s.runtime import Runtime
+from elastune_operator.k8s.settings import OperatorSettings
+
+log = logging.getLogger("elastune.operator")
+RUNTIME: Runtime | None = None
+
+
+def _runtime() -> Runtime:
+    if RUNTIME is None:
+        raise kopf.TemporaryError("the runtime is starting", delay=1)
+    return RUNTIME
+
+
+def _plain(body: Any) -> dict[str, Any]:
+    """kopf's Body as plain dicts (what the API models parse)."""
+
+    def conv(v: Any) -> Any:
+        if hasattr(v, "items"):
+            return {k: conv(x) for k, x in v.items()}
+        if isinstance(v, list | tuple):
+            return [conv(x) for x in v]
+        return v
+
+    return conv(body)
+
+
+def _counted(name: str, fn: Any, *args: Any) -> Any:
+    try:
+        return fn(*args)
+    except kopf.TemporaryError:
+        raise
+    except TimeoutError as exc:
+        raise kopf.TemporaryError(str(exc), delay=2) from exc
+    except Exception:
+        if RUNTIME is not None:
+            RUNTIME.metrics.handler_errors.labels(name).inc()
+        raise
+
+
+@kopf.on.startup()
+def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
+    global RUNTIME
+    settings.persistence.finalizer = FINALIZER
+    # Handler progress in annotations, not status: our status schema is ours alone.
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix=GROUP, key="last-handled-configuration"
+    )
+    settings.posting.level = logging.WARNING
+    try:
+        config.load_incluster_config()
+    except config.ConfigException:
+        config.load_kube_config()
+    opts = OperatorSettings.from_env()
+    RUNTIME = Runtime(opts, client.ApiClient())
+    if opts.metrics_port:
+        from prometheus_client import start_http_server
+
+        start_http_server(opts.metrics_port, registry=RUNTIME.metrics.registry)
+    RUNTIME.start()
+    log.info(
+        "elastune operator started: bus %s, %d GPUs in the cold pool", opts.redis_url, opts.cold_pool_gpus
+    )
+
+
+@kopf.on.cleanup()
+def cleanup(**_: Any) -> None:
+    if RUNTIME is not None:
+        RUNTIME.stop()
+
+
+@kopf.on.resume(GROUP, VERSION, PLURAL_WARM_POOLS)
+@kopf.on.create(GROUP, VERSION, PLURAL_WARM_POOLS)
+@kopf.on.update(GROUP, VERSION, PLURAL_WARM_POOLS, field="spec")
+def warm_pool_changed(body: kopf.Body, **_: Any) -> None:
+    _counted("warmpool", _runtime().upsert_pool, _plain(body))
+
+
+@kopf.on.delete(GROUP, VERSION, PLURAL_WARM_POOLS)
+def warm_pool_deleted(body: kopf.Body, **_: Any) -> None:
+    _counted("warmpool_delete", _runtime().delete_pool, _plain(body))
+
+
+@kopf.on.resume(GROUP, VERSION, PLURAL_TUNING_JOBS)
+@kopf.on.create(GROUP, VERSION, PLURAL_TUNING_JOBS)
+def tuning_job_created(body: kopf.Body, **_: Any) -> None:
+    _counted("tuningjob", _runtime().submit_job, _plain(body))
+
+
+@kopf.on.update(GROUP, VERSION, PLURAL_TUNING_JOBS, field="spec")
+def tuning_job_spec_changed(body: kopf.Body, **_: Any) -> None:
+    kopf.warn(
+        body,
+        reason="SpecChangeIgnored",
+        message="spec is immutable once a TuningJob is created; it keeps running with the spec it was "
+        "accepted with. Delete and re-create it to change the spec.",
+    )
+
+
+@kopf.on.delete(GROUP, VERSION, PLURAL_TUNING_JOBS)
+def tuning_job_deleted(namespace: str, name: str, **_: Any) -> None:
+    _counted("tuningjob_delete", _runtime().cancel_job, f"{namespace}/{name}")

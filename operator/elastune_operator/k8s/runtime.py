@@ -1,0 +1,300 @@
+"""The operator's runtime: one thread owns the control core and does all its I/O (Redis, the Kubernetes
+API through the sync client); kopf handlers only hand it commands. Status is written with merge
+patches to the /status subresource whenever the core changes it; condition transitions are also
+posted as Kubernetes Events.
+
+Why a thread and not kopf handlers doing the work: the core runs a scheduling round every 50 ms over
+all jobs and pools together (PromptTuner decides globally); per-object handlers cannot do that, and
+kopf handlers must never sleep.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any
+
+from kubernetes import client
+from kubernetes.client.rest import ApiException
+
+from elastune_operator.api import units
+from elastune_operator.api.constants import GROUP, PLURAL_TUNING_JOBS, PLURAL_WARM_POOLS, VERSION
+from elastune_operator.api.resources import InvalidResource, parse_resource
+from elastune_operator.api.tuningjob import TuningJob
+from elastune_operator.api.warmpool import WarmPool, WarmPoolStatus
+from elastune_operator.control.core import ControlCore, CoreSettings, JobRecord
+from elastune_operator.control.protocol import Bus
+from elastune_operator.control.resources import artifact_dir, job_record, pool_config
+from elastune_operator.k8s.knative import KnativeBackend
+from elastune_operator.k8s.settings import OperatorSettings
+from elastune_operator.metrics import ControlMetrics
+
+log = logging.getLogger("elastune.operator")
+
+INVALID_SPEC = "InvalidSpec"
+POOL_STATUS_SECONDS = 1.0
+
+
+def status_patch(job: JobRecord) -> dict[str, Any]:
+    """The job's status as a merge patch: set fields as they are, unset top-level fields as null so a
+    stale value (e.g. predictedCompletionTime after completion) is removed; no nulls inside lists."""
+    out: dict[str, Any] = job.status.model_dump(by_alias=True, mode="json", exclude_none=True)
+    for name, info in type(job.status).model_fields.items():
+        out.setdefault(info.alias or name, None)
+    return out
+
+
+class Runtime:
+    def __init__(
+        self,
+        settings: OperatorSettings,
+        api_client: client.ApiClient,
+        *,
+        bus: Bus | None = None,
+        metrics: ControlMetrics | None = None,
+    ) -> None:
+        self.settings = settings
+        self.api = client.CustomObjectsApi(api_client)
+        self.events_api = client.CoreV1Api(api_client)
+        self.bus = bus or Bus(settings.redis_url, settings.namespace)
+        self.metrics = metrics or ControlMetrics()
+        self.backend = KnativeBackend(api_client, settings.redis_url, settings.redis_secret)
+        core_settings = CoreSettings(
+            cold_capacity=settings.cold_pool_gpus,
+            channel_url=settings.channel_url or settings.redis_url,
+            work_dir=settings.work_dir,
+            collective_timeout_s=settings.collective_timeout_s,
+        )
+        self.core = ControlCore(
+            self.backend, self.bus, core_settings, [], on_status=self._on_status, metrics=self.metrics
+        )
+        self._commands: queue.Queue[tuple[Callable[[], Any], threading.Event | None, list[Any]]] = (
+            queue.Queue()
+        )
+        self._dirty: dict[str, JobRecord] = {}
+        self._posted: dict[str, set[tuple[str, str, str]]] = {}  # job key -> conditions already evented
+        self._pools: dict[str, WarmPool] = {}  # "ns/name" -> resource
+        self._pool_status: dict[str, dict[str, Any]] = {}
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._next_pool_status = 0.0
+
+    # -- lifecycle ----------------------------------------------------------------------------------
+    def start(self) -> None:
+        self.bus.ping()
+        self._thread = threading.Thread(target=self._loop, name="elastune-core", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(10)
+
+    def call(self, fn: Callable[[], Any], wait: float | None = None) -> Any:
+        """Run ``fn`` in the core thread; with ``wait``, block until done and return its result."""
+        done = threading.Event() if wait is not None else None
+        box: list[Any] = []
+        self._commands.put((fn, done, box))
+        if done is not None:
+            if not done.wait(wait):
+                raise TimeoutError("the control core did not answer in time")
+            if box and isinstance(box[0], BaseException):
+                raise box[0]
+            return box[0] if box else None
+        return None
+
+    def _loop(self) -> None:
+        period = self.core.settings.round_seconds
+        while not self._stop.is_set():
+            t0 = time.monotonic()
+            try:
+                self._drain()
+                self.core.tick()
+                self._flush()
+            except Exception:  # one bad round must not end the operator: log, count, go on
+                self.metrics.handler_errors.labels("core").inc()
+                log.error("control round failed:\n%s", traceback.format_exc())
+            self._stop.wait(max(0.0, period - (time.monotonic() - t0)))
+
+    def _drain(self) -> None:
+        while True:
+            try:
+                fn, done, box = self._commands.get_nowait()
+            except queue.Empty:
+                return
+            try:
+                box.append(fn())
+            except BaseException as exc:
+                box.append(exc)
+                if done is None:
+                    log.error("command failed:\n%s", traceback.format_exc())
+            finally:
+                if done is not None:
+                    done.set()
+
+    # -- commands (called from kopf handlers) -------------------------------------------------------
+    def upsert_pool(self, body: dict[str, Any]) -> None:
+        pool = parse_resource(body)
+        assert isinstance(pool, WarmPool)
+
+        def apply() -> None:
+            key = f"{pool.metadata.namespace}/{pool.metadata.name}"
+            self._pools[key] = pool
+            self.core.add_pool(pool_config(pool))
+            self.backend.register(pool)
+
+        self.call(apply, wait=30)
+
+    def delete_pool(self, body: dict[str, Any]) -> None:
+        meta = body.get("metadata", {})
+        key = f"{meta.get('namespace')}/{meta.get('name')}"
+
+        def apply() -> None:
+            pool = self._pools.pop(key, None)
+            if pool is not None:
+                self.core.remove_pool(pool.spec.model, f"WarmPool {key} was deleted")
+                self.backend.unregister(pool.metadata.name)
+
+        self.call(apply, wait=30)
+
+    def submit_job(self, body: dict[str, Any]) -> None:
+        meta = body.get("metadata", {})
+        key = f"{meta.get('namespace')}/{meta.get('name')}"
+        try:
+            job = parse_resource(body)
+            assert isinstance(job, TuningJob)
+            artifact = artifact_dir(job, self.settings.work_dir)
+        except (InvalidResource, ValueError) as exc:
+            # Passed the CRD schema but not the model (e.g. a CEL rule the apiserver did not check).
+            errors = exc.errors if isinstance(exc, InvalidResource) else [str(exc)]
+            self._fail_invalid(meta, "; ".join(errors))
+            return
+        rec = job_record(job, created=None, dataset=job.spec.dataset, artifact=artifact)
+        if job.spec.model not in self.core.pools:
+            self._refresh_pools()  # a WarmPool applied together with the job may not be handled yet
+        self.call(lambda: self.core.submit(rec), wait=30)
+        log.info("submitted %s", key)
+
+    def cancel_job(self, key: str) -> None:
+        self.call(lambda: self.core.cancel(key), wait=30)
+        self._posted.pop(key, None)
+
+    def _refresh_pools(self) -> None:
+        try:
+            items = self.api.list_cluster_custom_object(GROUP, VERSION, PLURAL_WARM_POOLS).get("items", [])
+        except ApiException as exc:
+            log.warning("cannot list WarmPools: %s", exc.reason)
+            return
+        for body in items:
+            try:
+                self.upsert_pool(body)
+            except InvalidResource as exc:
+                log.warning("skipping invalid WarmPool: %s", exc)
+
+    # -- status -------------------------------------------------------------------------------------
+    def _on_status(self, job: JobRecord) -> None:
+        self._dirty[job.key] = job
+
+    def _flush(self) -> None:
+        for key, job in list(self._dirty.items()):
+            del self._dirty[key]
+            ns, name = key.split("/", 1)
+            body = {"status": status_patch(job)}
+            try:
+                self.api.patch_namespaced_custom_object_status(
+                    GROUP, VERSION, ns, PLURAL_TUNING_JOBS, name, body
+                )
+            except ApiException as exc:
+                if exc.status == 404:
+                    continue  # deleted meanwhile
+                self._dirty[key] = job  # retried next round
+                log.warning("status patch of %s failed: %s %s", key, exc.status, exc.reason)
+                continue
+            self._post_transitions(job, ns, name)
+        now = time.monotonic()
+        if now >= self._next_pool_status:
+            self._next_pool_status = now + POOL_STATUS_SECONDS
+            self._flush_pools()
+
+    def _post_transitions(self, job: JobRecord, ns: str, name: str) -> None:
+        seen = self._posted.setdefault(job.key, set())
+        for c in job.status.conditions:
+            mark = (c.type, c.status, c.reason)
+            if mark in seen or c.status == "Unknown":
+                continue
+            seen.add(mark)
+            failed = c.type == "Failed" or (c.type == "Succeeded" and c.status == "False")
+            self._event(ns, name, "TuningJob", c.reason, c.message or f"{c.type}={c.status}", failed, job.uid)
+
+    def _event(
+        self, ns: str, name: str, kind: str, reason: str, message: str, warning: bool, uid: str
+    ) -> None:
+        now = datetime.now(UTC)
+        body = client.CoreV1Event(
+            metadata=client.V1ObjectMeta(generate_name=f"{name}.", namespace=ns),
+            involved_object=client.V1ObjectReference(
+                api_version=f"{GROUP}/{VERSION}", kind=kind, name=name, namespace=ns, uid=uid
+            ),
+            reason=reason,
+            message=message[:1024],
+            type="Warning" if warning else "Normal",
+            first_timestamp=now,
+            last_timestamp=now,
+            count=1,
+            source=client.V1EventSource(component="elastune-operator"),
+        )
+        try:
+            self.events_api.create_namespaced_event(ns, body)
+        except ApiException as exc:  # events are best effort
+            log.debug("event not posted: %s", exc.reason)
+
+    def _fail_invalid(self, meta: dict[str, Any], message: str) -> None:
+        ns, name = meta.get("namespace"), meta.get("name")
+        stamp = units.format_timestamp(datetime.now(UTC))
+        cond = {
+            "type": "Succeeded",
+            "status": "False",
+            "reason": INVALID_SPEC,
+            "message": message[:32768],
+            "lastTransitionTime": stamp,
+            "observedGeneration": meta.get("generation"),
+        }
+        failed = {**cond, "type": "Failed", "status": "True"}
+        body = {"status": {"conditions": [cond, failed], "observedGeneration": meta.get("generation")}}
+        self.api.patch_namespaced_custom_object_status(GROUP, VERSION, ns, PLURAL_TUNING_JOBS, name, body)
+        self._event(ns, name, "TuningJob", INVALID_SPEC, message, True, meta.get("uid", ""))
+
+    def _flush_pools(self) -> None:
+        st = self.core.state
+        est = self.core.estimator
+        for key, pool in self._pools.items():
+            llm = pool.spec.model
+            if llm not in st.pool_size:
+                continue
+            c = st.counts(llm)
+            observed = est.observed_iteration_seconds(llm)
+            status = WarmPoolStatus(
+                observed_generation=pool.metadata.generation,
+                warm_gpus=c["idle"] + c["held"] + c["busy"],
+                busy_gpus=c["busy"] + c["held"],
+                idle_gpus=c["idle"],
+                starting_gpus=c["starting"],
+                cold_start_seconds=units.format_decimal(round(est.cold_start(llm), 3)),
+                iteration_seconds={str(k): units.format_decimal(round(v, 6)) for k, v in observed.items()}
+                or None,
+            ).model_dump(by_alias=True, mode="json", exclude_none=True)
+            if self._pool_status.get(key) == status:
+                continue
+            ns, name = key.split("/", 1)
+            try:
+                self.api.patch_namespaced_custom_object_status(
+                    GROUP, VERSION, ns, PLURAL_WARM_POOLS, name, {"status": status}
+                )
+                self._pool_status[key] = status
+            except ApiException as exc:
+                log.debug("pool status patch failed: %s", exc.reason)
