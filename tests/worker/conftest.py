@@ -51,6 +51,7 @@ def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
 @pytest.fixture(scope="session")
 def memcached_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     server = start_memcached(tmp_path_factory.mktemp("memcached"), "-I", "8m", "-m", "256")
+    server.url += "?max_item_size=8388608"  # the client splits values at the server's item size
     yield server
     _stop(server.proc)
 

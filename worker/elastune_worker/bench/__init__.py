@@ -1,0 +1,1 @@
+"""Worker-side benchmarks that print measured figures (``python -m elastune_worker.bench.sync``)."""
