@@ -154,6 +154,7 @@ def build_parser() -> argparse.ArgumentParser:
     sched.add_argument("--plot", metavar="PATH")
     sched.add_argument("--seeds", type=int, help="seeds per cell (default 5, --quick 2)")
     sched.set_defaults(func=_cmd_bench)
+    bsub.add_parser("operator", help="200 TuningJobs at once against the API emulator: reconcile p50/p99")
     for name, module, text in (
         (
             "sync",
@@ -215,6 +216,10 @@ def main(argv: list[str] | None = None) -> int:
             return _exec_worker_module(target[0], target[1:] + argv[len(prefix) :])
     if argv[:1] == ["operator"]:
         return _run_operator(argv[1:])
+    if argv[:2] == ["bench", "operator"]:
+        from .k8s.bench import main as bench_operator
+
+        return bench_operator(argv[2:])
     args = build_parser().parse_args(argv)
     return int(args.func(args) or 0)
 

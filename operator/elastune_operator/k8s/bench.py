@@ -1,0 +1,177 @@
+"""`elastune bench operator`: N TuningJobs created at once against the Kubernetes API emulator.
+
+The real operator process (kopf) runs against the emulator over HTTP with a real redis-server; no
+workers (jobs wait for warm GPUs), so what is measured is the reconcile path: from the create call
+returning to the job's status carrying the operator's ``Accepted`` condition. Prints p50/p99/max of
+that latency, the time until every job was accepted, and handler errors (the operator's
+``elastune_handler_errors_total`` plus tracebacks in its log).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from elastune_operator.api.constants import GROUP, VERSION
+from elastune_operator.local.servers import free_port, start_redis
+
+NS = "default"
+
+
+def _percentile(values: list[float], q: float) -> float:
+    s = sorted(values)
+    if not s:
+        return float("nan")
+    k = min(len(s) - 1, max(0, round(q / 100 * (len(s) - 1))))
+    return s[k]
+
+
+def run(jobs: int, json_path: Path | None, timeout: float) -> dict[str, Any]:
+    from kubernetes import client, config
+
+    from elastune_operator.testing.emulator import start_emulator
+
+    tmp = Path(tempfile.mkdtemp(prefix="elastune-bench-operator-"))
+    redis = start_redis(tmp / "redis")
+    emulator = start_emulator(tmp / "emulator")
+    api = client.CustomObjectsApi(config.new_client_from_config(config_file=str(emulator.kubeconfig_path)))
+    metrics_port = free_port()
+    env = {
+        **os.environ,
+        "KUBECONFIG": str(emulator.kubeconfig_path),
+        "ELASTUNE_REDIS_URL": redis.url,
+        "ELASTUNE_REDIS_SECRET": "",
+        "ELASTUNE_WORK_DIR": str(tmp / "work"),
+        "ELASTUNE_METRICS_PORT": str(metrics_port),
+        "ELASTUNE_COLD_POOL_GPUS": "0",  # nothing to run on: the benchmark is about reconciling
+    }
+    log_path = tmp / "operator.log"
+    cmd = [sys.executable, "-m", "elastune_operator.cli", "operator", "--standalone", "--all-namespaces"]
+    operator = subprocess.Popen(cmd, env=env, stdout=log_path.open("wb"), stderr=subprocess.STDOUT)
+    try:
+        pool = {
+            "apiVersion": f"{GROUP}/{VERSION}",
+            "kind": "WarmPool",
+            "metadata": {"name": "bench", "namespace": NS},
+            "spec": {"model": "bench/model", "maxWarmGPUs": 8},
+        }
+        api.create_namespaced_custom_object(GROUP, VERSION, NS, "warmpools", pool)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:  # the operator is up once it reported the pool's status
+            got = api.get_namespaced_custom_object(GROUP, VERSION, NS, "warmpools", "bench")
+            if got.get("status"):
+                break
+            if operator.poll() is not None:
+                raise RuntimeError(f"the operator exited:\n{log_path.read_text()[-3000:]}")
+            time.sleep(0.1)
+        else:
+            raise RuntimeError(f"the operator did not start:\n{log_path.read_text()[-3000:]}")
+
+        created: dict[str, float] = {}
+
+        def create(i: int) -> None:
+            name = f"job-{i:04d}"
+            body = {
+                "apiVersion": f"{GROUP}/{VERSION}",
+                "kind": "TuningJob",
+                "metadata": {"name": name, "namespace": NS},
+                "spec": {
+                    "model": "bench/model",
+                    "dataset": "/data/train.jsonl",
+                    "termination": {"maxIterations": 100},
+                    "deadline": f"{10 + i % 50}m",
+                },
+            }
+            api.create_namespaced_custom_object(GROUP, VERSION, NS, "tuningjobs", body)
+            created[name] = time.monotonic()
+
+        t0 = time.monotonic()
+        with ThreadPoolExecutor(16) as pool_exec:
+            list(pool_exec.map(create, range(jobs)))
+        create_s = time.monotonic() - t0
+        accepted: dict[str, float] = {}
+        end = time.monotonic() + timeout
+        while len(accepted) < jobs and time.monotonic() < end:
+            items = api.list_namespaced_custom_object(GROUP, VERSION, NS, "tuningjobs")["items"]
+            now = time.monotonic()
+            for obj in items:
+                name = obj["metadata"]["name"]
+                conds = (obj.get("status") or {}).get("conditions", [])
+                if name not in accepted and any(c["type"] == "Accepted" for c in conds):
+                    accepted[name] = now
+            time.sleep(0.05)
+        latencies = [accepted[n] - created[n] for n in accepted if n in created]
+        text = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5).read().decode()
+        handler_errors = sum(
+            float(m.group(1))
+            for m in re.finditer(r"^elastune_handler_errors_total\{[^}]*\} (\S+)$", text, re.M)
+        )
+        log_text = log_path.read_text(errors="replace")
+        tracebacks = log_text.count("Traceback")
+        kopf_failures = len(re.findall(r"Handler '[^']+' failed", log_text))
+        result = {
+            "jobs": jobs,
+            "accepted": len(accepted),
+            "create_seconds": round(create_s, 3),
+            "all_accepted_seconds": round(max(accepted.values()) - t0, 3) if accepted else None,
+            "reconcile_latency_s": {
+                "p50": round(_percentile(latencies, 50), 4),
+                "p99": round(_percentile(latencies, 99), 4),
+                "max": round(max(latencies), 4) if latencies else None,
+            },
+            "handler_errors": int(handler_errors),
+            "kopf_handler_failures": kopf_failures,
+            "tracebacks_in_log": tracebacks,
+            "poll_resolution_s": 0.05,
+        }
+    finally:
+        operator.terminate()
+        try:
+            operator.wait(15)
+        except subprocess.TimeoutExpired:
+            operator.kill()
+        emulator.stop()
+        redis.stop()
+    lat = result["reconcile_latency_s"]
+    print(f"{jobs} TuningJobs created at once against the emulator ({result['create_seconds']} s to create)")
+    print(
+        f"accepted: {result['accepted']}/{jobs}, "
+        f"all within {result['all_accepted_seconds']} s of the first create"
+    )
+    print(
+        "reconcile latency (create -> Accepted in status): "
+        f"p50 {lat['p50']} s, p99 {lat['p99']} s, max {lat['max']} s"
+    )
+    print(
+        f"handler errors: {result['handler_errors']} (metric), kopf handler failures {kopf_failures}, "
+        f"tracebacks {tracebacks}"
+    )
+    if json_path is not None:
+        json_path.parent.mkdir(parents=True, exist_ok=True)
+        json_path.write_text(json.dumps(result, indent=2) + "\n")
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="elastune bench operator", description=__doc__.splitlines()[0])
+    p.add_argument("--jobs", type=int, default=200)
+    p.add_argument("--json", type=Path, metavar="PATH")
+    p.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for every job's status")
+    args = p.parse_args(argv)
+    result = run(args.jobs, args.json, args.timeout)
+    ok = (
+        result["accepted"] == args.jobs
+        and result["handler_errors"] == 0
+        and result["kopf_handler_failures"] == 0
+    )
+    return 0 if ok else 1
