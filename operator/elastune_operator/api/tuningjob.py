@@ -110,7 +110,10 @@ class TuningJobSpec(ApiModel):
     model_config = ConfigDict(
         json_schema_extra={
             "x-kubernetes-validations": [
-                {"rule": "self == oldSelf", "message": "spec is immutable: delete and re-create the TuningJob"}
+                {
+                    "rule": "self == oldSelf",
+                    "message": "spec is immutable: delete and re-create the TuningJob",
+                }
             ]
         }
     )

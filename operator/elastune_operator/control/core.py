@@ -341,8 +341,10 @@ class ControlCore:
             if rec.state is WorkerState.FAILED and wid not in self.failed_workers:
                 self.failed_workers.add(wid)
                 self._pool_broken(rec, now, touched)
-            elif rec.state is WorkerState.BUSY and rec.job in self.recovering:
-                continue  # _recover decides about it
+            elif rec.state is WorkerState.BUSY and (rec.job in self.recovering or rec.job not in self.jobs):
+                # Busy with an attempt this process did not dispatch (it restarted): _recover adopts it
+                # with its job, or it comes back READY when that attempt ends or is cancelled.
+                continue
             elif rec.state in (WorkerState.READY, WorkerState.BUSY) and (
                 self.unbound[rec.model] or self.state.cold_free > 0
             ):
@@ -404,6 +406,7 @@ class ControlCore:
             elif not finished:
                 job.last_event = stream[-1][0] if stream else "0-0"  # nothing of the lost attempt counts
                 self.bus.cancel(key, job.attempt)
+                log.warning("%s: attempt %d did not survive the restart; re-running it", key, job.attempt)
                 self._condition(
                     job,
                     RUNNING,

@@ -24,8 +24,11 @@ strategic-merge list semantics (a strategic merge patch of a built-in kind is ap
 patch), foreground deletion (treated as background), graceful pod termination (pods go at once), the
 link between core/v1 and events.k8s.io/v1 events (two separate stores), any controller (Knative, kubelet).
 
-Run it with `start_emulator()` (background thread or subprocess, free port, kubeconfig written) or
-`python -m elastune_operator.testing.emulator --port 0 --kubeconfig PATH`.
+Run it with `start_emulator()` (background thread or subprocess, free port, kubeconfig written), the
+`k8s_emulator` pytest fixture (elastune_operator.testing.fixtures), kmock's own async fixture with
+`@pytest.mark.kmock(cls=ApiServerEmulator)` (kmock 0.8's `kmock_cls` ini option cannot name a class in a
+nested module), or `python -m elastune_operator.testing.emulator --port 0 --kubeconfig PATH`. Point kopf
+at it with `kopf run --standalone --all-namespaces operator.py` and `env=handle.env()` (KUBECONFIG).
 """
 
 from __future__ import annotations
@@ -50,6 +53,7 @@ import sys
 import threading
 import time
 import uuid
+import warnings
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, Final, TypeVar
@@ -62,6 +66,7 @@ try:
     import jsonpatch
     import jsonpointer
     import kmock
+
     # Private modules of kmock: the version is pinned (kmock==0.8) because we build on them.
     from kmock._internal import enums, parsing, rendering
 except ImportError as exc:  # pragma: no cover - depends on the environment
@@ -79,7 +84,9 @@ T = TypeVar("T")
 JSON = dict[str, Any]
 ObjectKey = tuple[kmock.resource, str | None, str]
 
-ALL_VERBS: Final = frozenset({"create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"})
+ALL_VERBS: Final = frozenset(
+    {"create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"}
+)
 
 CRD_RESOURCE: Final = kmock.resource("apiextensions.k8s.io", "v1", "customresourcedefinitions")
 NAMESPACES: Final = kmock.resource("", "v1", "namespaces")
@@ -162,7 +169,9 @@ _DNS1123_SUBDOMAIN: Final = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9
 _DNS1123_LABEL: Final = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
 # The apiserver's generateName alphabet (no vowels, no look-alike digits).
 _NAME_ALPHABET: Final = "bcdfghjklmnpqrstvwxz2456789"
-_NAMESPACE_PATH: Final = re.compile(r"/api/v1/namespaces(?:/(?P<name>[^/]+)(?:/(?P<sub>status|finalize))?)?/?")
+_NAMESPACE_PATH: Final = re.compile(
+    r"/api/v1/namespaces(?:/(?P<name>[^/]+)(?:/(?P<sub>status|finalize))?)?/?"
+)
 
 
 def _now() -> str:
@@ -450,6 +459,7 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
     _changed: asyncio.Event = attrs.field(factory=asyncio.Event, init=False)
     _orphaning: set[str] = attrs.field(factory=set, init=False)  # uids deleted with Orphan policy
     _request_ids: Iterator[int] = attrs.field(factory=itertools.count, init=False)
+    _closing: bool = attrs.field(default=False, init=False)
 
     def __attrs_post_init__(self) -> None:
         # The base registers fallbacks bound to self._serve_*: the overrides below are what they call.
@@ -457,12 +467,14 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
         # kmock guesses no action for PUT (replace) and for DELETE on a collection.
         self.fallback[enums.method.PUT] << self._serve_replace
         self.fallback[enums.method.DELETE] << self._serve_delete_collection
-        self.resources.load_bundled()
+        with warnings.catch_warnings():  # kmock 0.8 uses the deprecated importlib.resources.read_binary
+            warnings.simplefilter("ignore", DeprecationWarning)
+            self.resources.load_bundled()
         for resource, info in (EXTRA_RESOURCES | dict(self.extra_resources)).items():
             self.resources[resource] = info
         self._ensure_namespace("default")
         for crd in self.crds:
-            self.create(CRD_RESOURCE, None, crd)
+            self.create_object(CRD_RESOURCE, None, crd)
 
     # -- HTTP entry ---------------------------------------------------------------------------------
 
@@ -472,7 +484,10 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
         await raw_request.read()
         raw_response: aiohttp.web.StreamResponse | None = None
         try:
-            request = await self._parse_request(raw_request, next(self._request_ids))
+            request_id = next(self._request_ids)
+            if self.limit is not None and request_id >= self.limit:
+                raise kmock.KMockError("Too many requests have been served so far.")
+            request = await self._parse_request(raw_request, request_id)
             self._requests.append(request)
             self._trim_request_logs()
             try:
@@ -483,7 +498,9 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
         except (ApiError, kmock.KubernetesError) as exc:
             error = exc if isinstance(exc, ApiError) else _from_kmock_error(exc)
             if raw_response is not None and raw_response.prepared:
-                await raw_response.write(json.dumps({"type": "ERROR", "object": error.status()}).encode() + b"\n")
+                await raw_response.write(
+                    json.dumps({"type": "ERROR", "object": error.status()}).encode() + b"\n"
+                )
                 await raw_response.write_eof()
                 return raw_response
             return aiohttp.web.json_response(error.status(), status=error.code)
@@ -623,11 +640,16 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
         self._changed = asyncio.Event()
         return stored
 
+    def shutdown(self) -> None:
+        """End every open watch stream (so that stopping the HTTP server does not wait for them)."""
+        self._closing = True
+        self._changed.set()
+
     @property
     def resource_version(self) -> int:
         return self._rv
 
-    def get(self, resource: kmock.resource, namespace: str | None, name: str) -> JSON:
+    def get_object(self, resource: kmock.resource, namespace: str | None, name: str) -> JSON:
         """The stored object (a deep copy), or ApiError 404."""
         obj = self._live.get((resource, namespace, name))
         if obj is None:
@@ -672,7 +694,9 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
         pattern = _DNS1123_LABEL if resource == NAMESPACES else _DNS1123_SUBDOMAIN
         limit = 63 if resource == NAMESPACES else 253
         if not isinstance(name, str) or not pattern.fullmatch(name) or len(name) > limit:
-            errors.append(f"metadata.name: Invalid value: {json.dumps(name)}: must be a lowercase RFC 1123 name")
+            errors.append(
+                f"metadata.name: Invalid value: {json.dumps(name)}: must be a lowercase RFC 1123 name"
+            )
         for field in ("labels", "annotations"):
             value = meta.get(field)
             if value is not None and (
@@ -705,8 +729,10 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
             if unknown and params.get("fieldValidation") == "Strict":
                 # Strict decoding fails before validation, with 400 (what kubectl's default shows).
                 fields = ", ".join(f'unknown field "{path}"' for path in unknown)
-                raise _bad_request(f"{self._kind(resource)} in version {resource.version!r} cannot be handled: "
-                                   f"strict decoding error: {fields}")
+                raise _bad_request(
+                    f"{self._kind(resource)} in version {resource.version!r} cannot be handled: "
+                    f"strict decoding error: {fields}"
+                )
             obj = crdcheck.apply_defaults(pruned, crd)
             errors += crdcheck.validate_against_crd(obj, crd, strict=False)
         if errors:
@@ -715,8 +741,12 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
 
     # -- writes (synchronous, hence atomic on the loop) ---------------------------------------------------
 
-    def create(
-        self, resource: kmock.resource, namespace: str | None, body: Any, params: Mapping[str, str] | None = None
+    def create_object(
+        self,
+        resource: kmock.resource,
+        namespace: str | None,
+        body: Any,
+        params: Mapping[str, str] | None = None,
     ) -> JSON:
         params = params or {}
         info = self._info(resource)
@@ -729,10 +759,13 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
             raise _bad_request("metadata must be an object")
         if info.namespaced:
             if namespace is None:
-                raise ApiError(405, "MethodNotAllowed", "create a namespaced object through its namespace's URL")
+                raise ApiError(
+                    405, "MethodNotAllowed", "create a namespaced object through its namespace's URL"
+                )
             if meta.get("namespace", namespace) != namespace:
-                raise _bad_request("the namespace of the provided object does not match the namespace sent on "
-                                   "the request")
+                raise _bad_request(
+                    "the namespace of the provided object does not match the namespace sent on the request"
+                )
             meta["namespace"] = namespace
         elif namespace is not None:
             raise _not_found(resource, meta.get("name"))
@@ -743,8 +776,12 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
         if not meta.get("name"):
             prefix = meta.get("generateName")
             if not prefix:
-                raise _invalid(self._kind(resource), resource, None,
-                               ["metadata.name: Required value: name or generateName is required"])
+                raise _invalid(
+                    self._kind(resource),
+                    resource,
+                    None,
+                    ["metadata.name: Required value: name or generateName is required"],
+                )
             while True:
                 meta["name"] = prefix + "".join(random.choices(_NAME_ALPHABET, k=5))
                 if (resource, meta.get("namespace"), meta["name"]) not in self._live:
@@ -754,21 +791,27 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
         obj = self._admit(resource, obj, params)
         key: ObjectKey = (resource, obj["metadata"].get("namespace"), obj["metadata"]["name"])
         if key in self._live:
-            raise ApiError(409, "AlreadyExists", f'{_qualified(resource)} "{key[2]}" already exists',
-                           _details(resource, key[2]))
+            raise ApiError(
+                409,
+                "AlreadyExists",
+                f'{_qualified(resource)} "{key[2]}" already exists',
+                _details(resource, key[2]),
+            )
+        obj["metadata"] |= {"uid": str(uuid.uuid4()), "creationTimestamp": _now(), "generation": 1}
+        if params.get("dryRun") == "All":
+            return obj
         if resource == CRD_RESOURCE:
             try:
                 self._register_crd(obj)
             except (KeyError, TypeError) as exc:
-                raise _invalid("CustomResourceDefinition", resource, key[2], [f"spec: Invalid value: {exc}"]) from exc
-        obj["metadata"] |= {"uid": str(uuid.uuid4()), "creationTimestamp": _now(), "generation": 1}
-        if params.get("dryRun") == "All":
-            return obj
+                raise _invalid(
+                    "CustomResourceDefinition", resource, key[2], [f"spec: Invalid value: {exc}"]
+                ) from exc
         if key[1] is not None:
             self._ensure_namespace(key[1])
         return copy.deepcopy(self._commit(key, obj, "ADDED"))
 
-    def update(
+    def update_object(
         self,
         resource: kmock.resource,
         namespace: str | None,
@@ -779,32 +822,49 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
     ) -> JSON:
         """Apply `change` (a patch, or a replacement) to the stored object as the apiserver would."""
         params = params or {}
-        if subresource not in (None, "status") or (subresource == "status" and not self._has_status(resource)):
-            raise ApiError(404, "NotFound", f"the server could not find the requested resource "
-                                            f"({_qualified(resource)}/{subresource})")
+        if subresource not in (None, "status") or (
+            subresource == "status" and not self._has_status(resource)
+        ):
+            raise ApiError(
+                404,
+                "NotFound",
+                f"the server could not find the requested resource ({_qualified(resource)}/{subresource})",
+            )
         key: ObjectKey = (resource, namespace, name)
         old = self._live.get(key)
         if old is None:
             raise _not_found(resource, name)
+        # Stored objects are never mutated in place (watch events and kmock's history share them).
+        base = copy.deepcopy(old)
         candidate = change(copy.deepcopy(old))
         if not isinstance(candidate, dict) or not isinstance(candidate.get("metadata", {}), dict):
             raise _bad_request("the patched object must be a JSON object with object metadata")
-        wanted_rv = (candidate.get("metadata") or {}).get("resourceVersion")
-        if wanted_rv not in (None, "", old["metadata"]["resourceVersion"]):
-            raise _conflict(resource, name, "the object has been modified; please apply your changes to the "
-                                            "latest version and try again")
+        # A resourceVersion or uid sent with an update is a precondition, as on the apiserver.
+        wanted = candidate.get("metadata") or {}
+        if wanted.get("resourceVersion") not in (None, "", old["metadata"]["resourceVersion"]):
+            raise _conflict(
+                resource,
+                name,
+                "the object has been modified; please apply your changes to the latest version and try again",
+            )
+        if wanted.get("uid") not in (None, "", old["metadata"]["uid"]):
+            raise _conflict(
+                resource,
+                name,
+                f"Precondition failed: UID in precondition: {wanted['uid']}, UID in object meta: "
+                f"{old['metadata']['uid']}",
+            )
         if subresource == "status":
             # /status changes status only: spec and metadata come from the stored object.
-            new = {key_: value for key_, value in old.items() if key_ != "status"}
+            new = {key_: value for key_, value in base.items() if key_ != "status"}
             if candidate.get("status") is not None:
                 new["status"] = candidate["status"]
         else:
             new = candidate
-            new.pop("status", None)
-            if self._has_status(resource) and "status" in old:
-                new["status"] = old["status"]
-            elif not self._has_status(resource) and candidate.get("status") is not None:
-                new["status"] = candidate["status"]
+            if self._has_status(resource):  # else status is an ordinary field (e.g. kopf's peerings)
+                new.pop("status", None)
+                if "status" in base:
+                    new["status"] = base["status"]
         self._check_type(resource, new)
         if new["apiVersion"] != old["apiVersion"] or new["kind"] != old["kind"]:
             raise _bad_request("apiVersion and kind cannot be changed")
@@ -818,9 +878,15 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
         deleting = "deletionTimestamp" in old["metadata"]
         added = set(meta.get("finalizers") or []) - set(old["metadata"].get("finalizers") or [])
         if deleting and added:
-            raise _invalid(self._kind(resource), resource, name,
-                           [f"metadata.finalizers: Forbidden: no new finalizers can be added if the object "
-                            f"is being deleted, found new finalizers {sorted(added)}"])
+            raise _invalid(
+                self._kind(resource),
+                resource,
+                name,
+                [
+                    f"metadata.finalizers: Forbidden: no new finalizers can be added if the object "
+                    f"is being deleted, found new finalizers {sorted(added)}"
+                ],
+            )
         new = self._admit(resource, new, params)
         if new == old:
             return copy.deepcopy(old)  # a no-op write bumps nothing and tells no watcher
@@ -837,7 +903,7 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
             self._register_crd(new)
         return copy.deepcopy(self._commit(key, new, "MODIFIED"))
 
-    def delete(
+    def delete_object(
         self,
         resource: kmock.resource,
         namespace: str | None,
@@ -853,9 +919,13 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
         preconditions = options.get("preconditions") or {}
         for field in ("uid", "resourceVersion"):
             if preconditions.get(field) not in (None, old["metadata"][field]):
-                raise _conflict(resource, name, f"Precondition failed: {field} in precondition: "
-                                                f"{preconditions[field]}, {field} in object meta: "
-                                                f"{old['metadata'][field]}")
+                raise _conflict(
+                    resource,
+                    name,
+                    f"Precondition failed: {field} in precondition: "
+                    f"{preconditions[field]}, {field} in object meta: "
+                    f"{old['metadata'][field]}",
+                )
         policy = options.get("propagationPolicy")
         if policy is None and options.get("orphanDependents") is True:
             policy = "Orphan"
@@ -879,7 +949,7 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
         if key[0] == NAMESPACES:
             for child in [k for k in self._live if k[1] == key[2]]:
                 if child in self._live:
-                    self.delete(*child)
+                    self.delete_object(*child)
         if key[0] == CRD_RESOURCE:
             self._unregister_crd(final)
         self._collect_dependents(uid, orphan=orphan)
@@ -905,9 +975,9 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
                     meta["ownerReferences"] = remaining
                 self._commit(key, {**obj, "metadata": meta}, "MODIFIED")
             else:
-                self.delete(*key)
+                self.delete_object(*key)
 
-    # -- reads ------------------------------------------------------------------------------------------------
+    # -- reads ----------------------------------------------------------------------------------------
 
     def _selection(self, request: rendering.Request) -> Selection:
         params = request.params
@@ -919,7 +989,7 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
             fields=tuple(parse_field_selector(params.get("fieldSelector", ""), kind)),
         )
 
-    def list(self, resource: kmock.resource, selection: Selection) -> list[JSON]:
+    def list_objects(self, resource: kmock.resource, selection: Selection) -> list[JSON]:
         self._info(resource)
         keys = sorted((k for k in self._live if k[0] == resource), key=lambda k: (k[1] or "", k[2]))
         return [copy.deepcopy(self._live[k]) for k in keys if selection.matches(self._live[k])]
@@ -928,10 +998,14 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
         meta: JSON = {"resourceVersion": str(self._rv)}
         if cont:
             meta["continue"] = cont
-        return {"apiVersion": _group_version(resource), "kind": f"{self._kind(resource)}List",
-                "metadata": meta, "items": items}
+        return {
+            "apiVersion": _group_version(resource),
+            "kind": f"{self._kind(resource)}List",
+            "metadata": meta,
+            "items": items,
+        }
 
-    # -- kmock fallbacks (called with the parsed request) -----------------------------------------------------
+    # -- kmock fallbacks (called with the parsed request) --------------------------------------------
 
     @staticmethod
     def _ok(payload: JSON, status: int = 200) -> rendering.Response:
@@ -946,17 +1020,21 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
     def _serve_fetch(self, request: rendering.Request) -> rendering.Response:  # type: ignore[override]
         resource = self._require_resource(request)
         if request.subresource not in (None, "status"):
-            raise ApiError(404, "NotFound", f"the server could not find the requested resource "
-                                            f"({_qualified(resource)}/{request.subresource})")
+            raise ApiError(
+                404,
+                "NotFound",
+                f"the server could not find the requested resource "
+                f"({_qualified(resource)}/{request.subresource})",
+            )
         assert request.name is not None
-        return self._ok(self.get(resource, request.namespace, request.name))
+        return self._ok(self.get_object(resource, request.namespace, request.name))
 
     def _serve_list(self, request: rendering.Request) -> rendering.Response:  # type: ignore[override]
         resource = self._require_resource(request)
-        items = self.list(resource, self._selection(request))
+        items = self.list_objects(resource, self._selection(request))
         # limit/continue: the continue token is the offset of the next item (lists are sorted by key).
-        offset = int(request.params.get("continue") or 0)
-        limit = int(request.params.get("limit") or 0)
+        offset = _int_param(request.params, "continue")
+        limit = _int_param(request.params, "limit")
         if limit > 0:
             chunk = items[offset : offset + limit]
             cont = str(offset + limit) if offset + limit < len(items) else ""
@@ -967,7 +1045,7 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
         resource = self._require_resource(request)
         if request.name is not None or request.subresource is not None:
             raise ApiError(405, "MethodNotAllowed", "POST is only served on collections")
-        return self._ok(self.create(resource, request.namespace, request.data, request.params), 201)
+        return self._ok(self.create_object(resource, request.namespace, request.data, request.params), 201)
 
     def _serve_update(self, request: rendering.Request) -> rendering.Response:  # type: ignore[override]
         resource = self._require_resource(request)
@@ -989,11 +1067,17 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
         else:
             supported = "application/json-patch+json, application/merge-patch+json"
             supported += "" if custom else ", application/strategic-merge-patch+json"
-            raise ApiError(415, "UnsupportedMediaType",
-                           f"the body of the request was in an unknown format - accepted media types include: "
-                           f"{supported}")
-        return self._ok(self.update(resource, request.namespace, request.name, request.subresource, change,
-                                    request.params))
+            raise ApiError(
+                415,
+                "UnsupportedMediaType",
+                f"the body of the request was in an unknown format - accepted media types include: "
+                f"{supported}",
+            )
+        return self._ok(
+            self.update_object(
+                resource, request.namespace, request.name, request.subresource, change, request.params
+            )
+        )
 
     def _serve_replace(self, request: rendering.Request) -> rendering.Response:
         resource = self._require_resource(request)
@@ -1004,8 +1088,14 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
             raise _bad_request("the request body must be a JSON object")
         if (body.get("metadata") or {}).get("name", request.name) != request.name:
             raise _bad_request("the name of the object does not match the name on the URL")
-        updated = self.update(resource, request.namespace, request.name, request.subresource,
-                              lambda _old: copy.deepcopy(body), request.params)
+        updated = self.update_object(
+            resource,
+            request.namespace,
+            request.name,
+            request.subresource,
+            lambda _old: copy.deepcopy(body),
+            request.params,
+        )
         return self._ok(updated)
 
     def _serve_delete(self, request: rendering.Request) -> rendering.Response:  # type: ignore[override]
@@ -1014,7 +1104,7 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
         options = dict(request.data) if isinstance(request.data, dict) else {}
         if "propagationPolicy" in request.params:
             options["propagationPolicy"] = request.params["propagationPolicy"]
-        return self._ok(self.delete(resource, request.namespace, request.name, options))
+        return self._ok(self.delete_object(resource, request.namespace, request.name, options))
 
     def _serve_delete_collection(self, request: rendering.Request) -> rendering.Response:
         resource = self._require_resource(request)
@@ -1022,11 +1112,11 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
         if "propagationPolicy" in request.params:
             options["propagationPolicy"] = request.params["propagationPolicy"]
         deleted = []
-        for obj in self.list(resource, self._selection(request)):
+        for obj in self.list_objects(resource, self._selection(request)):
             meta = obj["metadata"]
             key: ObjectKey = (resource, meta.get("namespace"), meta["name"])
             if key in self._live:
-                deleted.append(self.delete(*key, options=options))
+                deleted.append(self.delete_object(*key, options=options))
         return self._ok(self._list_body(resource, deleted))
 
     async def _serve_watch(self, request: rendering.Request) -> AsyncIterator[Any]:  # type: ignore[override]
@@ -1034,22 +1124,21 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
         selection = self._selection(request)  # a bad selector fails here, before the stream starts
         params = request.params
         bookmarks = params.get("allowWatchBookmarks") == "true"
-        timeout = float(params["timeoutSeconds"]) if params.get("timeoutSeconds") else None
+        timeout = _int_param(params, "timeoutSeconds") or None
         deadline = None if timeout is None else asyncio.get_running_loop().time() + timeout
         since = params.get("resourceVersion") or "0"
         if not since.isdigit():
             raise _bad_request(f"invalid resourceVersion {since!r}")
         cursor = int(since)
-        waiter = self._changed
         yield b""  # send the headers: the stream is open even if nothing happens
         if cursor == 0 or params.get("sendInitialEvents") == "true":
             # "Any"/initial events: the current state as ADDED, then everything after it.
             cursor = self._rv
-            for obj in self.list(resource, selection):
+            for obj in self.list_objects(resource, selection):
                 yield {"type": "ADDED", "object": obj}
             if params.get("sendInitialEvents") == "true" and bookmarks:
                 yield {"type": "BOOKMARK", "object": self._bookmark(resource, initial_end=True)}
-        while True:
+        while not self._closing:
             if cursor < self._log_floor:
                 gone = ApiError(410, "Expired", f"too old resource version: {cursor} ({self._log_floor + 1})")
                 yield {"type": "ERROR", "object": gone.status()}
@@ -1081,7 +1170,7 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
 
 
 def _watch_event(change: Change, selection: Selection) -> JSON | None:
-    """The event a watch with this selection sees for a change (selectors turn MODIFIED into ADDED/DELETED)."""
+    """What a watch with this selection sees of a change (selectors turn MODIFIED into ADDED/DELETED)."""
     now = selection.matches(change.obj)
     if change.type != "MODIFIED":
         return {"type": change.type, "object": change.obj} if now else None
@@ -1089,6 +1178,13 @@ def _watch_event(change: Change, selection: Selection) -> JSON | None:
     if now:
         return {"type": "MODIFIED" if before else "ADDED", "object": change.obj}
     return {"type": "DELETED", "object": change.obj} if before else None
+
+
+def _int_param(params: Mapping[str, str], name: str) -> int:
+    value = params.get(name) or "0"
+    if not value.isdigit():
+        raise _bad_request(f"invalid {name} {value!r}")
+    return int(value)
 
 
 def _header(request: rendering.Request, name: str) -> str:
@@ -1102,8 +1198,12 @@ def _json_patcher(ops: list[Any], resource: kmock.resource, name: str) -> Callab
             return jsonpatch.JsonPatch(ops).apply(obj)
         except (jsonpatch.JsonPatchException, jsonpointer.JsonPointerException, TypeError) as exc:
             # A failed `test` (kopf's resourceVersion guard) included: kopf expects 422 and retries.
-            raise ApiError(422, "Invalid", f"the server rejected our request due to an error in our request: "
-                                           f"{exc}", _details(resource, name)) from exc
+            raise ApiError(
+                422,
+                "Invalid",
+                f"the server rejected our request due to an error in our request: {exc}",
+                _details(resource, name),
+            ) from exc
 
     return apply
 
@@ -1117,7 +1217,7 @@ def _from_kmock_error(exc: kmock.KubernetesError) -> ApiError:
 
 
 def write_kubeconfig(path: Path | str, url: str, *, namespace: str = "default") -> Path:
-    """A kubeconfig with one context pointing at `url` (plain HTTP, a dummy token: the emulator ignores it)."""
+    """A kubeconfig with one context pointing at `url` (plain HTTP; a dummy token, ignored)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     name = "elastune-emulator"
@@ -1139,7 +1239,9 @@ async def serve(
     """Serve an entered emulator over HTTP; returns the runner (cleanup() stops it) and the URL."""
     # Not kmock.Server: that one also patches aiohttp's resolver process-wide, which in-process kopf
     # runs and other kmock servers of the same process would then depend on.
-    runner = aiohttp.web.ServerRunner(aiohttp.web.Server(emulator, handler_cancellation=True), shutdown_timeout=1.0)
+    runner = aiohttp.web.ServerRunner(
+        aiohttp.web.Server(emulator, handler_cancellation=True), shutdown_timeout=1.0
+    )
     await runner.setup()
     site = aiohttp.web.TCPSite(runner, host, port)
     await site.start()
@@ -1242,6 +1344,7 @@ def _start_thread(
                 ready.set()
                 await stop.wait()
             finally:
+                emulator.shutdown()
                 await runner.cleanup()
 
     def run() -> None:
@@ -1273,8 +1376,19 @@ def _start_subprocess(
     workdir: Path, kubeconfig: Path, host: str, port: int, namespace: str, startup_timeout: float
 ) -> EmulatorHandle:
     log_path = workdir / "emulator.log"
-    command = [sys.executable, "-m", "elastune_operator.testing.emulator", "--host", host, "--port", str(port),
-               "--kubeconfig", str(kubeconfig), "--namespace", namespace]
+    command = [
+        sys.executable,
+        "-m",
+        "elastune_operator.testing.emulator",
+        "--host",
+        host,
+        "--port",
+        str(port),
+        "--kubeconfig",
+        str(kubeconfig),
+        "--namespace",
+        namespace,
+    ]
     with log_path.open("wb") as log:
         process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=log)
     assert process.stdout is not None
@@ -1287,7 +1401,9 @@ def _start_subprocess(
         if not chunk:
             process.kill()
             process.wait()
-            raise RuntimeError(f"the Kubernetes API emulator did not start:\n{log_path.read_text(errors='replace')}")
+            raise RuntimeError(
+                f"the Kubernetes API emulator did not start:\n{log_path.read_text(errors='replace')}"
+            )
         line += chunk
     url = line.decode().split()[-1]
 
@@ -1320,6 +1436,7 @@ async def _main_async(args: argparse.Namespace) -> None:
             print(f"READY {url}", flush=True)
             await stop.wait()
         finally:
+            emulator.shutdown()
             await runner.cleanup()
 
 
@@ -1332,7 +1449,9 @@ def main(argv: Iterable[str] | None = None) -> None:
     parser.add_argument("--port", type=int, default=0, help="0 picks a free port (printed as 'READY <url>')")
     parser.add_argument("--kubeconfig", type=Path, help="write a kubeconfig pointing at the emulator here")
     parser.add_argument("--namespace", default="default", help="the kubeconfig context's namespace")
-    parser.add_argument("--max-history", type=int, default=32, help="versions kept per object (kmock history)")
+    parser.add_argument(
+        "--max-history", type=int, default=32, help="versions kept per object (kmock history)"
+    )
     parser.add_argument("--log-level", default="WARNING")
     args = parser.parse_args(list(argv) if argv is not None else None)
     logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr)

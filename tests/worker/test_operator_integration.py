@@ -1,0 +1,269 @@
+"""The real operator process (`elastune operator`, kopf) against the Kubernetes API emulator over HTTP,
+with local worker processes standing in for the Knative pods (KnativeStandIn), a real redis-server, and
+real tuning of the small test model.
+
+Scenario (issue 5): apply a WarmPool and two TuningJobs with different deadlines → the Knative Service
+appears with a min-scale → the jobs run on real workers → status carries the optimized prompt → delete
+→ the finalizer releases everything; idle workers go back to the cold pool without a busy one ever
+being picked; bad jobs fail with reasons without disturbing the others; killing the operator mid-job
+and starting it again finishes the job exactly once.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("kmock")
+
+from kubernetes import client, config  # noqa: E402
+from kubernetes.client.rest import ApiException  # noqa: E402
+from test_tuning import TASK, TEST_SPEC  # noqa: E402 - the small model and task of the tuning tests
+
+from elastune_operator.api.constants import GROUP, VERSION  # noqa: E402
+from elastune_operator.control.protocol import Bus  # noqa: E402
+from elastune_operator.k8s.knative import KNATIVE_GROUP, KNATIVE_PLURAL, KNATIVE_VERSION, MIN_SCALE  # noqa: E402
+from elastune_operator.local.backend import LocalBackend  # noqa: E402
+from elastune_operator.local.knative_standin import KnativeStandIn  # noqa: E402
+from elastune_operator.local.servers import free_port  # noqa: E402
+from elastune_operator.testing.emulator import start_emulator  # noqa: E402
+from elastune_worker.tiny import build as tiny_build  # noqa: E402
+from elastune_worker.tiny import tasks as tiny_tasks  # noqa: E402
+
+NS = "default"
+
+
+def wait_for(what: str, check: Callable[[], Any], timeout: float = 120.0, every: float = 0.2) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(every)
+    raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
+
+
+class Cluster:
+    def __init__(self, tmp: Path, redis_url: str) -> None:
+        self.tmp = tmp
+        self.redis_url = redis_url
+        self.emulator = start_emulator(tmp / "emulator")
+        self.api_client = config.new_client_from_config(config_file=str(self.emulator.kubeconfig_path))
+        self.custom = client.CustomObjectsApi(self.api_client)
+        self.core = client.CoreV1Api(self.api_client)
+        self.namespace = f"it{time.time_ns()}"
+        self.bus = Bus(redis_url, self.namespace)
+        self.backend = LocalBackend(tmp / "workers", redis_url, self.namespace)
+        self.standin = KnativeStandIn(self.api_client, self.bus, self.backend)
+        self.standin.start()
+        self.operator: subprocess.Popen[bytes] | None = None
+        self.metrics_port = 0
+        self.starts = 0
+
+    def start_operator(self) -> None:
+        self.starts += 1
+        self.metrics_port = free_port()
+        env = {
+            **os.environ,
+            "KUBECONFIG": str(self.emulator.kubeconfig_path),
+            "ELASTUNE_REDIS_URL": self.redis_url,
+            "ELASTUNE_REDIS_SECRET": "",
+            "ELASTUNE_NAMESPACE": self.namespace,
+            "ELASTUNE_WORK_DIR": str(self.tmp / "work"),
+            "ELASTUNE_METRICS_PORT": str(self.metrics_port),
+            "ELASTUNE_COLD_POOL_GPUS": "2",
+        }
+        log = (self.tmp / f"operator-{self.starts}.log").open("wb")
+        cmd = [sys.executable, "-m", "elastune_operator.cli", "operator", "--standalone", "--all-namespaces"]
+        self.operator = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
+
+    def operator_log(self) -> str:
+        return "\n".join(p.read_text(errors="replace") for p in sorted(self.tmp.glob("operator-*.log")))
+
+    def kill_operator(self) -> None:
+        assert self.operator is not None
+        self.operator.send_signal(signal.SIGKILL)
+        self.operator.wait(10)
+
+    def close(self) -> None:
+        if self.operator is not None and self.operator.poll() is None:
+            self.operator.terminate()
+            try:
+                self.operator.wait(15)
+            except subprocess.TimeoutExpired:
+                self.operator.kill()
+        self.standin.stop()
+        self.backend.close()
+        self.emulator.stop()
+
+    # -- API helpers -------------------------------------------------------------------------------
+    def create(self, plural: str, body: dict) -> dict:
+        return self.custom.create_namespaced_custom_object(GROUP, VERSION, NS, plural, body)
+
+    def get(self, plural: str, name: str) -> dict | None:
+        try:
+            return self.custom.get_namespaced_custom_object(GROUP, VERSION, NS, plural, name)
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    def condition(self, name: str, ctype: str) -> dict | None:
+        obj = self.get("tuningjobs", name) or {}
+        return next((c for c in (obj.get("status") or {}).get("conditions", []) if c["type"] == ctype), None)
+
+    def finished(self, name: str) -> dict | None:
+        c = self.condition(name, "Succeeded")
+        return c if c and c["status"] != "Unknown" else None
+
+    def service(self, name: str) -> dict | None:
+        try:
+            return self.custom.get_namespaced_custom_object(
+                KNATIVE_GROUP, KNATIVE_VERSION, NS, KNATIVE_PLURAL, name
+            )
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    def min_scale(self, name: str) -> int | None:
+        svc = self.service(name)
+        return None if svc is None else int(svc["spec"]["template"]["metadata"]["annotations"][MIN_SCALE])
+
+    def metrics(self) -> str:
+        return (
+            urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5).read().decode()
+        )
+
+
+@pytest.fixture(scope="module")
+def small_model() -> Path:
+    return tiny_build.ensure_tiny_model(spec=TEST_SPEC)
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    task = tiny_tasks.make_task(TASK, n_train=40, n_eval=8, seed=1)
+    return tiny_tasks.write_jsonl(
+        list(task.train) + list(task.eval), tmp_path_factory.mktemp("data") / "d.jsonl"
+    )
+
+
+@pytest.fixture
+def cluster(tmp_path: Path, redis_server: Any) -> Iterator[Cluster]:
+    c = Cluster(tmp_path, redis_server.url)
+    try:
+        yield c
+    finally:
+        c.close()
+
+
+def warm_pool(model: Path, idle: str = "60s") -> dict:
+    return {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": "WarmPool",
+        "metadata": {"name": "tiny", "namespace": NS},
+        "spec": {
+            "model": str(model),
+            "maxWarmGPUs": 2,
+            "idleWindow": idle,
+            "profile": {"coldStartSeconds": 10, "secondsPerIteration": "0.2"},
+        },
+    }
+
+
+def tuning_job(name: str, model: Path, dataset: str, deadline: str, iterations: int = 30) -> dict:
+    return {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": "TuningJob",
+        "metadata": {"name": name, "namespace": NS},
+        "spec": {
+            "model": str(model),
+            "dataset": dataset,
+            "initialPrompt": tiny_tasks.family_instructions(TASK.family)[0],
+            "termination": {"maxIterations": iterations},
+            "deadline": deadline,
+            "hyperparameters": {"batchSize": 4, "virtualTokens": 4},
+            "promptBank": "never",
+        },
+    }
+
+
+def test_pool_and_jobs_run_on_workers_delete_releases_and_scale_down_spares_busy_workers(
+    cluster: Cluster, small_model: Path, dataset: Path
+) -> None:
+    cluster.start_operator()
+    cluster.create("warmpools", warm_pool(small_model, idle="6s"))
+    cluster.create("tuningjobs", tuning_job("late", small_model, str(dataset), "5m"))
+    cluster.create("tuningjobs", tuning_job("early", small_model, str(dataset), "3m"))
+    cluster.create("tuningjobs", tuning_job("nodata", small_model, "/no/such/data.jsonl", "4m"))
+    cluster.create("tuningjobs", tuning_job("nopool", Path("/other/model"), str(dataset), "4m"))
+
+    wait_for("the Knative Service with min-scale >= 1", lambda: (cluster.min_scale("tiny") or 0) >= 1, 60)
+    svc = cluster.service("tiny")
+    assert svc is not None and svc["metadata"]["ownerReferences"][0]["kind"] == "WarmPool"
+    for name in ("late", "early", "nodata", "nopool"):
+        wait_for(f"{name} to finish", lambda n=name: cluster.finished(n), 240)
+
+    for name in ("late", "early"):
+        job = cluster.get("tuningjobs", name)
+        assert job is not None
+        st = job["status"]
+        assert cluster.condition(name, "Succeeded")["status"] == "True", (st, cluster.operator_log()[-3000:])
+        assert st["iterations"] == 30 and st["optimizedPrompt"] and st["artifactURI"].startswith("file://")
+        assert Path(st["artifactURI"].removeprefix("file://"), "adapter_config.json").is_file()
+        types = {c["type"]: c for c in st["conditions"]}
+        assert {"Accepted", "Scheduled", "Running", "Succeeded"} <= set(types)
+        assert all(c["observedGeneration"] == 1 for c in st["conditions"])
+        assert st["sloMet"] is True and "predictedCompletionTime" not in st
+    assert cluster.condition("nodata", "Failed")["reason"] == "DatasetNotFound"
+    assert cluster.condition("nopool", "Failed")["reason"] == "UnknownModel"
+    assert 'elastune_tuningjobs_finished_total{model="' in cluster.metrics()
+
+    pool = wait_for("WarmPool status", lambda: (cluster.get("warmpools", "tiny") or {}).get("status"), 30)
+    assert "coldStartSeconds" in pool and pool.get("iterationSeconds")
+
+    cluster.custom.delete_namespaced_custom_object(GROUP, VERSION, NS, "tuningjobs", "late")
+    wait_for("the deleted job to be gone", lambda: cluster.get("tuningjobs", "late") is None, 30)
+
+    # Idle window 6 s: the pool shrinks back to zero; every removed pod was an idle worker.
+    wait_for("min-scale back to 0", lambda: cluster.min_scale("tiny") == 0, 60)
+    wait_for("pods removed", lambda: len(cluster.standin.removals) >= 1, 30)
+    assert all(r.worker_state != "busy" for r in cluster.standin.removals), cluster.standin.removals
+    assert "Traceback" not in cluster.operator_log()
+
+
+def test_operator_killed_mid_job_restarts_and_the_job_finishes_exactly_once(
+    cluster: Cluster, small_model: Path, dataset: Path
+) -> None:
+    cluster.start_operator()
+    cluster.create("warmpools", warm_pool(small_model))
+    cluster.create("tuningjobs", tuning_job("survivor", small_model, str(dataset), "5m", iterations=2000))
+
+    def running() -> bool:
+        st = (cluster.get("tuningjobs", "survivor") or {}).get("status") or {}
+        return (st.get("iterations") or 0) >= 10
+
+    wait_for("the job to be running", running, 180)
+    cluster.kill_operator()
+    time.sleep(1.0)
+    cluster.start_operator()
+    done = wait_for("the job to finish after the restart", lambda: cluster.finished("survivor"), 300)
+    assert done["status"] == "True", cluster.operator_log()[-3000:]
+    st = cluster.get("tuningjobs", "survivor")["status"]
+    second = (cluster.tmp / "operator-2.log").read_text(errors="replace")
+    assert st["iterations"] == 2000
+    assert st["attempts"] == 1, "\n".join(ln for ln in second.splitlines() if "elastune" in ln)[-4000:]
+    assert "adopted attempt 1 running on" in second, second[-4000:]
+    results = [e for _, e in cluster.bus.events(f"{NS}/survivor") if e.type == "succeeded"]
+    assert len(results) == 1
