@@ -38,6 +38,8 @@ log = logging.getLogger("elastune.operator")
 
 INVALID_SPEC = "InvalidSpec"
 POOL_STATUS_SECONDS = 1.0
+#: Transitions not worth an Event (every job goes through them; status shows them anyway).
+QUIET_CONDITIONS = frozenset({("Accepted", "True"), ("Scheduled", "False")})
 
 
 def status_patch(job: JobRecord) -> dict[str, Any]:
@@ -177,7 +179,9 @@ class Runtime:
         rec = job_record(job, created=None, dataset=job.spec.dataset, artifact=artifact)
         if job.spec.model not in self.core.pools:
             self._refresh_pools()  # a WarmPool applied together with the job may not be handled yet
-        self.call(lambda: self.core.submit(rec), wait=30)
+        # Fire and forget: the core thread takes it in its next round (a round is 50 ms); blocking kopf's
+        # handler threads on it would serialise a burst of creations behind the rounds.
+        self.call(lambda: self.core.submit(rec))
         log.info("submitted %s", key)
 
     def cancel_job(self, key: str) -> None:
@@ -225,7 +229,7 @@ class Runtime:
         seen = self._posted.setdefault(job.key, set())
         for c in job.status.conditions:
             mark = (c.type, c.status, c.reason)
-            if mark in seen or c.status == "Unknown":
+            if mark in seen or c.status == "Unknown" or (c.type, c.status) in QUIET_CONDITIONS:
                 continue
             seen.add(mark)
             failed = c.type == "Failed" or (c.type == "Succeeded" and c.status == "False")
