@@ -23,9 +23,10 @@ class OperatorSettings:
     """ELASTUNE_CHANNEL_URL: gradient storage channel (redis:// or memcached://); default: the bus."""
     cold_pool_gpus: int = 32
     """ELASTUNE_COLD_POOL_GPUS: GPUs of the cold node pool all WarmPools grow from (the paper: 32)."""
-    work_dir: Path = Path("/var/lib/elastune")
-    """ELASTUNE_WORK_DIR: checkpoint root as the worker pods see it. A job on several pods needs a
-    ReadWriteMany volume mounted at this path in every worker pod for checkpoints to outlive a pod."""
+    work_dir: Path = Path("/tmp/elastune")
+    """ELASTUNE_WORK_DIR: checkpoint and default artifact root as the worker pods see it (the worker
+    image runs non-root with a writable /tmp). For checkpoints and artifacts to outlive a pod, mount a
+    ReadWriteMany volume at this path in every worker pod."""
     metrics_port: int = 9090
     """ELASTUNE_METRICS_PORT: Prometheus /metrics of the operator (0 disables)."""
     namespace: str = "elastune"
