@@ -56,9 +56,11 @@ def service_manifest(
     """The Knative Service of a WarmPool with ``desired`` warm GPUs (pods)."""
     spec = pool.spec
     name, ns = pool.metadata.name, pool.metadata.namespace or "default"
-    resources = (
+    given = (
         spec.worker.resources.model_dump(by_alias=True, exclude_none=True) if spec.worker.resources else {}
     )
+    # Quantities as strings, as the apiserver returns them (YAML may give 1 or "1").
+    resources = {part: {k: str(v) for k, v in values.items()} for part, values in given.items()}
     gpus = str(spec.gpus_per_pod)
     resources.setdefault("limits", {}).setdefault("nvidia.com/gpu", gpus)
     resources.setdefault("requests", {}).setdefault("nvidia.com/gpu", gpus)
