@@ -16,6 +16,7 @@ import threading
 import time
 import traceback
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from typing import Any
 
@@ -38,6 +39,7 @@ log = logging.getLogger("elastune.operator")
 
 INVALID_SPEC = "InvalidSpec"
 POOL_STATUS_SECONDS = 1.0
+STATUS_WRITERS = 8
 #: Transitions not worth an Event (every job goes through them; status shows them anyway).
 QUIET_CONDITIONS = frozenset({("Accepted", "True"), ("Scheduled", "False")})
 
@@ -85,6 +87,7 @@ class Runtime:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._next_pool_status = 0.0
+        self._writers = ThreadPoolExecutor(STATUS_WRITERS, thread_name_prefix="status")
 
     # -- lifecycle ----------------------------------------------------------------------------------
     def start(self) -> None:
@@ -205,25 +208,29 @@ class Runtime:
         self._dirty[job.key] = job
 
     def _flush(self) -> None:
-        for key, job in list(self._dirty.items()):
-            del self._dirty[key]
-            ns, name = key.split("/", 1)
-            body = {"status": status_patch(job)}
-            try:
-                self.api.patch_namespaced_custom_object_status(
-                    GROUP, VERSION, ns, PLURAL_TUNING_JOBS, name, body
-                )
-            except ApiException as exc:
-                if exc.status == 404:
-                    continue  # deleted meanwhile
-                self._dirty[key] = job  # retried next round
-                log.warning("status patch of %s failed: %s %s", key, exc.status, exc.reason)
-                continue
-            self._post_transitions(job, ns, name)
+        dirty = list(self._dirty.items())
+        self._dirty.clear()
+        if dirty:
+            # In parallel: after a burst of creations every job has a status to write, and one round
+            # trip at a time would make the last job wait for all the others.
+            list(self._writers.map(lambda item: self._write_status(*item), dirty))
         now = time.monotonic()
         if now >= self._next_pool_status:
             self._next_pool_status = now + POOL_STATUS_SECONDS
             self._flush_pools()
+
+    def _write_status(self, key: str, job: JobRecord) -> None:
+        ns, name = key.split("/", 1)
+        try:
+            self.api.patch_namespaced_custom_object_status(
+                GROUP, VERSION, ns, PLURAL_TUNING_JOBS, name, {"status": status_patch(job)}
+            )
+        except ApiException as exc:
+            if exc.status != 404:  # 404: deleted meanwhile
+                self._dirty.setdefault(key, job)  # retried next round
+                log.warning("status patch of %s failed: %s %s", key, exc.status, exc.reason)
+            return
+        self._post_transitions(job, ns, name)
 
     def _post_transitions(self, job: JobRecord, ns: str, name: str) -> None:
         seen = self._posted.setdefault(job.key, set())
