@@ -36,8 +36,10 @@ ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.filterwarnings("ignore:.*is_gradient_checkpointing.*:FutureWarning")
 
 
-def elastune(*args: str, cwd: Path, timeout: float = 600) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE"}
+def elastune(
+    *args: str, cwd: Path, timeout: float = 600, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE", **(env or {})}
     cmd = [sys.executable, "-m", "elastune_operator.cli", *args]
     return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
 
@@ -120,6 +122,43 @@ def test_example_manifest_runs_improves_and_its_artifact_reproduces_the_metric(t
     _, evals = split(records, 0.1, 64, 0)
     again = evaluate_artifact(tiny_build.ensure_tiny_model(), artifact, evals)
     assert round(again, 4) == pytest.approx(final, abs=1e-4)
+
+
+# --------------------------------------------------------------------------- the Prompt Bank
+def test_prompt_bank_picks_the_initial_prompt_or_the_job_falls_back_and_says_why(
+    tmp_path: Path, small_model: Path, data_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from elastune_worker.bank import bank_dir, build_bank
+
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("ELASTUNE_CACHE", str(cache))  # where workers (and bank_dir here) look for banks
+    candidates = [
+        p for family in ("classify", "case", "arith", "units") for p in tiny_tasks.family_instructions(family)
+    ]
+    bank = build_bank(small_model, bank_dir(str(small_model.resolve())), candidates, k=3)
+    manifest = write(
+        tmp_path / "jobs.yaml",
+        warm_pool(str(small_model)),
+        tuning_job("banked", str(data_dir / "good.jsonl"), model=str(small_model), promptBank="always"),
+    )
+    state = tmp_path / "state"
+    proc = elastune("run", "-f", str(manifest), "--workers", "1", "--state-dir", str(state), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    st = status_of(state, "banked")
+    pb = st["promptBank"]
+    assert pb["used"] is True and pb["reason"] == "Selected", pb
+    assert pb["prompt"] in candidates
+    assert 0 < pb["evaluations"] <= bank.k + max(bank.cluster_sizes())  # medoids, then one cluster
+    assert float(pb["latencySeconds"]) > 0 and float(pb["score"]) > 0
+
+    # No bank for this LLM: the job starts from its own prompt and its status says why.
+    monkeypatch.setenv("ELASTUNE_CACHE", str(tmp_path / "empty-cache"))
+    state2 = tmp_path / "state2"
+    proc = elastune("run", "-f", str(manifest), "--workers", "1", "--state-dir", str(state2), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    pb = status_of(state2, "banked")["promptBank"]
+    assert pb["used"] is False and pb["reason"] == "NoFeatures", pb
+    assert "initial prompt" in pb["message"]
 
 
 # --------------------------------------------------------------------------- bad input
@@ -244,7 +283,12 @@ def test_job_survives_a_killed_worker_and_resumes_from_its_checkpoint(
     assert rec.resumed_from[0] == 0 and len(rec.resumed_from) == 2
     resumed = rec.resumed_from[1]
     assert resumed % settings.checkpoint_every == 0
-    assert killed_at - settings.checkpoint_every <= resumed <= killed_at
+    # Workers step in lockstep, so the survivor's last reported step is where the attempt stopped.
+    reached = max(
+        e.iterations or 0 for _, e in bus.events(rec.key) if e.attempt == 1 and e.type == "progress"
+    )
+    assert reached >= killed_at
+    assert 0 <= reached - resumed <= settings.checkpoint_every
     metrics = json.loads((tmp_path / "artifact" / "metrics.json").read_text())
     assert metrics["iterations"] == 60
     assert (tmp_path / "artifact" / "prompt.txt").read_text()

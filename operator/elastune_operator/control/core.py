@@ -253,19 +253,49 @@ class ControlCore:
         return sched
 
     def _prompt_bank_decision(self, job: JobRecord, sched: Job) -> None:
-        # The Prompt Bank is not wired into workers yet (issue 4): the job always starts from its own
-        # initial prompt, and the status says so instead of pretending a lookup ran.
-        wanted = sched.use_bank
-        sched.use_bank, sched.bank_seconds = False, 0.0
+        """The latency budget's verdict (policy.admit): skipped jobs get their status now; a job that
+        runs the lookup gets it from its worker, which re-checks the budget with the bank's own
+        prediction and falls back to spec.initialPrompt (saying why) when the bank cannot serve."""
+        if sched.use_bank:
+            return
         if job.spec.prompt_bank == "never":
-            reason, msg = "PromptBankDisabled", "spec.promptBank is never"
-        elif wanted:
-            reason = "PromptBankUnavailable"
-            msg = "the Prompt Bank is not available for this model yet; tuning starts from spec.initialPrompt"
+            reason, msg = (
+                "PromptBankDisabled",
+                "spec.promptBank is never: tuning starts from spec.initialPrompt",
+            )
         else:
-            reason, msg = "LatencyBudgetExceeded", "predicted lookup time exceeds 20% of the deadline"
+            budget = self.policy.config.budget_fraction * sched.slo  # type: ignore[attr-defined]
+            lookup = self.estimator.profile(job.llm).bank_lookup_seconds
+            reason = "LatencyBudgetExceeded"
+            msg = f"predicted lookup {lookup:.1f} s exceeds the budget {budget:.1f} s (20% of the deadline)"
         job.status.prompt_bank = PromptBankStatus(used=False, reason=reason, message=msg)
         self.metrics.bank_lookups.labels(job.llm, "skipped").inc()
+
+    def _on_bank_report(self, job: JobRecord, sched: Job, report: dict[str, Any]) -> None:
+        used = report.get("source") == "bank"
+        latency = report.get("latencySeconds")
+        score = report.get("score")
+        job.status.prompt_bank = PromptBankStatus(
+            used=used,
+            prompt=report.get("prompt"),
+            score=_dec(score) if score is not None else None,
+            evaluations=report.get("evaluations"),
+            latency_seconds=_dec(latency, 3) if latency is not None else None,
+            reason=report.get("reason") or ("PromptBankUsed" if used else "PromptBankSkipped"),
+            message=report.get("message"),
+        )
+        sched.bank_done = True
+        predicted = report.get("predictedSeconds")
+        if predicted:  # the bank's own prediction is better than the configured guess
+            self.estimator.profile(job.llm).bank_lookup_seconds = float(predicted)
+        result = (
+            "used"
+            if used
+            else ("skipped" if report.get("reason") in ("Disabled", "OverBudget") else "failed")
+        )
+        self.metrics.bank_lookups.labels(job.llm, result).inc()
+        if latency is not None:
+            self.metrics.bank_latency.labels(job.llm).observe(float(latency))
 
     def cancel(self, key: str) -> None:
         """The job was deleted: stop its workers, free its GPUs, forget it."""
@@ -509,6 +539,8 @@ class ControlCore:
         st = job.status
         sched = self.state.jobs[job.key]
         if ev.type == "progress":
+            if ev.prompt_bank is not None:
+                self._on_bank_report(job, sched, ev.prompt_bank)
             if ev.resumed_from is not None:
                 job.resumed_from.append(ev.resumed_from)
             if ev.initial_value is not None:
@@ -603,6 +635,12 @@ class ControlCore:
         job.workers = workers
         world = len(workers)
         ckpt = Path(self.settings.work_dir) / "checkpoints" / job.key / job.uid
+        pb = job.status.prompt_bank
+        # The first attempt looks the prompt up (if the budget allowed it); retries reuse its pick.
+        bank_mode = "never"
+        if sched.use_bank and pb is None:
+            bank_mode = "always" if job.spec.prompt_bank == "always" else "auto"
+        chosen = pb.prompt if pb is not None and pb.used else None
         for rank, wid in enumerate(workers):
             self.bus.assign(
                 wid,
@@ -622,6 +660,9 @@ class ControlCore:
                     eval_every=self.settings.eval_every,
                     checkpoint_every=self.settings.checkpoint_every,
                     progress_every=self.settings.progress_every,
+                    prompt_bank=bank_mode,
+                    bank_budget_s=self.policy.config.budget_fraction * sched.slo,  # type: ignore[attr-defined]
+                    initial_prompt=chosen,
                 ),
             )
         predicted = now + self.estimator.t_warm(job.llm, sched.remaining_iterations, world)

@@ -100,6 +100,14 @@ class Assignment(_Message):
     eval_fraction: float = 0.1
     max_eval: int = 64
     seed: int = 0
+    prompt_bank: Literal["auto", "always", "never"] = "never"
+    """Whether rank(s) look up the initial prompt in the Prompt Bank before tuning (the control plane's
+    latency-budget decision; ``auto`` lets the worker re-check it with the bank's own prediction)."""
+    bank_budget_s: float | None = None
+    """20 % of the SLO: the latency budget under ``auto``."""
+    initial_prompt: str | None = None
+    """Overrides spec.initialPrompt: a retry starts from the prompt the first attempt's lookup chose
+    (its checkpoints were trained from it)."""
 
 
 EventType = Literal["started", "progress", "succeeded", "failed", "cancelled"]
@@ -130,6 +138,9 @@ class Event(_Message):
     prompt: str | None = None
     artifact: str | None = None
     metrics: dict[str, float] | None = None
+    prompt_bank: dict[str, Any] | None = None
+    """The Prompt Bank decision of this attempt (first progress event): used, prompt, score,
+    evaluations, latencySeconds, predictedSeconds, reason, message."""
 
 
 def worker_key(ns: str, worker_id: str) -> str:

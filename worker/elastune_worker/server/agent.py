@@ -16,6 +16,7 @@ import time
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from elastune_operator.api.tuningjob import TuningJobSpec
 from elastune_operator.control.protocol import (
@@ -194,12 +195,21 @@ class Agent:
             raise _Fail(INVALID_SPEC, f"spec does not validate: {exc}") from exc
         records = load_dataset(a.dataset)
         train, evals = split(records, a.eval_fraction, a.max_eval, a.seed)
+        max_length = self._max_length(spec.hyperparameters.virtual_tokens)
+        init_text = a.initial_prompt if a.initial_prompt is not None else spec.initial_prompt
+        bank_report = None
+        if a.prompt_bank != "never":
+            # Every rank runs the same deterministic lookup (same bank, model and eval samples), so all
+            # start from the same prompt without another round trip; rank 0 reports it.
+            selection = self._select_prompt(a, spec, evals, max_length)
+            init_text, bank_report = selection.prompt, selection.to_status()
         cfg = TuningConfig.from_spec(
             spec,
             eval_every=a.eval_every,
             checkpoint_every=a.checkpoint_every,
             seed=a.seed,
-            max_length=self._max_length(spec.hyperparameters.virtual_tokens),
+            max_length=max_length,
+            init_text=init_text,
         )
         cancelled = _CancelCheck(self.bus, a.job, a.attempt)
         allreduce = None
@@ -237,6 +247,7 @@ class Agent:
                     resumed_from=start,
                     metric=cfg.metric,
                     initial_value=initial,
+                    prompt_bank=bank_report,
                 )
             )
         window: list[float] = []
@@ -286,6 +297,25 @@ class Agent:
                 prompt=projection[0] if projection else None,
                 artifact=str(Path(a.artifact_dir).resolve()),
             )
+        )
+
+    def _select_prompt(self, a: Assignment, spec: TuningJobSpec, evals: list, max_length: int) -> Any:
+        """The Prompt Bank's pick for this job, or its own initial prompt with the reason (never raises
+        for a missing/empty bank or unusable eval samples: select_initial_prompt falls back)."""
+        from elastune_worker.bank import bank_dir, select_initial_prompt
+
+        assert self.loaded is not None
+        return select_initial_prompt(
+            bank_dir(str(self.loaded.path.resolve())),
+            self.loaded.model,
+            self.loaded.tokenizer,
+            evals,
+            spec.initial_prompt,
+            mode=a.prompt_bank,
+            budget_s=a.bank_budget_s,
+            virtual_tokens=spec.hyperparameters.virtual_tokens,
+            layout="soft" if spec.method == "promptTuning" else "text",
+            max_length=max_length,
         )
 
     def _max_length(self, virtual_tokens: int) -> int:
