@@ -314,3 +314,38 @@ def test_terminal_jobs_stay_terminal_after_a_restart(env: dict[str, Any]) -> Non
     core.tick()
     assert again.terminal and rec.key not in core.state.jobs
     assert bus.pop_assignment("w1", timeout=0.1) is None
+
+
+# --------------------------------------------------------------------------- the Prompt Bank
+def test_bank_decision_reaches_the_status_and_a_retry_reuses_the_pick(env: dict[str, Any]) -> None:
+    core, bus = env["core"], env["bus"]
+    rec = job("pb")  # promptBank auto (default); 6 s predicted lookup fits 20 % of 10 min
+    (a,) = run_to_dispatch(env, rec, ["w1"])
+    assert (a.prompt_bank, a.initial_prompt) == ("auto", None)
+    assert a.bank_budget_s == pytest.approx(120.0)
+    report = {
+        **{"source": "bank", "prompt": "Classify it.", "score": 1.25, "evaluations": 57},
+        **{"latencySeconds": 2.5, "predictedSeconds": 2.0, "reason": "Selected", "message": "picked"},
+    }
+    post(bus, a, "progress", iterations=0, prompt_bank=report)
+    post(bus, a, "failed", reason="CollectiveTimeout", message="peer lost")
+    core.tick()
+    pb = rec.status.prompt_bank
+    assert (
+        pb is not None and pb.used and (pb.prompt, pb.score, pb.evaluations) == ("Classify it.", "1.25", 57)
+    )
+    assert core.estimator.profile(MODEL).bank_lookup_seconds == 2.0  # the bank's own prediction
+    core.tick()
+    b = pop(bus, "w1")  # the retry starts from the prompt the first attempt picked, without a lookup
+    assert (b.attempt, b.prompt_bank, b.initial_prompt) == (2, "never", "Classify it.")
+
+
+def test_bank_skipped_by_the_latency_budget_or_by_the_spec(env: dict[str, Any]) -> None:
+    core = env["core"]
+    short = job("short", deadline="20s", iterations=10)  # 20 % of 20 s = 4 s < 6 s predicted lookup
+    core.submit(short)
+    assert short.status.prompt_bank.reason == "LatencyBudgetExceeded" and not short.status.prompt_bank.used
+    never = job("never")
+    never.spec = never.spec.model_copy(update={"prompt_bank": "never"})
+    core.submit(never)
+    assert never.status.prompt_bank.reason == "PromptBankDisabled"
