@@ -22,10 +22,13 @@ Design (why these settings; see bank/model.py for the model):
   loss as the metric because the tiny models' exact-match accuracy is ~0 on most tasks. ITA = first
   evaluation at which the Trainer reaches the target (its own TargetReached rule); runs that never do
   count as the iteration budget (censored, flagged), which understates the random baseline's ITA.
-* Lookup: score(p) on the first 16 of the eval samples, soft layout = the tuning run's loss at step 0.
+* Lookup: score(p) on the first 16 of the eval samples, soft layout = the tuning run's loss at step 0;
+  clusters capped at ⌈C/K⌉ (store.capped_assignment); the same score tables also give, without running
+  them, what plain nearest-medoid FasterPAM clusters would cost and pick (``lookup_unbalanced_simulated``).
+* K = 1 is the brute force: every candidate scored with the same scorer and batches as a lookup.
 
-Full run ≈ 30 min on two busy CPU cores (24 tasks, 3 per family); ``--quick`` ≈ 4 min (8 tasks, 1,000
-candidates, fewer random initialisations).
+Full run ≈ 32 min on two busy CPU cores (24 tasks, 3 per family; the brute force dominates);
+``--quick`` ≈ 5 min (8 tasks, 1,000 candidates, fewer random initialisations, no control).
 """
 
 from __future__ import annotations
@@ -83,7 +86,7 @@ class BenchConfig:
 
     def k_values(self) -> list[int]:
         sqrt_c = round(math.sqrt(self.n_candidates))
-        return [sqrt_c if k == 0 else k for k in self.ks]
+        return sorted({sqrt_c if k == 0 else k for k in self.ks})
 
 
 @dataclass
@@ -217,6 +220,17 @@ def ita_post_hoc(run: Run, target: float, budget: int) -> Run:
     return replace(run, ita=hit if hit is not None else budget, reached=hit is not None)
 
 
+def _finite(x: Any) -> Any:
+    """NaN/inf → None, recursively: the JSON must be strict (NaN is not JSON)."""
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    if isinstance(x, dict):
+        return {k: _finite(v) for k, v in x.items()}
+    if isinstance(x, list | tuple):
+        return [_finite(v) for v in x]
+    return x
+
+
 # ------------------------------------------------------------------------------------------- run
 def run(cfg: BenchConfig, json_path: Path | None = None, plot_path: Path | None = None) -> dict[str, Any]:
     import torch
@@ -244,7 +258,8 @@ def run(cfg: BenchConfig, json_path: Path | None = None, plot_path: Path | None 
     with tempfile.TemporaryDirectory(prefix="elastune-bank-bench-") as tmp:
         built = build_bank(model_dir, Path(tmp) / "bank", prompts, cfg.k_pick, cfg.seed, extractor=extractor)
         bank_pick = PromptBank.load(built.path)
-    assert bank_pick.prompts == built.prompts and np.array_equal(bank_pick.labels, built.labels)
+    if bank_pick.prompts != built.prompts or not np.array_equal(bank_pick.labels, built.labels):
+        raise RuntimeError("the saved bank does not read back as built")
     feats = bank_pick.features
     banks = {
         k: (bank_pick if k == cfg.k_pick else _make_bank(prompts, feats, k, cfg.seed, bank_pick.meta))
@@ -293,7 +308,15 @@ def run(cfg: BenchConfig, json_path: Path | None = None, plot_path: Path | None 
         scores = scorer.score(prompts)
         t_brute = time.perf_counter() - t0
         brute = int(np.argmin(scores))
-        lookups[1].append({"evaluations": len(prompts), "latency_s": t_brute, "regret": 0.0, "rank": 1})
+        lookups[1].append(
+            {
+                "evaluations": len(prompts),
+                "latency_s": t_brute,
+                "predicted_s": predict_lookup_seconds(banks[1], scorer.n_samples),
+                "regret": 0.0,
+                "rank": 1,
+            }
+        )
         for k in ks:
             idx, evals = _simulated_pick(plain[k], scores)
             unbalanced[k].append({"evaluations": evals, "regret": float(scores[idx] - scores[brute])})
@@ -405,8 +428,8 @@ def run(cfg: BenchConfig, json_path: Path | None = None, plot_path: Path | None 
     _print_summary(report)
     if json_path is not None:
         json_path.parent.mkdir(parents=True, exist_ok=True)
-        clean = {k: v for k, v in report.items() if not k.startswith("_")}
-        json_path.write_text(json.dumps(clean, indent=2, ensure_ascii=False) + "\n")
+        clean = _finite({k: v for k, v in report.items() if not k.startswith("_")})
+        json_path.write_text(json.dumps(clean, indent=2, ensure_ascii=False, allow_nan=False) + "\n")
         _log(f"wrote {json_path}")
     if plot_path is not None:
         _plot(report, plot_path)
@@ -612,7 +635,14 @@ def _print_summary(r: dict[str, Any]) -> None:
         f"(c) top-1 cosine similarity median {r['similarity']['top1']['p50']:.3f}, "
         f"top-5 median {r['similarity']['top5']['p50']:.3f}"
     )
-    _log("done-when checks:")
+    _log(
+        "done-when checks:"
+        + (
+            " (defined for the full run: C = 3,000, ≥ 20 tasks; --quick is indicative)"
+            if cfg["quick"]
+            else ""
+        )
+    )
     for k, v in r["checks"].items():
         _log(f"    {'PASS' if v else 'MISS'}  {k}")
 
@@ -668,6 +698,9 @@ def _plot(r: dict[str, Any], path: Path) -> None:
         ax[1, 1].plot(x, np.arange(1, len(x) + 1) / len(x), label=label)
     ax[1, 1].axvline(1.0, color="gray", lw=0.8)
     ax[1, 1].set_xscale("log")
+    ticks = [0.1, 0.2, 0.5, 1, 2, 5, 10]
+    ax[1, 1].set_xticks(ticks, [f"{t:g}" for t in ticks])
+    ax[1, 1].minorticks_off()
     ax[1, 1].set_xlabel("ITA ratio (> 1: the bank's pick is faster)")
     ax[1, 1].set_ylabel("CDF over tasks")
     ax[1, 1].legend()
