@@ -33,20 +33,8 @@ from elastune_worker.tiny import tasks as T  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore:.*is_gradient_checkpointing.*:FutureWarning")
 
-# Same spec as test_tuning.py: one cached artifact serves both.
-TEST_SPEC = dataclasses.replace(
-    tiny_build.DEFAULT_SPEC,
-    vocab_size=768,
-    n_layer=2,
-    n_embd=64,
-    n_head=2,
-    n_positions=128,
-    examples_per_task=40,
-    block_size=64,
-    batch_size=16,
-    steps=250,
-    warmup_steps=20,
-)
+from test_tuning import TEST_SPEC  # noqa: E402 - the small model of the tuning tests (one cached build)
+
 N_CANDIDATES, K = 300, 12
 TASK = T.TaskSpec("units", 1)
 

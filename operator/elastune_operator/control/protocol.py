@@ -246,11 +246,6 @@ class Bus:
         pipe.srem(f"{self.ns}:workers", worker_id)
         pipe.execute()
 
-    def purge_job(self, job: str) -> None:
-        """Drop a deleted job's stream and cancel flags."""
-        keys = [events_key(self.ns, job), *self.redis.scan_iter(match=f"{self.ns}:job:{job}:cancel:*")]
-        self.redis.delete(*keys)
-
 
 def _redact(url: str) -> str:
     """The URL without its password, for messages."""

@@ -206,9 +206,6 @@ class KnativeBackend:
     def close(self) -> None:
         pass
 
-    def desired(self, pool: str) -> int:
-        return self.pools[pool][1]
-
     # -- internals ----------------------------------------------------------------------------------
     def _current_min_scale(self, name: str, ns: str) -> int:
         try:

@@ -101,9 +101,6 @@ class LocalBackend:
             out[wid] = (p.model, f"worker process {wid} exited with code {rc}; log {p.log}: {_tail(p.log)}")
         return out
 
-    def alive(self) -> list[str]:
-        return [wid for wid, p in self.procs.items() if p.proc.poll() is None]
-
     def close(self, timeout: float = 10.0) -> None:
         for p in self.procs.values():
             if p.proc.poll() is None:
