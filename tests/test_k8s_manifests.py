@@ -47,12 +47,21 @@ def test_knative_service_follows_the_warm_pool(pool) -> None:
         "ELASTUNE_REDIS_PASSWORD"
     ) == 1  # not doubled by spec.env
     assert container["securityContext"]["runAsNonRoot"] is True
+    other = service_manifest(pool, 0, "redis://r:6379/0", "release-redis", "redis-password")
+    env = {e["name"]: e for e in other["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env["ELASTUNE_REDIS_PASSWORD"]["valueFrom"]["secretKeyRef"] == {
+        "name": "release-redis",
+        "key": "redis-password",
+    }
     assert int(COST_BUSY) > 0 > int(COST_REMOVE)
 
 
 def test_settings_come_from_the_environment_and_errors_name_the_variable() -> None:
     s = OperatorSettings.from_env({"ELASTUNE_REDIS_URL": "redis://r:6379/0", "ELASTUNE_COLD_POOL_GPUS": "16"})
     assert s.cold_pool_gpus == 16 and s.redis_secret == "elastune-redis" and s.metrics_port == 9090
+    assert s.redis_secret_key == "password"
+    keyed = OperatorSettings.from_env({"ELASTUNE_REDIS_URL": "redis://r", "ELASTUNE_REDIS_SECRET_KEY": "pw"})
+    assert keyed.redis_secret_key == "pw"
     assert (
         OperatorSettings.from_env(
             {"ELASTUNE_REDIS_URL": "redis://r", "ELASTUNE_REDIS_SECRET": ""}

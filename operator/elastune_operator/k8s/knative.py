@@ -51,7 +51,7 @@ class PoolRef:
 
 
 def service_manifest(
-    pool: WarmPool, desired: int, redis_url: str, redis_secret: str | None
+    pool: WarmPool, desired: int, redis_url: str, redis_secret: str | None, secret_key: str = "password"
 ) -> dict[str, Any]:
     """The Knative Service of a WarmPool with ``desired`` warm GPUs (pods)."""
     spec = pool.spec
@@ -74,7 +74,7 @@ def service_manifest(
         env.append(
             {
                 "name": "ELASTUNE_REDIS_PASSWORD",
-                "valueFrom": {"secretKeyRef": {"name": redis_secret, "key": "password"}},
+                "valueFrom": {"secretKeyRef": {"name": redis_secret, "key": secret_key}},
             }
         )
     names = {e["name"] for e in env}
@@ -151,11 +151,18 @@ def _label_value(model: str) -> str:
 class KnativeBackend:
     """ClusterBackend over the Kubernetes API (sync client; runs in the control core's thread)."""
 
-    def __init__(self, api_client: client.ApiClient, redis_url: str, redis_secret: str | None = None) -> None:
+    def __init__(
+        self,
+        api_client: client.ApiClient,
+        redis_url: str,
+        redis_secret: str | None = None,
+        secret_key: str = "password",
+    ) -> None:
         self.custom = client.CustomObjectsApi(api_client)
         self.core = client.CoreV1Api(api_client)
         self.redis_url = redis_url
         self.redis_secret = redis_secret
+        self.secret_key = secret_key
         self.pools: dict[str, tuple[WarmPool, int]] = {}  # pool name -> (resource, desired size)
 
     def register(self, pool: WarmPool, desired: int | None = None) -> int:
@@ -225,7 +232,7 @@ class KnativeBackend:
     def _apply(self, name: str) -> None:
         wp, desired = self.pools[name]
         ns = wp.metadata.namespace or "default"
-        body = service_manifest(wp, desired, self.redis_url, self.redis_secret)
+        body = service_manifest(wp, desired, self.redis_url, self.redis_secret, self.secret_key)
         try:
             self.custom.create_namespaced_custom_object(
                 KNATIVE_GROUP, KNATIVE_VERSION, ns, KNATIVE_PLURAL, body

@@ -67,7 +67,9 @@ class Runtime:
         self.events_api = client.CoreV1Api(api_client)
         self.bus = bus or Bus(settings.redis_url, settings.namespace)
         self.metrics = metrics or ControlMetrics()
-        self.backend = KnativeBackend(api_client, settings.redis_url, settings.redis_secret)
+        self.backend = KnativeBackend(
+            api_client, settings.redis_url, settings.redis_secret, settings.redis_secret_key
+        )
         core_settings = CoreSettings(
             cold_capacity=settings.cold_pool_gpus,
             channel_url=settings.channel_url or settings.redis_url,

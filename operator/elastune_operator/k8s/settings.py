@@ -19,6 +19,8 @@ class OperatorSettings:
     redis_secret: str | None = "elastune-redis"
     """ELASTUNE_REDIS_SECRET: Secret (key `password`) the worker pods read the Redis password from;
     empty for a Redis without auth. The operator itself reads ELASTUNE_REDIS_PASSWORD."""
+    redis_secret_key: str = "password"
+    """ELASTUNE_REDIS_SECRET_KEY: the key of the password inside that Secret."""
     channel_url: str | None = None
     """ELASTUNE_CHANNEL_URL: gradient storage channel (redis:// or memcached://); default: the bus."""
     cold_pool_gpus: int = 32
@@ -40,6 +42,7 @@ class OperatorSettings:
         names = {
             "redis_url": "ELASTUNE_REDIS_URL",
             "redis_secret": "ELASTUNE_REDIS_SECRET",
+            "redis_secret_key": "ELASTUNE_REDIS_SECRET_KEY",
             "channel_url": "ELASTUNE_CHANNEL_URL",
             "cold_pool_gpus": "ELASTUNE_COLD_POOL_GPUS",
             "work_dir": "ELASTUNE_WORK_DIR",
