@@ -230,8 +230,15 @@ def test_pool_and_jobs_run_on_workers_delete_releases_and_scale_down_spares_busy
     assert cluster.condition("nopool", "Failed")["reason"] == "UnknownModel"
     assert 'elastune_tuningjobs_finished_total{model="' in cluster.metrics()
 
-    pool = wait_for("WarmPool status", lambda: (cluster.get("warmpools", "tiny") or {}).get("status"), 30)
-    assert "coldStartSeconds" in pool and pool.get("iterationSeconds")
+    # Pool status is written once a second: wait for the one carrying the jobs' measured iteration times.
+    def pool_status() -> dict | None:
+        st = (cluster.get("warmpools", "tiny") or {}).get("status") or {}
+        return st if st.get("iterationSeconds") else None
+
+    pool = wait_for("WarmPool status with measured iteration times", pool_status, 30)
+    assert float(pool["coldStartSeconds"]) > 0 and all(
+        float(v) > 0 for v in pool["iterationSeconds"].values()
+    )
 
     cluster.custom.delete_namespaced_custom_object(GROUP, VERSION, NS, "tuningjobs", "late")
     wait_for("the deleted job to be gone", lambda: cluster.get("tuningjobs", "late") is None, 30)
