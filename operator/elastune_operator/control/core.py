@@ -616,16 +616,15 @@ class ControlCore:
                 [self.jobs[launch.job]] if launch.job else [self.jobs[k] for k in st.pending[launch.llm]]
             )
             for job in waiting:
-                job_ = self.jobs[job.key]
                 self._condition(
-                    job_,
+                    job,
                     SCHEDULED,
                     "True" if launch.job else "False",
                     "PoolGrowing",
-                    f"pool {job_.pool} is warming up {launch.count} more GPU(s) from the cold pool",
+                    f"pool {job.pool} is warming up {launch.count} more GPU(s) from the cold pool",
                 )
-                self._emit(job_)
-                touched.add(job_.key)
+                self._emit(job)
+                touched.add(job.key)
 
     def _dispatch(self, job: JobRecord, now: float) -> None:
         sched = self.state.jobs[job.key]
