@@ -12,7 +12,7 @@ from elastune_operator.scheduling.baselines import (
     INFlessConfig,
     INFlessPolicy,
 )
-from elastune_operator.scheduling.policy import make_policy
+from elastune_operator.scheduling.factory import make_policy
 from elastune_operator.scheduling.state import Allocation, ClusterState, GPUState, Job, Launch
 from elastune_operator.sim.simulator import SimConfig, Simulator
 from elastune_operator.sim.workload import SimJob, SimLLM
@@ -27,8 +27,8 @@ from scheduling_helpers import (
 )
 
 
-def infless(**config: object) -> INFlessPolicy:
-    return INFlessPolicy(make_estimator(), INFlessConfig(**config))  # type: ignore[arg-type]
+def infless(**config) -> INFlessPolicy:
+    return INFlessPolicy(make_estimator(), INFlessConfig(**config))
 
 
 # -- INFless -----------------------------------------------------------------------------------------
@@ -174,8 +174,8 @@ def test_infless_decides_afresh_each_round():
 # -- ElasticFlow -------------------------------------------------------------------------------------
 
 
-def elasticflow(**config: object) -> ElasticFlowPolicy:
-    return ElasticFlowPolicy(make_estimator(), ElasticFlowConfig(**config))  # type: ignore[arg-type]
+def elasticflow(**config) -> ElasticFlowPolicy:
+    return ElasticFlowPolicy(make_estimator(), ElasticFlowConfig(**config))
 
 
 def test_elasticflow_cluster_size():
@@ -325,8 +325,8 @@ def test_elasticflow_decides_afresh_each_round():
 
 def test_make_policy_builds_the_baselines():
     est = make_estimator()
-    inf = make_policy("infless", est, keep_alive_seconds=30.0)
-    ef = make_policy("elasticflow", est, cluster_gpus=4)
+    inf = make_policy("infless", est, INFlessConfig(keep_alive_seconds=30.0))
+    ef = make_policy("elasticflow", est, ElasticFlowConfig(cluster_gpus=4))
     assert isinstance(inf, INFlessPolicy) and inf.config.keep_alive_seconds == 30.0
     assert isinstance(ef, ElasticFlowPolicy) and ef.config.cluster_gpus == 4
 

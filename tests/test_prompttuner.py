@@ -9,8 +9,10 @@ import random
 
 import pytest
 
+from elastune_operator.scheduling.baselines import INFlessConfig
+from elastune_operator.scheduling.factory import make_policy
 from elastune_operator.scheduling.latency_budget import BankChoice, decide_prompt_bank
-from elastune_operator.scheduling.policy import make_policy
+from elastune_operator.scheduling.policy import PoolLimits
 from elastune_operator.scheduling.prompttuner import PromptTunerConfig, PromptTunerPolicy
 from elastune_operator.scheduling.state import Allocation, ClusterState, GPUState, Job, Launch
 from elastune_operator.sim.simulator import SimConfig, Simulator
@@ -29,8 +31,19 @@ from scheduling_helpers import (
 )
 
 
-def policy(**config: object) -> PromptTunerPolicy:
-    return PromptTunerPolicy(make_estimator(), PromptTunerConfig(**config))  # type: ignore[arg-type]
+def with_limits(
+    pol: PromptTunerPolicy, min_warm: dict[str, int] | None = None, max_warm: dict[str, int] | None = None
+) -> PromptTunerPolicy:
+    """Per-pool WarmPool bounds, as the control core sets them from WarmPools."""
+    for llm in {*(min_warm or {}), *(max_warm or {})}:
+        pol.set_pool_limits(llm, PoolLimits((min_warm or {}).get(llm, 0), (max_warm or {}).get(llm)))
+    return pol
+
+
+def policy(
+    min_warm: dict[str, int] | None = None, max_warm: dict[str, int] | None = None, **config
+) -> PromptTunerPolicy:
+    return with_limits(PromptTunerPolicy(make_estimator(), PromptTunerConfig(**config)), min_warm, max_warm)
 
 
 # -- Algorithm 1: allocation from the warm pool -------------------------------------------------------
@@ -330,9 +343,9 @@ def _reclaim_state(with_reserving_job: bool) -> ClusterState:
     return state
 
 
-def _two_llm_policy(**config: object) -> PromptTunerPolicy:
+def _two_llm_policy(min_warm: dict[str, int] | None = None, **config) -> PromptTunerPolicy:
     est = make_estimator(make_profile("m"), make_profile("n"))
-    return PromptTunerPolicy(est, PromptTunerConfig(**config))  # type: ignore[arg-type]
+    return with_limits(PromptTunerPolicy(est, PromptTunerConfig(**config)), min_warm)
 
 
 def test_growth_reclaims_another_llms_unreserved_idle_gpu():
@@ -448,11 +461,27 @@ def test_admit_applies_the_latency_budget(latency_budget, mode, slo, use):
     assert state.pending_jobs(LLM) == [job]
 
 
-def test_make_policy_builds_prompttuner_with_options():
-    pol = make_policy("promptTuner", make_estimator(), idle_window_seconds=10.0)
+def test_make_policy_builds_prompttuner_with_its_config():
+    pol = make_policy("promptTuner", make_estimator(), PromptTunerConfig(idle_window_seconds=10.0))
     assert isinstance(pol, PromptTunerPolicy) and pol.config.idle_window_seconds == 10.0
     with pytest.raises(ValueError, match="unknown policy"):
         make_policy("nope", make_estimator())  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="its own config class"):
+        make_policy("promptTuner", make_estimator(), INFlessConfig())
+
+
+def test_each_pool_keeps_its_own_idle_window():
+    """Two WarmPools with different idle windows: setting the second never changes the first's."""
+    est = make_estimator(make_profile("m"), make_profile("n"))
+    pol = PromptTunerPolicy(est)
+    pol.set_pool_limits("m", PoolLimits(idle_window_seconds=10.0))
+    pol.set_pool_limits("n", PoolLimits(idle_window_seconds=100.0))
+    state = ClusterState(8, ["m", "n"])
+    for llm in ("m", "n"):
+        make_gpus_warm(state, llm, 2, at=0.0)
+    assert sorted(pol.round(state, 50.0).releases) == [0, 1]  # m's GPUs: 0 + 10 ≤ 50; n's wait to 100
+    assert sorted(pol.round(state, 100.0).releases) == [0, 1, 2, 3]
+    assert pol.pools.idle_window("other") == 60.0  # a pool without limits keeps the default
 
 
 @pytest.mark.parametrize("config", [{"idle_window_seconds": -1.0}, {"budget_fraction": 0.0}])
@@ -477,20 +506,24 @@ PROFILES = (
 NOW = 100.0
 
 
-def _random_case(seed: int, overruns: bool) -> tuple[ClusterState, PromptTunerConfig, float]:
-    """A small random cluster at t = NOW. Returns (state, config, t_clamp): before t_clamp no warm-GPU
-    estimate (running job's predicted finish, GPU's launched_at + T_cold) has been overrun."""
+def _random_case(
+    seed: int, overruns: bool
+) -> tuple[ClusterState, PromptTunerConfig, dict[str, PoolLimits], float]:
+    """A small random cluster at t = NOW. Returns (state, config, pool limits, t_clamp): before t_clamp
+    no warm-GPU estimate (running job's predicted finish, GPU's launched_at + T_cold) has been overrun."""
     rng = random.Random(seed)
     est = make_estimator(*PROFILES)
     cfg = PromptTunerConfig(
         warm_allocator=rng.random() < 0.8,
         delay_schedulable=rng.random() < 0.7,
         idle_window_seconds=rng.choice([10.0, 60.0]),
-        min_warm={"m": rng.randint(0, 2)} if rng.random() < 0.3 else {},
-        max_warm={"n": rng.randint(1, 6)} if rng.random() < 0.3 else {},
     )
+    limits = {
+        "m": PoolLimits(min_warm=rng.randint(0, 2)) if rng.random() < 0.3 else PoolLimits(),
+        "n": PoolLimits(max_warm=rng.randint(1, 6)) if rng.random() < 0.3 else PoolLimits(),
+    }
     state = ClusterState(40, ["m", "n"])  # shrunk to the GPUs in use + a few cold ones below
-    admitter = PromptTunerPolicy(est, cfg)
+    admitter = _limited(PromptTunerPolicy(est, cfg), limits)
     lag = 10.0 if overruns else -0.5  # how far past its estimate a GPU / running job may be
     clamp = math.inf
     counter = iter(range(1000))
@@ -541,15 +574,21 @@ def _random_case(seed: int, overruns: bool) -> tuple[ClusterState, PromptTunerCo
             job = new_job(llm, NOW - rng.uniform(0.0, 30.0))
             admitter.admit(state, job, job.arrival)
     state.capacity = len(state.gpus) + rng.choice([0, 0, 1, 2, 4])
-    return state, cfg, clamp
+    return state, cfg, limits, clamp
+
+
+def _limited(pol: PromptTunerPolicy, limits: dict[str, PoolLimits]) -> PromptTunerPolicy:
+    for llm, lim in limits.items():
+        pol.set_pool_limits(llm, lim)
+    return pol
 
 
 def _check_cache_exactness(overruns: bool, seeds: range) -> tuple[int, list[tuple[int, float]]]:
     checked, failures = 0, []
     for seed in seeds:
-        state, cfg, clamp = _random_case(seed, overruns)
+        state, cfg, limits, clamp = _random_case(seed, overruns)
         est = make_estimator(*PROFILES)
-        cached = PromptTunerPolicy(est, cfg)
+        cached = _limited(PromptTunerPolicy(est, cfg), limits)
         if not cached.round(state, NOW).empty():
             continue
         horizon = cached._cache.horizon
@@ -562,7 +601,7 @@ def _check_cache_exactness(overruns: bool, seeds: range) -> tuple[int, list[tupl
         rng = random.Random(seed)
         times = [NOW, NOW + 1e-6, end - 1e-6, *(rng.uniform(NOW, end) for _ in range(12))]
         for t in times:
-            if NOW <= t < end and not PromptTunerPolicy(est, cfg).round(state, t).empty():
+            if NOW <= t < end and not _limited(PromptTunerPolicy(est, cfg), limits).round(state, t).empty():
                 failures.append((seed, t))
                 break
             assert cached.round(state, t).empty()  # the cache answers the same

@@ -8,9 +8,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from elastune_operator.scheduling.baselines import ElasticFlowPolicy
+from elastune_operator.scheduling.baselines import ElasticFlowConfig, ElasticFlowPolicy
 from elastune_operator.scheduling.estimator import Estimator
-from elastune_operator.scheduling.policy import make_policy
+from elastune_operator.scheduling.factory import PolicyConfig, make_policy
+from elastune_operator.scheduling.policy import PolicyName
 from elastune_operator.scheduling.prompttuner import PromptTunerPolicy
 from elastune_operator.sim.simulator import DEFAULT_PRICE_PER_GPU_HOUR, SimConfig, SimResult, Simulator
 from elastune_operator.sim.workload import (
@@ -32,12 +33,12 @@ def small_workload(seed: int) -> WorkloadConfig:
     return WorkloadConfig(jobs_per_llm=dict(SMALL), minutes=3, duration_bounds=(5.0, 60.0), seed=seed)
 
 
-def run(policy: str, seed: int, **options: object) -> tuple[Simulator, SimResult]:
+def run(policy: PolicyName, seed: int, config: PolicyConfig | None = None) -> tuple[Simulator, SimResult]:
     wl = small_workload(seed)
     est = Estimator([llm.profile for llm in wl.llms.values()])
     sim = Simulator(
-        wl.llms, generate(wl), make_policy(policy, est, **options), SimConfig(cold_capacity=16, seed=seed)
-    )  # type: ignore[arg-type]
+        wl.llms, generate(wl), make_policy(policy, est, config), SimConfig(cold_capacity=16, seed=seed)
+    )
     return sim, sim.run()
 
 
@@ -74,7 +75,7 @@ def test_every_job_ends_finished_or_dropped(policy):
 
 
 def test_fixed_cluster_cost_is_cluster_size_times_makespan():
-    sim, result = run("elasticflow", seed=2, cluster_gpus=12)
+    sim, result = run("elasticflow", seed=2, config=ElasticFlowConfig(cluster_gpus=12))
     assert sim.policy.cluster_gpus(sim.state) == 12  # type: ignore[attr-defined]
     assert result.paid_gpu_seconds == pytest.approx(12 * result.makespan_seconds)
     assert result.cost_usd == pytest.approx(12 * result.makespan_seconds * DEFAULT_PRICE_PER_GPU_HOUR / 3600)

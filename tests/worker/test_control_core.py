@@ -238,6 +238,35 @@ def test_idle_workers_return_to_the_cold_pool_after_the_window(env: dict[str, An
     assert env["backend"].shrunk == ["w1"] and core.state.cold_free == 4
 
 
+def test_two_warm_pools_keep_their_own_idle_windows(env: dict[str, Any]) -> None:
+    """Regression: adding a second WarmPool used to overwrite the first pool's idle window."""
+    core, bus, clock = env["core"], env["bus"], env["clock"]
+    other = PoolConfig("pool-b", "test/other", max_warm=4, idle_window_seconds=300, cold_start_seconds=5)
+    core.add_pool(other)  # added after "pool" (30 s window)
+    rec_a, rec_b = job("a"), job("b", model="test/other")
+    core.submit(rec_a)
+    core.submit(rec_b)
+    core.tick()
+    worker(bus, "wa", clock)
+    bus.publish_worker(
+        WorkerRecord(
+            id="wb", pool="pool-b", model="test/other", state=WorkerState.READY,
+            started_at=clock.t - 3, ready_at=clock.t,
+        )
+    )  # fmt: skip
+    clock.t += 5
+    core.tick()
+    for a in (pop(bus, "wa"), pop(bus, "wb")):
+        post(bus, a, "succeeded", iterations=50, value=0.1)
+    core.tick()
+    clock.t += 31
+    core.tick()
+    assert env["backend"].shrunk == ["wa"]  # pool's 30 s window passed; pool-b's 300 s has not
+    clock.t += 270
+    core.tick()
+    assert env["backend"].shrunk == ["wa", "wb"]
+
+
 # --------------------------------------------------------------------------- control-plane restarts
 def restarted(env: dict[str, Any], rec: JobRecord) -> tuple[ControlCore, JobRecord]:
     """A new core (the operator restarted) and the job rebuilt from its persisted status."""

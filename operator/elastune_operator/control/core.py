@@ -40,7 +40,8 @@ from elastune_operator.control.protocol import (
 )
 from elastune_operator.metrics import ControlMetrics
 from elastune_operator.scheduling.estimator import Estimator, LLMProfile
-from elastune_operator.scheduling.policy import ROUND_SECONDS, make_policy
+from elastune_operator.scheduling.factory import make_policy
+from elastune_operator.scheduling.policy import ROUND_SECONDS, PolicyName, PoolLimits
 from elastune_operator.scheduling.state import ClusterState, GPUState, Job, RoundDecision
 
 log = logging.getLogger("elastune.control")
@@ -95,6 +96,9 @@ class CoreSettings:
     progress_every: int = 10
     max_attempts: int = 3
     round_seconds: float = ROUND_SECONDS
+    policy: PolicyName = "promptTuner"
+    """The scheduling policy: PromptTuner's, or one of the paper's baselines (infless, elasticflow)
+    for side-by-side runs on real workers."""
     recovery_grace_s: float = WORKER_TTL_SECONDS + 5.0
     """After a control-plane restart, how long a job's in-flight attempt may take to show up (its busy
     workers in the registry, or its result in the event stream) before it is re-run from its checkpoint."""
@@ -150,7 +154,7 @@ class ControlCore:
         self.pools: dict[str, PoolConfig] = {}
         self.state = ClusterState(settings.cold_capacity, [])
         self.estimator = Estimator([])
-        self.policy = make_policy("promptTuner", self.estimator)
+        self.policy = make_policy(settings.policy, self.estimator)
         self.jobs: dict[str, JobRecord] = {}
         self.gpu_of: dict[str, int] = {}  # worker id -> GPU id
         self.worker_of: dict[int, str] = {}  # GPU id -> worker id
@@ -185,10 +189,9 @@ class ControlCore:
                 max_gpus_per_job=max(1, pool.max_warm),
             )
         )
-        cfg = self.policy.config  # type: ignore[attr-defined]
-        cfg.min_warm[pool.model] = pool.min_warm
-        cfg.max_warm[pool.model] = pool.max_warm
-        cfg.idle_window_seconds = pool.idle_window_seconds
+        self.policy.set_pool_limits(
+            pool.model, PoolLimits(pool.min_warm, pool.max_warm, pool.idle_window_seconds)
+        )
 
     def remove_pool(self, model: str, reason_message: str) -> None:
         """The WarmPool went away: jobs that still need it fail; its GPUs are left to the backend."""
@@ -264,7 +267,7 @@ class ControlCore:
                 "spec.promptBank is never: tuning starts from spec.initialPrompt",
             )
         else:
-            budget = self.policy.config.budget_fraction * sched.slo  # type: ignore[attr-defined]
+            budget = self.policy.bank_budget_seconds(sched.slo)
             lookup = self.estimator.profile(job.llm).bank_lookup_seconds
             reason = "LatencyBudgetExceeded"
             msg = f"predicted lookup {lookup:.1f} s exceeds the budget {budget:.1f} s (20% of the deadline)"
@@ -660,7 +663,7 @@ class ControlCore:
                     checkpoint_every=self.settings.checkpoint_every,
                     progress_every=self.settings.progress_every,
                     prompt_bank=bank_mode,
-                    bank_budget_s=self.policy.config.budget_fraction * sched.slo,  # type: ignore[attr-defined]
+                    bank_budget_s=self.policy.bank_budget_seconds(sched.slo),
                     initial_prompt=chosen,
                 ),
             )

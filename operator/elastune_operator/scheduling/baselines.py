@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from .estimator import Estimator
 from .latency_budget import decide_prompt_bank
-from .policy import Billing
+from .policy import Billing, PoolLimits, PoolLimitsTable
 from .state import Allocation, ClusterState, Job, Launch, RoundDecision
 
 
@@ -22,6 +22,20 @@ def _bank_always(estimator: Estimator, job: Job) -> None:
     choice = decide_prompt_bank(mode, 0.0, job.slo)
     job.use_bank = choice.use
     job.bank_seconds = estimator.profile(job.llm).bank_lookup_seconds if choice.use else 0.0
+
+
+class _BankAlwaysPools:
+    """What both baselines share of the policy interface: per-pool limits and the bank budget."""
+
+    pools: PoolLimitsTable
+
+    def set_pool_limits(self, llm: str, limits: PoolLimits) -> None:
+        self.pools.set(llm, limits)
+
+    def bank_budget_seconds(self, slo_seconds: float) -> float:
+        """No latency budget (PromptTuner's own mechanism): the baselines run the bank for every job,
+        so the workers' re-check may use the whole SLO."""
+        return slo_seconds
 
 
 def _best_effort_gpus(estimator: Estimator, job: Job) -> int:
@@ -40,7 +54,7 @@ class INFlessConfig:
     rate_window_seconds: float = 60.0
 
 
-class INFlessPolicy:
+class INFlessPolicy(_BankAlwaysPools):
     """INFless-like serverless inference autoscaling, extended to multi-GPU LPT jobs (paper §3.2, §6.1).
 
     Models: requests dispatched on arrival (FIFO, no global reordering); SLO-aware sizing with the
@@ -53,6 +67,8 @@ class INFlessPolicy:
     (an inference system scales out instead).
     Leaves out: INFless's batching and CPU/GPU operator placement (irrelevant to LPT jobs), its LSTH
     keep-alive histogram (a fixed window stands in), and any cross-model optimisation — it has none.
+    Pool limits: a WarmPool's idle window is its keep-alive (``keep_alive_seconds`` is the default);
+    min/max warm GPUs are not part of INFless and are not applied.
     """
 
     name = "infless"
@@ -62,6 +78,7 @@ class INFlessPolicy:
     def __init__(self, estimator: Estimator, config: INFlessConfig | None = None) -> None:
         self.estimator = estimator
         self.config = config or INFlessConfig()
+        self.pools = PoolLimitsTable(self.config.keep_alive_seconds)
         self._demand: dict[str, deque[tuple[float, float]]] = {}
 
     def admit(self, state: ClusterState, job: Job, now: float) -> None:
@@ -121,7 +138,7 @@ class INFlessPolicy:
                 size += n
             surplus = size - target
             for gid in free[llm]:
-                expires = state.gpus[gid].idle_since + self.config.keep_alive_seconds
+                expires = state.gpus[gid].idle_since + self.pools.idle_window(llm)
                 if expires <= now and surplus > 0:
                     d.releases.append(gid)
                     surplus -= 1
@@ -145,7 +162,7 @@ class ElasticFlowConfig:
     """Size of the fixed, always-paid cluster; None = the cold pool's capacity (the paper's 32 GPUs)."""
 
 
-class ElasticFlowPolicy:
+class ElasticFlowPolicy(_BankAlwaysPools):
     """ElasticFlow-like SLO-aware elastic training scheduler (paper §3.1, §6.1; Gu et al. 2023).
 
     Models: a fixed-size cluster paid all the time; deadline-aware admission control with minimum
@@ -159,6 +176,7 @@ class ElasticFlowPolicy:
     against the current commitments, which is at least as permissive for jobs that fit now), its
     topology-aware placement, and growing running jobs (a restart costs T_cold, which near-linear
     scaling rarely repays for jobs of seconds to minutes).
+    Pool limits: none apply (a fixed cluster, no warm pools to keep or release).
     """
 
     name = "elasticflow"
@@ -168,6 +186,7 @@ class ElasticFlowPolicy:
     def __init__(self, estimator: Estimator, config: ElasticFlowConfig | None = None) -> None:
         self.estimator = estimator
         self.config = config or ElasticFlowConfig()
+        self.pools = PoolLimitsTable(0.0)
         self._min_share: dict[str, int] = {}
 
     def cluster_gpus(self, state: ClusterState) -> int:

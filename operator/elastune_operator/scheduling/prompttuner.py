@@ -57,7 +57,7 @@ import numpy as np
 
 from .estimator import Estimator
 from .latency_budget import DEFAULT_BUDGET_FRACTION, decide_prompt_bank
-from .policy import Billing, RoundCache
+from .policy import Billing, PoolLimits, PoolLimitsTable, RoundCache
 from .state import Allocation, ClusterState, GPUState, Job, Launch, RoundDecision
 
 DEFAULT_IDLE_WINDOW_SECONDS = 60.0
@@ -71,10 +71,7 @@ class PromptTunerConfig:
     latency_budget: bool = True
     budget_fraction: float = DEFAULT_BUDGET_FRACTION
     idle_window_seconds: float = DEFAULT_IDLE_WINDOW_SECONDS
-    min_warm: dict[str, int] = field(default_factory=dict)
-    """WarmPool spec.minWarmGPUs per LLM: never shrink below, grow up to it eagerly."""
-    max_warm: dict[str, int] = field(default_factory=dict)
-    """WarmPool spec.maxWarmGPUs per LLM: Algorithm 2 never grows a pool past it."""
+    """Default idle window of pools whose ``PoolLimits`` set none (WarmPools set their own)."""
     release_prediction: Literal["upper_bound", "learned"] = "learned"
     """How E_l predicts when running jobs release their GPUs (see ``_expected_release``)."""
 
@@ -130,8 +127,17 @@ class PromptTunerPolicy:
     def __init__(self, estimator: Estimator, config: PromptTunerConfig | None = None) -> None:
         self.estimator = estimator
         self.config = config or PromptTunerConfig()
+        self.pools = PoolLimitsTable(self.config.idle_window_seconds)
+        """Per-LLM WarmPool bounds (minWarmGPUs, maxWarmGPUs, idle window)."""
         self._cache = RoundCache()
         self._queues: dict[str, _Queue] = {}
+
+    def set_pool_limits(self, llm: str, limits: PoolLimits) -> None:
+        self.pools.set(llm, limits)
+        self._cache = RoundCache()  # limits are round inputs outside the state's version
+
+    def bank_budget_seconds(self, slo_seconds: float) -> float:
+        return self.config.budget_fraction * slo_seconds
 
     # -- arrival ----------------------------------------------------------------------------------
     def admit(self, state: ClusterState, job: Job, now: float) -> None:
@@ -139,7 +145,7 @@ class PromptTunerPolicy:
         if mode == "auto" and not self.config.latency_budget:
             mode = "always"
         lookup = self.estimator.profile(job.llm).bank_lookup_seconds
-        choice = decide_prompt_bank(mode, lookup, job.slo, self.config.budget_fraction)  # type: ignore[arg-type]
+        choice = decide_prompt_bank(mode, lookup, job.slo, self.config.budget_fraction)
         job.use_bank = choice.use
         job.bank_seconds = lookup if choice.use else 0.0
         state.submit(job)
@@ -412,7 +418,7 @@ class PromptTunerPolicy:
         GPU kept for another LLM's possible future job must not cost a present job its SLO.
         Releases are applied before launches, so the freed GPUs refill the cold pool in time.
         """
-        cap = self.config.max_warm.get(llm)
+        cap = self.pools.max_warm(llm)
         if cap is not None and cap - state.pool_size[llm] - r.growth[llm] < a:
             return False
         short = a - r.cold_free
@@ -421,7 +427,7 @@ class PromptTunerPolicy:
             if other == llm:
                 continue
             # Only idle GPUs nobody counts on, and never below the other pool's WarmPool minimum.
-            keep = self.config.min_warm.get(other, 0)
+            keep = self.pools.min_warm(other)
             n = min(r.unreserved_idle[other], state.pool_size[other] + r.growth[other] - keep)
             spare += [(state.gpus[g].idle_since, g, other) for g in free[: max(n, 0)]]
         if len(spare) < short:
@@ -437,7 +443,7 @@ class PromptTunerPolicy:
         return True
 
     def _growth_room(self, state: ClusterState, r: _Round, llm: str) -> int:
-        cap = self.config.max_warm.get(llm)
+        cap = self.pools.max_warm(llm)
         room = r.cold_free
         if cap is not None:
             room = min(room, cap - state.pool_size[llm] - r.growth[llm])
@@ -492,7 +498,7 @@ class PromptTunerPolicy:
     # -- pool size: WarmPool minimum and the idle window ----------------------------------------------
     def _min_warm_and_release(self, state: ClusterState, r: _Round, llm: str) -> None:
         size = state.pool_size[llm] + r.growth[llm]
-        minimum = self.config.min_warm.get(llm, 0)
+        minimum = self.pools.min_warm(llm)
         if size < minimum:
             n = min(minimum - size, self._growth_room(state, r, llm))
             if n:
@@ -500,7 +506,7 @@ class PromptTunerPolicy:
                 r.cold_free -= n
                 r.decision.launches.append(Launch(llm, n))
             return
-        window = self.config.idle_window_seconds
+        window = self.pools.idle_window(llm)
         free = r.free[llm]  # oldest idle first
         releasable = min(r.unreserved_idle[llm], len(free), size - minimum)
         for gid in free:

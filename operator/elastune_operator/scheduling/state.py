@@ -13,6 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+from .latency_budget import BankMode
+
 
 class GPUState(StrEnum):
     STARTING = "starting"  # taken from the cold pool, loading runtime + weights (T_cold)
@@ -45,7 +47,7 @@ class Job:
     max_iterations: int
     """Termination upper bound: the estimator's 'maximum remaining iterations'."""
     done_iterations: float = 0.0
-    bank_mode: str = "auto"
+    bank_mode: BankMode = "auto"
     """TuningJob spec.promptBank: auto (latency budget decides) | always | never."""
     use_bank: bool = False
     bank_seconds: float = 0.0

@@ -14,17 +14,19 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from ..scheduling.estimator import Estimator, LLMProfile
-from ..scheduling.policy import PolicyName, make_policy
+from ..scheduling.factory import PolicyConfig, make_policy
+from ..scheduling.policy import PolicyName
+from ..scheduling.prompttuner import PromptTunerConfig
 from .simulator import SimConfig, SimResult, Simulator
 from .workload import LOADS, SimLLM, WorkloadConfig, generate
 
 POLICIES: tuple[PolicyName, ...] = ("promptTuner", "infless", "elasticflow")
 SLO_LEVELS = (0.5, 1.0, 1.5)
-ABLATIONS: dict[str, dict[str, object]] = {
-    "workloadScheduler": {},
-    "withoutWarmAllocator": {"warm_allocator": False},
-    "withoutDelaySchedulable": {"delay_schedulable": False},
-    "withoutLatencyBudget": {"latency_budget": False},
+ABLATIONS: dict[str, PromptTunerConfig] = {
+    "workloadScheduler": PromptTunerConfig(),
+    "withoutWarmAllocator": PromptTunerConfig(warm_allocator=False),
+    "withoutDelaySchedulable": PromptTunerConfig(delay_schedulable=False),
+    "withoutLatencyBudget": PromptTunerConfig(latency_budget=False),
 }
 IDLE_WINDOWS = (10.0, 30.0, 60.0, 120.0, 300.0)
 
@@ -51,17 +53,22 @@ def run_one(
     policy: PolicyName,
     workload: WorkloadConfig,
     sim: SimConfig,
-    **options: object,
+    config: PolicyConfig | None = None,
 ) -> SimResult:
     jobs = generate(workload)
     estimator = Estimator([llm.profile for llm in workload.llms.values()])
-    return Simulator(workload.llms, jobs, make_policy(policy, estimator, **options), sim).run()
+    return Simulator(workload.llms, jobs, make_policy(policy, estimator, config), sim).run()
 
 
 def run_cell(
-    policy: PolicyName, workload: WorkloadConfig, sim: SimConfig, seeds: list[int], **options: object
+    policy: PolicyName,
+    workload: WorkloadConfig,
+    sim: SimConfig,
+    seeds: list[int],
+    config: PolicyConfig | None = None,
 ) -> Cell:
-    results = [run_one(policy, replace(workload, seed=s), replace(sim, seed=s), **options) for s in seeds]
+    """One policy on one setting, averaged over seeds (policies never mutate their config)."""
+    results = [run_one(policy, replace(workload, seed=s), replace(sim, seed=s), config) for s in seeds]
     return Cell(
         slo_violation_pct=float(np.mean([r.slo_violation_pct for r in results])),
         cost_usd=float(np.mean([r.cost_usd for r in results])),
@@ -87,13 +94,16 @@ def end_to_end(
 def ablations(seeds: list[int], sim: SimConfig) -> dict[str, Cell]:
     """Table 8 at medium load, S = 1.0."""
     wl = WorkloadConfig(jobs_per_llm=dict(LOADS["medium"]), slo_emergence=1.0)
-    return {name: run_cell("promptTuner", wl, sim, seeds, **opts) for name, opts in ABLATIONS.items()}
+    return {name: run_cell("promptTuner", wl, sim, seeds, cfg) for name, cfg in ABLATIONS.items()}
 
 
 def idle_window_sweep(seeds: list[int], sim: SimConfig) -> dict[str, Cell]:
     """Fig. 8c at medium load, S = 1.0."""
     wl = WorkloadConfig(jobs_per_llm=dict(LOADS["medium"]), slo_emergence=1.0)
-    return {f"{w:g}s": run_cell("promptTuner", wl, sim, seeds, idle_window_seconds=w) for w in IDLE_WINDOWS}
+    return {
+        f"{w:g}s": run_cell("promptTuner", wl, sim, seeds, PromptTunerConfig(idle_window_seconds=w))
+        for w in IDLE_WINDOWS
+    }
 
 
 # -- scale ------------------------------------------------------------------------------------------
