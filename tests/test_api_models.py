@@ -12,19 +12,13 @@ from typing import Any
 import pytest
 import yaml
 
-from elastune_operator.api import constants, crdcheck, units
-from elastune_operator.api.common import (
-    Condition,
-    ConditionType,
-    Reason,
-    get_condition,
-    is_condition_true,
-    set_condition,
-)
-from elastune_operator.api.crds import render_crds
-from elastune_operator.api.resources import InvalidResource, parse_resource
-from elastune_operator.api.tuningjob import TuningJob, TuningJobSpec
-from elastune_operator.api.warmpool import DEFAULT_WORKER_IMAGE, WarmPool
+from elastune_contract.api import constants, crdcheck, units
+from elastune_contract.api.common import Condition, get_condition, is_condition_true, set_condition
+from elastune_contract.api.crds import render_crds
+from elastune_contract.api.resources import InvalidResource, parse_resource
+from elastune_contract.api.tuningjob import TuningJob, TuningJobSpec
+from elastune_contract.api.warmpool import DEFAULT_WORKER_IMAGE, WarmPool
+from elastune_contract.vocabulary import ConditionType, Reason
 
 REPO = Path(__file__).resolve().parents[1]
 CRDS = {
@@ -458,20 +452,20 @@ T1 = datetime(2025, 1, 2, 3, 9, 0, tzinfo=UTC)
 
 
 def test_set_condition_keeps_transition_time_when_status_is_unchanged() -> None:
-    first = set_condition([], ConditionType.ACCEPTED, "True", Reason.VALID_SPEC, now=T0)
-    again = set_condition(first, ConditionType.ACCEPTED, "True", Reason.VALID_SPEC, now=T1)
+    first = set_condition([], ConditionType.ACCEPTED, "True", Reason.VALIDATED, now=T0)
+    again = set_condition(first, ConditionType.ACCEPTED, "True", Reason.VALIDATED, now=T1)
     assert again == first, "same outcome twice must be a no-op"
-    reworded = set_condition(first, ConditionType.ACCEPTED, "True", Reason.UNKNOWN_WARM_POOL, "hm", now=T1)
+    reworded = set_condition(first, ConditionType.ACCEPTED, "True", Reason.UNKNOWN_MODEL, "hm", now=T1)
     assert reworded[0].last_transition_time == "2025-01-02T03:04:05Z"
-    assert (reworded[0].reason, reworded[0].message) == ("UnknownWarmPool", "hm")
+    assert (reworded[0].reason, reworded[0].message) == (Reason.UNKNOWN_MODEL, "hm")
 
 
 def test_set_condition_moves_transition_time_when_status_changes() -> None:
     conditions = set_condition(None, ConditionType.SUCCEEDED, "Unknown", Reason.TUNING, now=T0)
-    conditions = set_condition(conditions, ConditionType.READY, "True", Reason.POOL_READY, now=T0)
+    conditions = set_condition(conditions, ConditionType.READY, "True", Reason.VALIDATED, now=T0)
     before = copy.deepcopy(conditions)
     done = set_condition(
-        conditions, ConditionType.SUCCEEDED, "True", Reason.SLO_MET, observed_generation=2, now=T1
+        conditions, ConditionType.SUCCEEDED, "True", Reason.TARGET_REACHED, observed_generation=2, now=T1
     )
     assert conditions == before, "the input list must not be modified"
     assert [c.type for c in done] == ["Succeeded", "Ready"]
@@ -493,15 +487,8 @@ def test_condition_constants_fit_the_schema() -> None:
     reasons = [value for key, value in vars(Reason).items() if key.isupper()]
     types = [value for key, value in vars(ConditionType).items() if key.isupper()]
     assert len(set(reasons)) == len(reasons) >= 20
-    assert {
-        "InvalidSpec",
-        "UnknownWarmPool",
-        "DatasetUnreadable",
-        "SLOMet",
-        "SLOMissed",
-        "PromptBankSkipped",
-    } <= set(reasons)
-    assert set(types) == {"Accepted", "Scheduled", "Running", "Succeeded", "Failed", "Ready"}
+    assert {"InvalidSpec", "UnknownModel", "DatasetNotFound", "LatencyBudgetExceeded"} <= set(reasons)
+    assert set(types) == {"Accepted", "Scheduled", "Running", "Succeeded", "Failed", "Ready", "Loaded"}
     for reason in reasons:
         for type_ in types:
             Condition(

@@ -9,8 +9,8 @@ import pytest
 import yaml
 from pydantic import Field, TypeAdapter
 
-from elastune_operator.api import constants, crdcheck
-from elastune_operator.api.crds import HEADER, render_crds, write_crds
+from elastune_contract.api import constants, crdcheck
+from elastune_contract.api.crds import HEADER, render_crds, write_crds
 
 REPO = Path(__file__).resolve().parents[1]
 CRD_DIR = REPO / "crds"

@@ -25,9 +25,9 @@ from typing import Any
 import pytest
 from kubernetes import client, config
 
-from elastune_operator.api.constants import GROUP, PLURAL_TUNING_JOBS, PLURAL_WARM_POOLS, VERSION
-from elastune_operator.testing.emulator import EmulatorHandle, start_emulator
-from elastune_operator.testing.fixtures import k8s_emulator  # noqa: F401 - the fixture
+from elastune_contract.api.constants import GROUP, PLURAL_TUNING_JOBS, PLURAL_WARM_POOLS, VERSION
+from elastune_testing.emulator import EmulatorHandle, start_emulator
+from elastune_testing.fixtures import k8s_emulator  # noqa: F401 - the fixture
 
 TJ_PATH = f"/apis/{GROUP}/{VERSION}/namespaces/{{ns}}/{PLURAL_TUNING_JOBS}"
 KSVC = ("serving.knative.dev", "v1", "services")

@@ -19,7 +19,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from elastune_operator.api import crdcheck
+from elastune_contract.api import crdcheck
 
 REPO = Path(__file__).resolve().parents[1]
 CHART = REPO / "helm" / "elastune"

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from elastune_operator.api.resources import parse_resource
-from elastune_operator.api.tuningjob import TuningJobStatus
-from elastune_operator.control.core import JobRecord
+from elastune_contract.api.resources import parse_resource
+from elastune_contract.api.tuningjob import TuningJobStatus
+from elastune_operator.control.records import JobRecord
 from elastune_operator.k8s.knative import COST_BUSY, COST_REMOVE, MAX_SCALE, MIN_SCALE, service_manifest
 from elastune_operator.k8s.runtime import status_patch
 from elastune_operator.k8s.settings import OperatorSettings, SettingsError

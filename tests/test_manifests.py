@@ -6,8 +6,8 @@ from typing import Any
 import pytest
 import yaml
 
-from elastune_operator.api import constants, crdcheck
-from elastune_operator.api.resources import parse_resource
+from elastune_contract.api import constants, crdcheck
+from elastune_contract.api.resources import parse_resource
 
 REPO = Path(__file__).resolve().parents[1]
 MANIFESTS = sorted((REPO / "manifests").glob("*.yaml"))

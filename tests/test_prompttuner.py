@@ -425,9 +425,9 @@ def test_idle_release_spares_gpus_reserved_by_delay_schedulable():
         ("never", 0.0, 100.0, BankChoice(False, "PromptBankDisabled")),
         ("always", 1000.0, 1.0, BankChoice(True, "PromptBankRequested")),
         ("auto", 6.0, 30.0, BankChoice(True, "WithinLatencyBudget")),  # 6 ≤ 0.2 × 30 = 6 (boundary)
-        ("auto", 6.0, 29.9, BankChoice(False, "OverLatencyBudget")),  # 6 > 5.98
+        ("auto", 6.0, 29.9, BankChoice(False, "LatencyBudgetExceeded")),  # 6 > 5.98
         ("auto", 1.0, 5.0, BankChoice(True, "WithinLatencyBudget")),  # 1 ≤ 0.2 × 5 = 1
-        ("auto", 1.001, 5.0, BankChoice(False, "OverLatencyBudget")),
+        ("auto", 1.001, 5.0, BankChoice(False, "LatencyBudgetExceeded")),
         ("auto", 0.0, 0.001, BankChoice(True, "WithinLatencyBudget")),
     ],
 )

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 from pathlib import Path
 
 
 def _cmd_crds(args: argparse.Namespace) -> int:
-    from .api.crds import render_crds, write_crds
+    from elastune_contract.api.crds import render_crds, write_crds
 
     if args.write:
         for path in write_crds(Path(args.write)):
@@ -20,7 +21,7 @@ def _cmd_crds(args: argparse.Namespace) -> int:
 
 def _cmd_validate(args: argparse.Namespace) -> int:
     """Check manifests the way the API server (CRD schema) and the operator (models) will."""
-    from .api import manifests
+    from elastune_contract.api import manifests
 
     failed = 0
     for m in manifests.load([Path(f) for f in args.file]):
@@ -209,6 +210,21 @@ WORKER_COMMANDS: dict[tuple[str, ...], list[str]] = {
 }
 
 
+def _bench_operator(argv: list[str]) -> int:
+    """`elastune bench operator` runs on the test support (API emulator), which product code never
+    imports statically: it needs the development extras."""
+    try:
+        bench = importlib.import_module("elastune_testing.bench_operator")
+    except ImportError as exc:
+        print(
+            f"elastune bench operator needs the development extras ({exc.name or exc}): "
+            "pip install -e '.[dev]'",
+            file=sys.stderr,
+        )
+        return 2
+    return int(bench.main(argv))
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     for prefix, target in WORKER_COMMANDS.items():
@@ -217,9 +233,7 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["operator"]:
         return _run_operator(argv[1:])
     if argv[:2] == ["bench", "operator"]:
-        from .k8s.bench import main as bench_operator
-
-        return bench_operator(argv[2:])
+        return _bench_operator(argv[2:])
     args = build_parser().parse_args(argv)
     return int(args.func(args) or 0)
 

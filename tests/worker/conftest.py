@@ -16,9 +16,9 @@ from urllib.parse import unquote
 
 import pytest
 
-from elastune_operator.local.servers import Server, ServerError
-from elastune_operator.local.servers import start_memcached as _start_memcached
-from elastune_operator.local.servers import start_redis as _start_redis
+from elastune_contract.servers import Server, ServerError
+from elastune_contract.servers import start_memcached as _start_memcached
+from elastune_contract.servers import start_redis as _start_redis
 
 
 def _stop(proc: subprocess.Popen[bytes]) -> None:

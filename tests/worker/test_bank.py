@@ -22,6 +22,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("kmedoids")
 pytest.importorskip("transformers")
 
+from elastune_contract.vocabulary import Reason  # noqa: E402
 from elastune_worker import bank as PB  # noqa: E402
 from elastune_worker.bank import candidates as C  # noqa: E402
 from elastune_worker.bank.__main__ import EXIT_BANK_ERROR  # noqa: E402
@@ -354,20 +355,19 @@ def test_select_initial_prompt_falls_back_and_says_why(built, model_tok, samples
     model, tok = model_tok
     own = "the job's own prompt"
     ok = PB.select_initial_prompt(built, model, tok, samples, own)
-    assert ok.source == "bank" and ok.reason == "Selected" and ok.result is not None
-    status = ok.to_status()
-    assert (
-        status["prompt"] == ok.result.prompt and {"score", "evaluations", "latencySeconds"} <= status.keys()
-    )
+    assert ok.source == "bank" and ok.reason == Reason.PROMPT_BANK_USED and ok.result is not None
+    report = ok.to_report()
+    assert report.prompt == ok.result.prompt and report.used
+    assert None not in (report.score, report.evaluations, report.latency_seconds)
     cases = {
         "NoTargets": PB.select_initial_prompt(built, model, tok, [{"input": "x"}], own),
         "NoFeatures": PB.select_initial_prompt(tmp_path / "missing", model, tok, samples, own),
-        "Disabled": PB.select_initial_prompt(built, model, tok, samples, own, mode="never"),
-        "OverBudget": PB.select_initial_prompt(built, model, tok, samples, own, budget_s=1e-6),
+        "PromptBankDisabled": PB.select_initial_prompt(built, model, tok, samples, own, mode="never"),
+        "LatencyBudgetExceeded": PB.select_initial_prompt(built, model, tok, samples, own, budget_s=1e-6),
     }
     for reason, sel in cases.items():
         assert (sel.source, sel.prompt, sel.reason) == ("job", own, reason), sel
-        assert sel.to_status()["reason"] == reason and sel.message
+        assert sel.to_report().reason == reason and not sel.to_report().used and sel.message
     always = PB.select_initial_prompt(built, model, tok, samples, own, mode="always", budget_s=1e-6)
     assert always.source == "bank"
 

@@ -10,9 +10,10 @@ from typing import Any
 
 import pytest
 
-from elastune_operator.api.resources import parse_resource
-from elastune_operator.control.core import ControlCore, CoreSettings, JobRecord, PoolConfig
-from elastune_operator.control.protocol import Assignment, Bus, Event, WorkerRecord, WorkerState
+from elastune_contract.api.resources import parse_resource
+from elastune_contract.protocol import Assignment, Bus, Event, WorkerRecord, WorkerState
+from elastune_operator.control.core import ControlCore
+from elastune_operator.control.records import CoreSettings, JobRecord, PoolConfig
 
 MODEL = "test/model"
 

@@ -23,9 +23,10 @@ torch = pytest.importorskip("torch")
 
 from test_tuning import TASK, TEST_SPEC  # noqa: E402 - the small model and task of the tuning tests
 
-from elastune_operator.api.resources import parse_resource  # noqa: E402
-from elastune_operator.control.core import ControlCore, CoreSettings, JobRecord, PoolConfig  # noqa: E402
-from elastune_operator.control.protocol import Bus  # noqa: E402
+from elastune_contract.api.resources import parse_resource  # noqa: E402
+from elastune_contract.protocol import Bus  # noqa: E402
+from elastune_operator.control.core import ControlCore  # noqa: E402
+from elastune_operator.control.records import CoreSettings, JobRecord, PoolConfig  # noqa: E402
 from elastune_operator.local.backend import LocalBackend  # noqa: E402
 from elastune_worker.tiny import build as tiny_build  # noqa: E402
 from elastune_worker.tiny import tasks as tiny_tasks  # noqa: E402

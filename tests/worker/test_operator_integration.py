@@ -30,13 +30,13 @@ from kubernetes import client, config  # noqa: E402
 from kubernetes.client.rest import ApiException  # noqa: E402
 from test_tuning import TASK, TEST_SPEC  # noqa: E402 - the small model and task of the tuning tests
 
-from elastune_operator.api.constants import GROUP, VERSION  # noqa: E402
-from elastune_operator.control.protocol import Bus  # noqa: E402
+from elastune_contract.api.constants import GROUP, VERSION  # noqa: E402
+from elastune_contract.protocol import Bus  # noqa: E402
+from elastune_contract.servers import free_port  # noqa: E402
 from elastune_operator.k8s.knative import KNATIVE_GROUP, KNATIVE_PLURAL, KNATIVE_VERSION, MIN_SCALE  # noqa: E402
 from elastune_operator.local.backend import LocalBackend  # noqa: E402
-from elastune_operator.local.knative_standin import KnativeStandIn  # noqa: E402
-from elastune_operator.local.servers import free_port  # noqa: E402
-from elastune_operator.testing.emulator import start_emulator  # noqa: E402
+from elastune_testing.emulator import start_emulator  # noqa: E402
+from elastune_testing.knative_standin import KnativeStandIn  # noqa: E402
 from elastune_worker.tiny import build as tiny_build  # noqa: E402
 from elastune_worker.tiny import tasks as tiny_tasks  # noqa: E402
 

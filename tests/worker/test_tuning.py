@@ -260,7 +260,7 @@ def test_metric_directions_and_corpus_mean():
 
 # ------------------------------------------------------------------------------------------ config
 def test_config_from_tuningjob_spec():
-    from elastune_operator.api import TuningJobSpec
+    from elastune_contract.api import TuningJobSpec
 
     spec = TuningJobSpec.model_validate(
         {

@@ -6,10 +6,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from elastune_operator.api import units
-from elastune_operator.api.tuningjob import TuningJob, TuningJobStatus
-from elastune_operator.api.warmpool import WarmPool
-from elastune_operator.control.core import JobRecord, PoolConfig
+from elastune_contract.api import units
+from elastune_contract.api.tuningjob import TuningJob, TuningJobStatus
+from elastune_contract.api.warmpool import WarmPool
+from elastune_operator.control.records import JobRecord, PoolConfig
 
 #: Estimator defaults before a pool has a measured profile (the tiny model warms up in seconds once
 #: built; real LLMs need their WarmPool's profile.coldStartSeconds).

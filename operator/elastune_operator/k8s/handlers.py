@@ -20,7 +20,8 @@ from typing import Any
 import kopf
 from kubernetes import client, config
 
-from elastune_operator.api.constants import FINALIZER, GROUP, PLURAL_TUNING_JOBS, PLURAL_WARM_POOLS, VERSION
+from elastune_contract.api.constants import FINALIZER, GROUP, PLURAL_TUNING_JOBS, PLURAL_WARM_POOLS, VERSION
+from elastune_contract.vocabulary import Reason
 from elastune_operator.k8s.runtime import Runtime
 from elastune_operator.k8s.settings import OperatorSettings
 
@@ -114,7 +115,7 @@ def tuning_job_created(body: kopf.Body, **_: Any) -> None:
 def tuning_job_spec_changed(body: kopf.Body, **_: Any) -> None:
     kopf.warn(
         body,
-        reason="SpecChangeIgnored",
+        reason=Reason.SPEC_CHANGE_IGNORED,
         message="spec is immutable once a TuningJob is created; it keeps running with the spec it was "
         "accepted with. Delete and re-create it to change the spec.",
     )

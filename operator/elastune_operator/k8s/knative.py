@@ -23,8 +23,8 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from elastune_operator.api.constants import GROUP, LABEL_MODEL, LABEL_WARM_POOL
-from elastune_operator.api.warmpool import WarmPool
+from elastune_contract.api.constants import GROUP, LABEL_MODEL, LABEL_WARM_POOL
+from elastune_contract.api.warmpool import WarmPool
 
 log = logging.getLogger("elastune.knative")
 

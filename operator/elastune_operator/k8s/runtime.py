@@ -23,13 +23,15 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from elastune_operator.api import units
-from elastune_operator.api.constants import GROUP, PLURAL_TUNING_JOBS, PLURAL_WARM_POOLS, VERSION
-from elastune_operator.api.resources import InvalidResource, parse_resource
-from elastune_operator.api.tuningjob import TuningJob
-from elastune_operator.api.warmpool import WarmPool, WarmPoolStatus
-from elastune_operator.control.core import ControlCore, CoreSettings, JobRecord
-from elastune_operator.control.protocol import Bus
+from elastune_contract.api import units
+from elastune_contract.api.constants import GROUP, PLURAL_TUNING_JOBS, PLURAL_WARM_POOLS, VERSION
+from elastune_contract.api.resources import InvalidResource, parse_resource
+from elastune_contract.api.tuningjob import TuningJob
+from elastune_contract.api.warmpool import WarmPool, WarmPoolStatus
+from elastune_contract.protocol import Bus
+from elastune_contract.vocabulary import ConditionType, Reason
+from elastune_operator.control.core import ControlCore
+from elastune_operator.control.records import CoreSettings, JobRecord
 from elastune_operator.control.resources import artifact_dir, job_record, pool_config
 from elastune_operator.k8s.knative import KnativeBackend
 from elastune_operator.k8s.settings import OperatorSettings
@@ -37,11 +39,10 @@ from elastune_operator.metrics import ControlMetrics
 
 log = logging.getLogger("elastune.operator")
 
-INVALID_SPEC = "InvalidSpec"
 POOL_STATUS_SECONDS = 1.0
 STATUS_WRITERS = 8
 #: Transitions not worth an Event (every job goes through them; status shows them anyway).
-QUIET_CONDITIONS = frozenset({("Accepted", "True"), ("Scheduled", "False")})
+QUIET_CONDITIONS = frozenset({(ConditionType.ACCEPTED, "True"), (ConditionType.SCHEDULED, "False")})
 
 
 def status_patch(job: JobRecord) -> dict[str, Any]:
@@ -241,7 +242,9 @@ class Runtime:
             if mark in seen or c.status == "Unknown" or (c.type, c.status) in QUIET_CONDITIONS:
                 continue
             seen.add(mark)
-            failed = c.type == "Failed" or (c.type == "Succeeded" and c.status == "False")
+            failed = c.type == ConditionType.FAILED or (
+                c.type == ConditionType.SUCCEEDED and c.status == "False"
+            )
             self._event(ns, name, "TuningJob", c.reason, c.message or f"{c.type}={c.status}", failed, job.uid)
 
     def _event(
@@ -270,17 +273,17 @@ class Runtime:
         ns, name = meta.get("namespace"), meta.get("name")
         stamp = units.format_timestamp(datetime.now(UTC))
         cond = {
-            "type": "Succeeded",
+            "type": ConditionType.SUCCEEDED,
             "status": "False",
-            "reason": INVALID_SPEC,
+            "reason": Reason.INVALID_SPEC,
             "message": message[:32768],
             "lastTransitionTime": stamp,
             "observedGeneration": meta.get("generation"),
         }
-        failed = {**cond, "type": "Failed", "status": "True"}
+        failed = {**cond, "type": ConditionType.FAILED, "status": "True"}
         body = {"status": {"conditions": [cond, failed], "observedGeneration": meta.get("generation")}}
         self.api.patch_namespaced_custom_object_status(GROUP, VERSION, ns, PLURAL_TUNING_JOBS, name, body)
-        self._event(ns, name, "TuningJob", INVALID_SPEC, message, True, meta.get("uid", ""))
+        self._event(ns, name, "TuningJob", Reason.INVALID_SPEC, message, True, meta.get("uid", ""))
 
     def _flush_pools(self) -> None:
         st = self.core.state

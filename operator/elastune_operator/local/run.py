@@ -21,17 +21,15 @@ from typing import Any, TextIO
 
 import yaml
 
-from elastune_operator.api import manifests, units
-from elastune_operator.api.tuningjob import TuningJob
-from elastune_operator.api.warmpool import WarmPool
-from elastune_operator.control.core import (
-    ControlCore,
-    CoreSettings,
-    JobRecord,
-    PoolConfig,
-    status_dict,
-)
-from elastune_operator.control.protocol import Bus, BusUnreachable
+from elastune_contract.api import manifests, units
+from elastune_contract.api.tuningjob import TuningJob
+from elastune_contract.api.warmpool import WarmPool
+from elastune_contract.protocol import Bus, BusUnreachable
+from elastune_contract.servers import Server, ServerError, start_memcached, start_redis
+from elastune_contract.vocabulary import ConditionType, Reason
+from elastune_operator.control.core import ControlCore
+from elastune_operator.control.lifecycle import status_dict
+from elastune_operator.control.records import CoreSettings, JobRecord, PoolConfig
 from elastune_operator.control.resources import (
     DEFAULT_COLD_START_SECONDS,
     artifact_dir,
@@ -39,7 +37,6 @@ from elastune_operator.control.resources import (
     pool_config,
 )
 from elastune_operator.local.backend import LocalBackend
-from elastune_operator.local.servers import Server, ServerError, start_memcached, start_redis
 
 log = logging.getLogger("elastune.run")
 
@@ -152,15 +149,16 @@ def _step_changed(prev: str | None, line: str) -> bool:
 
 def _phase(job: JobRecord) -> str:
     conds = {c.type: c for c in job.status.conditions}
-    if "Succeeded" in conds and conds["Succeeded"].status != "Unknown":
-        return "Succeeded" if conds["Succeeded"].status == "True" else "Failed"
-    if "Running" in conds and conds["Running"].status == "True":
+    done, running, scheduled = ConditionType.SUCCEEDED, ConditionType.RUNNING, ConditionType.SCHEDULED
+    if done in conds and conds[done].status != "Unknown":
+        return "Succeeded" if conds[done].status == "True" else "Failed"
+    if running in conds and conds[running].status == "True":
         return "Running"
-    if "Scheduled" in conds and conds["Scheduled"].reason == "PoolGrowing":
+    if scheduled in conds and conds[scheduled].reason == Reason.POOL_GROWING:
         return "Warming"
-    if "Scheduled" in conds and conds["Scheduled"].status == "True":
+    if scheduled in conds and conds[scheduled].status == "True":
         return "Scheduled"
-    return "Pending"
+    return Reason.PENDING  # what Scheduled=False says while the job waits
 
 
 def resource_with_status(job: TuningJob, record: JobRecord) -> dict[str, Any]:
@@ -256,7 +254,7 @@ def _report(records: dict[str, tuple[TuningJob, JobRecord]], state_dir: Path, ou
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(yaml.safe_dump(obj, sort_keys=False))
         st = rec.status
-        succeeded = next(c for c in st.conditions if c.type == "Succeeded")
+        succeeded = next(c for c in st.conditions if c.type == ConditionType.SUCCEEDED)
         print(f"\nTuningJob {rec.key}: {_phase(rec)} ({succeeded.reason})", file=out)
         if succeeded.status != "True":
             failed += 1

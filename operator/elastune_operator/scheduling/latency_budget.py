@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from elastune_contract.vocabulary import Reason
+
 BankMode = Literal["auto", "always", "never"]
 
 DEFAULT_BUDGET_FRACTION = 0.2
@@ -26,10 +28,10 @@ def decide_prompt_bank(
 ) -> BankChoice:
     """Whether a job runs the Prompt Bank before tuning, and why (recorded in the job's status)."""
     if mode == "never":
-        return BankChoice(False, "PromptBankDisabled")
+        return BankChoice(False, Reason.PROMPT_BANK_DISABLED)
     if mode == "always":
-        return BankChoice(True, "PromptBankRequested")
+        return BankChoice(True, Reason.PROMPT_BANK_REQUESTED)
     budget = budget_fraction * slo_seconds
     if predicted_lookup_seconds <= budget:
-        return BankChoice(True, "WithinLatencyBudget")
-    return BankChoice(False, "OverLatencyBudget")
+        return BankChoice(True, Reason.WITHIN_LATENCY_BUDGET)
+    return BankChoice(False, Reason.LATENCY_BUDGET_EXCEEDED)

@@ -161,6 +161,13 @@ class ClusterState:
         self.pending_version[job.llm] += 1
         self._touch()
 
+    def add_llm(self, llm: str) -> None:
+        """A pool for ``llm`` joins the cluster (idempotent: an LLM already known keeps its state)."""
+        for per_llm in (self.idle, self.running, self.waiting, self.pending, self.starting):
+            per_llm.setdefault(llm, {})
+        self.pool_size.setdefault(llm, 0)
+        self.pending_version.setdefault(llm, 0)
+
     def drop(self, job_id: str) -> None:
         job = self.jobs[job_id]
         job.dropped = True

@@ -24,8 +24,9 @@ API (what the scheduler / TuningJob wiring calls)::
     select_initial_prompt(bank | dir, model, tokenizer, eval_records, fallback, *, mode="auto"|"always"|
                           "never", budget_s=None, max_samples=16, **lookup_kwargs) -> Selection
         never raises BankError: falls back to ``fallback`` (the job's own prompt) and says why;
-        Selection(prompt, source "bank"|"job", reason Selected|Disabled|OverBudget|<BankError reason>,
-                  message, predicted_s, result).to_status() -> camelCase dict for the job status
+        Selection(prompt, source "bank"|"job", reason, message, predicted_s, result).to_report()
+            -> PromptBankReport for the job status; reason PromptBankUsed | PromptBankDisabled |
+            LatencyBudgetExceeded | a BankError reason
 
 Scoring matches the tuning loop token for token (``score.Scorer``): for promptTuning pass the job's
 ``virtual_tokens`` (layout "soft": score(p) is the tuning run's loss before its first step); for other

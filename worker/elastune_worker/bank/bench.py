@@ -48,6 +48,8 @@ from typing import Any
 
 import numpy as np
 
+from elastune_contract.vocabulary import Reason
+
 __all__ = ["BenchConfig", "main", "run"]
 
 FAMILIES_ORDER = ("sql", "case", "arith", "classify", "listops", "units", "dates", "extract")
@@ -209,7 +211,7 @@ def tune(model_dir: Path, task: Any, prompt: str, cfg: BenchConfig, target: floa
     evals = [{"iterations": e["iterations"], "value": float(e["value"])} for e in res.evaluations]
     run = Run(prompt, cfg.max_iterations, False, evals, float(res.value), time.perf_counter() - t0)
     if target is not None:
-        run.reached = res.termination_reason == "TargetReached"
+        run.reached = res.termination_reason == Reason.TARGET_REACHED
         run.ita = res.iterations if run.reached else cfg.max_iterations
     return run
 

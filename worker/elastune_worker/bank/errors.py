@@ -4,15 +4,18 @@ from __future__ import annotations
 
 from typing import Final, Literal
 
+from elastune_contract.vocabulary import PROMPT_BANK_ERROR_REASONS
+from elastune_contract.vocabulary import Reason as _R
+
 #: The bank holds no candidate (built from nothing, or every prompt removed).
-EMPTY_BANK: Final = "EmptyBank"
+EMPTY_BANK: Final = _R.PROMPT_BANK_EMPTY
 #: No features were extracted for this LLM yet (no bank on disk, or one built with another LLM).
-NO_FEATURES: Final = "NoFeatures"
+NO_FEATURES: Final = _R.PROMPT_BANK_NO_FEATURES
 #: Evaluation samples are missing, or none carries a non-empty target: score(p) is undefined.
-NO_TARGETS: Final = "NoTargets"
+NO_TARGETS: Final = _R.PROMPT_BANK_NO_TARGETS
 
 Reason = Literal["EmptyBank", "NoFeatures", "NoTargets"]
-REASONS: Final[tuple[str, ...]] = (EMPTY_BANK, NO_FEATURES, NO_TARGETS)
+REASONS: Final[tuple[str, ...]] = PROMPT_BANK_ERROR_REASONS
 
 
 class BankError(Exception):

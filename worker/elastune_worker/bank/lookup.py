@@ -15,6 +15,8 @@ from typing import Any, Literal
 
 import numpy as np
 
+from elastune_contract.protocol import PromptBankReport
+from elastune_contract.vocabulary import Reason
 from elastune_worker.bank.errors import NO_FEATURES, BankError
 from elastune_worker.bank.score import DEFAULT_VIRTUAL_TOKENS, Layout, Scorer
 from elastune_worker.bank.store import PromptBank
@@ -164,9 +166,6 @@ def predict_lookup_seconds(
 
 # ------------------------------------------------------------------------------ job-facing wrapper
 Mode = Literal["auto", "always", "never"]
-SELECTED = "Selected"
-DISABLED = "Disabled"
-OVER_BUDGET = "OverBudget"
 
 
 @dataclass(frozen=True)
@@ -177,28 +176,27 @@ class Selection:
     """The bank's pick, or the job's own initial prompt (None: the job has none, PEFT's random init)."""
     source: Literal["bank", "job"]
     reason: str
-    """Selected | Disabled (promptBank: never) | OverBudget | a BankError reason."""
+    """A vocabulary reason: PromptBankUsed | PromptBankDisabled (promptBank: never) |
+    LatencyBudgetExceeded | a BankError reason (EmptyBank, NoFeatures, NoTargets)."""
     message: str
     predicted_s: float | None = None
     result: LookupResult | None = None
 
-    def to_status(self) -> dict[str, Any]:
-        """camelCase fields for a TuningJob status ``promptBank`` block."""
-        doc: dict[str, Any] = {"source": self.source, "reason": self.reason, "message": self.message}
-        if self.prompt is not None:
-            doc["prompt"] = self.prompt
-        if self.predicted_s is not None:
-            doc["predictedSeconds"] = round(self.predicted_s, 3)
-        if self.result is not None:
-            r = self.result
-            doc |= {
-                "score": r.score,
-                "evaluations": r.evaluations,
-                "latencySeconds": round(r.latency_s, 3),
-                "cluster": r.cluster,
-                "candidates": r.candidates,
-            }
-        return doc
+    def to_report(self) -> PromptBankReport:
+        """The typed report rank 0 posts on the job's event stream (the TuningJob's status.promptBank)."""
+        r = self.result
+        return PromptBankReport(
+            source=self.source,
+            reason=self.reason,
+            message=self.message,
+            prompt=self.prompt,
+            predicted_seconds=round(self.predicted_s, 3) if self.predicted_s is not None else None,
+            score=r.score if r else None,
+            evaluations=r.evaluations if r else None,
+            latency_seconds=round(r.latency_s, 3) if r else None,
+            cluster=r.cluster if r else None,
+            candidates=r.candidates if r else None,
+        )
 
 
 def select_initial_prompt(
@@ -222,7 +220,8 @@ def select_initial_prompt(
     from pathlib import Path
 
     if mode == "never":
-        return Selection(fallback, "job", DISABLED, "promptBank is never: the job's own initial prompt")
+        why = "promptBank is never: the job's own initial prompt"
+        return Selection(fallback, "job", Reason.PROMPT_BANK_DISABLED, why)
     try:
         pb = bank if isinstance(bank, PromptBank) else PromptBank.load(Path(bank))
         pb.require_nonempty()
@@ -232,7 +231,7 @@ def select_initial_prompt(
             return Selection(
                 fallback,
                 "job",
-                OVER_BUDGET,
+                Reason.LATENCY_BUDGET_EXCEEDED,
                 f"predicted lookup {predicted:.1f} s exceeds the budget {budget_s:.1f} s (20 % of the SLO)",
                 predicted,
             )
@@ -242,4 +241,4 @@ def select_initial_prompt(
     msg = (
         f"picked from {res.candidates} candidates with {res.evaluations} evaluations in {res.latency_s:.2f} s"
     )
-    return Selection(res.prompt, "bank", SELECTED, msg, predicted, res)
+    return Selection(res.prompt, "bank", Reason.PROMPT_BANK_USED, msg, predicted, res)

@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from elastune_contract.vocabulary import Reason
 from elastune_worker.bank.errors import EMPTY_BANK, NO_FEATURES, BankError
 from elastune_worker.bank.features import FEATURE_KIND, FeatureExtractor, cosine_distances, model_fingerprint
 from elastune_worker.fsutil import swap_into_place
@@ -116,7 +117,7 @@ class InsertResult:
     evicted_distance: float | None = None
     size: int = 0
     """Bank size after the operation."""
-    reason: str = "Inserted"
+    reason: str = Reason.PROMPT_BANK_INSERTED
     """Inserted | Duplicate | Replaced (inserted, another evicted) | Rejected (the new one evicted)."""
 
     def to_dict(self) -> dict[str, Any]:
@@ -318,7 +319,7 @@ class PromptBank:
                 self.prompts[self.medoids[c_old]],
                 float(d_medoids[c_old]),
                 size=len(self),
-                reason="Duplicate",
+                reason=Reason.PROMPT_BANK_DUPLICATE,
             )
         self.prompts.append(prompt)
         self._index[prompt] = len(self.prompts) - 1

@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from elastune_operator.api.tuningjob import TuningJobSpec
-from elastune_operator.control.protocol import (
+from elastune_contract.api.tuningjob import TuningJobSpec
+from elastune_contract.protocol import (
     HEARTBEAT_SECONDS,
     Assignment,
     Bus,
@@ -27,6 +27,7 @@ from elastune_operator.control.protocol import (
     WorkerRecord,
     WorkerState,
 )
+from elastune_contract.vocabulary import Reason
 from elastune_worker.comm import (
     ChannelError,
     CollectiveAborted,
@@ -42,12 +43,12 @@ from elastune_worker.tuning.trainer import CheckpointMismatch, StepInfo, Trainer
 log = logging.getLogger("elastune.worker")
 
 # Failure reasons a worker reports (besides DatasetError's DatasetNotFound / DatasetMalformed / ...).
-INVALID_ASSIGNMENT = "InvalidAssignment"
-INVALID_SPEC = "InvalidSpec"
-CHANNEL_UNREACHABLE = "ChannelUnreachable"
-COLLECTIVE_TIMEOUT = "CollectiveTimeout"
-CHECKPOINT_MISMATCH = "CheckpointMismatch"
-WORKER_ERROR = "WorkerError"
+INVALID_ASSIGNMENT = Reason.INVALID_ASSIGNMENT
+INVALID_SPEC = Reason.INVALID_SPEC
+CHANNEL_UNREACHABLE = Reason.CHANNEL_UNREACHABLE
+COLLECTIVE_TIMEOUT = Reason.COLLECTIVE_TIMEOUT
+CHECKPOINT_MISMATCH = Reason.CHECKPOINT_MISMATCH
+WORKER_ERROR = Reason.WORKER_ERROR
 
 
 class Cancelled(Exception):
@@ -202,7 +203,7 @@ class Agent:
             # Every rank runs the same deterministic lookup (same bank, model and eval samples), so all
             # start from the same prompt without another round trip; rank 0 reports it.
             selection = self._select_prompt(a, spec, evals, max_length)
-            init_text, bank_report = selection.prompt, selection.to_status()
+            init_text, bank_report = selection.prompt, selection.to_report()
         cfg = TuningConfig.from_spec(
             spec,
             eval_every=a.eval_every,

@@ -23,7 +23,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from elastune_operator.control.protocol import Bus, BusUnreachable, WorkerState
+from elastune_contract.protocol import Bus, BusUnreachable, WorkerState
 from elastune_worker.server.agent import Agent, AgentConfig, default_worker_id
 from elastune_worker.server.metrics import WorkerMetrics
 

@@ -10,12 +10,13 @@ from typing import Any
 
 import torch
 
+from elastune_contract.vocabulary import Reason
 from elastune_worker.tuning.trainer import pick_device
 
 TINY_MODEL_NAMES = ("elastune/tiny-gpt2", "tiny-gpt2")
 """Names of the project's own tiny model: built offline on first use, never downloaded."""
 
-MODEL_LOAD_FAILED = "ModelLoadFailed"
+MODEL_LOAD_FAILED = Reason.MODEL_LOAD_FAILED
 
 
 class ModelLoadError(RuntimeError):

@@ -14,6 +14,8 @@ from pathlib import Path
 from typing import Final, TypedDict
 from urllib.parse import unquote, urlsplit
 
+from elastune_contract.vocabulary import Reason
+
 __all__ = [
     "DATASET_EMPTY",
     "DATASET_MALFORMED",
@@ -26,10 +28,10 @@ __all__ = [
     "split",
 ]
 
-DATASET_NOT_FOUND: Final = "DatasetNotFound"
-DATASET_MALFORMED: Final = "DatasetMalformed"
-DATASET_EMPTY: Final = "DatasetEmpty"
-DATASET_UNSUPPORTED_SCHEME: Final = "DatasetUnsupportedScheme"
+DATASET_NOT_FOUND: Final = Reason.DATASET_NOT_FOUND
+DATASET_MALFORMED: Final = Reason.DATASET_MALFORMED
+DATASET_EMPTY: Final = Reason.DATASET_EMPTY
+DATASET_UNSUPPORTED_SCHEME: Final = Reason.DATASET_UNSUPPORTED_SCHEME
 
 # Schemes the TuningJob API accepts (tuningjob.py) but this worker cannot fetch yet.
 _NOT_IMPLEMENTED_SCHEMES: Final = ("s3", "http", "https", "pvc")

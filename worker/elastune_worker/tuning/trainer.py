@@ -41,6 +41,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from elastune_contract.vocabulary import Reason
 from elastune_worker.fsutil import swap_into_place
 from elastune_worker.tuning import metrics as M
 from elastune_worker.tuning.data import Record
@@ -49,7 +50,7 @@ if TYPE_CHECKING:
     from peft import PeftModel
     from transformers import PreTrainedTokenizerBase
 
-    from elastune_operator.api.tuningjob import TuningJobSpec
+    from elastune_contract.api.tuningjob import TuningJobSpec
 
 __all__ = [
     "DEFAULT_SEPARATOR",
@@ -75,8 +76,8 @@ Method = Literal["promptTuning", "prefixTuning", "pTuning"]
 Optimizer = Literal["adamw", "adam", "sgd"]
 
 #: Termination reasons (CamelCase, ready for a status condition).
-MAX_ITERATIONS: Final = "MaxIterations"
-TARGET_REACHED: Final = "TargetReached"
+MAX_ITERATIONS: Final = Reason.MAX_ITERATIONS
+TARGET_REACHED: Final = Reason.TARGET_REACHED
 
 #: Input/target separator; equal to the tiny models' ``tiny.tasks.SEPARATOR`` so a model pretrained on
 #: that corpus sees the layout it learned (`input → target`).
@@ -157,7 +158,7 @@ class TuningConfig:
     def from_spec(cls, spec: TuningJobSpec, **overrides: Any) -> TuningConfig:
         """The config a TuningJob asks for; ``overrides`` set what the spec does not carry (eval_every,
         checkpoint_every, seed, max_length, ...)."""
-        from elastune_operator.api import units  # decimals are strings in the spec (no floats in CRDs)
+        from elastune_contract.api import units  # decimals are strings in the spec (no floats in CRDs)
 
         hp = spec.hyperparameters
         target = spec.termination.target

@@ -12,8 +12,8 @@ from typing import Annotated, Any, Final, Literal
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema
 from pydantic.alias_generators import to_camel
 
-from elastune_operator.api import units
-from elastune_operator.api.constants import API_VERSION
+from elastune_contract.api import units
+from elastune_contract.api.constants import API_VERSION
 
 
 class ApiModel(BaseModel):
@@ -241,54 +241,6 @@ class ObjectMeta(ApiModel):
 # -- conditions ----------------------------------------------------------------------------------
 
 ConditionStatus = Literal["True", "False", "Unknown"]
-
-
-class ConditionType:
-    """Condition types. Ready (WarmPool, LoRAAdapter) and Succeeded (TuningJob) are the summaries."""
-
-    ACCEPTED: Final = "Accepted"
-    SCHEDULED: Final = "Scheduled"
-    RUNNING: Final = "Running"
-    SUCCEEDED: Final = "Succeeded"
-    FAILED: Final = "Failed"
-    READY: Final = "Ready"
-
-
-class Reason:
-    """CamelCase condition reasons: stable strings that tools and alerts can match on."""
-
-    # Validation (Accepted)
-    VALID_SPEC: Final = "ValidSpec"
-    INVALID_SPEC: Final = "InvalidSpec"
-    UNKNOWN_WARM_POOL: Final = "UnknownWarmPool"
-    DATASET_UNREADABLE: Final = "DatasetUnreadable"
-    # Scheduling (Scheduled)
-    WAITING_FOR_GPUS: Final = "WaitingForGPUs"
-    GPUS_ALLOCATED: Final = "GPUsAllocated"
-    WAITING_FOR_COLD_START: Final = "WaitingForColdStart"
-    DEADLINE_UNREACHABLE: Final = "DeadlineUnreachable"
-    # Prompt Bank
-    PROMPT_BANK_USED: Final = "PromptBankUsed"
-    PROMPT_BANK_SKIPPED: Final = "PromptBankSkipped"
-    PROMPT_BANK_DISABLED: Final = "PromptBankDisabled"
-    PROMPT_BANK_EMPTY: Final = "PromptBankEmpty"
-    # Running / terminal
-    TUNING: Final = "Tuning"
-    TARGET_REACHED: Final = "TargetReached"
-    MAX_ITERATIONS_REACHED: Final = "MaxIterationsReached"
-    SLO_MET: Final = "SLOMet"
-    SLO_MISSED: Final = "SLOMissed"
-    DEADLINE_EXCEEDED: Final = "DeadlineExceeded"
-    WORKER_FAILED: Final = "WorkerFailed"
-    ARTIFACT_WRITE_FAILED: Final = "ArtifactWriteFailed"
-    # Pools and adapters (Ready)
-    POOL_READY: Final = "PoolReady"
-    SCALING_UP: Final = "ScalingUp"
-    SCALING_DOWN: Final = "ScalingDown"
-    NO_WARM_GPUS: Final = "NoWarmGPUs"
-    LOADED: Final = "Loaded"
-    NOT_LOADED: Final = "NotLoaded"
-    WEIGHTS_UNREADABLE: Final = "WeightsUnreadable"
 
 
 class Condition(ApiModel):

@@ -3,19 +3,18 @@
 The worker may import these models (they are the contract); nothing here imports torch.
 """
 
-from elastune_operator.api.common import (
+from elastune_contract.api.common import (
     Condition,
-    ConditionType,
     ObjectMeta,
-    Reason,
     get_condition,
     is_condition_true,
     set_condition,
 )
-from elastune_operator.api.loraadapter import LoRAAdapter, LoRAAdapterSpec, LoRAAdapterStatus
-from elastune_operator.api.resources import AnyResource, InvalidResource, parse_resource
-from elastune_operator.api.tuningjob import TuningJob, TuningJobSpec, TuningJobStatus
-from elastune_operator.api.warmpool import WarmPool, WarmPoolSpec, WarmPoolStatus
+from elastune_contract.api.loraadapter import LoRAAdapter, LoRAAdapterSpec, LoRAAdapterStatus
+from elastune_contract.api.resources import AnyResource, InvalidResource, parse_resource
+from elastune_contract.api.tuningjob import TuningJob, TuningJobSpec, TuningJobStatus
+from elastune_contract.api.warmpool import WarmPool, WarmPoolSpec, WarmPoolStatus
+from elastune_contract.vocabulary import ConditionType, Reason
 
 __all__ = [
     "AnyResource",

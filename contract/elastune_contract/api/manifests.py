@@ -10,9 +10,9 @@ from typing import Any
 
 import yaml
 
-from elastune_operator.api.crdcheck import validate_against_crd
-from elastune_operator.api.crds import render_crds
-from elastune_operator.api.resources import AnyResource, InvalidResource, parse_resource
+from elastune_contract.api.crdcheck import validate_against_crd
+from elastune_contract.api.crds import render_crds
+from elastune_contract.api.resources import AnyResource, InvalidResource, parse_resource
 
 
 @dataclass

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from elastune_operator.control.protocol import Bus
+from elastune_contract.protocol import Bus
 from elastune_operator.k8s.knative import (
     DELETION_COST,
     KNATIVE_GROUP,

@@ -23,8 +23,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from elastune_operator.api.constants import GROUP, VERSION
-from elastune_operator.local.servers import free_port, start_redis
+from elastune_contract.api.constants import GROUP, VERSION
+from elastune_contract.servers import free_port, start_redis
 
 NS = "default"
 
@@ -40,7 +40,7 @@ def _percentile(values: list[float], q: float) -> float:
 def run(jobs: int, json_path: Path | None, timeout: float) -> dict[str, Any]:
     from kubernetes import client, config, watch
 
-    from elastune_operator.testing.emulator import start_emulator
+    from elastune_testing.emulator import start_emulator
 
     tmp = Path(tempfile.mkdtemp(prefix="elastune-bench-operator-"))
     redis = start_redis(tmp / "redis")

@@ -1,5 +1,5 @@
-"""Start real Redis and Memcached servers on free local ports: the embedded Redis of `elastune run`,
-the storage-channel benchmark and the test fixtures all use these (no fakes: DESIGN.md §6)."""
+"""Real Redis and Memcached servers on free local ports — the bus and storage-channel endpoints of
+`elastune run`, the storage-channel benchmark and the test fixtures (no fakes: DESIGN.md §6)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """pytest fixtures for the Kubernetes API emulator.
 
-Use them suite-wide with `pytest_plugins = ["elastune_operator.testing.fixtures"]` in the top conftest.py,
-or import the fixture into one test module (`from elastune_operator.testing.fixtures import k8s_emulator`).
+Use them suite-wide with `pytest_plugins = ["elastune_testing.fixtures"]` in the top conftest.py,
+or import the fixture into one test module (`from elastune_testing.fixtures import k8s_emulator`).
 """
 
 from collections.abc import Iterator
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from elastune_operator.testing.emulator import EmulatorHandle, start_emulator
+from elastune_testing.emulator import EmulatorHandle, start_emulator
 
 
 @pytest.fixture

@@ -4,8 +4,8 @@ from typing import Final, Literal, get_args
 
 from pydantic import ConfigDict, Field, ValidationInfo, field_validator
 
-from elastune_operator.api import units
-from elastune_operator.api.common import (
+from elastune_contract.api import units
+from elastune_contract.api.common import (
     ApiModel,
     Conditions,
     DatasetUri,
@@ -19,7 +19,7 @@ from elastune_operator.api.common import (
     Timestamp,
     Uri,
 )
-from elastune_operator.api.constants import KIND_TUNING_JOB
+from elastune_contract.api.constants import KIND_TUNING_JOB
 
 Method = Literal["promptTuning", "prefixTuning", "pTuning"]
 Optimizer = Literal["adamw", "adam", "sgd"]

@@ -4,8 +4,8 @@ from typing import Annotated, Literal
 
 from pydantic import Field
 
-from elastune_operator.api.common import ApiModel, Conditions, ModelName, Resource, Timestamp, Uri
-from elastune_operator.api.constants import KIND_LORA_ADAPTER
+from elastune_contract.api.common import ApiModel, Conditions, ModelName, Resource, Timestamp, Uri
+from elastune_contract.api.constants import KIND_LORA_ADAPTER
 
 
 class LoRAAdapterSpec(ApiModel):

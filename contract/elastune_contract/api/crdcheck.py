@@ -19,8 +19,8 @@ from typing import Any, Final
 from jsonschema import Draft4Validator, FormatChecker, ValidationError
 from jsonschema.validators import extend
 
-from elastune_operator.api import units
-from elastune_operator.api.common import JSON_TYPE_NAMES, PATTERN_DESCRIPTIONS, format_path
+from elastune_contract.api import units
+from elastune_contract.api.common import JSON_TYPE_NAMES, PATTERN_DESCRIPTIONS, format_path
 
 # Fields of the root the apiserver handles itself; the CRD only says `metadata: {type: object}`.
 _ROOT_PASSTHROUGH: Final = frozenset({"apiVersion", "kind", "metadata"})

@@ -9,7 +9,7 @@ added with `emulator[...] << ...` still take precedence over the emulated behavi
   generateName, 409 AlreadyExists / Conflict, 404 NotFound, `Status` bodies for every error;
 - the `status` subresource isolated both ways, generation bumped only by changes outside metadata/status;
 - custom resources pruned, defaulted and validated against their CRD's structural schema
-  (`elastune_operator.api.crdcheck`), 422 Invalid with `details.causes` naming the fields;
+  (`elastune_contract.api.crdcheck`), 422 Invalid with `details.causes` naming the fields;
 - merge patch, JSON patch (kopf's finalizer patches carry a `test` of metadata.resourceVersion),
   PUT replace, resourceVersion preconditions, no-op writes that change nothing (no RV bump, no event);
 - finalizers and deletionTimestamp, owner-reference garbage collection (background or orphan),
@@ -25,9 +25,9 @@ patch), foreground deletion (treated as background), graceful pod termination (p
 link between core/v1 and events.k8s.io/v1 events (two separate stores), any controller (Knative, kubelet).
 
 Run it with `start_emulator()` (background thread or subprocess, free port, kubeconfig written), the
-`k8s_emulator` pytest fixture (elastune_operator.testing.fixtures), kmock's own async fixture with
+`k8s_emulator` pytest fixture (elastune_testing.fixtures), kmock's own async fixture with
 `@pytest.mark.kmock(cls=ApiServerEmulator)` (kmock 0.8's `kmock_cls` ini option cannot name a class in a
-nested module), or `python -m elastune_operator.testing.emulator --port 0 --kubeconfig PATH`. Point kopf
+nested module), or `python -m elastune_testing.emulator --port 0 --kubeconfig PATH`. Point kopf
 at it with `kopf run --standalone --all-namespaces operator.py` and `env=handle.env()` (KUBECONFIG).
 """
 
@@ -71,12 +71,12 @@ try:
     from kmock._internal import enums, parsing, rendering
 except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError(
-        "elastune_operator.testing needs the development extras (kmock): pip install 'elastune[dev]'"
+        "elastune_testing needs the development extras (kmock): pip install 'elastune[dev]'"
     ) from exc
 
-from elastune_operator.api import crdcheck
-from elastune_operator.api.crds import build_crd
-from elastune_operator.api.resources import RESOURCE_MODELS
+from elastune_contract.api import crdcheck
+from elastune_contract.api.crds import build_crd
+from elastune_contract.api.resources import RESOURCE_MODELS
 
 logger = logging.getLogger(__name__)
 
@@ -1309,7 +1309,7 @@ def start_emulator(
     """Start the emulator on a free port (port=0) and write `<workdir>/kubeconfig` pointing at it.
 
     By default it runs on an event loop in a daemon thread of this process (`handle.emulator` is then
-    available); subprocess_mode=True runs `python -m elastune_operator.testing.emulator` instead, which keeps
+    available); subprocess_mode=True runs `python -m elastune_testing.emulator` instead, which keeps
     a benchmark's operator and emulator off one GIL. `options` go to ApiServerEmulator (thread mode only).
     """
     if workdir is None:
@@ -1381,7 +1381,7 @@ def _start_subprocess(
     command = [
         sys.executable,
         "-m",
-        "elastune_operator.testing.emulator",
+        "elastune_testing.emulator",
         "--host",
         host,
         "--port",
@@ -1444,7 +1444,7 @@ async def _main_async(args: argparse.Namespace) -> None:
 
 def main(argv: Iterable[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
-        prog="python -m elastune_operator.testing.emulator",
+        prog="python -m elastune_testing.emulator",
         description="A Kubernetes API emulator with Elastune's CRDs (for tests and benchmarks).",
     )
     parser.add_argument("--host", default="127.0.0.1")

@@ -4,8 +4,8 @@ from typing import Any, Literal
 
 from pydantic import ConfigDict, Field, ValidationInfo, field_validator
 
-from elastune_operator.api import units
-from elastune_operator.api.common import (
+from elastune_contract.api import units
+from elastune_contract.api.common import (
     ApiModel,
     Conditions,
     Duration,
@@ -16,7 +16,7 @@ from elastune_operator.api.common import (
     Quantity,
     Resource,
 )
-from elastune_operator.api.constants import KIND_WARM_POOL
+from elastune_contract.api.constants import KIND_WARM_POOL
 
 DEFAULT_WORKER_IMAGE = "ghcr.io/elastune/worker:0.1.0"
 

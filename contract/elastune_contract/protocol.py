@@ -2,8 +2,8 @@
 
 Workers need no inbound network path from the operator: each worker registers itself, heartbeats,
 and pops its job assignments from its own queue; rank 0 of a job reports progress and the result on
-the job's event stream. Both sides import this module (the worker may import the operator's
-contracts; never the reverse), so the key layout and the message shapes exist once.
+the job's event stream. Both sides import this module (part of the shared contract), so the key
+layout and the message shapes exist once.
 
 Keys (``ns`` defaults to ``elastune``):
 
@@ -26,6 +26,8 @@ from urllib.parse import urlsplit
 
 import redis
 from pydantic import BaseModel, ConfigDict, Field
+
+from elastune_contract.redact import redact_url
 
 DEFAULT_NAMESPACE = "elastune"
 PASSWORD_ENV = "ELASTUNE_REDIS_PASSWORD"
@@ -110,6 +112,30 @@ class Assignment(_Message):
     (its checkpoints were trained from it)."""
 
 
+class PromptBankReport(_Message):
+    """What a worker's Prompt Bank step decided for an attempt (Event.prompt_bank).
+
+    ``reason`` is a vocabulary constant: PromptBankUsed, PromptBankDisabled, LatencyBudgetExceeded, or
+    why the bank could not serve (EmptyBank, NoFeatures, NoTargets)."""
+
+    source: Literal["bank", "job"]
+    """Where the initial prompt came from: the bank's pick, or the job's own spec.initialPrompt."""
+    reason: str
+    message: str = ""
+    prompt: str | None = None
+    predicted_seconds: float | None = None
+    """The bank's own predicted lookup time (better than the estimator's configured guess)."""
+    score: float | None = None
+    evaluations: int | None = None
+    latency_seconds: float | None = None
+    cluster: int | None = None
+    candidates: int | None = None
+
+    @property
+    def used(self) -> bool:
+        return self.source == "bank"
+
+
 EventType = Literal["started", "progress", "succeeded", "failed", "cancelled"]
 
 
@@ -138,9 +164,8 @@ class Event(_Message):
     prompt: str | None = None
     artifact: str | None = None
     metrics: dict[str, float] | None = None
-    prompt_bank: dict[str, Any] | None = None
-    """The Prompt Bank decision of this attempt (first progress event): used, prompt, score,
-    evaluations, latencySeconds, predictedSeconds, reason, message."""
+    prompt_bank: PromptBankReport | None = None
+    """The Prompt Bank decision of this attempt (first progress event)."""
 
 
 def worker_key(ns: str, worker_id: str) -> str:
@@ -180,7 +205,7 @@ class Bus:
         try:
             self.redis.ping()
         except redis.RedisError as exc:
-            raise BusUnreachable(f"cannot reach Redis at {_redact(self.url)}: {exc}") from exc
+            raise BusUnreachable(f"cannot reach Redis at {redact_url(self.url)}: {exc}") from exc
 
     def close(self) -> None:
         self.redis.close()
@@ -245,13 +270,3 @@ class Bus:
         pipe.delete(worker_key(self.ns, worker_id), assign_key(self.ns, worker_id))
         pipe.srem(f"{self.ns}:workers", worker_id)
         pipe.execute()
-
-
-def _redact(url: str) -> str:
-    """The URL without its password, for messages."""
-    if "@" not in url:
-        return url
-    scheme, rest = url.split("://", 1) if "://" in url else ("", url)
-    creds, host = rest.rsplit("@", 1)
-    user = creds.split(":", 1)[0]
-    return f"{scheme}://{user + ':***' if ':' in creds else user}@{host}"

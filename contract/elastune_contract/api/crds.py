@@ -12,7 +12,7 @@ from typing import Any, Final
 import yaml
 from pydantic import BaseModel
 
-from elastune_operator.api.constants import (
+from elastune_contract.api.constants import (
     CATEGORIES,
     GROUP,
     KIND_LORA_ADAPTER,
@@ -23,10 +23,10 @@ from elastune_operator.api.constants import (
     SINGULARS,
     VERSION,
 )
-from elastune_operator.api.resources import RESOURCE_MODELS
+from elastune_contract.api.resources import RESOURCE_MODELS
 
 HEADER: Final = (
-    "# Generated from the pydantic models in operator/elastune_operator/api/ -- do not edit by hand.\n"
+    "# Generated from the pydantic models in contract/elastune_contract/api/ -- do not edit by hand.\n"
     "# Regenerate with: elastune crds --write crds/\n"
 )
 

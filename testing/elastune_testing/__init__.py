@@ -1,16 +1,16 @@
 """Test support for the operator: a Kubernetes API emulator the real kopf operator can talk HTTP to.
 
 The emulator needs the dev extras (kmock is a dev dependency), so nothing is imported until asked for:
-`import elastune_operator.testing` always works, `from elastune_operator.testing import start_emulator`
+`import elastune_testing` always works, `from elastune_testing import start_emulator`
 raises a clear ImportError without them. Lazy loading also keeps `python -m
-elastune_operator.testing.emulator` from importing its own module twice.
+elastune_testing.emulator` from importing its own module twice.
 """
 
 import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from elastune_operator.testing.emulator import (
+    from elastune_testing.emulator import (
         ApiServerEmulator,
         EmulatorHandle,
         start_emulator,
@@ -22,5 +22,5 @@ __all__ = ["ApiServerEmulator", "EmulatorHandle", "start_emulator", "write_kubec
 
 def __getattr__(name: str) -> Any:
     if name in __all__:
-        return getattr(importlib.import_module("elastune_operator.testing.emulator"), name)
+        return getattr(importlib.import_module("elastune_testing.emulator"), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

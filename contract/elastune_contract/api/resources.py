@@ -8,11 +8,11 @@ from typing import Annotated, Any, Final, Union, get_args, get_origin
 from pydantic import BaseModel, ValidationError
 from pydantic_core import ErrorDetails
 
-from elastune_operator.api.common import JSON_TYPE_NAMES, format_path
-from elastune_operator.api.constants import API_VERSION, KINDS
-from elastune_operator.api.loraadapter import LoRAAdapter
-from elastune_operator.api.tuningjob import TuningJob
-from elastune_operator.api.warmpool import WarmPool
+from elastune_contract.api.common import JSON_TYPE_NAMES, format_path
+from elastune_contract.api.constants import API_VERSION, KINDS
+from elastune_contract.api.loraadapter import LoRAAdapter
+from elastune_contract.api.tuningjob import TuningJob
+from elastune_contract.api.warmpool import WarmPool
 
 AnyResource = TuningJob | WarmPool | LoRAAdapter
 

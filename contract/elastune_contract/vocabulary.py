@@ -1,0 +1,108 @@
+"""The status vocabulary, defined once: condition types, reasons and which failures are permanent.
+
+Kubernetes API conventions (kubebuilder's conditions.go, crate's constants.py): reasons are CamelCase
+constants that tools and alerts match on, so every producer — the control core, the kopf runtime,
+local mode, the worker agent, the datasets code, the Prompt Bank — imports them from here and none
+writes its own literal. tests/test_vocabulary.py fails when code passes a reason literal instead.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+
+class ConditionType:
+    """Condition types. Succeeded (TuningJob) and Ready (WarmPool, LoRAAdapter) are the summaries."""
+
+    ACCEPTED: Final = "Accepted"
+    SCHEDULED: Final = "Scheduled"
+    RUNNING: Final = "Running"
+    SUCCEEDED: Final = "Succeeded"
+    FAILED: Final = "Failed"
+    READY: Final = "Ready"
+    LOADED: Final = "Loaded"
+
+
+class Reason:
+    """CamelCase reasons of conditions, events and Prompt Bank outcomes."""
+
+    # Accepted
+    VALIDATED: Final = "Validated"
+    INVALID_SPEC: Final = "InvalidSpec"
+    UNKNOWN_MODEL: Final = "UnknownModel"
+    SPEC_CHANGE_IGNORED: Final = "SpecChangeIgnored"
+    # Scheduled
+    PENDING: Final = "Pending"
+    POOL_GROWING: Final = "PoolGrowing"
+    WARM_GPUS_ASSIGNED: Final = "WarmGPUsAssigned"
+    RESCHEDULING: Final = "Rescheduling"
+    # Running and how a run ends
+    TUNING: Final = "Tuning"
+    TARGET_REACHED: Final = "TargetReached"
+    MAX_ITERATIONS: Final = "MaxIterations"
+    COMPLETED: Final = "Completed"
+    CANCELLED: Final = "Cancelled"
+    # Failures a retry from the checkpoint may fix
+    WORKER_LOST: Final = "WorkerLost"
+    ATTEMPT_LOST: Final = "AttemptLost"
+    COLLECTIVE_TIMEOUT: Final = "CollectiveTimeout"
+    # Failures no retry fixes (see PERMANENT_FAILURE_REASONS)
+    DATASET_NOT_FOUND: Final = "DatasetNotFound"
+    DATASET_MALFORMED: Final = "DatasetMalformed"
+    DATASET_EMPTY: Final = "DatasetEmpty"
+    DATASET_UNSUPPORTED_SCHEME: Final = "DatasetUnsupportedScheme"
+    INVALID_ASSIGNMENT: Final = "InvalidAssignment"
+    CHECKPOINT_MISMATCH: Final = "CheckpointMismatch"
+    CHANNEL_UNREACHABLE: Final = "ChannelUnreachable"
+    MODEL_LOAD_FAILED: Final = "ModelLoadFailed"
+    WORKER_ERROR: Final = "WorkerError"
+    WORKER_START_FAILED: Final = "WorkerStartFailed"
+    WARM_POOL_DELETED: Final = "WarmPoolDeleted"
+    # Prompt Bank (status.promptBank.reason): the latency budget's verdict, then the lookup's outcome
+    PROMPT_BANK_USED: Final = "PromptBankUsed"
+    PROMPT_BANK_REQUESTED: Final = "PromptBankRequested"
+    WITHIN_LATENCY_BUDGET: Final = "WithinLatencyBudget"
+    LATENCY_BUDGET_EXCEEDED: Final = "LatencyBudgetExceeded"
+    PROMPT_BANK_DISABLED: Final = "PromptBankDisabled"
+    PROMPT_BANK_EMPTY: Final = "EmptyBank"
+    PROMPT_BANK_NO_FEATURES: Final = "NoFeatures"
+    PROMPT_BANK_NO_TARGETS: Final = "NoTargets"
+    # Prompt Bank insertion (a tuned prompt offered to the bank)
+    PROMPT_BANK_INSERTED: Final = "Inserted"
+    PROMPT_BANK_DUPLICATE: Final = "Duplicate"
+
+
+#: Failures a retry cannot fix: the job ends Failed at once. Anything else (a peer lost, a collective
+#: timeout) is retried from the last checkpoint, up to the core's ``max_attempts``.
+PERMANENT_FAILURE_REASONS: Final = frozenset(
+    {
+        Reason.DATASET_NOT_FOUND,
+        Reason.DATASET_MALFORMED,
+        Reason.DATASET_EMPTY,
+        Reason.DATASET_UNSUPPORTED_SCHEME,
+        Reason.INVALID_SPEC,
+        Reason.INVALID_ASSIGNMENT,
+        Reason.CHECKPOINT_MISMATCH,
+        Reason.CHANNEL_UNREACHABLE,
+        Reason.MODEL_LOAD_FAILED,
+        Reason.WORKER_ERROR,
+    }
+)
+
+#: Prompt Bank outcomes where the lookup was skipped on purpose (metric result "skipped"); any other
+#: reason without a pick is a failed lookup.
+PROMPT_BANK_SKIP_REASONS: Final = frozenset({Reason.PROMPT_BANK_DISABLED, Reason.LATENCY_BUDGET_EXCEEDED})
+#: Why a Prompt Bank lookup cannot serve (BankError): the job keeps its own initial prompt.
+PROMPT_BANK_ERROR_REASONS: Final = (
+    Reason.PROMPT_BANK_EMPTY,
+    Reason.PROMPT_BANK_NO_FEATURES,
+    Reason.PROMPT_BANK_NO_TARGETS,
+)
+
+
+def _values(cls: type) -> frozenset[str]:
+    return frozenset(v for k, v in vars(cls).items() if k.isupper() and isinstance(v, str))
+
+
+CONDITION_TYPES: Final = _values(ConditionType)
+REASONS: Final = _values(Reason)

@@ -1,0 +1,158 @@
+"""The fleet: which worker process stands for which GPU of the scheduler's state.
+
+The scheduler thinks in GPUs (launched, warm, busy, released); the backend starts worker processes or
+pods, which show up in the Redis registry when they run. The fleet binds a newly warm worker to the
+oldest GPU launched for its model (its measured start-to-ready time is T_cold), notices workers that
+vanished, died before becoming warm or cannot load their model, and re-binds the workers of an attempt
+that outlived a control-plane restart. What happens to the jobs is the core's business: the fleet
+reports, the core decides.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Protocol
+
+from elastune_contract.protocol import Bus, WorkerRecord, WorkerState
+from elastune_operator.control.backend import ClusterBackend
+from elastune_operator.metrics import ControlMetrics
+from elastune_operator.scheduling.estimator import Estimator
+from elastune_operator.scheduling.state import ClusterState
+
+log = logging.getLogger("elastune.control")
+
+
+class FleetEvents(Protocol):
+    """What the fleet reports while it syncs, in registry order; the core decides what it means for jobs."""
+
+    def worker_lost(self, wid: str, gid: int, now: float) -> None:
+        """A bound worker is gone (record expired or process exited)."""
+
+    def worker_start_failed(self, model: str, wid: str, detail: str, now: float) -> None:
+        """A worker exited before it ever became warm."""
+
+    def worker_broken(self, rec: WorkerRecord, now: float) -> None:
+        """A worker reports it cannot serve its model (FAILED)."""
+
+    def gpu_warm(self, job: str) -> None:
+        """A GPU held for ``job`` just became warm."""
+
+
+class Fleet:
+    def __init__(
+        self,
+        state: ClusterState,
+        bus: Bus,
+        backend: ClusterBackend,
+        estimator: Estimator,
+        metrics: ControlMetrics,
+    ) -> None:
+        self.state, self.bus, self.backend = state, bus, backend
+        self.estimator, self.metrics = estimator, metrics
+        self.gpu_of: dict[str, int] = {}  # worker id -> GPU id
+        self.worker_of: dict[int, str] = {}  # GPU id -> worker id
+        self.unbound: dict[str, list[int]] = {}  # llm -> GPUs launched, no worker bound yet (FIFO)
+        self.failed_workers: set[str] = set()
+        self.gone: set[str] = set()
+        self.start_failures: dict[str, int] = {}
+
+    def add_model(self, llm: str) -> None:
+        self.unbound.setdefault(llm, [])
+
+    # -- the registry -------------------------------------------------------------------------------
+    def sync(
+        self, now: float, models: set[str], adoptable: set[str], events: FleetEvents
+    ) -> dict[str, WorkerRecord]:
+        """Read the registry and the backend's exits, report what changed, bind warm workers to
+        launched GPUs; returns the registry as read.
+
+        ``adoptable`` are jobs this process knows and dispatched itself: a busy worker of any other job
+        (the control plane restarted) is left to the core's recovery, never adopted as idle."""
+        records = self.bus.workers()
+        exited = self.backend.exited()
+        for wid, gid in list(self.gpu_of.items()):
+            if wid not in records or wid in exited:
+                events.worker_lost(wid, gid, now)
+        for wid, (model, detail) in exited.items():
+            if wid in self.gone or wid in self.failed_workers or model not in models:
+                continue
+            self.gone.add(wid)
+            if wid not in self.gpu_of and wid not in records:  # died before it ever became warm
+                events.worker_start_failed(model, wid, detail, now)
+        for wid, rec in records.items():
+            if wid in self.gpu_of or wid in exited or wid in self.gone or rec.model not in models:
+                continue
+            if rec.state is WorkerState.FAILED and wid not in self.failed_workers:
+                self.failed_workers.add(wid)
+                events.worker_broken(rec, now)
+            elif rec.state is WorkerState.BUSY and rec.job not in adoptable:
+                # Busy with an attempt this process did not dispatch (it restarted): the core's recovery
+                # adopts it with its job, or it comes back READY when that attempt ends or is cancelled.
+                continue
+            elif rec.state in (WorkerState.READY, WorkerState.BUSY) and (
+                self.unbound[rec.model] or self.state.cold_free > 0
+            ):
+                job = self._bind(wid, rec, now)
+                if job:
+                    events.gpu_warm(job)
+        return records
+
+    def _bind(self, wid: str, rec: WorkerRecord, now: float) -> str | None:
+        """Bind a warm worker to the oldest GPU launched for its model (one nobody launched in this
+        process — the control plane restarted — is adopted as a new GPU). Returns the GPU's job."""
+        unbound = self.unbound[rec.model]
+        gid = unbound.pop(0) if unbound else self.state.launch(rec.model, now).id
+        self.gpu_of[wid], self.worker_of[gid] = gid, wid
+        if rec.ready_at is not None:
+            cold = max(0.0, rec.ready_at - rec.started_at)
+            self.estimator.observe_cold_start(rec.model, cold)
+            self.metrics.cold_start.labels(rec.model).observe(cold)
+        gpu = self.state.gpus[gid]
+        self.state.gpu_ready(gid, now)
+        return gpu.job
+
+    # -- changes the core asks for ------------------------------------------------------------------
+    def launched(self, llm: str, gid: int) -> None:
+        """A GPU left the cold pool for ``llm``; the next warm worker of that model binds to it."""
+        self.unbound[llm].append(gid)
+
+    def count_start_failure(self, model: str) -> int:
+        n = self.start_failures[model] = self.start_failures.get(model, 0) + 1
+        return n
+
+    def forget(self, wid: str) -> int | None:
+        """A bound worker is gone: unbind it and drop its registry entry. Returns its GPU."""
+        gid = self.gpu_of.pop(wid, None)
+        if gid is not None:
+            self.worker_of.pop(gid, None)
+        self.gone.add(wid)
+        self.bus.forget_worker(wid)
+        log.warning("worker %s is gone", wid)
+        return gid
+
+    def take_unbound(self, model: str) -> int | None:
+        """A launched worker will never become warm: any unbound GPU of the model stands for it."""
+        return self.unbound[model].pop() if self.unbound.get(model) else None
+
+    def unbind(self, gid: int) -> str | None:
+        """The GPU returns to the cold pool: its worker (if any) is no longer ours. Returns it."""
+        wid = self.worker_of.pop(gid, None)
+        if wid is not None:
+            del self.gpu_of[wid]
+        return wid
+
+    def workers(self, gids: list[int]) -> list[str]:
+        return [self.worker_of[g] for g in gids]
+
+    def alive(self, wids: list[str]) -> list[str]:
+        return [w for w in wids if w in self.gpu_of]
+
+    def adopt(self, llm: str, wids: list[str], now: float) -> list[int]:
+        """Workers still running an attempt after a control-plane restart get warm GPUs again."""
+        gids = []
+        for wid in wids:
+            gpu = self.state.launch(llm, now)
+            self.state.gpu_ready(gpu.id, now)
+            self.gpu_of[wid], self.worker_of[gpu.id] = gpu.id, wid
+            gids.append(gpu.id)
+        return gids

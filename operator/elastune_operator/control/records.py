@@ -1,0 +1,77 @@
+"""What the control core keeps: pool configs, its settings, and the bookkeeping of each TuningJob."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from elastune_contract.api.tuningjob import TuningJobSpec, TuningJobStatus
+from elastune_contract.protocol import WORKER_TTL_SECONDS
+from elastune_operator.scheduling.policy import ROUND_SECONDS, PolicyName
+
+
+@dataclass
+class PoolConfig:
+    """What the core needs of a WarmPool."""
+
+    name: str
+    model: str
+    min_warm: int = 0
+    max_warm: int = 8
+    idle_window_seconds: float = 60.0
+    cold_start_seconds: float = 30.0
+    seconds_per_iteration: float = 0.05
+
+
+@dataclass
+class CoreSettings:
+    cold_capacity: int
+    """GPUs in the shared cold pool (local mode: worker processes the machine can hold)."""
+    channel_url: str
+    """Storage channel for gradient all-reduce (redis:// or memcached://)."""
+    work_dir: Path
+    """Checkpoints (and default artifacts) go under here; on Kubernetes a shared volume."""
+    collective_timeout_s: float = 60.0
+    eval_every: int = 10
+    checkpoint_every: int = 10
+    progress_every: int = 10
+    max_attempts: int = 3
+    round_seconds: float = ROUND_SECONDS
+    policy: PolicyName = "promptTuner"
+    """The scheduling policy: PromptTuner's, or one of the paper's baselines (infless, elasticflow)
+    for side-by-side runs on real workers."""
+    recovery_grace_s: float = WORKER_TTL_SECONDS + 5.0
+    """After a control-plane restart, how long a job's in-flight attempt may take to show up (its busy
+    workers in the registry, or its result in the event stream) before it is re-run from its checkpoint."""
+
+
+@dataclass
+class JobRecord:
+    """The control plane's bookkeeping of one TuningJob."""
+
+    key: str
+    """namespace/name."""
+    spec: TuningJobSpec
+    created: float
+    """Unix time of creation: the SLO runs from here."""
+    dataset: str
+    """The dataset as workers must read it (local mode resolves relative paths)."""
+    artifact_dir: str
+    uid: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
+    generation: int | None = None
+    status: TuningJobStatus = field(default_factory=TuningJobStatus)
+    attempt: int = 0
+    workers: list[str] = field(default_factory=list)
+    last_event: str = "0-0"
+    checkpointed: int = 0
+    resumed_from: list[int] = field(default_factory=list)
+    """Per attempt, the iteration its workers resumed from."""
+    started: float | None = None
+    gpu_seconds: float = 0.0
+    terminal: bool = False
+    pool: str = ""
+
+    @property
+    def llm(self) -> str:
+        return self.spec.model
