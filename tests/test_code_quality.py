@@ -1,5 +1,6 @@
 """Lint and architecture rules run with the tests, so the one test command checks them too."""
 
+import importlib.util
 import shutil
 import subprocess
 import sys
@@ -18,7 +19,7 @@ def test_ruff_clean():
     ruff = shutil.which("ruff")
     if ruff is None:
         pytest.fail("ruff is not installed: pip install -e '.[dev]'")
-    res = _run(ruff, "check", "operator", "worker", "tests")
+    res = _run(ruff, "check", "contract", "operator", "worker", "testing", "tests")
     assert res.returncode == 0, res.stdout + res.stderr
 
 
@@ -28,6 +29,14 @@ def test_import_contracts_hold():
     if lint is None:
         pytest.fail("import-linter is not installed: pip install -e '.[dev]'")
     res = _run(lint)
+    assert res.returncode == 0, res.stdout + res.stderr
+
+
+def test_mypy_clean():
+    """The contract, scheduling and control type-check ([tool.mypy] in pyproject.toml)."""
+    if importlib.util.find_spec("mypy") is None:
+        pytest.fail("mypy is not installed: pip install -e '.[dev]'")
+    res = _run(sys.executable, "-m", "mypy")
     assert res.returncode == 0, res.stdout + res.stderr
 
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 import os
 import time
 from enum import StrEnum
-from typing import Any, Literal
+from typing import Any, Literal, cast
 from urllib.parse import urlsplit
 
 import redis
@@ -237,7 +237,8 @@ class Bus:
     # -- control side -------------------------------------------------------------------------------
     def workers(self) -> dict[str, WorkerRecord]:
         """Live workers by id; ids whose record expired are pruned from the registry."""
-        ids = sorted(self.redis.smembers(f"{self.ns}:workers"))
+        # decode_responses=True: the client returns str (its stubs say bytes | str).
+        ids: list[str] = sorted(cast(set[str], self.redis.smembers(f"{self.ns}:workers")))
         if not ids:
             return {}
         raws = self.redis.mget([worker_key(self.ns, i) for i in ids])
@@ -258,7 +259,11 @@ class Bus:
     def events(self, job: str, after: str = "0-0", count: int = 1000) -> list[tuple[str, Event]]:
         """Events of ``job`` after stream id ``after``, oldest first."""
         out = []
-        for entry_id, fields in self.redis.xrange(events_key(self.ns, job), min=f"({after}", count=count):
+        rows = cast(
+            list[tuple[str, dict[str, str]]],
+            self.redis.xrange(events_key(self.ns, job), min=f"({after}", count=count),
+        )
+        for entry_id, fields in rows:
             out.append((entry_id, Event.model_validate_json(fields["event"])))
         return out
 

@@ -11,7 +11,8 @@ from typing import Any
 import pytest
 
 from elastune_contract.api.resources import parse_resource
-from elastune_contract.protocol import Assignment, Bus, Event, WorkerRecord, WorkerState
+from elastune_contract.protocol import Assignment, Bus, Event, PromptBankReport, WorkerRecord, WorkerState
+from elastune_contract.vocabulary import Reason
 from elastune_operator.control.core import ControlCore
 from elastune_operator.control.records import CoreSettings, JobRecord, PoolConfig
 
@@ -353,10 +354,10 @@ def test_bank_decision_reaches_the_status_and_a_retry_reuses_the_pick(env: dict[
     (a,) = run_to_dispatch(env, rec, ["w1"])
     assert (a.prompt_bank, a.initial_prompt) == ("auto", None)
     assert a.bank_budget_s == pytest.approx(120.0)
-    report = {
-        **{"source": "bank", "prompt": "Classify it.", "score": 1.25, "evaluations": 57},
-        **{"latencySeconds": 2.5, "predictedSeconds": 2.0, "reason": "Selected", "message": "picked"},
-    }
+    report = PromptBankReport(
+        source="bank", prompt="Classify it.", score=1.25, evaluations=57, latency_seconds=2.5,
+        predicted_seconds=2.0, reason=Reason.PROMPT_BANK_USED, message="picked",
+    )  # fmt: skip
     post(bus, a, "progress", iterations=0, prompt_bank=report)
     post(bus, a, "failed", reason="CollectiveTimeout", message="peer lost")
     core.tick()

@@ -33,18 +33,19 @@ class ApiModel(BaseModel):
     )
 
 
-def _string_format(pattern: str, check: Callable[[str], object], **schema: Any) -> Any:
-    """A str type validated by `check` (for a readable error) and published with `pattern` in schemas."""
+def _checked(check: Callable[[str], object]) -> AfterValidator:
+    """A validator running ``check`` (which raises a readable ValueError) and keeping the string."""
 
     def validate(value: str) -> str:
         check(value)
         return value
 
-    return Annotated[
-        str,
-        AfterValidator(validate),
-        WithJsonSchema({"type": "string", "pattern": pattern, **schema}),
-    ]
+    return AfterValidator(validate)
+
+
+def _pattern(pattern: str, **schema: Any) -> WithJsonSchema:
+    """The JSON schema of a string format: its RE2 pattern (plus any length bounds)."""
+    return WithJsonSchema({"type": "string", "pattern": pattern, **schema})
 
 
 def _regex_check(pattern: str, description: str) -> Callable[[str], None]:
@@ -123,22 +124,34 @@ PATTERN_DESCRIPTIONS: Final = {
     QUANTITY_PATTERN: QUANTITY_DESCRIPTION,
 }
 
-Duration = _string_format(units.DURATION_PATTERN, units.parse_duration)
-DecimalString = _string_format(units.DECIMAL_PATTERN, units.parse_decimal)
-NonNegativeDecimal = _string_format(units.NON_NEGATIVE_DECIMAL_PATTERN, _non_negative_decimal)
-PositiveDecimal = _string_format(units.POSITIVE_DECIMAL_PATTERN, _positive_decimal)
-Uri = _string_format(URI_PATTERN, _regex_check(URI_PATTERN, URI_DESCRIPTION))
-DatasetUri = _string_format(DATASET_URI_PATTERN, _regex_check(DATASET_URI_PATTERN, DATASET_URI_DESCRIPTION))
-ModelName = _string_format(MODEL_NAME_PATTERN, _regex_check(MODEL_NAME_PATTERN, MODEL_NAME_DESCRIPTION))
-ReasonString = _string_format(
-    REASON_PATTERN, _regex_check(REASON_PATTERN, REASON_DESCRIPTION), minLength=1, maxLength=1024
-)
-ConditionTypeString = _string_format(
-    CONDITION_TYPE_PATTERN,
-    _regex_check(CONDITION_TYPE_PATTERN, CONDITION_TYPE_DESCRIPTION),
-    maxLength=316,
-)
-EnvName = _string_format(ENV_NAME_PATTERN, _regex_check(ENV_NAME_PATTERN, ENV_NAME_DESCRIPTION))
+# Each string format: a str with its Python check (readable error) and its published pattern, written
+# out as Annotated[...] so type checkers see plain str fields.
+Duration = Annotated[str, _checked(units.parse_duration), _pattern(units.DURATION_PATTERN)]
+DecimalString = Annotated[str, _checked(units.parse_decimal), _pattern(units.DECIMAL_PATTERN)]
+NonNegativeDecimal = Annotated[
+    str, _checked(_non_negative_decimal), _pattern(units.NON_NEGATIVE_DECIMAL_PATTERN)
+]
+PositiveDecimal = Annotated[str, _checked(_positive_decimal), _pattern(units.POSITIVE_DECIMAL_PATTERN)]
+Uri = Annotated[str, _checked(_regex_check(URI_PATTERN, URI_DESCRIPTION)), _pattern(URI_PATTERN)]
+DatasetUri = Annotated[
+    str, _checked(_regex_check(DATASET_URI_PATTERN, DATASET_URI_DESCRIPTION)), _pattern(DATASET_URI_PATTERN)
+]
+ModelName = Annotated[
+    str, _checked(_regex_check(MODEL_NAME_PATTERN, MODEL_NAME_DESCRIPTION)), _pattern(MODEL_NAME_PATTERN)
+]
+ReasonString = Annotated[
+    str,
+    _checked(_regex_check(REASON_PATTERN, REASON_DESCRIPTION)),
+    _pattern(REASON_PATTERN, minLength=1, maxLength=1024),
+]
+ConditionTypeString = Annotated[
+    str,
+    _checked(_regex_check(CONDITION_TYPE_PATTERN, CONDITION_TYPE_DESCRIPTION)),
+    _pattern(CONDITION_TYPE_PATTERN, maxLength=316),
+]
+EnvName = Annotated[
+    str, _checked(_regex_check(ENV_NAME_PATTERN, ENV_NAME_DESCRIPTION)), _pattern(ENV_NAME_PATTERN)
+]
 
 
 def _check_timestamp(value: str) -> str:

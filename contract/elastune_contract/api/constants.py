@@ -4,7 +4,8 @@ from typing import Final
 
 GROUP: Final = "elastune.dev"
 VERSION: Final = "v1alpha1"
-API_VERSION: Final = f"{GROUP}/{VERSION}"
+API_VERSION: Final = "elastune.dev/v1alpha1"
+assert f"{GROUP}/{VERSION}" == API_VERSION  # spelled out so type checkers see the literal
 
 KIND_TUNING_JOB: Final = "TuningJob"
 KIND_WARM_POOL: Final = "WarmPool"

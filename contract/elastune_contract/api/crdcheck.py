@@ -250,7 +250,8 @@ def _describe(error: ValidationError) -> list[str]:
 def _list_map_duplicates(value: Any, schema: Mapping[str, Any], path: list[str | int]) -> Iterator[str]:
     """x-kubernetes-list-type map/set forbid duplicate keys/items; JSON Schema cannot say that."""
     if isinstance(value, list):
-        items = schema.get("items") if isinstance(schema.get("items"), Mapping) else {}
+        raw_items = schema.get("items")
+        items: Mapping[str, Any] = raw_items if isinstance(raw_items, Mapping) else {}
         list_type = schema.get("x-kubernetes-list-type")
         seen: set[str] = set()
         for index, item in enumerate(value):

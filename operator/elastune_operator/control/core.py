@@ -24,6 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from elastune_contract.api import units
+from elastune_contract.api.tuningjob import PromptBankMode
 from elastune_contract.protocol import Assignment, Bus, Event, WorkerRecord, WorkerState
 from elastune_contract.vocabulary import PERMANENT_FAILURE_REASONS, Reason
 from elastune_operator.control.backend import ClusterBackend
@@ -181,7 +182,7 @@ class ControlCore:
         now = self.clock()
         dt = 0.0 if self._last_tick is None else now - self._last_tick
         self._last_tick = now
-        self._touched = touched = set()
+        self._touched = touched = set[str]()
         adoptable = set(self.jobs) - set(self.recovering)
         records = self.fleet.sync(now, set(self.pools), adoptable, self)
         if self.recovering:
@@ -433,7 +434,7 @@ class ControlCore:
         ckpt = Path(self.settings.work_dir) / "checkpoints" / job.key / job.uid
         pb = job.status.prompt_bank
         # The first attempt looks the prompt up (if the budget allowed it); retries reuse its pick.
-        bank_mode = "never"
+        bank_mode: PromptBankMode = "never"
         if sched.use_bank and pb is None:
             bank_mode = "always" if job.spec.prompt_bank == "always" else "auto"
         chosen = pb.prompt if pb is not None and pb.used else None

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from elastune_contract.api import units
-from elastune_contract.api.common import set_condition
+from elastune_contract.api.common import ConditionStatus, set_condition
 from elastune_contract.api.tuningjob import PromptBankStatus
 from elastune_contract.protocol import Event, PromptBankReport
 from elastune_contract.vocabulary import PROMPT_BANK_SKIP_REASONS, ConditionType, Reason
@@ -164,7 +164,9 @@ class JobLifecycle:
             )
         self.finished(job, now, "False", reason, message)
 
-    def finished(self, job: JobRecord, now: float, status: str, reason: str, message: str) -> None:
+    def finished(
+        self, job: JobRecord, now: float, status: ConditionStatus, reason: str, message: str
+    ) -> None:
         """Terminal: Succeeded True/False (and Failed), final figures, SLO met or not."""
         job.terminal = True
         st = job.status
@@ -185,7 +187,9 @@ class JobLifecycle:
         self.emit(job)
 
     # -- helpers ------------------------------------------------------------------------------------
-    def condition(self, job: JobRecord, ctype: str, status: str, reason: str, message: str) -> None:
+    def condition(
+        self, job: JobRecord, ctype: str, status: ConditionStatus, reason: str, message: str
+    ) -> None:
         job.status.conditions = set_condition(
             job.status.conditions, ctype, status, reason, message, observed_generation=job.generation
         )

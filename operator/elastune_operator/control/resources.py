@@ -17,6 +17,13 @@ DEFAULT_COLD_START_SECONDS = 15
 DEFAULT_SECONDS_PER_ITERATION = 0.1
 
 
+def _name(name: str | None) -> str:
+    """metadata.name of a stored object (always set once the apiserver or a manifest named it)."""
+    if not name:
+        raise ValueError("the resource has no metadata.name")
+    return name
+
+
 def artifact_dir(job: TuningJob, root: Path) -> Path:
     """Where the job's tuned prompt goes: spec.output.uri, or ``root/artifacts/<ns>/<name>``.
     ``pvc://claim/path`` is ``root/volumes/claim/path`` (the claim mounted there). ValueError for a
@@ -24,7 +31,7 @@ def artifact_dir(job: TuningJob, root: Path) -> Path:
     ns = job.metadata.namespace or "default"
     uri = job.spec.output.uri if job.spec.output else None
     if not uri:
-        return root / "artifacts" / ns / job.metadata.name
+        return root / "artifacts" / ns / _name(job.metadata.name)
     parts = urlsplit(uri)
     if parts.scheme == "" and uri.startswith("/"):
         return Path(uri)
@@ -46,7 +53,7 @@ def pool_config(wp: WarmPool, cap: int | None = None) -> PoolConfig:
     spi = profile.seconds_per_iteration if profile and profile.seconds_per_iteration else None
     limit = cap if cap is not None else spec.max_warm_gpus
     return PoolConfig(
-        name=wp.metadata.name,
+        name=_name(wp.metadata.name),
         model=spec.model,
         min_warm=min(spec.min_warm_gpus, limit),
         max_warm=min(spec.max_warm_gpus, limit),

@@ -12,13 +12,13 @@ from collections import deque
 from dataclasses import dataclass
 
 from .estimator import Estimator
-from .latency_budget import decide_prompt_bank
+from .latency_budget import BankMode, decide_prompt_bank
 from .policy import Billing, PoolLimits, PoolLimitsTable
 from .state import Allocation, ClusterState, Job, Launch, RoundDecision
 
 
 def _bank_always(estimator: Estimator, job: Job) -> None:
-    mode = "never" if job.bank_mode == "never" else "always"
+    mode: BankMode = "never" if job.bank_mode == "never" else "always"
     choice = decide_prompt_bank(mode, 0.0, job.slo)
     job.use_bank = choice.use
     job.bank_seconds = estimator.profile(job.llm).bank_lookup_seconds if choice.use else 0.0
