@@ -9,8 +9,10 @@ FROM python:3.11-slim-bookworm AS build
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1
 WORKDIR /src
 COPY pyproject.toml README.md ./
+COPY contract/ contract/
 COPY operator/ operator/
 COPY worker/ worker/
+COPY testing/ testing/
 # A wheel of the one distribution (both import packages; the worker's is inert without its extra).
 RUN pip wheel --no-deps --wheel-dir /wheels .
 

@@ -26,8 +26,10 @@ RUN if [ -n "$TORCH_INDEX" ]; then \
     fi
 WORKDIR /src
 COPY pyproject.toml README.md ./
+COPY contract/ contract/
 COPY operator/ operator/
 COPY worker/ worker/
+COPY testing/ testing/
 RUN pip install ".[worker]" && rm -rf /src
 # Relative dataset paths in a TuningJob resolve against the worker's working directory: the example
 # datasets of manifests/data/ live in /app/data, so manifests/tuningjob.yaml (data/extract.jsonl)
