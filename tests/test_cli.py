@@ -1,11 +1,14 @@
 """The `elastune` command line, run as a real subprocess the way users run it."""
 
+import importlib.util
 import json
 import subprocess
 import sys
 from pathlib import Path
 
 import yaml
+
+from elastune_operator import cli
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -87,3 +90,13 @@ def test_bench_scheduler_writes_json_and_plot(tmp_path):
     assert len(data["idle_window"]) == 5
     assert len(data["end_to_end"]) == 9
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_bench_operator_says_what_to_install_without_the_dev_extras(monkeypatch, capsys):
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "kmock" else real(name, *a)
+    )
+    assert cli.main(["bench", "operator", "--jobs", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "missing: kmock" in err and "pip install -e '.[dev]'" in err

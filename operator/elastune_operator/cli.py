@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.util
 import sys
 from pathlib import Path
 
@@ -213,15 +214,15 @@ WORKER_COMMANDS: dict[tuple[str, ...], list[str]] = {
 def _bench_operator(argv: list[str]) -> int:
     """`elastune bench operator` runs on the test support (API emulator), which product code never
     imports statically: it needs the development extras."""
-    try:
-        bench = importlib.import_module("elastune_testing.bench_operator")
-    except ImportError as exc:
+    missing = [m for m in ("elastune_testing", "kmock") if importlib.util.find_spec(m) is None]
+    if missing:
         print(
-            f"elastune bench operator needs the development extras ({exc.name or exc}): "
+            f"elastune bench operator needs the development extras (missing: {', '.join(missing)}): "
             "pip install -e '.[dev]'",
             file=sys.stderr,
         )
         return 2
+    bench = importlib.import_module("elastune_testing.bench_operator")
     return int(bench.main(argv))
 
 

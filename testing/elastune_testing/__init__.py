@@ -1,4 +1,6 @@
-"""Test support for the operator: a Kubernetes API emulator the real kopf operator can talk HTTP to.
+"""Test support, never imported by product code: a Kubernetes API emulator the real kopf operator
+can talk HTTP to (``emulator``, ``fixtures``), the Knative stand-in (``knative_standin``) and the
+operator benchmark (``bench_operator``, run by ``elastune bench operator``).
 
 The emulator needs the dev extras (kmock is a dev dependency), so nothing is imported until asked for:
 `import elastune_testing` always works, `from elastune_testing import start_emulator`

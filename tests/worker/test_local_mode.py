@@ -147,7 +147,7 @@ def test_prompt_bank_picks_the_initial_prompt_or_the_job_falls_back_and_says_why
     assert proc.returncode == 0, proc.stdout + proc.stderr
     st = status_of(state, "banked")
     pb = st["promptBank"]
-    assert pb["used"] is True and pb["reason"] == "Selected", pb
+    assert pb["used"] is True and pb["reason"] == "PromptBankUsed", pb
     assert pb["prompt"] in candidates
     assert 0 < pb["evaluations"] <= bank.k + max(bank.cluster_sizes())  # medoids, then one cluster
     assert float(pb["latencySeconds"]) > 0 and float(pb["score"]) > 0
