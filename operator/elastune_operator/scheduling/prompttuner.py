@@ -132,6 +132,11 @@ class PromptTunerPolicy:
         self._cache = RoundCache()
         self._queues: dict[str, _Queue] = {}
 
+    @property
+    def round_cache(self) -> RoundCache:
+        """Hits and misses of the exact round cache (the scale benchmark reports them)."""
+        return self._cache
+
     def set_pool_limits(self, llm: str, limits: PoolLimits) -> None:
         self.pools.set(llm, limits)
         self._cache = RoundCache()  # limits are round inputs outside the state's version

@@ -15,8 +15,9 @@ import numpy as np
 
 from ..scheduling.estimator import Estimator, LLMProfile
 from ..scheduling.factory import PolicyConfig, make_policy
-from ..scheduling.policy import PolicyName
-from ..scheduling.prompttuner import PromptTunerConfig
+from ..scheduling.policy import PolicyName, PoolLimits
+from ..scheduling.prompttuner import PromptTunerConfig, PromptTunerPolicy
+from ..scheduling.state import ClusterState, Job, RoundDecision
 from .simulator import SimConfig, SimResult, Simulator
 from .workload import LOADS, SimLLM, WorkloadConfig, generate
 
@@ -171,39 +172,18 @@ def scale_run(
     for j in jobs:  # the backlog: everything arrives within the first minutes
         j.arrival = j.arrival / 4
     estimator = Estimator([llm.profile for llm in wl.llms.values()])
-    policy = make_policy("promptTuner", estimator)
-    sim = Simulator(wl.llms, jobs, policy, SimConfig(cold_capacity=gpus, seed=seed, max_seconds=seconds))
-    measured: list[float] = []
-    recomputed: list[float] = []
-    min_pending = 1 << 30
-    state = sim.state
-    original = policy.round
-    cache = policy._cache  # type: ignore[attr-defined]
-
-    def timed(st: object, now: float) -> object:
-        nonlocal min_pending
-        misses = cache.misses
-        t0 = time.perf_counter()
-        d = original(st, now)  # type: ignore[arg-type]
-        dt = (time.perf_counter() - t0) * 1000.0
-        n_pending = sum(len(p) for p in state.pending.values())
-        if len(state.gpus) >= gpus and n_pending >= pending:
-            measured.append(dt)
-            min_pending = min(min_pending, n_pending)
-            if cache.misses != misses:
-                recomputed.append(dt)
-        return d
-
-    policy.round = timed  # type: ignore[method-assign]
+    timed = _TimedRounds(PromptTunerPolicy(estimator), gpus, pending)
+    sim = Simulator(wl.llms, jobs, timed, SimConfig(cold_capacity=gpus, seed=seed, max_seconds=seconds))
     t0 = time.perf_counter()
     sim.run()
     wall = time.perf_counter() - t0
+    measured, recomputed = timed.measured, timed.recomputed
     arr = np.asarray(measured) if measured else np.zeros(1)
     return ScaleResult(
         gpus=gpus,
         llms=llms,
         jobs=len(jobs),
-        min_pending=min_pending if measured else 0,
+        min_pending=timed.min_pending if measured else 0,
         rounds=len(measured),
         round_ms_mean=float(arr.mean()),
         round_ms_max=float(arr.max()),
@@ -212,3 +192,38 @@ def scale_run(
         recomputed_ms_mean=float(np.mean(recomputed)) if recomputed else 0.0,
         wall_seconds=wall,
     )
+
+
+class _TimedRounds:
+    """PromptTuner's policy with each round timed once the cluster is full and the backlog deep."""
+
+    def __init__(self, policy: PromptTunerPolicy, gpus: int, pending: int) -> None:
+        self.policy = policy
+        self.name, self.estimator = policy.name, policy.estimator
+        self.keep_warm, self.billing = policy.keep_warm, policy.billing
+        self.measured: list[float] = []
+        self.recomputed: list[float] = []
+        self.min_pending = 1 << 30
+        self._gpus, self._pending = gpus, pending
+
+    def set_pool_limits(self, llm: str, limits: PoolLimits) -> None:
+        self.policy.set_pool_limits(llm, limits)
+
+    def bank_budget_seconds(self, slo_seconds: float) -> float:
+        return self.policy.bank_budget_seconds(slo_seconds)
+
+    def admit(self, state: ClusterState, job: Job, now: float) -> None:
+        self.policy.admit(state, job, now)
+
+    def round(self, state: ClusterState, now: float) -> RoundDecision:
+        misses = self.policy.round_cache.misses
+        t0 = time.perf_counter()
+        d = self.policy.round(state, now)
+        dt = (time.perf_counter() - t0) * 1000.0
+        n_pending = sum(len(p) for p in state.pending.values())
+        if len(state.gpus) >= self._gpus and n_pending >= self._pending:
+            self.measured.append(dt)
+            self.min_pending = min(self.min_pending, n_pending)
+            if self.policy.round_cache.misses != misses:
+                self.recomputed.append(dt)
+        return d
