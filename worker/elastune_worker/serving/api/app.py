@@ -1,0 +1,33 @@
+"""The worker's HTTP application: the OpenAI-compatible serving routes beside the Knative container
+contract (/healthz, /readyz, /metrics, /status), on FastAPI with its OpenAPI document at /openapi.json.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from fastapi import APIRouter, FastAPI
+
+from elastune_worker.serving.api import errors
+from elastune_worker.serving.api.client import EngineClient
+from elastune_worker.serving.api.metrics import ServingMetrics
+from elastune_worker.serving.api.routes import openai_router
+
+
+def create_app(
+    get_engine: Callable[[], EngineClient | None],
+    *,
+    metrics: ServingMetrics | None = None,
+    control: APIRouter | None = None,
+) -> FastAPI:
+    """``get_engine`` returns None until the weights are loaded (requests then get 503 + Retry-After)."""
+    app = FastAPI(
+        title="Elastune worker",
+        version="0.1.0",
+        description="OpenAI-compatible serving on a warm Elastune worker, and its health endpoints.",
+    )
+    errors.install(app)
+    app.include_router(openai_router(get_engine, metrics))
+    if control is not None:
+        app.include_router(control)
+    return app
