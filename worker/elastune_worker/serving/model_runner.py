@@ -1,0 +1,104 @@
+"""Runs the model for one scheduled step: builds the flat batch and the attention metadata from the
+scheduler's chunks, runs one forward over the paged KV cache, samples the next tokens."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from elastune_worker.serving.config import EngineConfig
+from elastune_worker.serving.models.attention import AttentionMetadata
+from elastune_worker.serving.models.loader import context_length, load_model
+from elastune_worker.serving.sampler import Sampler
+from elastune_worker.serving.scheduler import SchedulerOutput
+
+
+def pick_device(choice: str) -> torch.device:
+    if choice == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if choice == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device cuda was asked for, but torch sees no CUDA device")
+    return torch.device(choice)
+
+
+def pick_dtype(choice: str, device: torch.device) -> torch.dtype:
+    if choice == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}[choice]
+
+
+class ModelRunner:
+    def __init__(self, path: Path, config: EngineConfig) -> None:
+        self.device = pick_device(config.device)
+        self.dtype = pick_dtype(config.dtype, self.device)
+        self.model, self.hf_config = load_model(Path(path), self.device, self.dtype)
+        native = context_length(self.hf_config)
+        self.max_model_len = min(config.max_model_len or native, native)
+        self.block_size = config.block_size
+        self.vocab_size = int(self.hf_config["vocab_size"])
+        slots = config.kv_blocks() * config.block_size
+        n_kv, hd = self.model.n_kv_heads, self.model.head_dim
+        n_layers = len(getattr(self.model, "layers", None) or self.model.h)  # type: ignore[arg-type]
+        self.kv_caches = [
+            (
+                torch.zeros(slots, n_kv, hd, dtype=self.dtype, device=self.device),
+                torch.zeros(slots, n_kv, hd, dtype=self.dtype, device=self.device),
+            )
+            for _ in range(n_layers)
+        ]
+        self.sampler = Sampler(self.device)
+
+    @torch.inference_mode()
+    def execute(self, out: SchedulerOutput) -> dict[str, int]:
+        """Forward the step's chunks; the sampled next token of every chunk that reached its end."""
+        tokens, meta, sampling = self._prepare(out)
+        logits = self.model(tokens, meta, self.kv_caches)
+        ids = self.sampler.sample(logits, [(s.request_id, s.params) for s in sampling])
+        return {s.request_id: t for s, t in zip(sampling, ids, strict=True)}
+
+    def _prepare(self, out: SchedulerOutput) -> tuple[torch.Tensor, AttentionMetadata, list]:
+        bs, dev = self.block_size, self.device
+        tokens: list[int] = []
+        positions: list[torch.Tensor] = []
+        slots: list[torch.Tensor] = []
+        logits_rows: list[int] = []
+        sampling = []
+        decodes: list[tuple[int, int, list[int]]] = []  # (row, context length, block table)
+        prefills: list[tuple[int, int, torch.Tensor | None, torch.Tensor | None]] = []
+        row = 0
+        for c in out.chunks:
+            seq, start, n = c.seq, c.start, c.num_tokens
+            tokens += seq.all_token_ids[start : start + n]
+            pos = torch.arange(start, start + n)
+            table = torch.tensor(seq.block_table)
+            positions.append(pos)
+            slots.append(table[pos // bs] * bs + pos % bs)
+            if n == 1 and start > 0:
+                decodes.append((row, start + 1, seq.block_table))
+            elif start == 0:
+                prefills.append((row, row + n, None, None))
+            else:
+                ctx = torch.arange(start + n)
+                ctx_slots = (table[ctx // bs] * bs + ctx % bs).to(dev)
+                mask = (ctx[None, :] <= pos[:, None]).view(1, 1, n, start + n).to(dev)
+                prefills.append((row, row + n, ctx_slots, mask))
+            if c.samples:
+                logits_rows.append(row + n - 1)
+                sampling.append(seq)
+            row += n
+        meta = AttentionMetadata(
+            slot_mapping=torch.cat(slots).to(dev),
+            positions=torch.cat(positions).to(dev),
+            logits_index=torch.tensor(logits_rows, device=dev),
+            prefills=prefills,
+        )
+        if decodes:
+            width = max(len(t) for _, _, t in decodes)
+            tables = torch.tensor([t + [0] * (width - len(t)) for _, _, t in decodes])
+            lens = torch.tensor([n for _, n, _ in decodes])
+            ctx = torch.arange(int(lens.max()))
+            meta.decode_index = torch.tensor([r for r, _, _ in decodes], device=dev)
+            meta.decode_slots = (tables[:, ctx // bs] * bs + ctx % bs).to(dev)
+            meta.decode_mask = (ctx[None, :] < lens[:, None]).view(len(decodes), 1, 1, -1).to(dev)
+        return torch.tensor(tokens, device=dev), meta, sampling
