@@ -14,6 +14,7 @@ Tuning jobs arrive by pull (the agent pops its Redis queue), not over HTTP.
 from __future__ import annotations
 
 import argparse
+import functools
 import logging
 import os
 import signal
@@ -24,12 +25,18 @@ import threading
 import uvicorn
 from fastapi import APIRouter, FastAPI
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from elastune_contract.protocol import Bus, BusUnreachable, WorkerState
 from elastune_worker.server.agent import Agent, AgentConfig, default_worker_id
 from elastune_worker.server.metrics import WorkerMetrics
+from elastune_worker.server.models import LoadedModel
 from elastune_worker.serving.api.app import create_app
+from elastune_worker.serving.api.metrics import ServingMetrics
+from elastune_worker.serving.async_engine import AsyncEngine
+from elastune_worker.serving.client import EngineServingClient
+from elastune_worker.serving.config import EngineConfig
+from elastune_worker.serving.engine import LLMEngine
 
 log = logging.getLogger("elastune.worker")
 
@@ -74,6 +81,27 @@ def start_http(app: FastAPI, host: str, port: int) -> tuple[uvicorn.Server, int]
     return server, sock.getsockname()[1]
 
 
+def _start_serving(
+    holder: dict[str, EngineServingClient],
+    config: EngineConfig,
+    name: str,
+    metrics: ServingMetrics,
+    registry: CollectorRegistry,
+    loaded: LoadedModel,
+) -> None:
+    """The serving engine over the same model directory, started before the worker reports READY. A
+    model the engine cannot run leaves the worker tuning only; /v1 then answers 503 with the reason."""
+    try:
+        engine = AsyncEngine(LLMEngine(loaded.path, config, tokenizer=loaded.tokenizer))
+    except Exception as exc:
+        log.error("serving is unavailable on this worker: %s", exc)
+        return
+    client = EngineServingClient(engine, name)
+    metrics.watch_engine(registry, client.stats)
+    holder["client"] = client
+    log.info("serving %s (context %d tokens) on /v1", name, client.max_model_len)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="elastune worker", description="Run one Elastune worker (one GPU).")
     p.add_argument("--pool", default=os.environ.get("ELASTUNE_POOL"), help="WarmPool name [$ELASTUNE_POOL]")
@@ -96,6 +124,16 @@ def main(argv: list[str] | None = None) -> int:
         "--port", type=int, default=int(os.environ.get("PORT", "8080")), help="[$PORT, Knative sets it]"
     )
     p.add_argument("--threads", type=int, help="torch intra-op threads (CPU workers sharing a machine)")
+    serve = p.add_argument_group("serving (OpenAI-compatible /v1 on the same port)")
+    serve.add_argument("--no-serve", action="store_true", help="tune only: no serving engine")
+    serve.add_argument("--served-model-name", help="the model id clients send (default: --model)")
+    serve.add_argument("--kv-cache-tokens", type=int, default=EngineConfig.kv_cache_tokens)
+    serve.add_argument("--max-num-batched-tokens", type=int, default=EngineConfig.max_num_batched_tokens)
+    serve.add_argument("--max-num-seqs", type=int, default=EngineConfig.max_num_seqs)
+    serve.add_argument("--block-size", type=int, default=EngineConfig.block_size)
+    serve.add_argument("--no-prefix-caching", action="store_true")
+    serve.add_argument("--queue-policy", choices=("fcfs", "priority"), default=EngineConfig.queue_policy)
+    serve.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     args = p.parse_args(argv)
     missing = [
         flag
@@ -119,8 +157,29 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     worker_id = args.worker_id or default_worker_id(args.pool)
     metrics = WorkerMetrics()
-    agent = Agent(AgentConfig(worker_id=worker_id, pool=args.pool, model=args.model), bus, metrics)
-    app = create_app(lambda: None, control=control_router(agent, metrics))
+    serving: dict[str, EngineServingClient] = {}
+    name = args.served_model_name or args.model
+    serving_metrics = ServingMetrics(metrics.registry, name)
+    on_loaded = None
+    if not args.no_serve:
+        config = EngineConfig(
+            kv_cache_tokens=args.kv_cache_tokens,
+            max_num_batched_tokens=args.max_num_batched_tokens,
+            max_num_seqs=args.max_num_seqs,
+            block_size=args.block_size,
+            enable_prefix_caching=not args.no_prefix_caching,
+            queue_policy=args.queue_policy,
+            device=args.device,
+        )
+        on_loaded = functools.partial(
+            _start_serving, serving, config, name, serving_metrics, metrics.registry
+        )
+    agent = Agent(
+        AgentConfig(worker_id=worker_id, pool=args.pool, model=args.model, on_loaded=on_loaded), bus, metrics
+    )
+    app = create_app(
+        lambda: serving.get("client"), metrics=serving_metrics, control=control_router(agent, metrics)
+    )
     server, port = start_http(app, args.host, args.port)
     host = "127.0.0.1" if args.host == "0.0.0.0" else args.host
     agent.record.url = f"http://{host}:{port}"
