@@ -39,6 +39,7 @@ from elastune_worker.serving.config import EngineConfig
 from elastune_worker.serving.engine import LLMEngine
 
 log = logging.getLogger("elastune.worker")
+_DEFAULTS = EngineConfig()
 
 
 def control_router(agent: Agent, metrics: WorkerMetrics) -> APIRouter:
@@ -127,12 +128,12 @@ def main(argv: list[str] | None = None) -> int:
     serve = p.add_argument_group("serving (OpenAI-compatible /v1 on the same port)")
     serve.add_argument("--no-serve", action="store_true", help="tune only: no serving engine")
     serve.add_argument("--served-model-name", help="the model id clients send (default: --model)")
-    serve.add_argument("--kv-cache-tokens", type=int, default=EngineConfig.kv_cache_tokens)
-    serve.add_argument("--max-num-batched-tokens", type=int, default=EngineConfig.max_num_batched_tokens)
-    serve.add_argument("--max-num-seqs", type=int, default=EngineConfig.max_num_seqs)
-    serve.add_argument("--block-size", type=int, default=EngineConfig.block_size)
+    serve.add_argument("--kv-cache-tokens", type=int, default=_DEFAULTS.kv_cache_tokens)
+    serve.add_argument("--max-num-batched-tokens", type=int, default=_DEFAULTS.max_num_batched_tokens)
+    serve.add_argument("--max-num-seqs", type=int, default=_DEFAULTS.max_num_seqs)
+    serve.add_argument("--block-size", type=int, default=_DEFAULTS.block_size)
     serve.add_argument("--no-prefix-caching", action="store_true")
-    serve.add_argument("--queue-policy", choices=("fcfs", "priority"), default=EngineConfig.queue_policy)
+    serve.add_argument("--queue-policy", choices=("fcfs", "priority"), default=_DEFAULTS.queue_policy)
     serve.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     args = p.parse_args(argv)
     missing = [

@@ -4,9 +4,9 @@ contract (/healthz, /readyz, /metrics, /status), on FastAPI with its OpenAPI doc
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
-from fastapi import APIRouter, FastAPI
+from fastapi import APIRouter, FastAPI, Request, Response
 
 from elastune_worker.serving.api import errors
 from elastune_worker.serving.api.client import EngineClient
@@ -27,6 +27,18 @@ def create_app(
         description="OpenAI-compatible serving on a warm Elastune worker, and its health endpoints.",
     )
     errors.install(app)
+    if metrics is not None:
+        counted = metrics
+
+        @app.middleware("http")
+        async def count_errors(
+            request: Request, call_next: Callable[[Request], Awaitable[Response]]
+        ) -> Response:
+            response = await call_next(request)
+            if response.status_code >= 400 and request.url.path.startswith("/v1/"):
+                counted.errors.labels(counted.model, str(response.status_code)).inc()
+            return response
+
     app.include_router(openai_router(get_engine, metrics))
     if control is not None:
         app.include_router(control)
