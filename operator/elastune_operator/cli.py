@@ -167,6 +167,7 @@ def build_parser() -> argparse.ArgumentParser:
             "per-step compute vs gradient sync, 1/2/4 workers, Redis vs Memcached",
         ),
         ("bank", "elastune_worker.bank.bench", "Prompt Bank: iterations-to-accuracy and lookup cost"),
+        ("serve", "elastune_worker.bench.serve", "serving engine vs vLLM-CPU: throughput, TTFT, TPOT"),
     ):
         bsub.add_parser(name, help=f"{text} (runs {module}; see its --help)")
 
@@ -217,6 +218,7 @@ WORKER_COMMANDS: dict[tuple[str, ...], list[str]] = {
     ("bank",): ["elastune_worker.bank"],
     ("bench", "sync"): ["elastune_worker.bench.sync"],
     ("bench", "bank"): ["elastune_worker.bank.bench"],
+    ("bench", "serve"): ["elastune_worker.bench.serve"],
 }
 
 

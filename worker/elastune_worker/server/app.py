@@ -37,9 +37,9 @@ from elastune_worker.serving.async_engine import AsyncEngine
 from elastune_worker.serving.client import EngineServingClient
 from elastune_worker.serving.config import EngineConfig
 from elastune_worker.serving.engine import LLMEngine
+from elastune_worker.serving.server import add_engine_args, engine_config
 
 log = logging.getLogger("elastune.worker")
-_DEFAULTS = EngineConfig()
 
 
 def control_router(agent: Agent, metrics: WorkerMetrics) -> APIRouter:
@@ -125,16 +125,8 @@ def main(argv: list[str] | None = None) -> int:
         "--port", type=int, default=int(os.environ.get("PORT", "8080")), help="[$PORT, Knative sets it]"
     )
     p.add_argument("--threads", type=int, help="torch intra-op threads (CPU workers sharing a machine)")
-    serve = p.add_argument_group("serving (OpenAI-compatible /v1 on the same port)")
-    serve.add_argument("--no-serve", action="store_true", help="tune only: no serving engine")
-    serve.add_argument("--served-model-name", help="the model id clients send (default: --model)")
-    serve.add_argument("--kv-cache-tokens", type=int, default=_DEFAULTS.kv_cache_tokens)
-    serve.add_argument("--max-num-batched-tokens", type=int, default=_DEFAULTS.max_num_batched_tokens)
-    serve.add_argument("--max-num-seqs", type=int, default=_DEFAULTS.max_num_seqs)
-    serve.add_argument("--block-size", type=int, default=_DEFAULTS.block_size)
-    serve.add_argument("--no-prefix-caching", action="store_true")
-    serve.add_argument("--queue-policy", choices=("fcfs", "priority"), default=_DEFAULTS.queue_policy)
-    serve.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    p.add_argument("--no-serve", action="store_true", help="tune only: no serving engine on /v1")
+    add_engine_args(p)
     args = p.parse_args(argv)
     missing = [
         flag
@@ -163,15 +155,7 @@ def main(argv: list[str] | None = None) -> int:
     serving_metrics = ServingMetrics(metrics.registry, name)
     on_loaded = None
     if not args.no_serve:
-        config = EngineConfig(
-            kv_cache_tokens=args.kv_cache_tokens,
-            max_num_batched_tokens=args.max_num_batched_tokens,
-            max_num_seqs=args.max_num_seqs,
-            block_size=args.block_size,
-            enable_prefix_caching=not args.no_prefix_caching,
-            queue_policy=args.queue_policy,
-            device=args.device,
-        )
+        config = engine_config(args)
         on_loaded = functools.partial(
             _start_serving, serving, config, name, serving_metrics, metrics.registry
         )

@@ -37,6 +37,21 @@ class AsyncEngine:
         self._thread.start()
 
     # -- caller side --------------------------------------------------------------------------------
+    @property
+    def max_model_len(self) -> int:
+        return self.engine.max_model_len
+
+    @property
+    def vocab_size(self) -> int:
+        return self.engine.vocab_size
+
+    @property
+    def tokenizer(self) -> Any:
+        return self.engine.tokenizer
+
+    def encode(self, prompt: str) -> list[int]:
+        return self.engine.encode(prompt)
+
     async def generate(
         self,
         request_id: str,

@@ -136,12 +136,13 @@ class BlockManager:
             seq.block_hashes.append(block_hash(parent, tuple(tokens[i * bs : (i + 1) * bs]), seq.extra_key))
 
     def check(self, live: list[Sequence]) -> None:
-        """Invariants (every step): ref counts equal the references held; free = unreferenced."""
-        refs = [0] * self.num_blocks
+        """Invariants (every step, O(blocks in use)): each live block's ref count equals the references
+        the sequences hold, and every other block is in the free queue."""
+        refs: dict[int, int] = {}
         for seq in live:
             for b in seq.block_table:
-                refs[b] += 1
-        assert refs == self.ref_count, "block ref counts disagree with the sequences' block tables"
-        assert set(self.free) == {b for b in range(self.num_blocks) if refs[b] == 0}, "free queue is stale"
-        for h, b in self.cached.items():
-            assert self.hash_of[b] == h, "prefix-cache map points at a block with another hash"
+                refs[b] = refs.get(b, 0) + 1
+        for b, n in refs.items():
+            assert self.ref_count[b] == n, f"block {b}: ref count {self.ref_count[b]}, referenced {n} times"
+            assert b not in self.free, f"block {b} is referenced but in the free queue"
+        assert len(refs) + len(self.free) == self.num_blocks, "a block is neither free nor referenced"

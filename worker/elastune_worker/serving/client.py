@@ -4,26 +4,42 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import AsyncIterator, Sequence
+from typing import Any, Protocol
 
 from elastune_worker.serving.api.client import GenerationDelta, GenerationParams
-from elastune_worker.serving.async_engine import AsyncEngine
+from elastune_worker.serving.engine import EngineStats, RequestOutput
 from elastune_worker.serving.sampling import SamplingParams
 
 #: Used when a model ships no chat template (GPT-2): role-tagged turns, then the assistant's tag.
 FALLBACK_CHAT_TEMPLATE = "{role}: {content}\n"
 
 
+class RunningEngine(Protocol):
+    """An engine that runs on its own (a thread: ``AsyncEngine``; a process: ``ProcessEngine``)."""
+
+    max_model_len: int
+    vocab_size: int
+    tokenizer: Any
+
+    def encode(self, prompt: str) -> list[int]: ...
+
+    def generate(
+        self, request_id: str, prompt: list[int] | str, params: SamplingParams, *, priority: int = 0
+    ) -> AsyncIterator[RequestOutput]: ...
+
+    def stats(self) -> EngineStats: ...
+
+
 class EngineServingClient:
-    def __init__(self, engine: AsyncEngine, model_name: str) -> None:
+    def __init__(self, engine: RunningEngine, model_name: str) -> None:
         self.engine = engine
         self.model_name = model_name
-        core = engine.engine
-        self.max_model_len = core.max_model_len
-        self.vocab_size = core.vocab_size
-        self.tokenizer = core.tokenizer
+        self.max_model_len = engine.max_model_len
+        self.vocab_size = engine.vocab_size
+        self.tokenizer = engine.tokenizer
 
     def encode(self, text: str) -> list[int]:
-        return self.engine.engine.encode(text)
+        return self.engine.encode(text)
 
     def chat_prompt(self, messages: Sequence[tuple[str, str]]) -> list[int]:
         turns = [{"role": role, "content": content} for role, content in messages]

@@ -9,7 +9,13 @@ from typing import Any
 
 class IncrementalDetokenizer:
     def __init__(self, tokenizer: Any, stops: tuple[str, ...]) -> None:
-        self.tokenizer = tokenizer
+        # The Rust tokenizer under a fast transformers tokenizer decodes ~10x faster than the wrapper.
+        backend = getattr(tokenizer, "backend_tokenizer", None)
+        self._decode = (
+            (lambda ids: backend.decode(ids, skip_special_tokens=True))
+            if backend is not None
+            else (lambda ids: tokenizer.decode(ids, skip_special_tokens=True))
+        )
         self.stops = stops
         self.hold = max((len(s) for s in stops), default=1) - 1
         self.ids: list[int] = []
@@ -19,7 +25,7 @@ class IncrementalDetokenizer:
     def add(self, token_id: int) -> tuple[str, bool]:
         """(new text to emit, whether a stop string ended the output)."""
         self.ids.append(token_id)
-        text = self.tokenizer.decode(self.ids, skip_special_tokens=True)
+        text = self._decode(self.ids)
         if text.endswith("\ufffd"):  # an incomplete UTF-8 sequence: wait for the next token
             return "", False
         stopped = False

@@ -60,8 +60,8 @@ class ModelRunner:
     def _prepare(self, out: SchedulerOutput) -> tuple[torch.Tensor, AttentionMetadata, list]:
         bs, dev = self.block_size, self.device
         tokens: list[int] = []
-        positions: list[torch.Tensor] = []
-        slots: list[torch.Tensor] = []
+        positions: list[int] = []
+        slots: list[int] = []
         logits_rows: list[int] = []
         sampling = []
         decodes: list[tuple[int, int, list[int]]] = []  # (row, context length, block table)
@@ -69,27 +69,33 @@ class ModelRunner:
         row = 0
         for c in out.chunks:
             seq, start, n = c.seq, c.start, c.num_tokens
-            tokens += seq.all_token_ids[start : start + n]
-            pos = torch.arange(start, start + n)
-            table = torch.tensor(seq.block_table)
-            positions.append(pos)
-            slots.append(table[pos // bs] * bs + pos % bs)
-            if n == 1 and start > 0:
-                decodes.append((row, start + 1, seq.block_table))
-            elif start == 0:
-                prefills.append((row, row + n, None, None))
+            table = seq.block_table
+            if n == 1:  # decodes (and one-token chunks): plain integer arithmetic, no tensors
+                prompt_len = len(seq.prompt_token_ids)
+                ids = seq.prompt_token_ids if start < prompt_len else seq.output_token_ids
+                tokens.append(ids[start if start < prompt_len else start - prompt_len])
+                positions.append(start)
+                slots.append(table[start // bs] * bs + start % bs)
+                decodes.append((row, start + 1, table))
             else:
-                ctx = torch.arange(start + n)
-                ctx_slots = (table[ctx // bs] * bs + ctx % bs).to(dev)
-                mask = (ctx[None, :] <= pos[:, None]).view(1, 1, n, start + n).to(dev)
-                prefills.append((row, row + n, ctx_slots, mask))
+                tokens += seq.all_token_ids[start : start + n]
+                positions += range(start, start + n)
+                slots += [table[p // bs] * bs + p % bs for p in range(start, start + n)]
+                if start == 0:
+                    prefills.append((row, row + n, None, None))
+                else:
+                    ctx = torch.arange(start + n)
+                    ctx_slots = (torch.tensor(table)[ctx // bs] * bs + ctx % bs).to(dev)
+                    pos = torch.arange(start, start + n)
+                    mask = (ctx[None, :] <= pos[:, None]).view(1, 1, n, start + n).to(dev)
+                    prefills.append((row, row + n, ctx_slots, mask))
             if c.samples:
                 logits_rows.append(row + n - 1)
                 sampling.append(seq)
             row += n
         meta = AttentionMetadata(
-            slot_mapping=torch.cat(slots).to(dev),
-            positions=torch.cat(positions).to(dev),
+            slot_mapping=torch.tensor(slots, device=dev),
+            positions=torch.tensor(positions, device=dev),
             logits_index=torch.tensor(logits_rows, device=dev),
             prefills=prefills,
         )

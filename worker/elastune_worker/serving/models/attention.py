@@ -42,32 +42,36 @@ def paged_attention(
     scale: float,
 ) -> torch.Tensor:
     """q [T, H, D], k/v [T, KV, D]; caches [slots, KV, D]. Returns [T, H, D]."""
-    k_cache[meta.slot_mapping] = k
-    v_cache[meta.slot_mapping] = v
-    rep = q.shape[1] // k.shape[1]
+    k_cache.index_copy_(0, meta.slot_mapping, k)
+    v_cache.index_copy_(0, meta.slot_mapping, v)
+    n_heads, n_kv, d = q.shape[1], k.shape[1], q.shape[2]
+    gqa = n_heads != n_kv
     out = torch.empty_like(q)
     if meta.decode_index is not None:
         assert meta.decode_slots is not None
-        qd = q[meta.decode_index].unsqueeze(2)  # [B, H, 1, D]
-        kd = _heads(k_cache[meta.decode_slots], rep)  # [B, H, L, D]
-        vd = _heads(v_cache[meta.decode_slots], rep)
+        b = meta.decode_index.shape[0]
+        # Grouped-query attention without copying K/V per query head: the query heads that share a
+        # K/V head stand in the query-length position of one attention ([B, KV, rep, D]); a decode's
+        # single query attends to its whole context, so no causal mask is needed among them.
+        qd = q[meta.decode_index].view(b, n_kv, n_heads // n_kv, d)
+        kd = _gather(k_cache, meta.decode_slots).transpose(1, 2)  # [B, KV, L, D]
+        vd = _gather(v_cache, meta.decode_slots).transpose(1, 2)
         o = F.scaled_dot_product_attention(qd, kd, vd, attn_mask=meta.decode_mask, scale=scale)
-        out[meta.decode_index] = o.squeeze(2)
+        out[meta.decode_index] = o.reshape(b, n_heads, d)
     for start, end, slots, mask in meta.prefills:
         qp = q[start:end].transpose(0, 1).unsqueeze(0)  # [1, H, n, D]
         if slots is None:  # the chunk is the whole context so far: plain causal attention
-            kp = _heads(k[start:end].unsqueeze(0), rep)
-            vp = _heads(v[start:end].unsqueeze(0), rep)
-            o = F.scaled_dot_product_attention(qp, kp, vp, is_causal=True, scale=scale)
+            kp = k[start:end].transpose(0, 1).unsqueeze(0)
+            vp = v[start:end].transpose(0, 1).unsqueeze(0)
+            o = F.scaled_dot_product_attention(qp, kp, vp, is_causal=True, scale=scale, enable_gqa=gqa)
         else:
-            kp = _heads(k_cache[slots].unsqueeze(0), rep)
-            vp = _heads(v_cache[slots].unsqueeze(0), rep)
-            o = F.scaled_dot_product_attention(qp, kp, vp, attn_mask=mask, scale=scale)
+            kp = k_cache.index_select(0, slots).transpose(0, 1).unsqueeze(0)
+            vp = v_cache.index_select(0, slots).transpose(0, 1).unsqueeze(0)
+            o = F.scaled_dot_product_attention(qp, kp, vp, attn_mask=mask, scale=scale, enable_gqa=gqa)
         out[start:end] = o[0].transpose(0, 1)
     return out
 
 
-def _heads(x: torch.Tensor, rep: int) -> torch.Tensor:
-    """[B, L, KV, D] -> [B, KV*rep, L, D] (grouped-query attention shares each K/V head)."""
-    x = x.transpose(1, 2)
-    return x.repeat_interleave(rep, dim=1) if rep > 1 else x
+def _gather(cache: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+    """cache[slots] for a [B, L] index; index_select is several times faster than advanced indexing."""
+    return cache.index_select(0, slots.reshape(-1)).view(*slots.shape, *cache.shape[1:])

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -50,13 +50,14 @@ class LlamaLayer(nn.Module):
         )
         self.head_dim = cfg.get("head_dim") or h // self.n_heads
         bias = bool(cfg.get("attention_bias", False))
-        self.q_proj = nn.Linear(h, self.n_heads * self.head_dim, bias=bias)
-        self.k_proj = nn.Linear(h, self.n_kv * self.head_dim, bias=bias)
-        self.v_proj = nn.Linear(h, self.n_kv * self.head_dim, bias=bias)
+        # q, k and v projections as one matmul (the loader stacks their weights), likewise gate and up:
+        # fewer, larger kernels per layer; the LoRA issue adds its deltas per slice.
+        self.q_size, self.kv_size = self.n_heads * self.head_dim, self.n_kv * self.head_dim
+        self.qkv_proj = nn.Linear(h, self.q_size + 2 * self.kv_size, bias=bias)
         self.o_proj = nn.Linear(self.n_heads * self.head_dim, h, bias=bias)
         inter, mlp_bias = cfg["intermediate_size"], bool(cfg.get("mlp_bias", False))
-        self.gate_proj = nn.Linear(h, inter, bias=mlp_bias)
-        self.up_proj = nn.Linear(h, inter, bias=mlp_bias)
+        self.intermediate = inter
+        self.gate_up_proj = nn.Linear(h, 2 * inter, bias=mlp_bias)
         self.down_proj = nn.Linear(inter, h, bias=mlp_bias)
         eps = cfg.get("rms_norm_eps", 1e-6)
         self.input_layernorm = RMSNorm(h, eps)
@@ -73,15 +74,16 @@ class LlamaLayer(nn.Module):
     ) -> torch.Tensor:
         t = x.shape[0]
         h = self.input_layernorm(x)
-        q = self.q_proj(h).view(t, self.n_heads, self.head_dim)
-        k = self.k_proj(h).view(t, self.n_kv, self.head_dim)
-        v = self.v_proj(h).view(t, self.n_kv, self.head_dim)
+        q, k, v = self.qkv_proj(h).split((self.q_size, self.kv_size, self.kv_size), dim=-1)
+        q = q.view(t, self.n_heads, self.head_dim)
+        k = k.view(t, self.n_kv, self.head_dim)
+        v = v.view(t, self.n_kv, self.head_dim)
         q = q * cos + _rotate_half(q) * sin
         k = k * cos + _rotate_half(k) * sin
         a = paged_attention(q, k, v, kv[0], kv[1], meta, self.scale)
         x = x + self.o_proj(a.reshape(t, -1))
-        h = self.post_attention_layernorm(x)
-        return x + self.down_proj(F.silu(self.gate_proj(h)) * self.up_proj(h))
+        gate, up = self.gate_up_proj(self.post_attention_layernorm(x)).split(self.intermediate, dim=-1)
+        return x + self.down_proj(F.silu(gate) * up)
 
 
 class LlamaModel(nn.Module):
@@ -121,9 +123,15 @@ class LlamaModel(nn.Module):
         x = self.norm(x[meta.logits_index])
         return self.lm_head(x)
 
+    #: Checkpoint weights stacked into one of this module's parameters: (its name, slice order).
+    STACKED: ClassVar[dict[str, tuple[str, ...]]] = {
+        "qkv_proj": ("q_proj", "k_proj", "v_proj"),
+        "gate_up_proj": ("gate_proj", "up_proj"),
+    }
+
     @staticmethod
     def remap(name: str) -> str:
-        """transformers' parameter name -> this module's."""
+        """transformers' parameter name -> this module's (a stacked slice keeps its own name here)."""
         name = name.removeprefix("model.")
         for old, new in (("self_attn.", ""), ("mlp.", "")):
             name = name.replace(old, new)

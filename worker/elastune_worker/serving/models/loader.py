@@ -50,6 +50,9 @@ def load_model(path: Path, device: torch.device, dtype: torch.dtype) -> tuple[nn
     with torch.device("meta"):
         model = impl(cfg)
     params = dict(model.named_parameters())
+    stacked: dict[str, tuple[str, ...]] = getattr(impl, "STACKED", {})
+    part_of = {part: (whole, i) for whole, parts in stacked.items() for i, part in enumerate(parts)}
+    pieces: dict[str, dict[int, torch.Tensor]] = {}
     loaded: dict[str, torch.Tensor] = {}
     files = sorted(Path(path).glob("*.safetensors"))
     if not files:
@@ -60,12 +63,22 @@ def load_model(path: Path, device: torch.device, dtype: torch.dtype) -> tuple[nn
                 if name.endswith(_IGNORED_SUFFIXES):
                     continue
                 ours = impl.remap(name)  # type: ignore[attr-defined]
-                if ours not in params:
-                    raise UnsupportedModel(f"{path}: unexpected weight {name!r}")
                 t = st.get_tensor(name)
                 if getattr(impl, "transposed", lambda _n: False)(ours):
                     t = t.t()
+                prefix, _, leaf = ours.rpartition(".")
+                module, _, part = prefix.rpartition(".")
+                if part in part_of:
+                    whole, index = part_of[part]
+                    pieces.setdefault(f"{module}.{whole}.{leaf}", {})[index] = t
+                    continue
+                if ours not in params:
+                    raise UnsupportedModel(f"{path}: unexpected weight {name!r}")
                 loaded[ours] = t.to(dtype).contiguous()
+    for ours, parts in pieces.items():
+        if ours not in params or len(parts) != len(stacked[ours.rsplit(".", 2)[-2]]):
+            raise UnsupportedModel(f"{path}: incomplete weights for {ours}")
+        loaded[ours] = torch.cat([parts[i] for i in sorted(parts)], dim=0).to(dtype).contiguous()
     tied = (
         "lm_head.weight" in params and "lm_head.weight" not in loaded and cfg.get("tie_word_embeddings", True)
     )
