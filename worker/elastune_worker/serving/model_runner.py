@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 
 from elastune_worker.serving.config import EngineConfig
-from elastune_worker.serving.models.attention import AttentionMetadata
+from elastune_worker.serving.models.attention import AttentionMetadata, DecodeGroup
 from elastune_worker.serving.models.loader import context_length, load_model
 from elastune_worker.serving.sampler import Sampler
 from elastune_worker.serving.scheduler import SchedulerOutput
@@ -99,12 +99,32 @@ class ModelRunner:
             logits_index=torch.tensor(logits_rows, device=dev),
             prefills=prefills,
         )
-        if decodes:
-            width = max(len(t) for _, _, t in decodes)
-            tables = torch.tensor([t + [0] * (width - len(t)) for _, _, t in decodes])
-            lens = torch.tensor([n for _, n, _ in decodes])
-            ctx = torch.arange(int(lens.max()))
-            meta.decode_index = torch.tensor([r for r, _, _ in decodes], device=dev)
-            meta.decode_slots = (tables[:, ctx // bs] * bs + ctx % bs).to(dev)
-            meta.decode_mask = (ctx[None, :] < lens[:, None]).view(len(decodes), 1, 1, -1).to(dev)
+        meta.decodes = [self._decode_group(g) for g in _length_groups(decodes)]
         return torch.tensor(tokens, device=dev), meta, sampling
+
+    def _decode_group(self, decodes: list[tuple[int, int, list[int]]]) -> DecodeGroup:
+        bs, dev = self.block_size, self.device
+        width = max(len(t) for _, _, t in decodes)
+        tables = torch.tensor([t + [0] * (width - len(t)) for _, _, t in decodes])
+        lens = torch.tensor([n for _, n, _ in decodes])
+        ctx = torch.arange(int(lens.max()))
+        return DecodeGroup(
+            index=torch.tensor([r for r, _, _ in decodes], device=dev),
+            slots=(tables[:, ctx // bs] * bs + ctx % bs).to(dev),
+            mask=(ctx[None, :] < lens[:, None]).view(len(decodes), 1, 1, -1).to(dev),
+        )
+
+
+def _length_groups(decodes: list[tuple[int, int, list[int]]]) -> list[list[tuple[int, int, list[int]]]]:
+    """Decodes sorted by context length, cut where padding would cost more than another kernel call:
+    a group grows while its padded size stays within 1.5x its real size (or it is small)."""
+    groups: list[list[tuple[int, int, list[int]]]] = []
+    real = 0
+    for d in sorted(decodes, key=lambda x: x[1]):
+        if groups and (len(groups[-1]) < 8 or (len(groups[-1]) + 1) * d[1] <= 1.5 * (real + d[1])):
+            groups[-1].append(d)
+            real += d[1]
+        else:
+            groups.append([d])
+            real = d[1]
+    return groups

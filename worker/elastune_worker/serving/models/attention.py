@@ -15,6 +15,16 @@ import torch.nn.functional as F
 
 
 @dataclass
+class DecodeGroup:
+    index: torch.Tensor
+    """[B] rows of these decodes (one token each)."""
+    slots: torch.Tensor
+    """[B, L] cache slots of each decode's context, padded to the group's longest."""
+    mask: torch.Tensor
+    """[B, 1, 1, L] True where a decode's key is real."""
+
+
+@dataclass
 class AttentionMetadata:
     slot_mapping: torch.Tensor
     """[T] cache slot of every token of the step."""
@@ -22,12 +32,8 @@ class AttentionMetadata:
     """[T] position of every token in its sequence."""
     logits_index: torch.Tensor
     """Rows of the flat batch whose logits are sampled (each sequence's last scheduled token)."""
-    decode_index: torch.Tensor | None = None
-    """[B] rows of the decodes (one token each)."""
-    decode_slots: torch.Tensor | None = None
-    """[B, L] cache slots of each decode's context, padded."""
-    decode_mask: torch.Tensor | None = None
-    """[B, 1, 1, L] True where a decode's key is real."""
+    decodes: list[DecodeGroup] = field(default_factory=list)
+    """Decodes grouped by context length, so that padding to a group's longest context stays small."""
     prefills: list[tuple[int, int, torch.Tensor | None, torch.Tensor | None]] = field(default_factory=list)
     """(first row, end row, context slots or None when the chunk starts at 0, causal mask or None)."""
 
@@ -47,17 +53,16 @@ def paged_attention(
     n_heads, n_kv, d = q.shape[1], k.shape[1], q.shape[2]
     gqa = n_heads != n_kv
     out = torch.empty_like(q)
-    if meta.decode_index is not None:
-        assert meta.decode_slots is not None
-        b = meta.decode_index.shape[0]
+    for g in meta.decodes:
+        b = g.index.shape[0]
         # Grouped-query attention without copying K/V per query head: the query heads that share a
         # K/V head stand in the query-length position of one attention ([B, KV, rep, D]); a decode's
         # single query attends to its whole context, so no causal mask is needed among them.
-        qd = q[meta.decode_index].view(b, n_kv, n_heads // n_kv, d)
-        kd = _gather(k_cache, meta.decode_slots).transpose(1, 2)  # [B, KV, L, D]
-        vd = _gather(v_cache, meta.decode_slots).transpose(1, 2)
-        o = F.scaled_dot_product_attention(qd, kd, vd, attn_mask=meta.decode_mask, scale=scale)
-        out[meta.decode_index] = o.reshape(b, n_heads, d)
+        qd = q[g.index].view(b, n_kv, n_heads // n_kv, d)
+        kd = _gather(k_cache, g.slots).transpose(1, 2)  # [B, KV, L, D]
+        vd = _gather(v_cache, g.slots).transpose(1, 2)
+        o = F.scaled_dot_product_attention(qd, kd, vd, attn_mask=g.mask, scale=scale)
+        out[g.index] = o.reshape(b, n_heads, d)
     for start, end, slots, mask in meta.prefills:
         qp = q[start:end].transpose(0, 1).unsqueeze(0)  # [1, H, n, D]
         if slots is None:  # the chunk is the whole context so far: plain causal attention
