@@ -135,3 +135,15 @@ def test_abort_frees_the_blocks_and_bad_input_is_refused_before_allocating(model
     with pytest.raises(ValueError, match="max_tokens"):
         SamplingParams(max_tokens=0)
     assert not eng.has_unfinished()
+
+
+def test_degenerate_sampling_values_found_by_fuzzing_do_not_break_a_step(model):
+    """Regressions from schemathesis: a top_p below float32's resolution and a vanishing temperature
+    used to produce NaN probabilities and fail the whole step."""
+    path, tok, hf = model
+    eng = engine(path)
+    tiny_p = eng.generate(
+        ["hello"], SamplingParams(max_tokens=6, temperature=1.0, top_p=5e-324, ignore_eos=True)
+    )
+    cold = eng.generate(["hello"], SamplingParams(max_tokens=6, temperature=1e-30, ignore_eos=True))
+    assert tiny_p[0] == cold[0] == reference(tok, hf, "hello", 6)  # both reduce to argmax

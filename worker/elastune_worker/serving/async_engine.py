@@ -131,7 +131,7 @@ class AsyncEngine:
                 log.exception("engine step failed")
                 for rid in list(eng.scheduler.requests):
                     eng.abort(rid)
-                    self._deliver(rid, exc)
+                    self._deliver(rid, RuntimeError(f"engine step failed: {type(exc).__name__}: {exc}"))
                 continue
             for o in outputs:
                 self._deliver(o.request_id, o)

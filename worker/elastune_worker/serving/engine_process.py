@@ -67,7 +67,7 @@ def _child(
             log.exception("engine step failed")
             for rid in list(engine.scheduler.requests):
                 engine.abort(rid)
-                results.send(("error", (rid, f"engine step failed: {type(exc).__name__}: {exc}")))
+                results.send(("failed", (rid, f"engine step failed: {type(exc).__name__}: {exc}")))
             continue
         results.send(("step", (outputs, engine.stats())))
 
@@ -170,9 +170,12 @@ class ProcessEngine:
                 outputs, self._stats = arg
                 for o in outputs:
                     self._deliver(o.request_id, o)
-            elif kind == "error":
+            elif kind == "error":  # the request was refused (bad input): the caller's 4xx
                 rid, message = arg
                 self._deliver(rid, ValueError(message))
+            elif kind == "failed":  # the engine failed while running it
+                rid, message = arg
+                self._deliver(rid, EngineError(message))
         with self._lock:  # the engine process died: nobody waits forever
             sinks = list(self._sinks)
         for rid in sinks:

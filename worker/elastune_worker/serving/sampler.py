@@ -31,6 +31,7 @@ class Sampler:
                 sorted_p, order = probs.sort(descending=True)
                 # keep the smallest set whose mass reaches top_p (the first token always stays)
                 drop = sorted_p.cumsum(-1) - sorted_p >= p.top_p
+                drop[0] = False  # a top_p below float32's resolution still keeps the likeliest token
                 probs = probs.scatter(0, order[drop], 0.0)
                 probs = probs / probs.sum()
             gen = None

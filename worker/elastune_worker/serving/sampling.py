@@ -35,4 +35,5 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0.0 or self.top_k == 1
+        # Temperatures this small overflow logits / T (inf, then NaN probabilities): they mean argmax.
+        return self.temperature < 1e-5 or self.top_k == 1

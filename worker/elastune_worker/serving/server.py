@@ -12,6 +12,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from fastapi import APIRouter, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from elastune_worker.serving.config import EngineConfig
@@ -75,6 +76,20 @@ def start_engine(
     return ProcessEngine(path, config, tokenizer=tokenizer, threads=threads)
 
 
+def health_router(registry: CollectorRegistry) -> APIRouter:
+    router = APIRouter(tags=["health"])
+
+    @router.get("/health")
+    def health() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @router.get("/metrics", response_class=Response)
+    def metrics() -> Response:
+        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+
+    return router
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m elastune_worker.serving", description=__doc__.splitlines()[0])
     p.add_argument("--model", required=True, help="HF-format model directory")
@@ -85,7 +100,6 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
     import uvicorn
-    from fastapi import APIRouter, Response
 
     from elastune_worker.serving.api.app import create_app
     from elastune_worker.serving.api.metrics import ServingMetrics
@@ -98,16 +112,6 @@ def main(argv: list[str] | None = None) -> int:
     registry = CollectorRegistry()
     metrics = ServingMetrics(registry, name)
     metrics.watch_engine(registry, client.stats)
-    health = APIRouter()
-
-    @health.get("/health")
-    def _health() -> dict[str, str]:
-        return {"status": "ok"}
-
-    @health.get("/metrics")
-    def _metrics() -> Response:
-        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
-
-    app = create_app(lambda: client, metrics=metrics, control=health)
+    app = create_app(lambda: client, metrics=metrics, control=health_router(registry))
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning", access_log=False)
     return 0

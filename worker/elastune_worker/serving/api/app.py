@@ -5,8 +5,10 @@ contract (/healthz, /readyz, /metrics, /status), on FastAPI with its OpenAPI doc
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 from fastapi import APIRouter, FastAPI, Request, Response
+from fastapi.openapi.utils import get_openapi
 
 from elastune_worker.serving.api import errors
 from elastune_worker.serving.api.client import EngineClient
@@ -42,4 +44,21 @@ def create_app(
     app.include_router(openai_router(get_engine, metrics))
     if control is not None:
         app.include_router(control)
+
+    def openapi() -> dict[str, Any]:
+        """The document names the served model as the example of every ``model`` field (what Swagger
+        UI pre-fills and what fuzzers start from)."""
+        if app.openapi_schema is None:
+            app.openapi_schema = get_openapi(
+                title=app.title, version=app.version, description=app.description, routes=app.routes
+            )
+        engine = get_engine()
+        if engine is not None:
+            for schema in app.openapi_schema.get("components", {}).get("schemas", {}).values():
+                model = schema.get("properties", {}).get("model")
+                if model is not None:
+                    model["examples"] = [engine.model_name]
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
     return app

@@ -188,7 +188,7 @@ class _Run:
     async def deltas(self) -> AsyncIterator[GenerationDelta]:
         it = self.engine.generate(self.rid, self.ids, self.params, self.priority)
         try:
-            async for d in it:
+            async for d in _refusals_as_400(it):
                 if self.first is None and d.completion_tokens > 0:
                     self.first = time.perf_counter() - self.start
                 self.last = d
@@ -227,6 +227,15 @@ class _Run:
         if d.cached_tokens:
             out["prompt_tokens_details"] = {"cached_tokens": d.cached_tokens}
         return out
+
+
+async def _refusals_as_400(it: AsyncIterator[GenerationDelta]) -> AsyncIterator[GenerationDelta]:
+    """The engine refuses a request with ValueError (input it cannot take): that is the client's 400."""
+    try:
+        async for d in it:
+            yield d
+    except ValueError as exc:
+        raise APIError(400, str(exc)) from exc
 
 
 def _sse(chunks: AsyncIterator[str]) -> StreamingResponse:
