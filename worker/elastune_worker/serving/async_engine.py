@@ -12,7 +12,7 @@ import asyncio
 import logging
 import queue
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from typing import Any
 
 from elastune_worker.serving.engine import EngineStats, LLMEngine, RequestOutput
@@ -60,7 +60,7 @@ class AsyncEngine:
         *,
         priority: int = 0,
         extra_key: str | None = None,
-    ) -> AsyncIterator[RequestOutput]:
+    ) -> AsyncGenerator[RequestOutput, None]:
         loop = asyncio.get_running_loop()
         sink: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
         with self._lock:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, Sequence
 from typing import Any, Protocol
 
 from elastune_worker.serving.api.client import GenerationDelta, GenerationParams
@@ -25,7 +25,7 @@ class RunningEngine(Protocol):
 
     def generate(
         self, request_id: str, prompt: list[int] | str, params: SamplingParams, *, priority: int = 0
-    ) -> AsyncIterator[RequestOutput]: ...
+    ) -> AsyncGenerator[RequestOutput, None]: ...
 
     def stats(self) -> EngineStats: ...
 
@@ -53,7 +53,7 @@ class EngineServingClient:
 
     async def generate(
         self, request_id: str, prompt_token_ids: list[int], params: GenerationParams, priority: int
-    ) -> AsyncIterator[GenerationDelta]:
+    ) -> AsyncGenerator[GenerationDelta, None]:
         sampling = SamplingParams(
             max_tokens=params.max_tokens,
             temperature=params.temperature,
@@ -72,7 +72,7 @@ class EngineServingClient:
                     o.completion_tokens, o.cached_tokens,
                 )  # fmt: skip
         finally:
-            await outputs.aclose()  # type: ignore[attr-defined]  # aborts the request if it is unfinished
+            await outputs.aclose()  # aborts the request if it is unfinished
 
     def stats(self) -> dict[str, float]:
         s = dataclasses.asdict(self.engine.stats())

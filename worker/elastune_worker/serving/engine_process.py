@@ -15,7 +15,7 @@ import contextlib
 import logging
 import multiprocessing as mp
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
@@ -127,7 +127,7 @@ class ProcessEngine:
         *,
         priority: int = 0,
         extra_key: str | None = None,
-    ) -> AsyncIterator[RequestOutput]:
+    ) -> AsyncGenerator[RequestOutput, None]:
         if not self.proc.is_alive():
             raise EngineError("the engine process is gone")
         loop = asyncio.get_running_loop()

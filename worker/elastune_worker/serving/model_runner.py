@@ -38,8 +38,7 @@ class ModelRunner:
         self.block_size = config.block_size
         self.vocab_size = int(self.hf_config["vocab_size"])
         slots = config.kv_blocks() * config.block_size
-        n_kv, hd = self.model.n_kv_heads, self.model.head_dim
-        n_layers = len(getattr(self.model, "layers", None) or self.model.h)  # type: ignore[arg-type]
+        n_kv, hd, n_layers = self.model.n_kv_heads, self.model.head_dim, self.model.num_layers
         self.kv_caches = [
             (
                 torch.zeros(slots, n_kv, hd, dtype=self.dtype, device=self.device),

@@ -7,7 +7,7 @@ lets tests name exactly what they exercise.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -63,7 +63,7 @@ class EngineClient(Protocol):
 
     def generate(
         self, request_id: str, prompt_token_ids: list[int], params: GenerationParams, priority: int
-    ) -> AsyncIterator[GenerationDelta]:
+    ) -> AsyncGenerator[GenerationDelta, None]:
         """Deltas until one is finished. Closing the iterator early aborts the request and frees its
         KV blocks (a client that disconnects)."""
         ...

@@ -95,7 +95,7 @@ class CompletionRequest(_Request):
     def single_prompt(self) -> str | list[int]:
         p = self.prompt
         if isinstance(p, list) and p and isinstance(p[0], str | list):
-            return p[0]  # type: ignore[return-value]  # a list of one prompt (checked in unsupported)
+            return p[0]  # a list of one prompt (checked in unsupported)
         return p  # type: ignore[return-value]
 
 

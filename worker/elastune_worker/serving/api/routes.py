@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -185,7 +185,7 @@ class _Run:
         self.first: float | None = None
         self.last = GenerationDelta(text="", prompt_tokens=len(ids))
 
-    async def deltas(self) -> AsyncIterator[GenerationDelta]:
+    async def deltas(self) -> AsyncGenerator[GenerationDelta, None]:
         it = self.engine.generate(self.rid, self.ids, self.params, self.priority)
         try:
             async for d in _refusals_as_400(it):
@@ -194,7 +194,7 @@ class _Run:
                 self.last = d
                 yield d
         finally:
-            await it.aclose()  # type: ignore[attr-defined]  # an async generator: aborts if unfinished
+            await it.aclose()  # aborts the request if it is unfinished
             if self.metrics is not None:
                 reason = self.last.finish_reason if self.last.finished else "abort"
                 self.metrics.request_done(
@@ -229,7 +229,9 @@ class _Run:
         return out
 
 
-async def _refusals_as_400(it: AsyncIterator[GenerationDelta]) -> AsyncIterator[GenerationDelta]:
+async def _refusals_as_400(
+    it: AsyncGenerator[GenerationDelta, None],
+) -> AsyncGenerator[GenerationDelta, None]:
     """The engine refuses a request with ValueError (input it cannot take): that is the client's 400."""
     try:
         async for d in it:

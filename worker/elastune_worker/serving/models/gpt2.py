@@ -48,7 +48,12 @@ class GPT2Model(nn.Module):
         self.wpe = nn.Embedding(cfg["n_positions"], e)
         self.h = nn.ModuleList(GPT2Layer(cfg) for _ in range(cfg["n_layer"]))
         self.ln_f = nn.LayerNorm(e, eps=cfg.get("layer_norm_epsilon", 1e-5))
-        self.n_kv_heads, self.head_dim = cfg["n_head"], e // cfg["n_head"]
+        self.n_kv_heads: int = cfg["n_head"]
+        self.head_dim: int = e // cfg["n_head"]
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.h)
 
     def forward(
         self,

@@ -98,11 +98,15 @@ class LlamaModel(nn.Module):
         self.layers = nn.ModuleList(LlamaLayer(cfg) for _ in range(cfg["num_hidden_layers"]))
         self.norm = RMSNorm(h, cfg.get("rms_norm_eps", 1e-6))
         self.lm_head = nn.Linear(h, cfg["vocab_size"], bias=False)
-        layer = self.layers[0]
-        self.n_kv_heads, self.head_dim = layer.n_kv, layer.head_dim
+        self.n_kv_heads: int = cfg["num_key_value_heads"]
+        self.head_dim: int = cfg.get("head_dim") or h // cfg["num_attention_heads"]
         rope = cfg.get("rope_parameters") or {}
         self.rope_theta = float(rope.get("rope_theta", cfg.get("rope_theta", 10000.0)))
         self._rope: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.layers)
 
     def forward(
         self,

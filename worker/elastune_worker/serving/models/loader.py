@@ -8,13 +8,13 @@ from typing import Any
 
 import torch
 from safetensors import safe_open
-from torch import nn
 
 from elastune_worker.serving.models.gpt2 import GPT2Model
 from elastune_worker.serving.models.llama import LlamaModel
 
 #: model_type of config.json -> implementation. Llama-family models share the architecture.
-ARCHITECTURES: dict[str, type[nn.Module]] = {
+PagedModel = LlamaModel | GPT2Model
+ARCHITECTURES: dict[str, type[PagedModel]] = {
     "llama": LlamaModel,
     "mistral": LlamaModel,
     "qwen2": LlamaModel,
@@ -39,7 +39,7 @@ def context_length(cfg: dict[str, Any]) -> int:
     return int(cfg.get("max_position_embeddings") or cfg.get("n_positions") or 2048)
 
 
-def load_model(path: Path, device: torch.device, dtype: torch.dtype) -> tuple[nn.Module, dict[str, Any]]:
+def load_model(path: Path, device: torch.device, dtype: torch.dtype) -> tuple[PagedModel, dict[str, Any]]:
     cfg = read_config(path)
     kind = cfg.get("model_type", "")
     impl = ARCHITECTURES.get(kind)
@@ -62,7 +62,7 @@ def load_model(path: Path, device: torch.device, dtype: torch.dtype) -> tuple[nn
             for name in st.keys():  # noqa: SIM118 - safe_open is not a mapping
                 if name.endswith(_IGNORED_SUFFIXES):
                     continue
-                ours = impl.remap(name)  # type: ignore[attr-defined]
+                ours = impl.remap(name)
                 t = st.get_tensor(name)
                 if getattr(impl, "transposed", lambda _n: False)(ours):
                     t = t.t()
@@ -89,5 +89,5 @@ def load_model(path: Path, device: torch.device, dtype: torch.dtype) -> tuple[nn
         raise UnsupportedModel(f"{path}: weights missing for {', '.join(missing[:5])}")
     model.load_state_dict({k: v.to(device) for k, v in loaded.items()}, assign=True, strict=True)
     if tied:  # one tensor for both, as the checkpoint means
-        model.lm_head.weight = model.embed_tokens.weight  # type: ignore[union-attr,assignment]
+        model.lm_head.weight = model.embed_tokens.weight  # type: ignore[union-attr]
     return model.eval(), cfg
