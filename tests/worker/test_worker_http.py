@@ -36,6 +36,8 @@ def _get(
             status = resp.status
     except urllib.error.HTTPError as exc:
         text, status = exc.read().decode(), exc.code
+    except urllib.error.URLError as exc:  # not listening (yet)
+        return 0, str(exc)
     try:
         return status, json.loads(text)
     except ValueError:
