@@ -54,6 +54,31 @@ class _Message(BaseModel):
         return self.model_dump_json()
 
 
+class ServingCost(_Message):
+    """A worker's profiled cost functions (for routing): seconds per step as measured on its device."""
+
+    prefill_s_per_token: float
+    """Prefill time per prompt token (the slope of a fit over chunk sizes)."""
+    decode_step_base_s: float
+    """Decode step time at batch 1 (intercept of step time = base + per_seq x batch)."""
+    decode_step_per_seq_s: float
+    """Added decode step time per request in the batch."""
+
+
+class ServingState(_Message):
+    """What a serving worker publishes with every heartbeat (the gateway's view of it)."""
+
+    model: str
+    """The model id clients send."""
+    max_model_len: int
+    running: int = 0
+    waiting: int = 0
+    kv_cache_usage: float = 0.0
+    prefix_cache_hit_tokens: int = 0
+    prefix_cache_queried_tokens: int = 0
+    cost: ServingCost | None = None
+
+
 class WorkerRecord(_Message):
     id: str
     pool: str
@@ -72,6 +97,8 @@ class WorkerRecord(_Message):
     world: int | None = None
     reason: str | None = None
     message: str | None = None
+    serving: ServingState | None = None
+    """Set while the worker serves /v1 (refreshed with every heartbeat)."""
 
 
 class Assignment(_Message):

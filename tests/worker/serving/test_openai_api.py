@@ -23,12 +23,13 @@ from elastune_contract.protocol import Bus  # noqa: E402
 from elastune_worker.tiny import build as B  # noqa: E402
 
 MODEL = "tiny-llama"
+NAMESPACE: dict[str, str] = {}
 
 
 @pytest.fixture(scope="module")
 def worker(redis_server: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     path = B.ensure_tiny_model(spec=B.TINY_LLAMA_SPEC)
-    ns = f"api{time.time_ns()}"
+    ns = NAMESPACE["ns"] = f"api{time.time_ns()}"
     log_path = tmp_path_factory.mktemp("worker") / "worker.log"
     cmd = [sys.executable, "-m", "elastune_worker", "serve", "--pool", "p", "--model", str(path)]
     cmd += ["--redis-url", redis_server.url, "--namespace", ns, "--worker-id", "w-api", "--port", "0"]
@@ -169,3 +170,21 @@ def test_concurrent_requests_are_batched_and_each_gets_its_own_answer(worker, cl
 def test_openapi_document_names_the_routes(worker):
     doc = httpx.get(worker + "/openapi.json").json()
     assert {"/v1/completions", "/v1/chat/completions", "/v1/models", "/readyz"} <= set(doc["paths"])
+
+
+def test_the_worker_publishes_its_serving_state_and_cost_model(worker, redis_server):
+    """What the gateway routes on: load, prefix-cache state and the profiled cost functions."""
+    bus = Bus(redis_server.url, NAMESPACE["ns"])
+    try:
+        deadline = time.time() + 10
+        while time.time() < deadline:
+            rec = bus.workers()["w-api"]
+            if rec.serving is not None and rec.serving.prefix_cache_queried_tokens > 0:
+                break
+            time.sleep(0.3)
+        serving = rec.serving
+        assert serving is not None and serving.model == MODEL and serving.max_model_len == 2048
+        assert serving.cost is not None and serving.cost.prefill_s_per_token > 0
+        assert serving.cost.decode_step_base_s > 0 and serving.running == 0
+    finally:
+        bus.close()

@@ -21,9 +21,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import random
+import signal
 import statistics
 import subprocess
 import sys
@@ -175,7 +177,10 @@ class Server:
         self.url = f"http://127.0.0.1:{port}"
         self.log = log
         with log.open("wb") as fh:
-            self.proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env)
+            # Its own process group: pause/resume/stop reach the server's engine processes too.
+            self.proc = subprocess.Popen(
+                cmd, stdout=fh, stderr=subprocess.STDOUT, env=env, start_new_session=True
+            )
 
     def wait(self, timeout: float) -> None:
         deadline = time.time() + timeout
@@ -190,12 +195,24 @@ class Server:
             time.sleep(0.5)
         raise RuntimeError(f"server not up after {timeout:.0f} s: {self.log.read_text()[-1500:]}")
 
+    def pause(self) -> None:
+        """Freeze the server while another is measured: an idle vLLM-CPU worker busy-polls a core."""
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGCONT)
+
     def stop(self) -> None:
-        self.proc.terminate()
+        self.resume()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGTERM)
         try:
             self.proc.wait(timeout=30)
         except subprocess.TimeoutExpired:
-            self.proc.kill()
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
 
 
 def _free_port() -> int:
@@ -265,7 +282,8 @@ def interleaved(
     servers: dict[str, Server], workloads: list[Workload], reps: int, seed: int
 ) -> dict[str, dict[str, list[dict[str, Any]]]]:
     """Every workload on every server, ``reps`` times, alternating which server goes first, so drift
-    in the machine's load (other processes on the shared cores) falls on both sides alike."""
+    in the machine's load (other processes on the shared cores) falls on both sides alike. The servers
+    not being measured are paused (SIGSTOP), so nothing of theirs runs meanwhile."""
     runs: dict[str, dict[str, list[dict[str, Any]]]] = {
         name: {w.name: [] for w in workloads} for name in servers
     }
@@ -273,7 +291,13 @@ def interleaved(
     for rep in range(reps):
         for w in workloads:
             for name in names if rep % 2 == 0 else names[::-1]:
+                for other, server in servers.items():
+                    if other != name:
+                        server.pause()
+                servers[name].resume()
                 runs[name][w.name].append(asyncio.run(run_workload(servers[name].url, w, seed + rep)))
+    for server in servers.values():
+        server.resume()
     return runs
 
 
@@ -369,6 +393,7 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             startup[name] = round(time.time() - t0, 1)
             warm_up(server, saturating, args.seed)
+            server.pause()
         runs = interleaved(servers, loads, reps, args.seed)
         figures = {name: {w.name: median_run(runs[name][w.name]) for w in loads} for name in servers}
         for name in servers:
@@ -410,6 +435,7 @@ def main(argv: list[str] | None = None) -> int:
         for server in pc.values():
             server.wait(300)
             warm_up(server, saturating, args.seed)
+            server.pause()
         pc_runs = interleaved(pc, [prefix], reps, args.seed)
     finally:
         for server in pc.values():

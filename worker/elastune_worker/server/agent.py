@@ -25,6 +25,7 @@ from elastune_contract.protocol import (
     Assignment,
     Bus,
     Event,
+    ServingState,
     WorkerRecord,
     WorkerState,
 )
@@ -65,6 +66,8 @@ class AgentConfig:
     poll_seconds: float = 1.0
     on_loaded: Callable[[LoadedModel], None] | None = None
     """Called with the loaded model before the worker reports READY (starts the serving engine)."""
+    serving_state: Callable[[], ServingState | None] | None = None
+    """What the worker serves right now, published with every heartbeat."""
 
 
 class Agent:
@@ -104,6 +107,8 @@ class Agent:
         try:
             with self._lock:
                 record = self.record.model_copy()
+            if self.cfg.serving_state is not None:
+                record.serving = self.cfg.serving_state()
             self.bus.publish_worker(record)
         except Exception as exc:  # Redis down: keep working, the heartbeat retries
             log.warning("cannot publish worker record: %s", exc)

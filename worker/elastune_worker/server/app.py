@@ -27,17 +27,15 @@ from fastapi import APIRouter, FastAPI
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
-from elastune_contract.protocol import Bus, BusUnreachable, WorkerState
+from elastune_contract.protocol import Bus, BusUnreachable, ServingState, WorkerState
 from elastune_worker.server.agent import Agent, AgentConfig, default_worker_id
 from elastune_worker.server.metrics import WorkerMetrics
 from elastune_worker.server.models import LoadedModel
 from elastune_worker.serving.api.app import create_app
 from elastune_worker.serving.api.metrics import ServingMetrics
-from elastune_worker.serving.async_engine import AsyncEngine
 from elastune_worker.serving.client import EngineServingClient
 from elastune_worker.serving.config import EngineConfig
-from elastune_worker.serving.engine import LLMEngine
-from elastune_worker.serving.server import add_engine_args, engine_config
+from elastune_worker.serving.server import add_engine_args, engine_config, start_engine
 
 log = logging.getLogger("elastune.worker")
 
@@ -89,12 +87,14 @@ def _start_serving(
     name: str,
     metrics: ServingMetrics,
     registry: CollectorRegistry,
+    in_thread: bool,
+    threads: int | None,
     loaded: LoadedModel,
 ) -> None:
     """The serving engine over the same model directory, started before the worker reports READY. A
     model the engine cannot run leaves the worker tuning only; /v1 then answers 503 with the reason."""
     try:
-        engine = AsyncEngine(LLMEngine(loaded.path, config, tokenizer=loaded.tokenizer))
+        engine = start_engine(loaded.path, config, in_thread, tokenizer=loaded.tokenizer, threads=threads)
     except Exception as exc:
         log.error("serving is unavailable on this worker: %s", exc)
         return
@@ -158,10 +158,30 @@ def main(argv: list[str] | None = None) -> int:
     if not args.no_serve:
         config = engine_config(args)
         on_loaded = functools.partial(
-            _start_serving, serving, config, name, serving_metrics, metrics.registry
+            _start_serving,
+            serving,
+            config,
+            name,
+            serving_metrics,
+            metrics.registry,
+            args.engine_in_thread,
+            args.engine_threads,
         )
+
+    def serving_state() -> ServingState | None:
+        client = serving.get("client")
+        return client.serving_state() if client is not None else None
+
     agent = Agent(
-        AgentConfig(worker_id=worker_id, pool=args.pool, model=args.model, on_loaded=on_loaded), bus, metrics
+        AgentConfig(
+            worker_id=worker_id,
+            pool=args.pool,
+            model=args.model,
+            on_loaded=on_loaded,
+            serving_state=serving_state,
+        ),
+        bus,
+        metrics,
     )
     app = create_app(
         lambda: serving.get("client"), metrics=serving_metrics, control=control_router(agent, metrics)

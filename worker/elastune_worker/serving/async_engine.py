@@ -16,6 +16,7 @@ from collections.abc import AsyncGenerator
 from typing import Any
 
 from elastune_worker.serving.engine import EngineStats, LLMEngine, RequestOutput
+from elastune_worker.serving.profile import profile_costs
 from elastune_worker.serving.sampling import SamplingParams
 
 log = logging.getLogger("elastune.serving")
@@ -26,6 +27,7 @@ _Command = tuple[str, Any]
 class AsyncEngine:
     def __init__(self, engine: LLMEngine) -> None:
         self.engine = engine
+        self.cost = profile_costs(engine)
         self._commands: queue.Queue[_Command] = queue.Queue()
         self._sinks: dict[
             str, tuple[asyncio.AbstractEventLoop, asyncio.Queue[RequestOutput | BaseException]]

@@ -6,6 +6,7 @@ import dataclasses
 from collections.abc import AsyncGenerator, Sequence
 from typing import Any, Protocol
 
+from elastune_contract.protocol import ServingCost, ServingState
 from elastune_worker.serving.api.client import GenerationDelta, GenerationParams
 from elastune_worker.serving.engine import EngineStats, RequestOutput
 from elastune_worker.serving.sampling import SamplingParams
@@ -20,6 +21,7 @@ class RunningEngine(Protocol):
     max_model_len: int
     vocab_size: int
     tokenizer: Any
+    cost: ServingCost
 
     def encode(self, prompt: str) -> list[int]: ...
 
@@ -73,6 +75,20 @@ class EngineServingClient:
                 )  # fmt: skip
         finally:
             await outputs.aclose()  # aborts the request if it is unfinished
+
+    def serving_state(self) -> ServingState:
+        """What the worker publishes with its heartbeat for the gateway."""
+        s = self.engine.stats()
+        return ServingState(
+            model=self.model_name,
+            max_model_len=self.max_model_len,
+            running=s.num_requests_running,
+            waiting=s.num_requests_waiting,
+            kv_cache_usage=s.kv_cache_usage_perc,
+            prefix_cache_hit_tokens=s.prefix_cache_hits_tokens,
+            prefix_cache_queried_tokens=s.prefix_cache_queries_tokens,
+            cost=self.engine.cost,
+        )
 
     def stats(self) -> dict[str, float]:
         s = dataclasses.asdict(self.engine.stats())

@@ -170,6 +170,14 @@ class LLMEngine:
                 tokens[o.request_id] += o.new_token_ids
         return [tokens[rid] for rid in ids]
 
+    def reset_counters(self) -> None:
+        """Forget start-up work (profiling): its cached blocks and its statistics."""
+        b = self.scheduler.blocks
+        b.reset_prefix_cache()
+        b.queried_tokens = b.hit_tokens = 0
+        self.scheduler.num_preemptions = 0
+        self._steps, self._step_seconds = 0, 0.0
+
     def stats(self) -> EngineStats:
         s, b = self.scheduler, self.scheduler.blocks
         return EngineStats(

@@ -22,6 +22,7 @@ from typing import Any
 
 from elastune_worker.serving.config import EngineConfig
 from elastune_worker.serving.engine import EngineStats, LLMEngine, RequestOutput
+from elastune_worker.serving.profile import profile_costs
 from elastune_worker.serving.sampling import SamplingParams
 
 log = logging.getLogger("elastune.serving")
@@ -40,12 +41,19 @@ def _child(
         torch.set_num_threads(threads)
     try:
         engine = LLMEngine(Path(path), config)
+        cost = profile_costs(engine)
     except Exception as exc:
         results.send(("failed", f"{type(exc).__name__}: {exc}"))
         return
-    results.send(("ready", (engine.max_model_len, engine.vocab_size)))
+    results.send(("ready", (engine.max_model_len, engine.vocab_size, cost)))
+    fresh = True  # the parent's stats reflect the engine's state
     while True:
-        if not engine.has_unfinished() or commands.poll(0):
+        idle = not engine.has_unfinished()
+        if idle and not fresh:  # about to block: the last aborts/finishes must show in the metrics
+            results.send(("stats", engine.stats()))
+            fresh = True
+        if idle or commands.poll(0):
+            fresh = False
             try:
                 kind, arg = commands.recv()
             except EOFError:
@@ -96,7 +104,7 @@ class ProcessEngine:
         kind, arg = self._results.recv()
         if kind != "ready":
             raise EngineError(f"the engine process failed to start: {arg}")
-        self.max_model_len, self.vocab_size = arg
+        self.max_model_len, self.vocab_size, self.cost = arg
         if tokenizer is None:
             from transformers import AutoTokenizer
 
@@ -170,6 +178,8 @@ class ProcessEngine:
                 outputs, self._stats = arg
                 for o in outputs:
                     self._deliver(o.request_id, o)
+            elif kind == "stats":
+                self._stats = arg
             elif kind == "error":  # the request was refused (bad input): the caller's 4xx
                 rid, message = arg
                 self._deliver(rid, ValueError(message))
