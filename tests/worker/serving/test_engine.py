@@ -147,3 +147,22 @@ def test_degenerate_sampling_values_found_by_fuzzing_do_not_break_a_step(model):
     )
     cold = eng.generate(["hello"], SamplingParams(max_tokens=6, temperature=1e-30, ignore_eos=True))
     assert tiny_p[0] == cold[0] == reference(tok, hf, "hello", 6)  # both reduce to argmax
+
+
+def test_incremental_detokenization_equals_decoding_the_whole_output(model):
+    from elastune_worker.serving.detokenizer import IncrementalDetokenizer
+
+    tok = model[1]
+    text = "naïve café ✓ 東京 — 12 km → ok"
+    ids = tok(text)["input_ids"]
+    detok = IncrementalDetokenizer(tok, ("→",))
+    out, stopped = "", False
+    for t in ids:
+        delta, stopped = detok.add(t)
+        out += delta
+        if stopped:
+            break
+    assert stopped and out == text[: text.index("→")]
+    plain = IncrementalDetokenizer(tok, ())
+    streamed = "".join(plain.add(t)[0] for t in ids) + plain.flush()
+    assert streamed == tok.decode(ids, skip_special_tokens=True)

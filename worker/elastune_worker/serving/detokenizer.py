@@ -19,23 +19,31 @@ class IncrementalDetokenizer:
         self.stops = stops
         self.hold = max((len(s) for s in stops), default=1) - 1
         self.ids: list[int] = []
+        self.prefix_offset = self.read_offset = 0
         self.text = ""
         self.sent = 0
 
     def add(self, token_id: int) -> tuple[str, bool]:
-        """(new text to emit, whether a stop string ended the output)."""
+        """(new text to emit, whether a stop string ended the output).
+
+        Decodes a short window, not the whole output (which would cost O(n) per token): the text of
+        ids[prefix_offset:] minus that of ids[prefix_offset:read_offset] is what the new token adds, as
+        transformers' and vLLM's streaming detokenizers do."""
         self.ids.append(token_id)
-        text = self._decode(self.ids)
-        if text.endswith("\ufffd"):  # an incomplete UTF-8 sequence: wait for the next token
-            return "", False
+        prefix = self._decode(self.ids[self.prefix_offset : self.read_offset])
+        full = self._decode(self.ids[self.prefix_offset :])
+        if full.endswith("\ufffd") or len(full) <= len(prefix):
+            return "", False  # an incomplete UTF-8 sequence, or a token without text: wait
+        searched_from = max(0, len(self.text) - self.hold)
+        self.text += full[len(prefix) :]
+        self.prefix_offset, self.read_offset = self.read_offset, len(self.ids)
         stopped = False
         if self.stops:
-            first = min((i for s in self.stops if (i := text.find(s)) != -1), default=-1)
-            if first != -1:
-                text, stopped = text[:first], True
-        self.text = text
-        limit = len(text) if stopped else max(self.sent, len(text) - self.hold)
-        delta, self.sent = text[self.sent : limit], max(self.sent, limit)
+            hits = [i for s in self.stops if (i := self.text.find(s, searched_from)) != -1]
+            if hits:
+                self.text, stopped = self.text[: min(hits)], True
+        limit = len(self.text) if stopped else max(self.sent, len(self.text) - self.hold)
+        delta, self.sent = self.text[self.sent : limit], max(self.sent, limit)
         return delta, stopped
 
     def flush(self) -> str:

@@ -168,6 +168,18 @@ class ProcessEngine:
             loop, sink = target
             loop.call_soon_threadsafe(sink.put_nowait, item)
 
+    def _deliver_many(self, outputs: list[RequestOutput]) -> None:
+        """One wake-up of each caller's event loop per step, not one per request (each wake-up is a
+        write to the loop's self-pipe)."""
+        batches: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Queue[Any], RequestOutput]]] = {}
+        with self._lock:
+            for o in outputs:
+                target = self._sinks.get(o.request_id)
+                if target is not None:
+                    batches.setdefault(target[0], []).append((target[1], o))
+        for loop, items in batches.items():
+            loop.call_soon_threadsafe(_put_all, items)
+
     def _read(self) -> None:
         while True:
             try:
@@ -176,8 +188,7 @@ class ProcessEngine:
                 break
             if kind == "step":
                 outputs, self._stats = arg
-                for o in outputs:
-                    self._deliver(o.request_id, o)
+                self._deliver_many(outputs)
             elif kind == "stats":
                 self._stats = arg
             elif kind == "error":  # the request was refused (bad input): the caller's 4xx
@@ -198,3 +209,8 @@ class ProcessEngine:
             self.proc.join(timeout=10)
         if self.proc.is_alive():
             self.proc.kill()
+
+
+def _put_all(items: list[tuple[asyncio.Queue[Any], Any]]) -> None:
+    for sink, item in items:
+        sink.put_nowait(item)

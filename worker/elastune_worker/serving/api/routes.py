@@ -261,11 +261,16 @@ async def _completion_chunks(run: _Run, model: str, include_usage: bool) -> Asyn
             "choices": [choice],
         }
 
+    # The common chunk (some text, not finished) is a fixed frame around the JSON-escaped text:
+    # building it costs one json.dumps of a string instead of a nested dict per token.
+    frame = _data(chunk("\x00", None)).split('"\\u0000"')
     gen = run.deltas()
     try:
         async for d in gen:
-            if d.text or d.finished:
-                yield _data(chunk(d.text, d.finish_reason if d.finished else None))
+            if d.finished:
+                yield _data(chunk(d.text, d.finish_reason))
+            elif d.text:
+                yield frame[0] + json.dumps(d.text) + frame[1]
         if include_usage:
             yield _data({**chunk("", None), "choices": [], "usage": run.usage()})
         yield "data: [DONE]\n\n"
@@ -288,14 +293,15 @@ async def _chat_chunks(run: _Run, model: str, include_usage: bool) -> AsyncItera
             "choices": [choice],
         }
 
+    frame = _data(chunk({"content": "\x00"}, None)).split('"\\u0000"')
     gen = run.deltas()
     try:
         yield _data(chunk({"role": "assistant", "content": ""}, None))
         async for d in gen:
-            if d.text or d.finished:
-                yield _data(
-                    chunk({"content": d.text} if d.text else {}, d.finish_reason if d.finished else None)
-                )
+            if d.finished:
+                yield _data(chunk({"content": d.text} if d.text else {}, d.finish_reason))
+            elif d.text:
+                yield frame[0] + json.dumps(d.text) + frame[1]
         if include_usage:
             yield _data({**chunk({}, None), "choices": [], "usage": run.usage()})
         yield "data: [DONE]\n\n"
