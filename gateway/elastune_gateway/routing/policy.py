@@ -73,8 +73,6 @@ class ActiveRequest:
     """Its TPOT SLO in seconds (None: none)."""
     prefill_left: int = 0
     """Prompt tokens not yet computed (0: it is decoding, a decode-phase unit in Preble's terms)."""
-    context_tokens: int = 0
-    """Tokens in its KV cache now (prompt computed so far plus generated)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,10 +82,11 @@ class EndpointView:
     Published by the worker (``/metrics`` and the load report): ``num_running`` and ``num_waiting``
     (``vllm:num_requests_running``/``_waiting``), ``kv_usage`` (``vllm:kv_cache_usage_perc``),
     ``kv_capacity_tokens``, ``device_adapters``/``host_adapters``/``max_adapters``
-    (``vllm:lora_requests_info`` and ``maxLoras``), ``max_running`` (``max_num_seqs``) and ``cost``
-    (its fitted performance model). ``active`` — rank, adapter, TPOT SLO and prefill progress of each
-    running or waiting request — comes from the worker's load report, or from the gateway's own ledger
-    of what it routed there (adapter, rank and SLO are the gateway's own knowledge).
+    (``vllm:lora_requests_info`` and ``maxLoras``), ``max_running`` (``max_num_seqs``),
+    ``context_tokens`` and ``cost`` (its fitted performance model). ``active`` — rank, adapter, TPOT
+    SLO and prefill progress of each running or waiting request — comes from the worker's load report,
+    or from the gateway's own ledger of what it routed there (adapter, rank and SLO are the gateway's
+    own knowledge; prefill progress then is an estimate).
     """
 
     id: str
@@ -103,6 +102,8 @@ class EndpointView:
     """Adapters the device holds at once (WarmPool serving.maxLoras)."""
     max_running: int = 128
     """Requests in the running batch at most (the engine's max_num_seqs)."""
+    context_tokens: int = 0
+    """Tokens in the KV cache of its running requests (what their decode attends to)."""
     active: tuple[ActiveRequest, ...] = ()
     cost: CostModel = field(default_factory=CostModel)
 

@@ -13,9 +13,10 @@ part of a node when a part is enough (§4.3's LRU). ``evict`` and ``remove_endpo
 when there are any. The model is approximate by design — the engine also spends KV on running requests
 and evicts whole blocks — and the gateway's routing state is rebuilt from traffic after a restart.
 
-Per endpoint the nodes it caches are kept in an ordered dict in LRU order with the invariant that a
-node's children (cached there) come before it: a hit touches its path from the leaf up, so the front of
-the order is always a leaf of that endpoint's cached subtree.
+Per endpoint the nodes it caches are kept in a linked list in LRU order with the invariant that a
+node's children (cached there) come before it: a hit touches its path from the leaf up, and a split
+places the new head right after the tail it was cut from, so the front of the order is always a leaf
+of that endpoint's cached subtree.
 
 Bounded size: above ``max_nodes`` nodes, uncached nodes go first (oldest hit first, window or not),
 then the endpoint caching the most tokens evicts its LRU leaf, until the tree fits.
@@ -23,12 +24,56 @@ then the endpoint caching the most tokens evicts its LRU leaf, until the tree fi
 
 from __future__ import annotations
 
-from collections import OrderedDict, deque
+from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 WINDOW_SECONDS = 180.0
 """Preble's history window W: hits older than this no longer count (DESIGN.md §5: 3 min)."""
+
+
+class _Order:
+    """One endpoint's cached nodes, least recently used first: a doubly linked list (O(1) append,
+    removal and insertion after a given node). ``None`` is the sentinel."""
+
+    __slots__ = ("_next", "_prev")
+
+    def __init__(self) -> None:
+        self._next: dict[Node | None, Node | None] = {None: None}
+        self._prev: dict[Node | None, Node | None] = {None: None}
+
+    def __contains__(self, node: Node) -> bool:
+        return node in self._next
+
+    def __len__(self) -> int:
+        return len(self._next) - 1
+
+    def __iter__(self) -> Iterator[Node]:
+        node = self._next[None]
+        while node is not None:
+            yield node
+            node = self._next[node]
+
+    def first(self) -> Node | None:
+        return self._next[None]
+
+    def insert_after(self, anchor: Node | None, node: Node) -> None:
+        after = self._next[anchor]
+        self._next[anchor] = node
+        self._prev[node] = anchor
+        self._next[node] = after
+        self._prev[after] = node
+
+    def remove(self, node: Node) -> None:
+        before, after = self._prev.pop(node), self._next.pop(node)
+        self._next[before] = after
+        self._prev[after] = before
+
+    def move_to_end(self, node: Node) -> None:
+        """Most recently used (appended when absent)."""
+        if node in self._next:
+            self.remove(node)
+        self.insert_after(self._prev[None], node)
 
 
 class Node:
@@ -108,7 +153,7 @@ class GlobalRadixTree:
         self.window = window_seconds
         self.max_nodes = max_nodes
         self.root = Node((), None)
-        self._lru: dict[str, OrderedDict[Node, None]] = {}
+        self._lru: dict[str, _Order] = {}
         self._cached: dict[str, int] = {}
         self._orphans: set[Node] = set()
         """Nodes cached nowhere, kept for their hits within the window."""
@@ -200,7 +245,7 @@ class GlobalRadixTree:
                 child = self._split(child, n)
             path.append(child)
             node, pos = child, pos + n
-        lru = self._lru.setdefault(endpoint, OrderedDict())
+        lru = self._lru.setdefault(endpoint, _Order())
         for node in path:
             if endpoint not in node.endpoints:
                 node.endpoints.add(endpoint)
@@ -213,7 +258,6 @@ class GlobalRadixTree:
                 times.append(now)
             node.last_hit = max(node.last_hit, now)
         for node in reversed(path):  # leaf first, so that parents stay behind their children
-            lru[node] = None
             lru.move_to_end(node)
         if capacity is not None:
             self._fit(endpoint, capacity, now, keep=set(path))
@@ -229,8 +273,11 @@ class GlobalRadixTree:
         freed = 0
         lru = self._lru.get(endpoint)
         while lru and freed < tokens:
-            node = next(iter(lru))
+            node = lru.first()
+            assert node is not None
             freed += self._evict_node(endpoint, node, tokens - freed, now)
+        if self.num_nodes > self.max_nodes:  # a partial eviction splits a node
+            self._shrink(now)
         return freed
 
     def remove_endpoint(self, endpoint: str, now: float) -> None:
@@ -256,10 +303,10 @@ class GlobalRadixTree:
         return removed
 
     # -- internals -------------------------------------------------------------------------------------
-    def _split(self, node: Node, at: int, evicting: str | None = None) -> Node:
-        """Split ``node`` after ``at`` tokens: a new parent holds the head; ``node`` keeps the tail (and
-        its place in every LRU order). Returns the head. When the split is for ``evicting`` to drop the
-        tail, the head takes the tail's place at the front of that endpoint's order."""
+    def _split(self, node: Node, at: int) -> Node:
+        """Split ``node`` after ``at`` tokens: a new parent holds the head; ``node`` keeps the tail and
+        its place in every LRU order, the head comes right after it (as recent as the tail, before every
+        ancestor). Returns the head."""
         parent = node.parent
         assert parent is not None and 0 < at < len(node.tokens)
         head = Node(node.tokens[:at], parent)
@@ -272,11 +319,7 @@ class GlobalRadixTree:
         head.children[node.tokens[0]] = node
         self.num_nodes += 1
         for e in head.endpoints:
-            # After its child in e's order (it is touched now by the insert that split it; for the other
-            # endpoints it looks as recent as now, a small approximation).
-            self._lru[e][head] = None
-            if e == evicting:
-                self._lru[e].move_to_end(head, last=False)
+            self._lru[e].insert_after(node, head)
         if not head.endpoints:
             self._orphans.add(head)
         return head
@@ -292,9 +335,9 @@ class GlobalRadixTree:
     def _evict_node(self, endpoint: str, node: Node, tokens: int, now: float) -> int:
         """Evict ``node`` from ``endpoint``, or only its last ``tokens`` tokens when that is less."""
         if tokens < len(node):
-            self._split(node, len(node) - tokens, evicting=endpoint)  # ``node`` keeps the tail
+            self._split(node, len(node) - tokens)  # ``node`` keeps the tail, the head its place
         node.endpoints.discard(endpoint)
-        del self._lru[endpoint][node]
+        self._lru[endpoint].remove(node)
         self._cached[endpoint] -= len(node)
         if not node.endpoints:
             self._orphans.add(node)
@@ -319,9 +362,9 @@ class GlobalRadixTree:
         while self.num_nodes > self.max_nodes and self._cached:
             endpoint = max(self._cached, key=lambda e: self._cached[e])
             lru = self._lru[endpoint]
-            if not lru:
+            node = lru.first()
+            if node is None:
                 break
-            node = next(iter(lru))
             self._evict_node(endpoint, node, len(node), now)
             self._remove_subtree_if_orphan(node)
 
@@ -348,4 +391,4 @@ class GlobalRadixTree:
                 assert e in node.endpoints
                 assert all(c in seen for c in node.children.values() if e in c.endpoints), "LRU order"
                 seen.add(node)
-            assert len(seen) == sum(1 for _ in lru)
+            assert len(seen) == len(lru)

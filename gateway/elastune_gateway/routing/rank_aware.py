@@ -67,7 +67,7 @@ def rank_cost(
 ) -> RankCost:
     """CaraServe's cost of sending ``request`` to ``e`` (Alg. 1's score)."""
     ranks = [a.rank for a in e.active]
-    context = sum(a.context_tokens for a in e.active)
+    context = e.context_tokens
     before = e.cost.decode_iteration(ranks, context)
     after = e.cost.decode_iteration([*ranks, request.rank], context + request.prompt_len)
     added = len(ranks) * (after - before)
