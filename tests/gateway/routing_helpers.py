@@ -62,9 +62,7 @@ def make_endpoints(n: int = 4, **overrides: Any) -> list[EndpointView]:
 
 def batch(*ranks: int, slo: float | None = None, adapter: str | None = "x", prefill_left: int = 0) -> tuple:
     """Active requests of these ranks (all decoding unless ``prefill_left``)."""
-    return tuple(
-        ActiveRequest(r, adapter if r else None, slo, prefill_left) for r in ranks
-    )
+    return tuple(ActiveRequest(r, adapter if r else None, slo, prefill_left) for r in ranks)
 
 
 def tokens(*runs: tuple[int, int]) -> tuple[int, ...]:

@@ -84,46 +84,59 @@ class PrebleConfig:
 @dataclass(slots=True, eq=False)
 class _Routed:
     time: float
-    prefill_seconds: float
+    missed: int
+    """Prompt tokens it had to compute there (not cached when it was routed)."""
+    rank_tokens: int
+    """missed × its LoRA rank (the prefill's LoRA term)."""
     decode_tokens: float | None
     expired: bool = False
 
 
 @dataclass(slots=True)
 class _History:
-    """One endpoint's last H routed requests within W, with running sums (no rescans per pick)."""
+    """One endpoint's last H routed requests within W, with running sums (no rescans per pick).
+
+    Sums of tokens, not seconds: PREFILLTIME is linear (a fixed part per request that computes
+    anything, plus per token), so L_i is computed with the endpoint's current cost model."""
 
     entries: deque[_Routed] = field(default_factory=deque)
-    prefill_sum: float = 0.0
+    missed: int = 0
+    rank_tokens: int = 0
+    computing: int = 0
+    """Entries with missed > 0 (each pays PREFILLTIME's fixed part)."""
     decode_sum: float = 0.0
     decode_known: int = 0
 
     def add(self, entry: _Routed) -> None:
         self.entries.append(entry)
-        self.prefill_sum += entry.prefill_seconds
+        self._count(entry, +1)
+
+    def _count(self, entry: _Routed, sign: int) -> None:
+        self.missed += sign * entry.missed
+        self.rank_tokens += sign * entry.rank_tokens
+        self.computing += sign * (entry.missed > 0)
         if entry.decode_tokens is not None:
-            self.decode_sum += entry.decode_tokens
-            self.decode_known += 1
+            self.decode_sum += sign * entry.decode_tokens
+            self.decode_known += sign
 
     def set_decode(self, entry: _Routed, tokens: float) -> None:
-        if entry.decode_tokens is not None:
-            self.decode_sum -= entry.decode_tokens
-            self.decode_known -= 1
+        self._count(entry, -1)
         entry.decode_tokens = tokens
-        self.decode_sum += tokens
-        self.decode_known += 1
+        self._count(entry, +1)
 
     def expire(self, now: float, window: float, limit: int) -> None:
         while self.entries and (len(self.entries) > limit or self.entries[0].time < now - window):
             old = self.entries.popleft()
             old.expired = True
-            self.prefill_sum -= old.prefill_seconds
-            if old.decode_tokens is not None:
-                self.decode_sum -= old.decode_tokens
-                self.decode_known -= 1
+            self._count(old, -1)
         if not self.entries:  # no float drift from a long run of additions and subtractions
-            self.prefill_sum = self.decode_sum = 0.0
-            self.decode_known = 0
+            self.decode_sum = 0.0
+
+    def prefill_seconds(self, cost: CostModel) -> float:
+        """Σ PREFILLTIME(missed) over the entries."""
+        return self.computing * cost.iteration_base + cost.prefill_token_seconds(
+            self.missed, self.rank_tokens
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,7 +180,7 @@ class PrebleRouter:
             return 0.0
         avg_decode = h.decode_sum / h.decode_known if h.decode_known else self.config.default_output_tokens
         cost = self._costs.get(endpoint, CostModel())
-        return h.prefill_sum + len(h.entries) * cost.decode_seconds(avg_decode)
+        return h.prefill_seconds(cost) + len(h.entries) * cost.decode_seconds(avg_decode)
 
     def eviction_cost(self, e: EndpointView, missed: int, match: Match, now: float) -> float:
         """M_i: recomputation of what ``e`` would evict to fit ``missed`` new tokens, × hits in W."""
@@ -256,8 +269,7 @@ class PrebleRouter:
     def on_routed(self, request: RequestView, endpoint: str, now: float) -> None:
         cached = self.tree.match(request.tokens).cached_on(endpoint) if request.tokens else 0
         missed = request.prompt_len - cached
-        cost = self._costs.get(endpoint, CostModel())
-        entry = _Routed(now, cost.prefill_seconds(missed), request.predicted_output_tokens)
+        entry = _Routed(now, missed, missed * request.rank, request.predicted_output_tokens)
         history = self._history.setdefault(endpoint, _History())
         history.add(entry)
         history.expire(now, self.config.window_seconds, self.config.history_requests)

@@ -193,6 +193,7 @@ def prefix_workload(w: PrefixWorkload, arrivals: Sequence[float]) -> list[SimReq
 @dataclass(frozen=True, slots=True)
 class MultiTurnWorkload:
     conversations: int = 200
+    min_turns: int = 1
     max_turns: int = 5
     think_time: float = 5.0
     """Mean seconds between an answer and the next question (exponential)."""
@@ -214,9 +215,9 @@ def load_sharegpt(path: str | Path) -> list[tuple[int, int]]:
 def multiturn_workload(
     w: MultiTurnWorkload, pairs: Sequence[tuple[int, int]], starts: Sequence[float]
 ) -> list[SimRequest]:
-    """Conversations of 1 … ``max_turns`` turns, each turn one (prompt, response) pair drawn in order
-    from ``pairs`` (cycled); conversation i starts at ``starts[i]``. Returns first turns only: later
-    turns hang off ``next_turn`` and arrive when the simulator finishes the previous one."""
+    """Conversations of ``min_turns`` … ``max_turns`` turns, each turn one (prompt, response) pair
+    drawn in order from ``pairs`` (cycled); conversation i starts at ``starts[i]``. Returns first turns
+    only: later turns hang off ``next_turn`` and arrive when the simulator finishes the previous one."""
     if not pairs:
         raise ValueError("no ShareGPT pairs")
     rng = random.Random(w.seed)
@@ -235,7 +236,7 @@ def multiturn_workload(
     for c, start in enumerate(starts[: w.conversations]):
         history: tuple[tuple[int, ...], ...] = (system,) if system else ()
         previous: SimRequest | None = None
-        for turn in range(rng.randint(1, w.max_turns)):
+        for turn in range(rng.randint(w.min_turns, w.max_turns)):
             p, r = next_pair()
             question = _random_tokens(rng, max(1, min(p, w.max_prompt_tokens)))
             answer = _random_tokens(rng, max(1, min(r, w.max_output_tokens)))
