@@ -20,6 +20,8 @@ Interpretations (stated intent kept):
 - Ties (e.g. idle endpoints, where nothing is added): the adapter already on the device, then in host
   memory, then the fewest outstanding requests, then the earlier endpoint. The paper names no tie-break;
   these avoid a needless adapter load and spread load.
+- "GPU memory availability" among the candidate criteria is the adapter slot check; KV space is left
+  to the engine's queue (a full KV cache delays admission, it does not refuse the request).
 - With no candidate (every adapter slot busy everywhere) all endpoints are costed (the engine queues
   the request until a slot frees, as vLLM does with max_loras).
 """

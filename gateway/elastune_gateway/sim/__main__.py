@@ -57,6 +57,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--lora-kernel", choices=("padded", "unpadded"), default=None)
     p.add_argument("--local-queue", choices=("auto", "fcfs", "priority"), default="auto")
     p.add_argument("--predict-output", choices=("none", "oracle"), default="none")
+    p.add_argument(
+        "--warmup", type=float, default=0.1, help="fraction of requests left out of the statistics"
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", dest="json_path", default=None, help="also write the summaries here")
     args = p.parse_args(argv)
@@ -80,6 +83,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         lora_kernel=args.lora_kernel,
         local_queue=args.local_queue,
         predict_output=args.predict_output,
+        warmup=args.warmup,
         seed=args.seed,
     )
     policies = args.policy or list(DEFAULT_POLICIES[args.workload])

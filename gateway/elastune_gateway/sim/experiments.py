@@ -3,15 +3,19 @@
 Defaults per workload (each one overridable; ``Experiment.describe`` prints what ran):
 
 - prefix (Preble §5): 8 shared documents of 1,500–4,000 tokens per endpoint behind a 200-token system
-  prompt, Zipf 1.1 popularity, 20–200-token questions, 8–64-token answers; 250 requests per endpoint
-  at 1.5 requests/s per endpoint (Poisson); 32,768 KV tokens per endpoint (about 10 documents), so a
-  policy that spreads every document everywhere thrashes the caches and one that partitions them does
-  not — Preble's setting (long, shared prompts; more shared state than one GPU holds).
+  prompt, Zipf 1.1 popularity, 20–200-token questions, 8–64-token answers (Toolbench-like: prompt
+  ~3,000 tokens, ~40× the output); 3 requests/s per endpoint (Poisson) for 150 s; 32,768 KV tokens per
+  endpoint (about 10 documents), so a policy that spreads every document everywhere thrashes the
+  caches and one that partitions them does not — Preble's setting (long, shared prompts; more shared
+  state than one GPU holds). 3 requests/s per endpoint is where round-robin nears saturation.
 - multiturn: ShareGPT conversations of 1–5 turns, 5 s mean think time, 0.1 conversations/s per
   endpoint, 32,768 KV tokens per endpoint.
 - lora (CaraServe §7.5): 60 servers, 1,000 adapters of ranks {8, 16, 32, 64} with Zipf 1.0
-  popularity, 8 adapters on each device, 32–512-token prompts, 16–256-token answers, a 50 ms TPOT SLO,
-  2 requests/s per server, 120 requests per server, the padded (BGMV) kernel.
+  popularity, 32 adapters on each device, 32–512-token prompts, 16–256-token answers, a 50 ms TPOT
+  SLO, 5 requests/s per server for 20 s, the padded (BGMV) kernel.
+
+Statistics leave out the first 10 % of requests by arrival (``warmup``): every run starts with cold
+prefix caches and empty adapter slots.
 
 Every endpoint has the same ``CostModel`` — the placeholders of ``routing/cost.py`` until the fitted
 figures of the real engine replace them (pass ``cost``). The local queue is Preble's priority groups
@@ -75,6 +79,8 @@ class Experiment:
     lora_kernel: LoraKernel | None = None
     local_queue: Literal["auto", "fcfs", "priority"] = "auto"
     predict_output: OutputPrediction = "none"
+    warmup: float = 0.1
+    """Fraction of requests (by arrival) left out of the statistics."""
     seed: int = 0
     cost: CostModel = field(default_factory=CostModel)
 
@@ -86,14 +92,16 @@ class Experiment:
     def n_requests(self) -> int:
         if self.requests is not None:
             return self.requests
-        per = {"prefix": 250, "multiturn": 25, "lora": 120}[self.workload]
-        return per * self.n_endpoints
+        if self.workload == "multiturn":
+            return 25 * self.n_endpoints
+        seconds = 150.0 if self.workload == "prefix" else 20.0
+        return max(1, round(self.pool_rate * seconds))
 
     @property
     def pool_rate(self) -> float:
         if self.rate is not None:
             return self.rate
-        per = {"prefix": 1.5, "multiturn": 0.1, "lora": 2.0}[self.workload]
+        per = {"prefix": 3.0, "multiturn": 0.1, "lora": 5.0}[self.workload]
         return per * self.n_endpoints
 
     def engine(self, policy: RoutingPolicyName) -> EngineSpec:
@@ -103,10 +111,10 @@ class Experiment:
             queue = "priority" if policy == "preble" else "fcfs"
         else:
             queue = self.local_queue
-        spec = EngineSpec(cost=cost, kv_cache_tokens=self.kv_tokens or 32_768, queue=queue)
-        if self.max_adapters is not None:
-            spec = replace(spec, max_adapters=self.max_adapters)
-        return spec
+        max_adapters = self.max_adapters or (32 if self.workload == "lora" else EngineSpec().max_adapters)
+        return EngineSpec(
+            cost=cost, kv_cache_tokens=self.kv_tokens or 32_768, queue=queue, max_adapters=max_adapters
+        )
 
     def _arrival_times(self, n: int) -> tuple[list[float], list[tuple[int, int]] | None]:
         if self.arrivals == "azure":
@@ -145,15 +153,18 @@ class Experiment:
             if self.arrivals == "azure"
             else f"Poisson {self.pool_rate:g}/s"
         )
+        count = "conversations" if self.workload == "multiturn" else "requests"
         text = (
-            f"workload={self.workload} endpoints={self.n_endpoints} requests={self.n_requests} "
-            f"arrivals={arrivals} kv_tokens={self.kv_tokens or 32_768} seed={self.seed}"
+            f"workload={self.workload} endpoints={self.n_endpoints} {count}={self.n_requests} "
+            f"arrivals={arrivals} kv_tokens={self.kv_tokens or 32_768} warmup={self.warmup:g} "
+            f"seed={self.seed}"
         )
         if self.workload == "prefix":
             text += f" documents={self.documents or 8 * self.n_endpoints} zipf={self.zipf or 1.1}"
         if self.workload == "lora":
             text += (
                 f" adapters={self.adapters or 1000} zipf={self.zipf or 1.0} kernel={kernel}"
+                f" max_adapters={self.engine('rankAware').max_adapters}"
                 f" tpot_slo={self.tpot_slo or LoraWorkload().tpot_slo}"
             )
         return text + " (cost model: placeholder coefficients, routing/cost.py)"
@@ -170,4 +181,4 @@ def run_experiment(
         predict_output=exp.predict_output,
         check=check,
     )
-    return sim.run(requests, label=policy)
+    return sim.run(requests, label=policy, warmup=exp.warmup)

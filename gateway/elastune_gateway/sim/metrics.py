@@ -53,9 +53,16 @@ class Summary:
 
 
 def summarize(
-    policy: str, endpoints: int, requests: Sequence[SimRequest], engines: Sequence[SimEndpoint] = ()
+    policy: str,
+    endpoints: int,
+    requests: Sequence[SimRequest],
+    engines: Sequence[SimEndpoint] = (),
+    warmup: float = 0.0,
 ) -> Summary:
-    done = [r for r in requests if r.finished is not None]
+    """Statistics over the finished requests, leaving out the first ``warmup`` fraction of them by
+    arrival (cold caches: every policy starts with empty prefix caches and adapter slots)."""
+    done = sorted((r for r in requests if r.finished is not None), key=lambda r: r.arrival)
+    done = done[int(len(done) * warmup) :]
     latencies = [r.latency for r in done]
     ttfts = [r.ttft for r in done]
     tpots = [t for r in done if (t := r.tpot) is not None]
@@ -96,7 +103,6 @@ COLUMNS = (
     ("slo_attainment", "SLO %", "{:>7}"),
     ("cache_hit", "hit %", "{:>6.1f}"),
     ("adapter_loads", "loads", "{:>6}"),
-    ("utilization", "util %", "{:>6.1f}"),
 )
 
 
@@ -112,7 +118,7 @@ def table(rows: Sequence[Summary]) -> str:
             value = getattr(row, key)
             if key in ("mean_tpot", "p99_tpot"):
                 value = value * 1000.0
-            elif key in ("cache_hit", "utilization"):
+            elif key == "cache_hit":
                 value = value * 100.0
             elif key == "slo_attainment":
                 value = "n/a" if value is None else f"{value * 100:.2f}"

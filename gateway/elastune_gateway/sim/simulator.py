@@ -62,7 +62,9 @@ class Simulator:
     def _push(self, t: float, kind: int, payload: object) -> None:
         heapq.heappush(self._events, (t, kind, next(self._seq), payload))
 
-    def run(self, requests: Sequence[SimRequest], label: str | None = None) -> SimResult:
+    def run(self, requests: Sequence[SimRequest], label: str | None = None, warmup: float = 0.0) -> SimResult:
+        """Simulate until every request (and every later turn) finished; statistics leave out the
+        first ``warmup`` fraction of requests by arrival."""
         arrived: list[SimRequest] = []
         for r in requests:
             if math.isnan(r.arrival):
