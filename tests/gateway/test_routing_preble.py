@@ -182,3 +182,12 @@ def test_a_holder_that_left_the_pool_is_not_exploited():
     r.forget_endpoint("e1", 2.0)
     assert r.tree.match(A).matched == 0
     assert r.load("e1", 2.0) == 0.0
+
+
+def test_decode_heavy_ties_go_to_the_lower_load_cost():
+    r = router(rebalance=False)
+    route(r, "busy", tokens((6, 300)), "e0")  # e0 carries 300/1024 of recent load
+    eps = pool(3, active={0: batch(*[0] * 8, adapter=None), 1: batch(*[0] * 8, adapter=None)})
+    assert r.pick(make_request("n", tokens((4, 30))), eps, 1.0) == "e1"  # both at ratio 1.0
+    assert r.last_decision.kind == "pd-balance"
+    assert set(r.last_decision.costs) == {"e0", "e1"}

@@ -14,7 +14,7 @@ from elastune_gateway.routing.policy import ROUTING_POLICY_NAMES
 from elastune_gateway.sim.__main__ import main
 from elastune_gateway.sim.engine import EngineSpec
 from elastune_gateway.sim.experiments import Experiment, run_experiment
-from elastune_gateway.sim.metrics import percentile
+from elastune_gateway.sim.metrics import percentile, summarize
 from elastune_gateway.sim.prefix_cache import PrefixCache, block_hashes
 from elastune_gateway.sim.simulator import Simulator
 from elastune_gateway.sim.workloads import (
@@ -223,3 +223,12 @@ def test_cli_prints_a_table(tmp_path, capsys):
         main(["--workload", "multiturn", "--requests", "4", "--sharegpt", str(share), "--policy", "preble"])
         == 0
     )
+
+
+def test_statistics_leave_out_the_warm_up_fraction():
+    rs = [req(f"r{i}", 10, 2, at=float(i)) for i in range(4)]
+    for i, r in enumerate(rs):
+        r.admitted, r.first_token, r.finished = r.arrival, r.arrival + 1, r.arrival + (10 if i == 0 else 2)
+    assert summarize("p", 1, rs).mean_latency == pytest.approx((10 + 2 + 2 + 2) / 4)
+    assert summarize("p", 1, rs, warmup=0.25).mean_latency == pytest.approx(2.0)
+    assert summarize("p", 1, rs, warmup=0.25).requests == 3

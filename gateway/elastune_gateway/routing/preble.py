@@ -32,8 +32,9 @@ Interpretations (stated intent kept; each also marked where it is coded):
   endpoint is the one with the lowest L_i (earliest on ties).
 - Prefill/decode balance: DECODERATIO(i) = decode-phase requests / requests there (running or waiting);
   "heavily loaded with decoding" needs the ratio above IMBALR and at least ``decode_heavy_min``
-  decode-phase requests (a lone decoding request is not heavy). The highest ratio wins, then the most
-  decoding requests, then the earlier endpoint.
+  decode-phase requests (a lone decoding request is not heavy). The highest ratio wins (Alg. 1's
+  "return max"); ties — common: every endpoint without a prefill in flight has ratio 1 — go to the
+  lowest load cost (Alg. 2), then the earlier endpoint, not to the busiest.
 - Not implemented: the second post-assignment adjustment (replicating a prefix and splitting its subtree
   when queueing time doubles over H) — rebalancing already replicates a hot prefix onto the light
   endpoint it steers requests to.
@@ -243,27 +244,29 @@ class PrebleRouter:
     ) -> Decision:
         if self.config.pd_balance:
             heavy = self._decode_heavy(endpoints)
-            if heavy is not None:
-                return Decision("pd-balance", heavy.id, match.matched, match.missed, {})
+            if heavy:
+                costs = {e.id: self.load_cost(e, request, match, now) for e in heavy}
+                best = min(heavy, key=lambda e: costs[e.id])
+                return Decision("pd-balance", best.id, match.matched, match.missed, costs)
         costs = {e.id: self.load_cost(e, request, match, now) for e in endpoints}
         best = min(endpoints, key=lambda e: costs[e.id])
         return Decision("explore", best.id, match.matched, match.missed, costs)
 
-    def _decode_heavy(self, endpoints: Sequence[EndpointView]) -> EndpointView | None:
-        best: tuple[float, int, int] | None = None
-        chosen = None
-        for index, e in enumerate(endpoints):
+    def _decode_heavy(self, endpoints: Sequence[EndpointView]) -> list[EndpointView]:
+        """The endpoints with the highest DECODERATIO above IMBALR (and enough decode-phase requests)."""
+        top = self.config.decode_ratio_threshold
+        heavy: list[EndpointView] = []
+        for e in endpoints:
             active = len(e.active)
             decoding = e.decoding
             if not active or decoding < self.config.decode_heavy_min:
                 continue
             ratio = decoding / active
-            if ratio <= self.config.decode_ratio_threshold:
-                continue
-            rank = (-ratio, -decoding, index)
-            if best is None or rank < best:
-                best, chosen = rank, e
-        return chosen
+            if ratio > top:
+                top, heavy = ratio, [e]
+            elif ratio == top and heavy:
+                heavy.append(e)
+        return heavy
 
     # -- hooks ---------------------------------------------------------------------------------------
     def on_routed(self, request: RequestView, endpoint: str, now: float) -> None:

@@ -90,9 +90,8 @@ class Simulator:
         if unfinished:
             raise RuntimeError(f"{len(unfinished)} requests never finished, e.g. {unfinished[:5]}")
         name = label or str(getattr(self.router, "name", type(self.router).__name__))
-        return SimResult(
-            summarize(name, len(self.endpoints), arrived, self.endpoints), arrived, self.endpoints
-        )
+        summary = summarize(name, len(self.endpoints), arrived, self.endpoints, warmup)
+        return SimResult(summary, arrived, self.endpoints)
 
     def _arrive(self, req: SimRequest, now: float) -> None:
         view = RequestView(
