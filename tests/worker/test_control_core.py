@@ -380,3 +380,48 @@ def test_bank_skipped_by_the_latency_budget_or_by_the_spec(env: dict[str, Any]) 
     never.spec = never.spec.model_copy(update={"prompt_bank": "never"})
     core.submit(never)
     assert never.status.prompt_bank.reason == "PromptBankDisabled"
+
+
+@pytest.mark.parametrize("policy", ["promptTuner", "infless", "elasticflow"])
+def test_the_policy_is_a_typed_setting_and_each_runs_a_job(redis_server: Any, tmp_path: Path, policy) -> None:
+    """The core applies any policy's decisions; policies without runtime reuse (ElasticFlow-like: a
+    fixed cluster, every allocation cold) hand the finished job's workers back at once."""
+    bus = Bus(redis_server.url, namespace=f"core{time.time_ns()}")
+    backend, clock = FakeBackend(), Clock()
+    settings = CoreSettings(
+        cold_capacity=4, channel_url=redis_server.url, work_dir=tmp_path, max_attempts=2, policy=policy
+    )
+    pool = PoolConfig("pool", MODEL, max_warm=4, idle_window_seconds=30, cold_start_seconds=5)
+    core = ControlCore(backend, bus, settings, [pool], clock=clock)
+    assert core.policy.name == policy
+    rec = job("p")
+    core.submit(rec)
+    core.tick()
+    assert backend.grown and sum(n for _, n in backend.grown) >= 1
+    wids = [f"w{i}" for i in range(sum(n for _, n in backend.grown))]
+    for wid in wids:
+        worker(bus, wid, clock)
+    clock.t += 5
+    core.tick()
+    popped = {wid: bus.pop_assignment(wid, timeout=0.2) for wid in wids}
+    assigned = [a for a in popped.values() if a is not None]
+    ran_on = sorted(wid for wid, a in popped.items() if a is not None)
+    assert assigned and cond(rec, "Running") == ("True", "Tuning")
+    post(bus, assigned[0], "succeeded", iterations=50, value=0.1)
+    core.tick()
+    assert cond(rec, "Succeeded") == ("True", "Completed") and core.done()
+    if policy == "elasticflow":
+        assert sorted(backend.shrunk) == ran_on
+        assert core.state.cold_free == 4
+    else:
+        assert backend.shrunk == [] and core.state.counts(MODEL)["idle"] == len(assigned)
+
+
+def test_an_unknown_policy_is_refused_with_the_variable_named() -> None:
+    from elastune_operator.k8s.settings import OperatorSettings, SettingsError
+
+    env = {"ELASTUNE_REDIS_URL": "redis://r:6379/0", "ELASTUNE_SCHEDULING_POLICY": "fifo"}
+    with pytest.raises(SettingsError, match="ELASTUNE_SCHEDULING_POLICY='fifo': must be one of promptTuner"):
+        OperatorSettings.from_env(env)
+    env["ELASTUNE_SCHEDULING_POLICY"] = "infless"
+    assert OperatorSettings.from_env(env).scheduling_policy == "infless"

@@ -338,3 +338,36 @@ def test_default_artifact_loads_if_present():
     ids = tok(T.format_example("12 km"), return_tensors="pt")
     out = model.generate(**ids, max_new_tokens=8, do_sample=False, pad_token_id=tok.pad_token_id)
     assert out.shape[1] > ids["input_ids"].shape[1]
+
+
+# ------------------------------------------------------------------------------------ tiny Llama
+LLAMA_MICRO = dataclasses.replace(
+    B.TINY_LLAMA_SPEC, n_embd=32, n_head=4, n_kv_head=2, intermediate_size=64, n_layer=1,
+    examples_per_task=15, steps=3, vocab_size=512, block_size=64, batch_size=4,
+)  # fmt: skip
+
+
+def test_gpt2_fingerprints_ignore_the_llama_fields():
+    """Adding the architecture fields kept every GPT-2 cache valid: same name, same fingerprint keys."""
+    assert B.DEFAULT_SPEC.dirname() == "tiny-gpt2-v1" and B.TINY_LLAMA_SPEC.dirname() == "tiny-llama-v1"
+    assert "architecture" not in B.DEFAULT_SPEC.fingerprint() and "name" not in B.DEFAULT_SPEC.fingerprint()
+    assert B.TINY_LLAMA_SPEC.fingerprint()["n_kv_head"] == 2
+    assert B.model_dir(None, LLAMA_MICRO).name.startswith("tiny-llama-v1-")
+
+
+def test_tiny_llama_builds_loads_and_chats(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    path = B.ensure_tiny_model(tmp_path, spec=LLAMA_MICRO)
+    model = transformers.AutoModelForCausalLM.from_pretrained(path, local_files_only=True)
+    tok = transformers.AutoTokenizer.from_pretrained(path, local_files_only=True)
+    cfg = model.config
+    assert type(model).__name__ == "LlamaForCausalLM"
+    assert cfg.num_key_value_heads < cfg.num_attention_heads and cfg.max_position_embeddings == 2048
+    assert cfg.hidden_act == "silu" and B.is_complete(path, LLAMA_MICRO)
+    chat = tok.apply_chat_template(
+        [{"role": "user", "content": "hi"}], tokenize=False, add_generation_prompt=True
+    )
+    assert chat == "user: hi\nassistant:"
+    ids = tok("12 km →", return_tensors="pt")
+    out = model.generate(**ids, max_new_tokens=4, do_sample=False, pad_token_id=tok.pad_token_id)
+    assert out.shape[1] == ids["input_ids"].shape[1] + 4

@@ -76,6 +76,7 @@ class Runtime:
             channel_url=settings.channel_url or settings.redis_url,
             work_dir=settings.work_dir,
             collective_timeout_s=settings.collective_timeout_s,
+            policy=settings.scheduling_policy,
         )
         self.core = ControlCore(
             self.backend, self.bus, core_settings, [], on_status=self._on_status, metrics=self.metrics

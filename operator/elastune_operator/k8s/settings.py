@@ -7,6 +7,8 @@ import os
 from dataclasses import dataclass, fields
 from pathlib import Path
 
+from elastune_operator.scheduling.policy import POLICY_NAMES, PolicyName
+
 
 class SettingsError(ValueError):
     pass
@@ -35,6 +37,9 @@ class OperatorSettings:
     """ELASTUNE_NAMESPACE: key prefix in Redis (several installations can share one Redis)."""
     collective_timeout_s: float = 120.0
     """ELASTUNE_COLLECTIVE_TIMEOUT: seconds a worker waits for its peers' gradients before failing."""
+    scheduling_policy: PolicyName = "promptTuner"
+    """ELASTUNE_SCHEDULING_POLICY: promptTuner (default), or one of the paper's baselines (infless,
+    elasticflow) to compare them on a real cluster."""
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> OperatorSettings:
@@ -49,6 +54,7 @@ class OperatorSettings:
             "metrics_port": "ELASTUNE_METRICS_PORT",
             "namespace": "ELASTUNE_NAMESPACE",
             "collective_timeout_s": "ELASTUNE_COLLECTIVE_TIMEOUT",
+            "scheduling_policy": "ELASTUNE_SCHEDULING_POLICY",
         }
         values: dict[str, object] = {}
         for f in fields(cls):
@@ -63,6 +69,10 @@ class OperatorSettings:
                     values[f.name] = float(raw)
                 elif f.name == "work_dir":
                     values[f.name] = Path(raw)
+                elif f.name == "scheduling_policy":
+                    if raw not in POLICY_NAMES:
+                        raise ValueError(f"must be one of {', '.join(POLICY_NAMES)}")
+                    values[f.name] = raw
                 else:
                     values[f.name] = raw or None
             except ValueError as exc:

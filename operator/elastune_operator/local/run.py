@@ -37,6 +37,7 @@ from elastune_operator.control.resources import (
     pool_config,
 )
 from elastune_operator.local.backend import LocalBackend
+from elastune_operator.scheduling.policy import PolicyName
 
 log = logging.getLogger("elastune.run")
 
@@ -57,6 +58,8 @@ class RunOptions:
     eval_every: int = 10
     checkpoint_every: int = 10
     collective_timeout_s: float = 60.0
+    policy: PolicyName = "promptTuner"
+    """The scheduling policy (promptTuner, or a baseline of the paper: infless, elasticflow)."""
 
 
 def _resolve_dataset(uri: str, base: Path) -> str:
@@ -210,6 +213,7 @@ def run(opts: RunOptions, out: TextIO = sys.stdout, err: TextIO = sys.stderr) ->
             collective_timeout_s=opts.collective_timeout_s,
             eval_every=opts.eval_every,
             checkpoint_every=opts.checkpoint_every,
+            policy=opts.policy,
         )
         core = ControlCore(backend, bus, settings, pools)
         progress = Progress(err)

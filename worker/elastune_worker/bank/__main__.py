@@ -132,7 +132,7 @@ def cmd_lookup(args: argparse.Namespace) -> int:
 
 def cmd_insert(args: argparse.Namespace) -> int:
     from elastune_worker.bank.store import PromptBank
-    from elastune_worker.tiny.build import _build_lock
+    from elastune_worker.tiny.build import build_lock
 
     model_dir = _model_dir(args.model)
     path = _bank_path(args, model_dir)
@@ -142,7 +142,7 @@ def cmd_insert(args: argparse.Namespace) -> int:
         return 2
     # Load, insert, save under a lock: two concurrent inserts must not lose each other's prompts.
     path.parent.mkdir(parents=True, exist_ok=True)
-    with _build_lock(path.resolve()):
+    with build_lock(path.resolve()):
         bank = PromptBank.load(path)
         if Path(bank.meta.model_dir).resolve() != model_dir.resolve():
             # The same LLM at another path is fine; another LLM's features would misplace the prompts.

@@ -19,7 +19,6 @@ one, as in the paper's §2.2.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import random
 import shutil
@@ -48,7 +47,7 @@ def corpus_documents(spec: B.TinyModelSpec = BANK_SPEC) -> list[str]:
         specific = T.partition_instructions(task_spec)
         generic = T.family_instructions(task_spec.family)
         # Same example draws as the default corpus (same seed offset): held-out tuning data stays unseen.
-        for ex in T.sample_examples(task_spec, spec.examples_per_task, B._CORPUS_SEED_OFFSET + spec.seed):
+        for ex in T.sample_examples(task_spec, spec.examples_per_task, B.CORPUS_SEED_OFFSET + spec.seed):
             pool = specific if rng.random() < _SPECIFIC_SHARE else generic
             docs.append(T.format_example(ex["input"], ex["target"], rng.choice(pool)))
     rng.shuffle(docs)
@@ -66,78 +65,25 @@ def _is_complete(path: Path, spec: B.TinyModelSpec) -> bool:
         info is not None
         and info.get("name") == BANK_MODEL_NAME
         and info.get("format_version") == B.FORMAT_VERSION
-        and info.get("spec") == dataclasses.asdict(spec)
+        and info.get("spec") == spec.fingerprint()
     )
 
 
 def _train(out: Path, spec: B.TinyModelSpec, log: bool) -> dict[str, Any]:
-    """tiny.build's recipe (tokenizer, blocks, AdamW, warm-up + cosine) on this module's corpus."""
-    import torch
-    from transformers import GPT2Config, GPT2LMHeadModel
-
+    """tiny.build's one pretraining recipe on this module's corpus."""
     t0 = time.perf_counter()
-    docs = corpus_documents(spec)
-    tokenizer = B.train_tokenizer(docs, spec.vocab_size)
-    tokenizer.model_max_length = spec.n_positions
-    eos_id, pad_id = tokenizer.eos_token_id, tokenizer.pad_token_id
-    blocks = B._blocks(tokenizer(docs)["input_ids"], eos_id, spec.block_size)
-    n_heldout = max(1, min(16, len(blocks) // 20))
-    train_blocks, heldout = blocks[n_heldout:], blocks[:n_heldout]
-    torch.manual_seed(spec.seed)
-    config = GPT2Config(
-        vocab_size=len(tokenizer),
-        n_positions=spec.n_positions,
-        n_embd=spec.n_embd,
-        n_layer=spec.n_layer,
-        n_head=spec.n_head,
-        resid_pdrop=spec.dropout,
-        embd_pdrop=spec.dropout,
-        attn_pdrop=spec.dropout,
-        bos_token_id=eos_id,
-        eos_token_id=eos_id,
-        pad_token_id=pad_id,
-        loss_type="ForCausalLM",
-    )
-    model = GPT2LMHeadModel(config)
-    decay = [p for p in model.parameters() if p.dim() >= 2]
-    no_decay = [p for p in model.parameters() if p.dim() < 2]
-    opt = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": spec.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-        lr=spec.lr,
-        betas=(0.9, 0.98),
-    )
-    gen = torch.Generator().manual_seed(spec.seed)
-    order, cursor, losses = torch.randperm(len(train_blocks), generator=gen), 0, []
-    model.train()
-    for step in range(spec.steps):
-        if cursor + spec.batch_size > len(order):
-            order, cursor = torch.randperm(len(train_blocks), generator=gen), 0
-        batch = train_blocks[order[cursor : cursor + spec.batch_size]]
-        cursor += spec.batch_size
-        for group in opt.param_groups:
-            group["lr"] = B._lr_at(step, spec)
-        loss = model(input_ids=batch, labels=batch).loss
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        losses.append(loss.item())
-        if log and (step % 100 == 0 or step == spec.steps - 1):
-            print(f"  bank model step {step:4d}/{spec.steps}  loss {losses[-1]:.3f}", flush=True)
-    model.eval()
-    with torch.no_grad():
-        heldout_loss = float(model(input_ids=heldout, labels=heldout).loss)
-    model.save_pretrained(out, safe_serialization=True)
-    tokenizer.save_pretrained(out)
-    tail = losses[-20:]
+    run = B.pretrain(corpus_documents(spec), spec, log=log, label="bank model ")
+    run.model.save_pretrained(out, safe_serialization=True)
+    run.tokenizer.save_pretrained(out)
+    tail = run.losses[-20:]
     return {
         "name": BANK_MODEL_NAME,
         "format_version": B.FORMAT_VERSION,
-        "spec": dataclasses.asdict(spec),
-        "corpus": {"documents": len(docs), "specific_share": _SPECIFIC_SHARE, "bare_examples": 0},
-        "n_params": sum(p.numel() for p in model.parameters()),
+        "spec": spec.fingerprint(),
+        "corpus": {"documents": run.documents, "specific_share": _SPECIFIC_SHARE, "bare_examples": 0},
+        "n_params": sum(p.numel() for p in run.model.parameters()),
         "final_loss": sum(tail) / len(tail),
-        "heldout_loss": heldout_loss,
+        "heldout_loss": run.heldout_loss,
         "seconds": round(time.perf_counter() - t0, 2),
         "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
@@ -155,12 +101,12 @@ def ensure_bank_model(
     if not force and _is_complete(out, spec):
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
-    with B._build_lock(out):
+    with B.build_lock(out):
         if not force and _is_complete(out, spec):
             return out
         tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
         try:
-            with B._torch_threads(2):
+            with B.torch_threads(2):
                 info = _train(tmp, spec, log)
             (tmp / B.INFO_FILE).write_text(json.dumps(info, indent=2) + "\n")
             for f in tmp.iterdir():

@@ -24,11 +24,13 @@ from collections.abc import Iterable, Mapping, Sequence
 from hashlib import sha256
 from pathlib import Path
 from typing import Protocol, runtime_checkable
-from urllib.parse import parse_qs, unquote, urlsplit, urlunsplit
+from urllib.parse import parse_qs, unquote, urlsplit
 
 import redis
 from pymemcache.client.base import Client as MemcacheClient
 from pymemcache.exceptions import MemcacheError, MemcacheUnexpectedCloseError
+
+from elastune_contract.redact import redact_url
 
 __all__ = [
     "DEFAULT_MAX_ITEM_SIZE",
@@ -80,19 +82,6 @@ class StorageChannel(Protocol):
         ...
 
     def close(self) -> None: ...
-
-
-def redact_url(url: str) -> str:
-    """The URL with any password replaced by ``***`` (safe for logs and exception messages)."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    user = parts.username or ""
-    host = parts.hostname or ""
-    if ":" in host:  # IPv6 literal
-        host = f"[{host}]"
-    netloc = f"{user}:***@{host}" + (f":{parts.port}" if parts.port is not None else "")
-    return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
 
 
 def _check_ttl(ttl_s: int) -> int:

@@ -14,6 +14,7 @@ import socket
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -62,6 +63,8 @@ class AgentConfig:
     model: str
     url: str = ""
     poll_seconds: float = 1.0
+    on_loaded: Callable[[LoadedModel], None] | None = None
+    """Called with the loaded model before the worker reports READY (starts the serving engine)."""
 
 
 class Agent:
@@ -118,6 +121,8 @@ class Agent:
             log.error("%s", exc)
             self._set(state=WorkerState.FAILED, reason=exc.reason, message=str(exc))
             return False
+        if self.cfg.on_loaded is not None:
+            self.cfg.on_loaded(self.loaded)
         self.metrics.model_load.set(self.loaded.load_seconds)
         self.metrics.ready.set(1)
         self._set(state=WorkerState.READY, ready_at=time.time())

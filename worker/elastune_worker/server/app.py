@@ -7,71 +7,101 @@
   with the reason before that, or for good when the model cannot load.
 - ``GET /metrics`` Prometheus text (WorkerMetrics).
 - ``GET /status`` the worker's record as JSON.
-Jobs arrive by pull (the agent pops its Redis queue), so nothing here accepts work over HTTP.
+- ``/v1/...`` the OpenAI-compatible serving API (serving/api), ``/openapi.json`` its document.
+Tuning jobs arrive by pull (the agent pops its Redis queue), not over HTTP.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
+import functools
 import logging
 import os
 import signal
+import socket
 import sys
 import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+import uvicorn
+from fastapi import APIRouter, FastAPI
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from elastune_contract.protocol import Bus, BusUnreachable, WorkerState
 from elastune_worker.server.agent import Agent, AgentConfig, default_worker_id
 from elastune_worker.server.metrics import WorkerMetrics
+from elastune_worker.server.models import LoadedModel
+from elastune_worker.serving.api.app import create_app
+from elastune_worker.serving.api.metrics import ServingMetrics
+from elastune_worker.serving.async_engine import AsyncEngine
+from elastune_worker.serving.client import EngineServingClient
+from elastune_worker.serving.config import EngineConfig
+from elastune_worker.serving.engine import LLMEngine
+from elastune_worker.serving.server import add_engine_args, engine_config
 
 log = logging.getLogger("elastune.worker")
 
 
-def make_handler(agent: Agent, metrics: WorkerMetrics) -> type[BaseHTTPRequestHandler]:
-    class Handler(BaseHTTPRequestHandler):
-        server_version = "elastune-worker"
+def control_router(agent: Agent, metrics: WorkerMetrics) -> APIRouter:
+    """The Knative container contract: liveness, readiness (= warm), metrics, the worker's record."""
+    router = APIRouter(tags=["worker"])
 
-        def _send(self, code: int, body: bytes, ctype: str = "application/json") -> None:
-            self.send_response(code)
-            self.send_header("Content-Type", ctype)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
+    @router.get("/healthz")
+    def healthz() -> dict[str, str]:
+        return {"status": "ok"}
 
-        def _json(self, code: int, obj: object) -> None:
-            self._send(code, (json.dumps(obj) + "\n").encode())
+    @router.get("/readyz", responses={503: {"description": "not warm yet, or the model cannot load"}})
+    def readyz() -> JSONResponse:
+        rec = agent.snapshot()
+        if agent.ready:
+            return JSONResponse({"status": "ready", "state": rec["state"]})
+        body = {"status": "not ready", **{k: rec[k] for k in ("state", "reason", "message")}}
+        return JSONResponse(body, status_code=503)
 
-        def do_GET(self) -> None:
-            path = self.path.split("?", 1)[0]
-            if path == "/healthz":
-                self._json(200, {"status": "ok"})
-            elif path == "/readyz":
-                rec = agent.snapshot()
-                if agent.ready:
-                    self._json(200, {"status": "ready", "state": rec["state"]})
-                else:
-                    self._json(
-                        503, {"status": "not ready", **{k: rec[k] for k in ("state", "reason", "message")}}
-                    )
-            elif path == "/metrics":
-                self._send(200, generate_latest(metrics.registry), CONTENT_TYPE_LATEST)
-            elif path == "/status":
-                self._json(200, agent.snapshot())
-            else:
-                self._json(
-                    404, {"error": f"no such endpoint {path!r}; try /healthz, /readyz, /metrics, /status"}
-                )
+    @router.get("/metrics", response_class=PlainTextResponse)
+    def prometheus() -> Response:
+        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
-        def do_POST(self) -> None:
-            self._json(405, {"error": "workers take jobs from their Redis queue, not over HTTP"})
+    @router.get("/status")
+    def status() -> dict[str, object]:
+        return agent.snapshot()
 
-        def log_message(self, format: str, *args: object) -> None:
-            log.debug("http: " + format, *args)
+    return router
 
-    return Handler
+
+def start_http(app: FastAPI, host: str, port: int) -> tuple[uvicorn.Server, int]:
+    """Serve ``app`` from a background thread (the job agent owns the main thread); returns the bound
+    port (``port`` 0 picks a free one)."""
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.listen(2048)  # connections wait in the backlog until the server thread accepts them
+    config = uvicorn.Config(app, log_level="warning", lifespan="off", access_log=False)
+    server = uvicorn.Server(config)
+    server.install_signal_handlers = lambda: None  # type: ignore[method-assign]  # main thread's job
+    threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="http", daemon=True).start()
+    return server, sock.getsockname()[1]
+
+
+def _start_serving(
+    holder: dict[str, EngineServingClient],
+    config: EngineConfig,
+    name: str,
+    metrics: ServingMetrics,
+    registry: CollectorRegistry,
+    loaded: LoadedModel,
+) -> None:
+    """The serving engine over the same model directory, started before the worker reports READY. A
+    model the engine cannot run leaves the worker tuning only; /v1 then answers 503 with the reason."""
+    try:
+        engine = AsyncEngine(LLMEngine(loaded.path, config, tokenizer=loaded.tokenizer))
+    except Exception as exc:
+        log.error("serving is unavailable on this worker: %s", exc)
+        return
+    client = EngineServingClient(engine, name)
+    metrics.watch_engine(registry, client.stats)
+    holder["client"] = client
+    log.info("serving %s (context %d tokens) on /v1", name, client.max_model_len)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -96,6 +126,8 @@ def main(argv: list[str] | None = None) -> int:
         "--port", type=int, default=int(os.environ.get("PORT", "8080")), help="[$PORT, Knative sets it]"
     )
     p.add_argument("--threads", type=int, help="torch intra-op threads (CPU workers sharing a machine)")
+    p.add_argument("--no-serve", action="store_true", help="tune only: no serving engine on /v1")
+    add_engine_args(p)
     args = p.parse_args(argv)
     missing = [
         flag
@@ -119,11 +151,24 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     worker_id = args.worker_id or default_worker_id(args.pool)
     metrics = WorkerMetrics()
-    agent = Agent(AgentConfig(worker_id=worker_id, pool=args.pool, model=args.model), bus, metrics)
-    server = ThreadingHTTPServer((args.host, args.port), make_handler(agent, metrics))
+    serving: dict[str, EngineServingClient] = {}
+    name = args.served_model_name or args.model
+    serving_metrics = ServingMetrics(metrics.registry, name)
+    on_loaded = None
+    if not args.no_serve:
+        config = engine_config(args)
+        on_loaded = functools.partial(
+            _start_serving, serving, config, name, serving_metrics, metrics.registry
+        )
+    agent = Agent(
+        AgentConfig(worker_id=worker_id, pool=args.pool, model=args.model, on_loaded=on_loaded), bus, metrics
+    )
+    app = create_app(
+        lambda: serving.get("client"), metrics=serving_metrics, control=control_router(agent, metrics)
+    )
+    server, port = start_http(app, args.host, args.port)
     host = "127.0.0.1" if args.host == "0.0.0.0" else args.host
-    agent.record.url = f"http://{host}:{server.server_address[1]}"
-    threading.Thread(target=server.serve_forever, name="http", daemon=True).start()
+    agent.record.url = f"http://{host}:{port}"
     log.info("worker %s of pool %s serving on %s", worker_id, args.pool, agent.record.url)
 
     def on_signal(signum: int, _frame: object) -> None:
@@ -135,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         agent.run_forever()
     finally:
-        server.shutdown()
+        server.should_exit = True
         if agent.record.state is not WorkerState.FAILED:
             bus.forget_worker(worker_id)
         bus.close()

@@ -29,7 +29,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from ..fsutil import swap_into_place
 from . import tasks as T
@@ -40,10 +40,18 @@ FORMAT_VERSION = 2
 EOS_TOKEN = "<|endoftext|>"
 PAD_TOKEN = "<|pad|>"
 INFO_FILE = "build_info.json"
-_CONFIG_KEYS = ("vocab_size", "n_positions", "n_embd", "n_layer", "n_head")
-# Pretraining examples are drawn with seeds far from the small seeds tests and benchmarks use for
-# make_task, so tuning data is not replayed verbatim (pools of a few partitions still overlap).
-_CORPUS_SEED_OFFSET = 1_000_003
+#: A minimal chat template (Jinja, as transformers renders it) for the tiny Llama: role-tagged turns,
+#: then the assistant's tag so generation continues as the assistant.
+CHAT_TEMPLATE = (
+    "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}assistant:{% endif %}"
+)
+#: Pretraining examples are drawn with seeds far from the small seeds tests and benchmarks use for
+#: make_task, so tuning data is not replayed verbatim (pools of a few partitions still overlap).
+CORPUS_SEED_OFFSET = 1_000_003
+#: Fields that only the Llama architecture reads: left out of a GPT-2 spec's fingerprint, so adding them
+#: kept every GPT-2 cache (and its directory name) valid.
+_LLAMA_FIELDS = ("architecture", "n_kv_head", "intermediate_size", "rope_theta")
 
 
 @dataclass(frozen=True)
@@ -66,16 +74,49 @@ class TinyModelSpec:
     warmup_steps: int = 30
     weight_decay: float = 0.01
     seed: int = 0
+    architecture: Literal["gpt2", "llama"] = "gpt2"
+    n_kv_head: int = 0
+    """Llama: key/value heads (grouped-query attention when fewer than n_head)."""
+    intermediate_size: int = 0
+    """Llama: width of the SwiGLU MLP."""
+    rope_theta: float = 10000.0
+    """Llama: RoPE base."""
+    name: str = MODEL_NAME
+    """The cache directory of this spec's family (variants get a digest suffix)."""
+
+    def fingerprint(self) -> dict[str, Any]:
+        """What identifies the artifact (build_info.json "spec", the digest of ``dirname``)."""
+        d = dataclasses.asdict(self)
+        del d["name"]
+        if self.architecture == "gpt2":
+            for key in _LLAMA_FIELDS:
+                del d[key]
+        return d
 
     def dirname(self) -> str:
-        """The default spec owns MODEL_NAME; any variant gets a digest suffix so caches never mix."""
-        if self == TinyModelSpec():
-            return MODEL_NAME
-        digest = hashlib.sha256(json.dumps(dataclasses.asdict(self), sort_keys=True).encode()).hexdigest()
-        return f"{MODEL_NAME}-{digest[:10]}"
+        """Each family's default spec owns its name; any variant gets a digest suffix so caches never mix."""
+        if self in (DEFAULT_SPEC, TINY_LLAMA_SPEC):
+            return self.name
+        digest = hashlib.sha256(json.dumps(self.fingerprint(), sort_keys=True).encode()).hexdigest()
+        return f"{self.name}-{digest[:10]}"
 
 
 DEFAULT_SPEC = TinyModelSpec()
+#: A Llama-architecture tiny model for serving (RMSNorm, RoPE, SwiGLU, grouped-query attention) with a
+#: 2,048-position context so prefix reuse matters; same tokenizer recipe and corpus as the GPT-2. It is
+#: pretrained on 256-token blocks: positions past that work (RoPE) but were not trained on.
+TINY_LLAMA_SPEC = TinyModelSpec(
+    architecture="llama",
+    name="tiny-llama-v1",
+    n_positions=2048,
+    n_embd=128,
+    n_layer=3,
+    n_head=4,
+    n_kv_head=2,
+    intermediate_size=352,
+    block_size=256,
+    batch_size=8,
+)
 
 
 # --------------------------------------------------------------------------------------- locations
@@ -105,7 +146,7 @@ def is_complete(path: Path, spec: TinyModelSpec = DEFAULT_SPEC) -> bool:
     return (
         info is not None
         and info.get("format_version") == FORMAT_VERSION
-        and info.get("spec") == dataclasses.asdict(spec)
+        and info.get("spec") == spec.fingerprint()
     )
 
 
@@ -122,7 +163,7 @@ def corpus_documents(spec: TinyModelSpec = DEFAULT_SPEC) -> list[str]:
     for task_spec in T.list_tasks():
         specific = T.partition_instructions(task_spec)
         generic = T.family_instructions(task_spec.family)
-        examples = T.sample_examples(task_spec, spec.examples_per_task, _CORPUS_SEED_OFFSET + spec.seed)
+        examples = T.sample_examples(task_spec, spec.examples_per_task, CORPUS_SEED_OFFSET + spec.seed)
         for ex in examples:
             x, y = ex["input"], ex["target"]
             r = rng.random()
@@ -175,7 +216,7 @@ def train_tokenizer(docs: list[str], vocab_size: int) -> Any:
     )
 
 
-def _blocks(token_docs: list[list[int]], eos_id: int, block_size: int) -> Any:
+def token_blocks(token_docs: list[list[int]], eos_id: int, block_size: int) -> Any:
     import torch
 
     stream: list[int] = []
@@ -188,7 +229,8 @@ def _blocks(token_docs: list[list[int]], eos_id: int, block_size: int) -> Any:
 
 # ----------------------------------------------------------------------------------------- training
 @contextlib.contextmanager
-def _torch_threads(n: int) -> Iterator[None]:
+def torch_threads(n: int) -> Iterator[None]:
+    """Run a build on exactly ``n`` torch threads (reproducible, and no oversubscription)."""
     import torch
 
     before = torch.get_num_threads()
@@ -199,33 +241,39 @@ def _torch_threads(n: int) -> Iterator[None]:
         torch.set_num_threads(before)
 
 
-def _lr_at(step: int, spec: TinyModelSpec) -> float:
+def lr_at(step: int, spec: TinyModelSpec) -> float:
+    """Linear warm-up, then cosine decay to 10 % of ``spec.lr``."""
     if step < spec.warmup_steps:
         return spec.lr * (step + 1) / spec.warmup_steps
     progress = (step - spec.warmup_steps) / max(1, spec.steps - spec.warmup_steps)
     return spec.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress))))
 
 
-def _write_artifact(out: Path, spec: TinyModelSpec, *, log: bool) -> dict[str, Any]:
-    """Train tokenizer and model, save both into `out` (an empty temp dir), return build info."""
-    import tokenizers
-    import torch
-    import transformers
-    from transformers import GPT2Config, GPT2LMHeadModel
-
-    t0 = time.perf_counter()
-    docs = corpus_documents(spec)
-    tokenizer = train_tokenizer(docs, spec.vocab_size)
-    tokenizer.model_max_length = spec.n_positions
+def model_config(spec: TinyModelSpec, tokenizer: Any) -> Any:
+    """The transformers config of ``spec``'s architecture (GPT-2, or Llama with RMSNorm, RoPE, SwiGLU,
+    grouped-query attention)."""
     eos_id, pad_id = tokenizer.eos_token_id, tokenizer.pad_token_id
-    blocks = _blocks(tokenizer(docs)["input_ids"], eos_id, spec.block_size)
-    # A slice of blocks held out from training gives an honest "final loss" for build_info.json.
-    n_heldout = max(1, min(16, len(blocks) // 20))
-    train_blocks, heldout = blocks[n_heldout:], blocks[:n_heldout]
-    t_data = time.perf_counter() - t0
+    if spec.architecture == "llama":
+        from transformers import LlamaConfig
 
-    torch.manual_seed(spec.seed)
-    config = GPT2Config(
+        return LlamaConfig(
+            vocab_size=len(tokenizer),
+            hidden_size=spec.n_embd,
+            intermediate_size=spec.intermediate_size,
+            num_hidden_layers=spec.n_layer,
+            num_attention_heads=spec.n_head,
+            num_key_value_heads=spec.n_kv_head or spec.n_head,
+            max_position_embeddings=spec.n_positions,
+            rope_theta=spec.rope_theta,
+            attention_dropout=spec.dropout,
+            tie_word_embeddings=True,  # a tiny vocabulary: untied output weights would double the size
+            bos_token_id=eos_id,
+            eos_token_id=eos_id,
+            pad_token_id=pad_id,
+        )
+    from transformers import GPT2Config
+
+    return GPT2Config(
         vocab_size=len(tokenizer),
         n_positions=spec.n_positions,
         n_embd=spec.n_embd,
@@ -239,9 +287,41 @@ def _write_artifact(out: Path, spec: TinyModelSpec, *, log: bool) -> dict[str, A
         pad_token_id=pad_id,
         loss_type="ForCausalLM",  # explicit, else transformers 5 warns on every loss computation
     )
-    model = GPT2LMHeadModel(config)
-    decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
-    no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
+
+
+@dataclass
+class Pretrained:
+    """What ``pretrain`` returns: the model, its tokenizer and the figures build_info.json records."""
+
+    model: Any
+    tokenizer: Any
+    losses: list[float]
+    heldout_loss: float
+    documents: int
+    train_blocks: int
+    tokens: int
+    seconds_data: float
+
+
+def pretrain(docs: list[str], spec: TinyModelSpec, *, log: bool = False, label: str = "") -> Pretrained:
+    """The one pretraining recipe of every tiny model: a byte-level BPE tokenizer on ``docs``, fixed-size
+    blocks, AdamW with warm-up + cosine, a held-out slice of blocks for an honest final loss."""
+    import torch
+    from transformers import GPT2LMHeadModel, LlamaForCausalLM
+
+    t0 = time.perf_counter()
+    tokenizer = train_tokenizer(docs, spec.vocab_size)
+    tokenizer.model_max_length = spec.n_positions
+    blocks = token_blocks(tokenizer(docs)["input_ids"], tokenizer.eos_token_id, spec.block_size)
+    n_heldout = max(1, min(16, len(blocks) // 20))
+    train_blocks, heldout = blocks[n_heldout:], blocks[:n_heldout]
+    t_data = time.perf_counter() - t0
+
+    torch.manual_seed(spec.seed)
+    model_class = LlamaForCausalLM if spec.architecture == "llama" else GPT2LMHeadModel
+    model = model_class(model_config(spec, tokenizer))
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.dim() < 2]
     opt = torch.optim.AdamW(
         [{"params": decay, "weight_decay": spec.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
         lr=spec.lr,
@@ -257,7 +337,7 @@ def _write_artifact(out: Path, spec: TinyModelSpec, *, log: bool) -> dict[str, A
         batch = train_blocks[order[cursor : cursor + spec.batch_size]]
         cursor += spec.batch_size
         for group in opt.param_groups:
-            group["lr"] = _lr_at(step, spec)
+            group["lr"] = lr_at(step, spec)
         loss = model(input_ids=batch, labels=batch).loss
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -266,34 +346,50 @@ def _write_artifact(out: Path, spec: TinyModelSpec, *, log: bool) -> dict[str, A
         losses.append(loss.item())
         if log and (step % 50 == 0 or step == spec.steps - 1):
             elapsed = time.perf_counter() - t0
-            print(f"  step {step:4d}/{spec.steps}  loss {losses[-1]:.3f}  {elapsed:6.1f}s", flush=True)
-
+            print(f"  {label}step {step:4d}/{spec.steps}  loss {losses[-1]:.3f}  {elapsed:6.1f}s", flush=True)
     model.eval()
     with torch.no_grad():
         heldout_loss = float(model(input_ids=heldout, labels=heldout).loss)
+    return Pretrained(
+        model, tokenizer, losses, heldout_loss, len(docs), len(train_blocks), int(blocks.numel()), t_data
+    )
+
+
+def _write_artifact(out: Path, spec: TinyModelSpec, *, log: bool) -> dict[str, Any]:
+    """Train tokenizer and model, save both into `out` (an empty temp dir), return build info."""
+    import tokenizers
+    import torch
+    import transformers
+
+    t0 = time.perf_counter()
+    run = pretrain(corpus_documents(spec), spec, log=log)
+    model, tokenizer = run.model, run.tokenizer
+    if spec.architecture == "llama":
+        tokenizer.chat_template = CHAT_TEMPLATE
     model.save_pretrained(out, safe_serialization=True)
     tokenizer.save_pretrained(out)
-    seconds = time.perf_counter() - t0
-    tail = losses[-20:] or [float("nan")]
+    tail = run.losses[-20:] or [float("nan")]
     return {
         "name": spec.dirname(),
         "format_version": FORMAT_VERSION,
-        "spec": dataclasses.asdict(spec),
-        "model_config": {k: getattr(config, k) for k in _CONFIG_KEYS},
+        "spec": spec.fingerprint(),
+        "model_config": {
+            k: v for k, v in model.config.to_diff_dict().items() if isinstance(v, int | float | str)
+        },
         "n_params": sum(p.numel() for p in model.parameters()),
         "corpus": {
-            "documents": len(docs),
-            "train_blocks": len(train_blocks),
-            "tokens": int(blocks.numel()),
+            "documents": run.documents,
+            "train_blocks": run.train_blocks,
+            "tokens": run.tokens,
             "tasks": len(T.list_tasks()),
         },
         "steps": spec.steps,
-        "epochs": round(spec.steps * spec.batch_size / max(1, len(train_blocks)), 2),
-        "initial_loss": losses[0] if losses else None,
+        "epochs": round(spec.steps * spec.batch_size / max(1, run.train_blocks), 2),
+        "initial_loss": run.losses[0] if run.losses else None,
         "final_loss": sum(tail) / len(tail),
-        "heldout_loss": heldout_loss,
-        "seconds": round(seconds, 2),
-        "seconds_data": round(t_data, 2),
+        "heldout_loss": run.heldout_loss,
+        "seconds": round(time.perf_counter() - t0, 2),
+        "seconds_data": round(run.seconds_data, 2),
         "torch_threads": torch.get_num_threads(),
         "versions": {
             "torch": torch.__version__,
@@ -305,7 +401,7 @@ def _write_artifact(out: Path, spec: TinyModelSpec, *, log: bool) -> dict[str, A
 
 
 @contextlib.contextmanager
-def _build_lock(target: Path) -> Iterator[None]:
+def build_lock(target: Path) -> Iterator[None]:
     """Serialise builds of one artifact across processes (e.g. parallel test workers)."""
     try:
         import fcntl
@@ -333,7 +429,7 @@ def build_tiny_model(
     if not force and is_complete(out_dir, spec):
         return out_dir  # before any write: a prebuilt model may sit on a read-only filesystem
     out_dir.parent.mkdir(parents=True, exist_ok=True)
-    with _build_lock(out_dir):
+    with build_lock(out_dir):
         if not force and is_complete(out_dir, spec):  # another process built it while we waited
             return out_dir
         # Leftovers of builds killed without cleanup (SIGKILL, SIGTERM); ours to delete under the lock.
@@ -344,7 +440,7 @@ def build_tiny_model(
         tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
         try:
             # A fixed thread count keeps results reproducible and avoids oversubscribing small machines.
-            with _torch_threads(max(1, min(4, os.cpu_count() or 1))):
+            with torch_threads(max(1, min(4, os.cpu_count() or 1))):
                 info = _write_artifact(tmp, spec, log=log)
             (tmp / INFO_FILE).write_text(json.dumps(info, indent=2) + "\n")
             # mkdtemp makes 0700 dirs; a cache shared with other users or a serving image must be readable.
@@ -362,8 +458,9 @@ def ensure_tiny_model(
 ) -> Path:
     """Return the tiny model's directory, building it first if missing (~2 min on 2 idle CPU cores).
 
-    Cached at `<cache_dir | $ELASTUNE_CACHE | ~/.cache/elastune>/models/tiny-gpt2-v1`; a non-default
-    `spec` (e.g. fewer steps for tests) gets its own directory.
+    Cached at `<cache_dir | $ELASTUNE_CACHE | ~/.cache/elastune>/models/tiny-gpt2-v1` (or
+    `tiny-llama-v1` for TINY_LLAMA_SPEC); a variant `spec` (e.g. fewer steps for tests) gets its own
+    directory.
     """
     return build_tiny_model(model_dir(cache_dir, spec), spec, force=force)
 
@@ -385,6 +482,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--force", action="store_true", help="rebuild even if a complete artifact exists")
     p.add_argument("--out", type=Path, help="exact output directory (default: the cache location)")
     p.add_argument("--cache-dir", type=Path, help="cache root (default $ELASTUNE_CACHE or ~/.cache/elastune)")
+    p.add_argument(
+        "--arch",
+        choices=("gpt2", "llama"),
+        default="gpt2",
+        help="gpt2 (tiny-gpt2-v1) or llama (tiny-llama-v1)",
+    )
     p.add_argument("--steps", type=int, help=f"pretraining steps (default {DEFAULT_SPEC.steps})")
     p.add_argument("--seed", type=int, help=f"seed (default {DEFAULT_SPEC.seed})")
     p.add_argument("-q", "--quiet", action="store_true", help="no per-step log")
@@ -393,7 +496,8 @@ def main(argv: list[str] | None = None) -> int:
     # policy, 2 OpenMP threads on a 2-core machine shared with another torch process run ~25× slower.
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     overrides = {k: v for k, v in (("steps", args.steps), ("seed", args.seed)) if v is not None}
-    spec = dataclasses.replace(DEFAULT_SPEC, **overrides)
+    base = TINY_LLAMA_SPEC if args.arch == "llama" else DEFAULT_SPEC
+    spec = dataclasses.replace(base, **overrides)
     target = args.out if args.out is not None else model_dir(args.cache_dir, spec)
     cached = not args.force and is_complete(target, spec)
     path = build_tiny_model(target, spec, force=args.force, log=not args.quiet)

@@ -1,0 +1,171 @@
+"""The worker's OpenAI-compatible API with the real ``openai`` client, against a real worker process
+serving the tiny Llama over HTTP: completions and chat, streaming and not, errors, a client that
+disconnects mid-stream, concurrent requests."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+openai = pytest.importorskip("openai")
+httpx = pytest.importorskip("httpx")
+pytest.importorskip("torch")
+
+from elastune_contract.protocol import Bus  # noqa: E402
+from elastune_worker.tiny import build as B  # noqa: E402
+
+MODEL = "tiny-llama"
+
+
+@pytest.fixture(scope="module")
+def worker(redis_server: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    path = B.ensure_tiny_model(spec=B.TINY_LLAMA_SPEC)
+    ns = f"api{time.time_ns()}"
+    log_path = tmp_path_factory.mktemp("worker") / "worker.log"
+    cmd = [sys.executable, "-m", "elastune_worker", "serve", "--pool", "p", "--model", str(path)]
+    cmd += ["--redis-url", redis_server.url, "--namespace", ns, "--worker-id", "w-api", "--port", "0"]
+    cmd += ["--served-model-name", MODEL, "--kv-cache-tokens", "16384"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "OMP_WAIT_POLICY": "PASSIVE"}
+    with log_path.open("wb") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+    bus = Bus(redis_server.url, ns)
+    try:
+        deadline = time.time() + 180
+        while time.time() < deadline:
+            rec = bus.workers().get("w-api")
+            if rec is not None and rec.url and httpx.get(rec.url + "/readyz").status_code == 200:
+                yield rec.url
+                return
+            assert proc.poll() is None, log_path.read_text()
+            time.sleep(0.2)
+        pytest.fail("worker never became ready: " + log_path.read_text()[-2000:])
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+        bus.close()
+
+
+@pytest.fixture(scope="module")
+def client(worker: str) -> Any:
+    return openai.OpenAI(base_url=worker + "/v1", api_key="unused", max_retries=0, timeout=60)
+
+
+def metric(url: str, name: str) -> float:
+    text = httpx.get(url + "/metrics").text
+    m = re.search(rf"^{re.escape(name)}\{{[^}}]*\}} (\S+)$", text, re.M)
+    assert m, f"{name} not exported"
+    return float(m.group(1))
+
+
+def test_models_lists_the_served_model(client):
+    models = client.models.list()
+    assert [m.id for m in models.data] == [MODEL]
+
+
+def test_completion_streamed_and_not_agree_and_count_tokens(client):
+    kw = {"model": MODEL, "prompt": "Read the record and return one value. book: Dune →", "max_tokens": 12}
+    whole = client.completions.create(**kw, temperature=0, extra_body={"ignore_eos": True})
+    assert whole.choices[0].finish_reason == "length" and whole.usage.completion_tokens == 12
+    assert whole.usage.prompt_tokens > 5 and whole.choices[0].text
+    chunks = list(
+        client.completions.create(
+            **kw,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+            extra_body={"ignore_eos": True},
+        )
+    )
+    text = "".join(c.choices[0].text for c in chunks if c.choices)
+    assert text == whole.choices[0].text
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 12
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
+
+
+def test_chat_uses_the_chat_template_streamed_and_not(client):
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "12 km →"}]
+    whole = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=8, temperature=0)
+    msg = whole.choices[0].message
+    assert msg.role == "assistant" and whole.usage.prompt_tokens > 5
+    stream = client.chat.completions.create(
+        model=MODEL, messages=messages, max_tokens=8, temperature=0, stream=True
+    )
+    parts = [c.choices[0].delta.content or "" for c in stream if c.choices]
+    assert "".join(parts) == msg.content
+
+
+def test_bad_input_gets_openai_shaped_4xx(client, worker):
+    with pytest.raises(openai.NotFoundError, match="does not exist"):
+        client.completions.create(model="nope", prompt="x", max_tokens=2)
+    with pytest.raises(openai.BadRequestError, match="maximum context length"):
+        client.completions.create(model=MODEL, prompt=[5] * 2048, max_tokens=2)
+    with pytest.raises(openai.BadRequestError, match="max_tokens"):
+        client.completions.create(model=MODEL, prompt="hello", max_tokens=10**9)
+    with pytest.raises(openai.BadRequestError, match="max_tokens"):
+        client.completions.create(model=MODEL, prompt="hello", max_tokens=-1)
+    with pytest.raises(openai.BadRequestError, match="only n=1"):
+        client.completions.create(model=MODEL, prompt="hello", max_tokens=2, n=2)
+    r = httpx.post(
+        worker + "/v1/chat/completions", content=b"{oops", headers={"content-type": "application/json"}
+    )
+    assert r.status_code == 400 and r.json()["error"]["type"] == "BadRequestError"
+    r = httpx.post(worker + "/v1/chat/completions", json={"model": MODEL, "messages": []})
+    assert r.status_code == 400 and "messages" in r.json()["error"]["message"]
+    assert metric(worker, "elastune_serving_errors_total") >= 0  # the worker is still up and counting
+
+
+def test_a_client_that_disconnects_mid_stream_is_aborted_and_frees_its_blocks(client, worker):
+    body = {"model": MODEL, "prompt": "hello", "max_tokens": 1500, "stream": True, "ignore_eos": True}
+    with httpx.stream("POST", worker + "/v1/completions", json=body, timeout=60) as r:
+        lines = r.iter_lines()
+        got = [next(lines) for _ in range(6)]
+    assert any(line.startswith("data: ") for line in got)
+    deadline = time.time() + 20
+    while time.time() < deadline:
+        if (
+            metric(worker, "vllm:num_requests_running") == 0
+            and metric(worker, "vllm:kv_cache_usage_perc") == 0
+        ):
+            break
+        time.sleep(0.2)
+    else:
+        pytest.fail("the abandoned request kept running")
+    ok = client.completions.create(model=MODEL, prompt="hello", max_tokens=3)
+    assert ok.usage.completion_tokens >= 1
+
+
+def test_concurrent_requests_are_batched_and_each_gets_its_own_answer(worker, client):
+    prompts = ["12 km →", "hello", "Count the words →", "book: Dune →"]
+    alone = [
+        client.completions.create(model=MODEL, prompt=p, max_tokens=8, temperature=0).choices[0].text
+        for p in prompts
+    ]
+
+    async def together() -> list[str]:
+        aclient = openai.AsyncOpenAI(base_url=worker + "/v1", api_key="unused", max_retries=0)
+        calls = [
+            aclient.completions.create(
+                model=MODEL, prompt=p, max_tokens=8, temperature=0, extra_body={"priority": i}
+            )
+            for i, p in enumerate(prompts)
+        ]
+        rs = await asyncio.gather(*calls)
+        await aclient.close()
+        return [r.choices[0].text for r in rs]
+
+    assert asyncio.run(together()) == alone
+    assert metric(worker, "vllm:e2e_request_latency_seconds_count") >= 8
+    assert metric(worker, "elastune_prefix_cache_queried_tokens_total") > 0
+
+
+def test_openapi_document_names_the_routes(worker):
+    doc = httpx.get(worker + "/openapi.json").json()
+    assert {"/v1/completions", "/v1/chat/completions", "/v1/models", "/readyz"} <= set(doc["paths"])

@@ -1,0 +1,94 @@
+"""The worker process's HTTP surface, over real HTTP: the Knative contract (/healthz, /readyz = warm,
+/metrics, /status) and the OpenAI-shaped errors of /v1 before any engine serves."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("fastapi")
+
+from test_tuning import TEST_SPEC
+
+from elastune_contract.protocol import Bus
+from elastune_worker.tiny import build as tiny_build
+
+
+def _get(
+    url: str, body: dict[str, Any] | None = None, raw: bytes | None = None
+) -> tuple[int, dict[str, Any] | str]:
+    data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
+    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            text = resp.read().decode()
+            status = resp.status
+    except urllib.error.HTTPError as exc:
+        text, status = exc.read().decode(), exc.code
+    except urllib.error.URLError as exc:  # not listening (yet)
+        return 0, str(exc)
+    try:
+        return status, json.loads(text)
+    except ValueError:
+        return status, text
+
+
+@pytest.fixture(scope="module")
+def worker_url(redis_server: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    model = tiny_build.ensure_tiny_model(spec=TEST_SPEC)
+    ns = f"http{time.time_ns()}"
+    log = (tmp_path_factory.mktemp("worker") / "worker.log").open("wb")
+    cmd = [sys.executable, "-m", "elastune_worker", "serve", "--pool", "p", "--model", str(model)]
+    cmd += ["--redis-url", redis_server.url, "--namespace", ns, "--worker-id", "w-http", "--port", "0"]
+    proc = subprocess.Popen(
+        cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "OMP_NUM_THREADS": "1"}
+    )
+    bus = Bus(redis_server.url, ns)
+    try:
+        deadline = time.time() + 120
+        while time.time() < deadline:
+            rec = bus.workers().get("w-http")
+            if rec is not None and rec.url:
+                status, _ = _get(rec.url + "/readyz")
+                if status == 200:
+                    yield rec.url
+                    return
+            assert proc.poll() is None, Path(log.name).read_text()
+            time.sleep(0.2)
+        pytest.fail("the worker never became ready: " + Path(log.name).read_text()[-2000:])
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+        bus.close()
+
+
+def test_container_contract(worker_url: str) -> None:
+    assert _get(worker_url + "/healthz") == (200, {"status": "ok"})
+    status, ready = _get(worker_url + "/readyz")
+    assert status == 200 and ready["status"] == "ready"  # type: ignore[index]
+    status, metrics = _get(worker_url + "/metrics")
+    assert status == 200 and "elastune_worker_ready" in str(metrics)
+    status, record = _get(worker_url + "/status")
+    assert status == 200 and record["id"] == "w-http"  # type: ignore[index]
+    status, doc = _get(worker_url + "/openapi.json")
+    assert status == 200 and "/v1/chat/completions" in doc["paths"]  # type: ignore[index]
+
+
+def test_errors_are_openai_shaped(worker_url: str) -> None:
+    status, body = _get(worker_url + "/v1/completions", raw=b"{not json")
+    assert status == 400 and body["error"]["type"] == "BadRequestError"  # type: ignore[index]
+    status, body = _get(worker_url + "/v1/completions", {"model": "m", "prompt": "x", "max_tokens": -3})
+    assert status == 400 and "max_tokens" in body["error"]["message"]  # type: ignore[index]
+    status, body = _get(worker_url + "/nope")
+    assert status == 404 and body["error"]["code"] == 404  # type: ignore[index]

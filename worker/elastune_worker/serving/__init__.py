@@ -1,0 +1,1 @@
+"""Serving on a warm worker: the engine and its OpenAI-compatible API."""

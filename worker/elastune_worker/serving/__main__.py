@@ -1,0 +1,3 @@
+from elastune_worker.serving.server import main
+
+raise SystemExit(main())

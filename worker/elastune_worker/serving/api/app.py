@@ -1,0 +1,64 @@
+"""The worker's HTTP application: the OpenAI-compatible serving routes beside the Knative container
+contract (/healthz, /readyz, /metrics, /status), on FastAPI with its OpenAPI document at /openapi.json.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from fastapi import APIRouter, FastAPI, Request, Response
+from fastapi.openapi.utils import get_openapi
+
+from elastune_worker.serving.api import errors
+from elastune_worker.serving.api.client import EngineClient
+from elastune_worker.serving.api.metrics import ServingMetrics
+from elastune_worker.serving.api.routes import openai_router
+
+
+def create_app(
+    get_engine: Callable[[], EngineClient | None],
+    *,
+    metrics: ServingMetrics | None = None,
+    control: APIRouter | None = None,
+) -> FastAPI:
+    """``get_engine`` returns None until the weights are loaded (requests then get 503 + Retry-After)."""
+    app = FastAPI(
+        title="Elastune worker",
+        version="0.1.0",
+        description="OpenAI-compatible serving on a warm Elastune worker, and its health endpoints.",
+    )
+    errors.install(app)
+    if metrics is not None:
+        counted = metrics
+
+        @app.middleware("http")
+        async def count_errors(
+            request: Request, call_next: Callable[[Request], Awaitable[Response]]
+        ) -> Response:
+            response = await call_next(request)
+            if response.status_code >= 400 and request.url.path.startswith("/v1/"):
+                counted.errors.labels(counted.model, str(response.status_code)).inc()
+            return response
+
+    app.include_router(openai_router(get_engine, metrics))
+    if control is not None:
+        app.include_router(control)
+
+    def openapi() -> dict[str, Any]:
+        """The document names the served model as the example of every ``model`` field (what Swagger
+        UI pre-fills and what fuzzers start from)."""
+        if app.openapi_schema is None:
+            app.openapi_schema = get_openapi(
+                title=app.title, version=app.version, description=app.description, routes=app.routes
+            )
+        engine = get_engine()
+        if engine is not None:
+            for schema in app.openapi_schema.get("components", {}).get("schemas", {}).values():
+                model = schema.get("properties", {}).get("model")
+                if model is not None:
+                    model["examples"] = [engine.model_name]
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
+    return app

@@ -1,0 +1,74 @@
+"""What the HTTP layer needs of an engine: the seam between the OpenAI API and the serving engine.
+
+The API validates and shapes requests and responses; an ``EngineClient`` tokenizes, generates and
+aborts. Keeping the seam this small lets the same routes front the engine in a worker process and
+lets tests name exactly what they exercise.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncGenerator, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+
+@dataclass(frozen=True, slots=True)
+class GenerationParams:
+    """Sampling and stopping, as the API validated them."""
+
+    max_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+
+
+@dataclass(slots=True)
+class GenerationDelta:
+    """What one engine step added to one request."""
+
+    text: str
+    """New text (stop strings already trimmed)."""
+    token_ids: list[int] = field(default_factory=list)
+    finished: bool = False
+    finish_reason: str | None = None
+    """stop | length | abort once finished."""
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    """Generated tokens so far, this delta included."""
+    cached_tokens: int = 0
+    """Prompt tokens served from the prefix cache."""
+
+
+class EngineBusy(Exception):
+    """The engine cannot take the request now (not loaded yet, or shutting down): HTTP 503."""
+
+
+class EngineClient(Protocol):
+    model_name: str
+    """The id clients send as ``model`` (also listed by /v1/models)."""
+    max_model_len: int
+    """Context length in tokens: prompt + generated tokens never exceed it."""
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of a completion prompt (with the BOS token when the model expects one)."""
+        ...
+
+    def chat_prompt(self, messages: Sequence[tuple[str, str]]) -> list[int]:
+        """Token ids of a chat: (role, content) pairs rendered with the model's chat template."""
+        ...
+
+    def generate(
+        self, request_id: str, prompt_token_ids: list[int], params: GenerationParams, priority: int
+    ) -> AsyncGenerator[GenerationDelta, None]:
+        """Deltas until one is finished. Closing the iterator early aborts the request and frees its
+        KV blocks (a client that disconnects)."""
+        ...
+
+    def stats(self) -> dict[str, float]:
+        """Gauges the metrics endpoint exports: num_requests_running, num_requests_waiting,
+        kv_cache_usage_perc, prefix_cache_queries_tokens, prefix_cache_hits_tokens, preemptions."""
+        ...

@@ -1,0 +1,305 @@
+"""OpenAI-compatible routes: /v1/completions, /v1/chat/completions (both with SSE streaming) and
+/v1/models, in front of an ``EngineClient``.
+
+Every request is checked before it reaches the engine: unknown model → 404; unsupported options,
+prompts over the context, ``max_tokens`` past it, token ids outside the vocabulary → 400. A client that
+disconnects (mid-stream or while waiting for a whole completion) aborts its request, which frees its
+KV blocks at once.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import StreamingResponse
+
+from elastune_worker.serving.api.client import EngineBusy, EngineClient, GenerationDelta, GenerationParams
+from elastune_worker.serving.api.errors import APIError, sse_error
+from elastune_worker.serving.api.metrics import ServingMetrics
+from elastune_worker.serving.api.protocol import (
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+    CompletionRequest,
+    CompletionResponse,
+    ErrorResponse,
+    ModelList,
+    _Request,
+)
+
+_ERRORS: dict[int | str, dict[str, Any]] = {
+    code: {"model": ErrorResponse, "description": why}
+    for code, why in (
+        (400, "Invalid request: unsupported option, prompt or max_tokens over the context"),
+        (404, "Unknown model"),
+        (503, "The engine is not ready yet"),
+    )
+}
+
+
+def openai_router(get_engine: Callable[[], EngineClient | None], metrics: ServingMetrics | None) -> APIRouter:
+    router = APIRouter(prefix="/v1", tags=["openai"])
+    created = int(time.time())
+
+    def engine_for(model: str) -> EngineClient:
+        engine = get_engine()
+        if engine is None:
+            raise EngineBusy("the model is still loading; retry shortly")
+        if model != engine.model_name:
+            raise APIError(
+                404, f"The model `{model}` does not exist. Available: {engine.model_name}", "model"
+            )
+        return engine
+
+    @router.get("/models", response_model=ModelList, responses=_ERRORS)
+    async def models() -> dict[str, Any]:
+        engine = get_engine()
+        data = []
+        if engine is not None:
+            data.append(
+                {
+                    "id": engine.model_name,
+                    "object": "model",
+                    "created": created,
+                    "owned_by": "elastune",
+                    "root": engine.model_name,
+                    "parent": None,
+                    "max_model_len": engine.max_model_len,
+                }
+            )
+        return {"object": "list", "data": data}
+
+    @router.post("/completions", response_model=CompletionResponse, responses=_ERRORS)
+    async def completions(body: CompletionRequest, request: Request) -> Any:
+        engine = engine_for(body.model)
+        _refuse_unsupported(body)
+        prompt = body.single_prompt()
+        if isinstance(prompt, str):
+            ids = engine.encode(prompt)
+        else:
+            ids = list(prompt)
+            vocab = getattr(engine, "vocab_size", None)
+            if vocab is not None and any(not 0 <= t < vocab for t in ids):
+                raise APIError(400, f"prompt token ids must be in [0, {vocab})", "prompt")
+        params = _params(body, body.max_tokens, len(ids), engine.max_model_len)
+        rid = f"cmpl-{uuid.uuid4().hex}"
+        run = _Run(engine, rid, ids, params, body.priority, metrics)
+        if body.stream:
+            include_usage = bool(body.stream_options and body.stream_options.include_usage)
+            return _sse(_completion_chunks(run, body.model, include_usage))
+        text, reason = await run.collect(request)
+        return {
+            "id": rid,
+            "object": "text_completion",
+            "created": int(time.time()),
+            "model": body.model,
+            "choices": [{"index": 0, "text": text, "finish_reason": reason, "logprobs": None}],
+            "usage": run.usage(),
+        }
+
+    @router.post("/chat/completions", response_model=ChatCompletionResponse, responses=_ERRORS)
+    async def chat(body: ChatCompletionRequest, request: Request) -> Any:
+        engine = engine_for(body.model)
+        _refuse_unsupported(body)
+        try:
+            ids = engine.chat_prompt([(m.role, m.text()) for m in body.messages])
+        except ValueError as exc:  # e.g. a template that refuses this sequence of roles
+            raise APIError(400, f"messages: {exc}", "messages") from exc
+        params = _params(body, body.token_limit(), len(ids), engine.max_model_len)
+        rid = f"chatcmpl-{uuid.uuid4().hex}"
+        run = _Run(engine, rid, ids, params, body.priority, metrics)
+        if body.stream:
+            include_usage = bool(body.stream_options and body.stream_options.include_usage)
+            return _sse(_chat_chunks(run, body.model, include_usage))
+        text, reason = await run.collect(request)
+        return {
+            "id": rid,
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": body.model,
+            "choices": [
+                {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": reason}
+            ],
+            "usage": run.usage(),
+        }
+
+    return router
+
+
+def _refuse_unsupported(body: _Request) -> None:
+    bad = body.unsupported()
+    if bad is not None:
+        raise APIError(400, bad[1], bad[0])
+
+
+def _params(body: _Request, max_tokens: int | None, prompt_len: int, context: int) -> GenerationParams:
+    if prompt_len == 0:
+        raise APIError(400, "the prompt is empty", "prompt")
+    if prompt_len >= context:
+        raise APIError(
+            400,
+            f"This model's maximum context length is {context} tokens. However, your prompt has "
+            f"{prompt_len} tokens, which leaves no room to generate. Shorten the prompt.",
+            "prompt",
+        )
+    room = context - prompt_len
+    if max_tokens is not None and max_tokens > room:
+        raise APIError(
+            400,
+            f"This model's maximum context length is {context} tokens. However, you requested "
+            f"{prompt_len + max_tokens} tokens ({prompt_len} in the prompt, {max_tokens} for the "
+            f"completion). Reduce the prompt or max_tokens (at most {room} here).",
+            "max_tokens",
+        )
+    return GenerationParams(
+        max_tokens=max_tokens if max_tokens is not None else room,
+        temperature=body.temperature,
+        top_p=body.top_p,
+        top_k=body.top_k,
+        seed=body.seed,
+        stop=tuple(body.stop or ()),
+        stop_token_ids=tuple(body.stop_token_ids or ()),
+        ignore_eos=body.ignore_eos,
+    )
+
+
+class _Run:
+    """One request through the engine, timing what the metrics need."""
+
+    def __init__(
+        self,
+        engine: EngineClient,
+        rid: str,
+        ids: list[int],
+        params: GenerationParams,
+        priority: int,
+        metrics: ServingMetrics | None,
+    ) -> None:
+        self.engine, self.rid, self.ids, self.params, self.priority = engine, rid, ids, params, priority
+        self.metrics = metrics
+        self.start = time.perf_counter()
+        self.first: float | None = None
+        self.last = GenerationDelta(text="", prompt_tokens=len(ids))
+
+    async def deltas(self) -> AsyncGenerator[GenerationDelta, None]:
+        it = self.engine.generate(self.rid, self.ids, self.params, self.priority)
+        try:
+            async for d in _refusals_as_400(it):
+                if self.first is None and d.completion_tokens > 0:
+                    self.first = time.perf_counter() - self.start
+                self.last = d
+                yield d
+        finally:
+            await it.aclose()  # aborts the request if it is unfinished
+            if self.metrics is not None:
+                reason = self.last.finish_reason if self.last.finished else "abort"
+                self.metrics.request_done(
+                    self.first,
+                    time.perf_counter() - self.start,
+                    self.last.completion_tokens,
+                    len(self.ids),
+                    reason or "abort",
+                )
+
+    async def collect(self, request: Request) -> tuple[str, str | None]:
+        parts: list[str] = []
+        gen = self.deltas()
+        try:
+            async for d in gen:
+                parts.append(d.text)
+                if not d.finished and await request.is_disconnected():
+                    break  # nobody waits for the answer: abort and free the KV blocks
+        finally:
+            await gen.aclose()
+        return "".join(parts), self.last.finish_reason
+
+    def usage(self) -> dict[str, Any]:
+        d = self.last
+        out: dict[str, Any] = {
+            "prompt_tokens": len(self.ids),
+            "completion_tokens": d.completion_tokens,
+            "total_tokens": len(self.ids) + d.completion_tokens,
+        }
+        if d.cached_tokens:
+            out["prompt_tokens_details"] = {"cached_tokens": d.cached_tokens}
+        return out
+
+
+async def _refusals_as_400(
+    it: AsyncGenerator[GenerationDelta, None],
+) -> AsyncGenerator[GenerationDelta, None]:
+    """The engine refuses a request with ValueError (input it cannot take): that is the client's 400."""
+    try:
+        async for d in it:
+            yield d
+    except ValueError as exc:
+        raise APIError(400, str(exc)) from exc
+
+
+def _sse(chunks: AsyncIterator[str]) -> StreamingResponse:
+    return StreamingResponse(chunks, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+
+
+def _data(obj: dict[str, Any]) -> str:
+    return f"data: {json.dumps(obj, separators=(',', ':'))}\n\n"
+
+
+async def _completion_chunks(run: _Run, model: str, include_usage: bool) -> AsyncIterator[str]:
+    created = int(time.time())
+
+    def chunk(text: str, reason: str | None) -> dict[str, Any]:
+        choice = {"index": 0, "text": text, "finish_reason": reason, "logprobs": None}
+        return {
+            "id": run.rid,
+            "object": "text_completion",
+            "created": created,
+            "model": model,
+            "choices": [choice],
+        }
+
+    gen = run.deltas()
+    try:
+        async for d in gen:
+            if d.text or d.finished:
+                yield _data(chunk(d.text, d.finish_reason if d.finished else None))
+        if include_usage:
+            yield _data({**chunk("", None), "choices": [], "usage": run.usage()})
+        yield "data: [DONE]\n\n"
+    except Exception as exc:  # the status line is sent: report in the stream, then end it
+        yield sse_error(500, f"generation failed: {type(exc).__name__}: {exc}")
+    finally:
+        await gen.aclose()
+
+
+async def _chat_chunks(run: _Run, model: str, include_usage: bool) -> AsyncIterator[str]:
+    created = int(time.time())
+
+    def chunk(delta: dict[str, str], reason: str | None) -> dict[str, Any]:
+        choice = {"index": 0, "delta": delta, "finish_reason": reason, "logprobs": None}
+        return {
+            "id": run.rid,
+            "object": "chat.completion.chunk",
+            "created": created,
+            "model": model,
+            "choices": [choice],
+        }
+
+    gen = run.deltas()
+    try:
+        yield _data(chunk({"role": "assistant", "content": ""}, None))
+        async for d in gen:
+            if d.text or d.finished:
+                yield _data(
+                    chunk({"content": d.text} if d.text else {}, d.finish_reason if d.finished else None)
+                )
+        if include_usage:
+            yield _data({**chunk({}, None), "choices": [], "usage": run.usage()})
+        yield "data: [DONE]\n\n"
+    except Exception as exc:
+        yield sse_error(500, f"generation failed: {type(exc).__name__}: {exc}")
+    finally:
+        await gen.aclose()

@@ -1,0 +1,80 @@
+"""The engine behind the OpenAI API: ``AsyncEngine`` as an ``api.client.EngineClient``."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import AsyncGenerator, Sequence
+from typing import Any, Protocol
+
+from elastune_worker.serving.api.client import GenerationDelta, GenerationParams
+from elastune_worker.serving.engine import EngineStats, RequestOutput
+from elastune_worker.serving.sampling import SamplingParams
+
+#: Used when a model ships no chat template (GPT-2): role-tagged turns, then the assistant's tag.
+FALLBACK_CHAT_TEMPLATE = "{role}: {content}\n"
+
+
+class RunningEngine(Protocol):
+    """An engine that runs on its own (a thread: ``AsyncEngine``; a process: ``ProcessEngine``)."""
+
+    max_model_len: int
+    vocab_size: int
+    tokenizer: Any
+
+    def encode(self, prompt: str) -> list[int]: ...
+
+    def generate(
+        self, request_id: str, prompt: list[int] | str, params: SamplingParams, *, priority: int = 0
+    ) -> AsyncGenerator[RequestOutput, None]: ...
+
+    def stats(self) -> EngineStats: ...
+
+
+class EngineServingClient:
+    def __init__(self, engine: RunningEngine, model_name: str) -> None:
+        self.engine = engine
+        self.model_name = model_name
+        self.max_model_len = engine.max_model_len
+        self.vocab_size = engine.vocab_size
+        self.tokenizer = engine.tokenizer
+
+    def encode(self, text: str) -> list[int]:
+        return self.engine.encode(text)
+
+    def chat_prompt(self, messages: Sequence[tuple[str, str]]) -> list[int]:
+        turns = [{"role": role, "content": content} for role, content in messages]
+        if getattr(self.tokenizer, "chat_template", None):
+            ids = self.tokenizer.apply_chat_template(
+                turns, add_generation_prompt=True, tokenize=True, return_dict=False
+            )
+            return list(ids)
+        text = "".join(FALLBACK_CHAT_TEMPLATE.format(**t) for t in turns) + "assistant:"
+        return self.encode(text)
+
+    async def generate(
+        self, request_id: str, prompt_token_ids: list[int], params: GenerationParams, priority: int
+    ) -> AsyncGenerator[GenerationDelta, None]:
+        sampling = SamplingParams(
+            max_tokens=params.max_tokens,
+            temperature=params.temperature,
+            top_p=params.top_p,
+            top_k=params.top_k,
+            seed=params.seed,
+            stop=params.stop,
+            stop_token_ids=params.stop_token_ids,
+            ignore_eos=params.ignore_eos,
+        )
+        outputs = self.engine.generate(request_id, prompt_token_ids, sampling, priority=priority)
+        try:
+            async for o in outputs:
+                yield GenerationDelta(
+                    o.text, o.new_token_ids, o.finished, o.finish_reason, o.prompt_tokens,
+                    o.completion_tokens, o.cached_tokens,
+                )  # fmt: skip
+        finally:
+            await outputs.aclose()  # aborts the request if it is unfinished
+
+    def stats(self) -> dict[str, float]:
+        s = dataclasses.asdict(self.engine.stats())
+        s.pop("extra", None)
+        return {k: float(v) for k, v in s.items()}

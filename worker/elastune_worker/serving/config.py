@@ -1,0 +1,47 @@
+"""The engine's settings: one typed object, each field with its unit and why the default."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+QueuePolicyName = Literal["fcfs", "priority"]
+
+
+@dataclass(frozen=True, slots=True)
+class EngineConfig:
+    block_size: int = 16
+    """Tokens per KV-cache block (vLLM's default): the unit of allocation and of prefix sharing."""
+    num_kv_blocks: int | None = None
+    """KV-cache size in blocks; None sizes it from ``kv_cache_tokens``."""
+    kv_cache_tokens: int = 65_536
+    """KV-cache size in tokens when ``num_kv_blocks`` is None: 32 full 2,048-token contexts."""
+    max_num_batched_tokens: int = 2048
+    """Token budget of one step (decodes + prefill chunks): bounds a step's latency."""
+    max_num_seqs: int = 128
+    """Requests in the running batch at most."""
+    long_prefill_token_threshold: int = 0
+    """Chunk size cap of one request's prefill per step (0: only the budget caps it). Preble uses 512
+    so that long prompts cannot starve decodes."""
+    enable_prefix_caching: bool = True
+    """Share full KV blocks between requests with the same token prefix."""
+    queue_policy: QueuePolicyName = "fcfs"
+    """Order of the waiting queue: fcfs, or priority (lower ``priority`` first, then arrival)."""
+    max_model_len: int | None = None
+    """Context length; None takes the model's."""
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    """auto: CUDA when available, else CPU."""
+    dtype: Literal["auto", "float32", "float16", "bfloat16"] = "auto"
+    """auto: float32 on CPU (exact comparisons with transformers), bfloat16 on CUDA."""
+
+    def __post_init__(self) -> None:
+        for name in ("block_size", "kv_cache_tokens", "max_num_batched_tokens", "max_num_seqs"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1")
+        if self.num_kv_blocks is not None and self.num_kv_blocks < 1:
+            raise ValueError("num_kv_blocks must be >= 1")
+        if self.long_prefill_token_threshold < 0:
+            raise ValueError("long_prefill_token_threshold must be >= 0")
+
+    def kv_blocks(self) -> int:
+        return self.num_kv_blocks or max(1, self.kv_cache_tokens // self.block_size)

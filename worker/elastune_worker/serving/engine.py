@@ -1,0 +1,184 @@
+"""The engine core, in the shape of vLLM's EngineCore and nano-vllm: ``add_request`` / ``step`` /
+``abort``. Each step schedules (scheduler.py), runs one batched forward (model_runner.py), appends the
+sampled tokens, detokenizes and decides which requests finished."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from elastune_worker.serving.config import EngineConfig
+from elastune_worker.serving.detokenizer import IncrementalDetokenizer
+from elastune_worker.serving.model_runner import ModelRunner
+from elastune_worker.serving.sampling import SamplingParams
+from elastune_worker.serving.scheduler import Scheduler
+from elastune_worker.serving.sequence import Sequence
+
+
+@dataclass(slots=True)
+class RequestOutput:
+    request_id: str
+    new_token_ids: list[int]
+    text: str
+    """Text added by this step (stop strings trimmed)."""
+    finished: bool
+    finish_reason: str | None
+    """stop | length | abort once finished."""
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+
+
+@dataclass
+class EngineStats:
+    num_requests_running: int = 0
+    num_requests_waiting: int = 0
+    kv_cache_usage_perc: float = 0.0
+    prefix_cache_queries_tokens: int = 0
+    prefix_cache_hits_tokens: int = 0
+    preemptions: int = 0
+    steps: int = 0
+    step_seconds: float = 0.0
+    """Time spent in steps so far."""
+    extra: dict[str, float] = field(default_factory=dict)
+
+
+class LLMEngine:
+    def __init__(
+        self, model_path: str | Path, config: EngineConfig | None = None, tokenizer: Any = None
+    ) -> None:
+        self.config = config or EngineConfig()
+        self.model_path = Path(model_path)
+        self.runner = ModelRunner(self.model_path, self.config)
+        if tokenizer is None:
+            from transformers import AutoTokenizer
+
+            tokenizer = AutoTokenizer.from_pretrained(self.model_path, local_files_only=True)
+        self.tokenizer = tokenizer
+        self.max_model_len = self.runner.max_model_len
+        self.vocab_size = self.runner.vocab_size
+        eos = self.runner.hf_config.get("eos_token_id", tokenizer.eos_token_id)
+        self.eos_token_ids = set(eos if isinstance(eos, list) else [eos]) - {None}
+        self.scheduler = Scheduler(self.config, self.max_model_len)
+        self._detok: dict[str, IncrementalDetokenizer] = {}
+        self._steps = 0
+        self._step_seconds = 0.0
+
+    # -- requests -----------------------------------------------------------------------------------
+    def encode(self, prompt: str) -> list[int]:
+        return list(self.tokenizer(prompt)["input_ids"])
+
+    def add_request(
+        self,
+        request_id: str,
+        prompt: str | list[int],
+        params: SamplingParams | None = None,
+        *,
+        priority: int = 0,
+        arrival_time: float | None = None,
+        extra_key: str | None = None,
+    ) -> None:
+        """Queue a request. ValueError (nothing allocated) for an empty prompt, one that leaves no room
+        in the context, or token ids outside the vocabulary."""
+        params = params or SamplingParams()
+        ids = self.encode(prompt) if isinstance(prompt, str) else list(prompt)
+        if not ids:
+            raise ValueError("the prompt is empty")
+        if len(ids) >= self.max_model_len:
+            raise ValueError(
+                f"the prompt has {len(ids)} tokens; the model's context is {self.max_model_len} tokens"
+            )
+        if any(not 0 <= t < self.vocab_size for t in ids):
+            raise ValueError(f"prompt token ids must be in [0, {self.vocab_size})")
+        seq = Sequence(
+            request_id,
+            ids,
+            params,
+            arrival=time.monotonic() if arrival_time is None else arrival_time,
+            priority=priority,
+            extra_key=extra_key,
+        )
+        self.scheduler.add(seq)
+        self._detok[request_id] = IncrementalDetokenizer(self.tokenizer, params.stop)
+
+    def abort(self, request_id: str) -> bool:
+        """Stop a request now and free its KV blocks; False if it is not in the engine."""
+        seq = self.scheduler.requests.get(request_id)
+        if seq is None:
+            return False
+        self._finish(seq, "abort")
+        return True
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    # -- the step -----------------------------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        t0 = time.perf_counter()
+        out = self.scheduler.schedule()
+        if not out.chunks:
+            return []
+        sampled = self.runner.execute(out)
+        outputs = []
+        for seq in self.scheduler.update(out, sampled):
+            outputs.append(self._emit(seq))
+        self._steps += 1
+        self._step_seconds += time.perf_counter() - t0
+        return outputs
+
+    def _emit(self, seq: Sequence) -> RequestOutput:
+        tok, p = seq.output_token_ids[-1], seq.params
+        text, stopped = self._detok[seq.request_id].add(tok)
+        reason = None
+        if stopped or tok in p.stop_token_ids or (not p.ignore_eos and tok in self.eos_token_ids):
+            reason = "stop"
+        elif len(seq.output_token_ids) >= p.max_tokens or seq.num_tokens >= self.max_model_len:
+            reason = "length"
+        if reason is not None:
+            if not stopped:
+                text += self._detok[seq.request_id].flush()
+            self._finish(seq, reason)
+        return RequestOutput(
+            seq.request_id,
+            [tok],
+            text,
+            reason is not None,
+            reason,
+            len(seq.prompt_token_ids),
+            len(seq.output_token_ids),
+            seq.num_cached_tokens,
+        )
+
+    def _finish(self, seq: Sequence, reason: str) -> None:
+        self.scheduler.finish(seq, reason)
+        self._detok.pop(seq.request_id, None)
+        self.runner.sampler.forget(seq.request_id)
+
+    # -- conveniences -------------------------------------------------------------------------------
+    def generate(
+        self, prompts: list[str | list[int]], params: SamplingParams | None = None
+    ) -> list[list[int]]:
+        """All prompts together, stepped to the end; the generated token ids of each, in order."""
+        ids = [f"gen-{i}" for i in range(len(prompts))]
+        for rid, prompt in zip(ids, prompts, strict=True):
+            self.add_request(rid, prompt, params)
+        tokens: dict[str, list[int]] = {rid: [] for rid in ids}
+        while self.has_unfinished():
+            for o in self.step():
+                tokens[o.request_id] += o.new_token_ids
+        return [tokens[rid] for rid in ids]
+
+    def stats(self) -> EngineStats:
+        s, b = self.scheduler, self.scheduler.blocks
+        return EngineStats(
+            num_requests_running=len(s.running),
+            num_requests_waiting=len(s.waiting),
+            kv_cache_usage_perc=b.usage(),
+            prefix_cache_queries_tokens=b.queried_tokens,
+            prefix_cache_hits_tokens=b.hit_tokens,
+            preemptions=s.num_preemptions,
+            steps=self._steps,
+            step_seconds=self._step_seconds,
+        )

@@ -1,0 +1,129 @@
+"""Runs the model for one scheduled step: builds the flat batch and the attention metadata from the
+scheduler's chunks, runs one forward over the paged KV cache, samples the next tokens."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from elastune_worker.serving.config import EngineConfig
+from elastune_worker.serving.models.attention import AttentionMetadata, DecodeGroup
+from elastune_worker.serving.models.loader import context_length, load_model
+from elastune_worker.serving.sampler import Sampler
+from elastune_worker.serving.scheduler import SchedulerOutput
+
+
+def pick_device(choice: str) -> torch.device:
+    if choice == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if choice == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device cuda was asked for, but torch sees no CUDA device")
+    return torch.device(choice)
+
+
+def pick_dtype(choice: str, device: torch.device) -> torch.dtype:
+    if choice == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}[choice]
+
+
+class ModelRunner:
+    def __init__(self, path: Path, config: EngineConfig) -> None:
+        self.device = pick_device(config.device)
+        self.dtype = pick_dtype(config.dtype, self.device)
+        self.model, self.hf_config = load_model(Path(path), self.device, self.dtype)
+        native = context_length(self.hf_config)
+        self.max_model_len = min(config.max_model_len or native, native)
+        self.block_size = config.block_size
+        self.vocab_size = int(self.hf_config["vocab_size"])
+        slots = config.kv_blocks() * config.block_size
+        n_kv, hd, n_layers = self.model.n_kv_heads, self.model.head_dim, self.model.num_layers
+        self.kv_caches = [
+            (
+                torch.zeros(slots, n_kv, hd, dtype=self.dtype, device=self.device),
+                torch.zeros(slots, n_kv, hd, dtype=self.dtype, device=self.device),
+            )
+            for _ in range(n_layers)
+        ]
+        self.sampler = Sampler(self.device)
+
+    @torch.inference_mode()
+    def execute(self, out: SchedulerOutput) -> dict[str, int]:
+        """Forward the step's chunks; the sampled next token of every chunk that reached its end."""
+        tokens, meta, sampling = self._prepare(out)
+        logits = self.model(tokens, meta, self.kv_caches)
+        ids = self.sampler.sample(logits, [(s.request_id, s.params) for s in sampling])
+        return {s.request_id: t for s, t in zip(sampling, ids, strict=True)}
+
+    def _prepare(self, out: SchedulerOutput) -> tuple[torch.Tensor, AttentionMetadata, list]:
+        bs, dev = self.block_size, self.device
+        tokens: list[int] = []
+        positions: list[int] = []
+        slots: list[int] = []
+        logits_rows: list[int] = []
+        sampling = []
+        decodes: list[tuple[int, int, list[int]]] = []  # (row, context length, block table)
+        prefills: list[tuple[int, int, torch.Tensor | None, torch.Tensor | None]] = []
+        row = 0
+        for c in out.chunks:
+            seq, start, n = c.seq, c.start, c.num_tokens
+            table = seq.block_table
+            if n == 1:  # decodes (and one-token chunks): plain integer arithmetic, no tensors
+                prompt_len = len(seq.prompt_token_ids)
+                ids = seq.prompt_token_ids if start < prompt_len else seq.output_token_ids
+                tokens.append(ids[start if start < prompt_len else start - prompt_len])
+                positions.append(start)
+                slots.append(table[start // bs] * bs + start % bs)
+                decodes.append((row, start + 1, table))
+            else:
+                tokens += seq.all_token_ids[start : start + n]
+                positions += range(start, start + n)
+                slots += [table[p // bs] * bs + p % bs for p in range(start, start + n)]
+                if start == 0:
+                    prefills.append((row, row + n, None, None))
+                else:
+                    ctx = torch.arange(start + n)
+                    ctx_slots = (torch.tensor(table)[ctx // bs] * bs + ctx % bs).to(dev)
+                    pos = torch.arange(start, start + n)
+                    mask = (ctx[None, :] <= pos[:, None]).view(1, 1, n, start + n).to(dev)
+                    prefills.append((row, row + n, ctx_slots, mask))
+            if c.samples:
+                logits_rows.append(row + n - 1)
+                sampling.append(seq)
+            row += n
+        meta = AttentionMetadata(
+            slot_mapping=torch.tensor(slots, device=dev),
+            positions=torch.tensor(positions, device=dev),
+            logits_index=torch.tensor(logits_rows, device=dev),
+            prefills=prefills,
+        )
+        meta.decodes = [self._decode_group(g) for g in _length_groups(decodes)]
+        return torch.tensor(tokens, device=dev), meta, sampling
+
+    def _decode_group(self, decodes: list[tuple[int, int, list[int]]]) -> DecodeGroup:
+        bs, dev = self.block_size, self.device
+        width = max(len(t) for _, _, t in decodes)
+        tables = torch.tensor([t + [0] * (width - len(t)) for _, _, t in decodes])
+        lens = torch.tensor([n for _, n, _ in decodes])
+        ctx = torch.arange(int(lens.max()))
+        return DecodeGroup(
+            index=torch.tensor([r for r, _, _ in decodes], device=dev),
+            slots=(tables[:, ctx // bs] * bs + ctx % bs).to(dev),
+            mask=(ctx[None, :] < lens[:, None]).view(len(decodes), 1, 1, -1).to(dev),
+        )
+
+
+def _length_groups(decodes: list[tuple[int, int, list[int]]]) -> list[list[tuple[int, int, list[int]]]]:
+    """Decodes sorted by context length, cut where padding would cost more than another kernel call:
+    a group grows while its padded size stays within 1.5x its real size (or it is small)."""
+    groups: list[list[tuple[int, int, list[int]]]] = []
+    real = 0
+    for d in sorted(decodes, key=lambda x: x[1]):
+        if groups and (len(groups[-1]) < 8 or (len(groups[-1]) + 1) * d[1] <= 1.5 * (real + d[1])):
+            groups[-1].append(d)
+            real += d[1]
+        else:
+            groups.append([d])
+            real = d[1]
+    return groups

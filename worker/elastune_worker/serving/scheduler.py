@@ -1,0 +1,168 @@
+"""Iteration-level scheduling with continuous batching and chunked prefill (pure: no torch).
+
+Every step gets a token budget. Running requests go first, in admission order: a decoding request
+needs one token, a request still prefilling its prompt the rest of it (or a chunk, when the budget or
+``long_prefill_token_threshold`` is smaller). Then waiting requests are admitted in the queue policy's
+order while the budget, ``max_num_seqs`` and free KV blocks allow: each first takes the cached blocks of
+its longest cached prefix, then blocks for the chunk it computes now.
+
+When a running request needs a block and none is free, the most recently admitted running request is
+preempted by recompute (vLLM's policy): its blocks are freed, its computed tokens forgotten, and it
+goes back to the front of the waiting queue; its generated tokens are kept and recomputed with the
+prompt. A step that preempted admits nobody new. Each step ends asserting its invariants.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from elastune_worker.serving.block_manager import BlockManager
+from elastune_worker.serving.config import EngineConfig
+from elastune_worker.serving.queue_policy import create_request_queue
+from elastune_worker.serving.sequence import Sequence, Status
+
+
+@dataclass(slots=True)
+class ScheduledChunk:
+    seq: Sequence
+    start: int
+    """Position of the chunk's first token (= tokens already computed)."""
+    num_tokens: int
+
+    @property
+    def samples(self) -> bool:
+        """The chunk reaches the sequence's last token: its logits give the next token."""
+        return self.start + self.num_tokens == self.seq.num_tokens
+
+
+@dataclass(slots=True)
+class SchedulerOutput:
+    chunks: list[ScheduledChunk] = field(default_factory=list)
+    preempted: list[Sequence] = field(default_factory=list)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(c.num_tokens for c in self.chunks)
+
+
+class Scheduler:
+    def __init__(self, config: EngineConfig, max_model_len: int) -> None:
+        self.config = config
+        self.max_model_len = max_model_len
+        self.blocks = BlockManager(
+            config.kv_blocks(), config.block_size, enable_prefix_caching=config.enable_prefix_caching
+        )
+        self.waiting = create_request_queue(config.queue_policy)
+        self.running: list[Sequence] = []
+        self.requests: dict[str, Sequence] = {}
+        self.num_preemptions = 0
+
+    # -- requests -----------------------------------------------------------------------------------
+    def add(self, seq: Sequence) -> None:
+        if seq.request_id in self.requests:
+            raise ValueError(f"request id {seq.request_id!r} is already in the engine")
+        max_blocks = -(-self.max_model_len // self.config.block_size)
+        if max_blocks > self.blocks.num_blocks:
+            raise ValueError(
+                f"the KV cache holds {self.blocks.num_blocks} blocks, fewer than one full context needs "
+                f"({max_blocks}); raise kv_cache_tokens"
+            )
+        seq.status = Status.WAITING
+        self.requests[seq.request_id] = seq
+        self.waiting.push(seq)
+
+    def finish(self, seq: Sequence, reason: str) -> None:
+        """Done (stop, length) or aborted: its blocks go back at once."""
+        if seq.status is Status.RUNNING:
+            self.running.remove(seq)
+        elif seq.status is Status.WAITING:
+            self.waiting.remove(seq)
+        seq.status, seq.finish_reason = Status.FINISHED, reason
+        self.blocks.free_blocks(seq)
+        self.requests.pop(seq.request_id, None)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.running) or len(self.waiting) > 0
+
+    # -- one step -----------------------------------------------------------------------------------
+    def schedule(self) -> SchedulerOutput:
+        out = SchedulerOutput()
+        budget = self.config.max_num_batched_tokens
+        cap = self.config.long_prefill_token_threshold or budget
+        scheduled: set[int] = set()
+        i = 0
+        while i < len(self.running) and budget > 0:
+            seq = self.running[i]
+            n = min(seq.num_uncomputed, budget, cap)
+            while not self.blocks.allocate(seq, n):
+                # The victim is the last running request: never one already scheduled this step.
+                victim = self.running[-1]
+                self._preempt(victim, out)
+                if victim is seq:
+                    break
+            else:
+                out.chunks.append(ScheduledChunk(seq, seq.num_computed_tokens, n))
+                scheduled.add(id(seq))
+                budget -= n
+                i += 1
+                continue
+            # seq itself was preempted (it was the last running one): nothing more fits this step
+            break
+        if not out.preempted:
+            while len(self.waiting) and budget > 0 and len(self.running) < self.config.max_num_seqs:
+                seq = self.waiting.peek()
+                if not seq.block_table:
+                    self.blocks.match_prefix(seq)
+                    seq.num_cached_tokens = seq.num_computed_tokens
+                n = min(seq.num_uncomputed, budget, cap)
+                if not self.blocks.allocate(seq, n):
+                    self.blocks.free_blocks(seq)  # give the prefix hits back; retry next step
+                    seq.num_computed_tokens = 0
+                    break
+                self.waiting.pop()
+                self.blocks.count_admission(seq)
+                seq.status = Status.RUNNING
+                self.running.append(seq)
+                out.chunks.append(ScheduledChunk(seq, seq.num_computed_tokens, n))
+                budget -= n
+        self._check(out)
+        return out
+
+    def _preempt(self, seq: Sequence, out: SchedulerOutput) -> None:
+        self.running.remove(seq)
+        self.blocks.free_blocks(seq)
+        seq.num_computed_tokens = 0
+        seq.status = Status.WAITING
+        seq.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.push_front(seq)
+        out.preempted.append(seq)
+
+    # -- after the forward --------------------------------------------------------------------------
+    def update(self, out: SchedulerOutput, sampled: dict[str, int]) -> list[Sequence]:
+        """Advance each scheduled chunk; append the sampled token of chunks that reached the end.
+        Returns the sequences that got a new token."""
+        grew = []
+        for c in out.chunks:
+            seq = c.seq
+            seq.num_computed_tokens += c.num_tokens
+            self.blocks.register_full_blocks(seq)
+            if c.samples:
+                seq.output_token_ids.append(sampled[seq.request_id])
+                grew.append(seq)
+        return grew
+
+    # -- invariants ---------------------------------------------------------------------------------
+    def _check(self, out: SchedulerOutput) -> None:
+        assert out.num_tokens <= self.config.max_num_batched_tokens, "token budget exceeded"
+        assert len(self.running) <= self.config.max_num_seqs, "too many running requests"
+        ids = [id(c.seq) for c in out.chunks]
+        assert len(ids) == len(set(ids)), "a request was scheduled twice"
+        for c in out.chunks:
+            seq = c.seq
+            assert c.num_tokens >= 1 and seq.status is Status.RUNNING
+            assert c.start == seq.num_computed_tokens and c.start + c.num_tokens <= seq.num_tokens
+            need = -(-(c.start + c.num_tokens) // self.config.block_size)
+            assert len(seq.block_table) >= need, "a chunk has no KV slots"
+        live = list(self.running) + [s for s in self.waiting if s.block_table]
+        self.blocks.check(live)

@@ -1,0 +1,54 @@
+"""One request's state in the engine: its tokens, how many have KV in the cache, its blocks."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+
+from elastune_worker.serving.sampling import SamplingParams
+
+
+class Status(Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass(eq=False, slots=True)
+class Sequence:
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    arrival: float = 0.0
+    priority: int = 0
+    extra_key: str | None = None
+    """Separates prefix caches of requests that see the same tokens differently (a LoRA adapter)."""
+    output_token_ids: list[int] = field(default_factory=list)
+    status: Status = Status.WAITING
+    num_computed_tokens: int = 0
+    """Tokens whose K/V are in the cache (prefix hits included)."""
+    num_cached_tokens: int = 0
+    """Prompt tokens served from the prefix cache at the latest admission."""
+    block_table: list[int] = field(default_factory=list)
+    block_hashes: list[int] = field(default_factory=list)
+    """Chain hashes of this sequence's full blocks, computed as they fill."""
+    num_registered_blocks: int = 0
+    """Full blocks already offered to the prefix cache."""
+    finish_reason: str | None = None
+    num_preemptions: int = 0
+
+    @property
+    def all_token_ids(self) -> list[int]:
+        return self.prompt_token_ids + self.output_token_ids
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def num_uncomputed(self) -> int:
+        return self.num_tokens - self.num_computed_tokens
+
+    @property
+    def finished(self) -> bool:
+        return self.status is Status.FINISHED

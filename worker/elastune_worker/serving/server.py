@@ -1,0 +1,117 @@
+"""The serving engine on its own, like ``vllm serve``: an OpenAI-compatible server for one model
+directory, with no Redis and no tuning (the worker process adds both).
+
+    python -m elastune_worker.serving --model DIR [--port 8000] [--served-model-name NAME] [engine flags]
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+from fastapi import APIRouter, Response
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+from elastune_worker.serving.config import EngineConfig
+
+_DEFAULTS = EngineConfig()
+
+
+def add_engine_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("engine")
+    g.add_argument("--served-model-name", help="the model id clients send (default: --model)")
+    g.add_argument(
+        "--kv-cache-tokens", type=int, default=_DEFAULTS.kv_cache_tokens, help="KV-cache size in tokens"
+    )
+    g.add_argument("--max-num-batched-tokens", type=int, default=_DEFAULTS.max_num_batched_tokens)
+    g.add_argument("--max-num-seqs", type=int, default=_DEFAULTS.max_num_seqs)
+    g.add_argument("--max-model-len", type=int, help="context length (default: the model's)")
+    g.add_argument("--block-size", type=int, default=_DEFAULTS.block_size)
+    g.add_argument(
+        "--long-prefill-token-threshold", type=int, default=0, help="prefill chunk cap (0: budget)"
+    )
+    g.add_argument("--no-prefix-caching", action="store_true")
+    g.add_argument("--queue-policy", choices=("fcfs", "priority"), default=_DEFAULTS.queue_policy)
+    g.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    g.add_argument("--dtype", choices=("auto", "float32", "float16", "bfloat16"), default="auto")
+    g.add_argument(
+        "--engine-in-thread",
+        action="store_true",
+        help="run the engine on a thread of the server process (default: its own process, as vLLM)",
+    )
+    g.add_argument(
+        "--engine-threads", type=int, help="torch threads of the engine process (default: torch's)"
+    )
+
+
+def engine_config(args: argparse.Namespace) -> EngineConfig:
+    return EngineConfig(
+        kv_cache_tokens=args.kv_cache_tokens,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        max_num_seqs=args.max_num_seqs,
+        max_model_len=args.max_model_len,
+        block_size=args.block_size,
+        long_prefill_token_threshold=args.long_prefill_token_threshold,
+        enable_prefix_caching=not args.no_prefix_caching,
+        queue_policy=args.queue_policy,
+        device=args.device,
+        dtype=args.dtype,
+    )
+
+
+def start_engine(
+    path: Path, config: EngineConfig, in_thread: bool, tokenizer: Any = None, threads: int | None = None
+) -> Any:
+    """The engine in its own process (default), or on a thread of this one."""
+    if in_thread:
+        from elastune_worker.serving.async_engine import AsyncEngine
+        from elastune_worker.serving.engine import LLMEngine
+
+        return AsyncEngine(LLMEngine(path, config, tokenizer=tokenizer))
+    from elastune_worker.serving.engine_process import ProcessEngine
+
+    return ProcessEngine(path, config, tokenizer=tokenizer, threads=threads)
+
+
+def health_router(registry: CollectorRegistry) -> APIRouter:
+    router = APIRouter(tags=["health"])
+
+    @router.get("/health")
+    def health() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @router.get("/metrics", response_class=Response)
+    def metrics() -> Response:
+        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+
+    return router
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m elastune_worker.serving", description=__doc__.splitlines()[0])
+    p.add_argument("--model", required=True, help="HF-format model directory")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=int(os.environ.get("PORT", "8000")))
+    add_engine_args(p)
+    args = p.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+    import uvicorn
+
+    from elastune_worker.serving.api.app import create_app
+    from elastune_worker.serving.api.metrics import ServingMetrics
+    from elastune_worker.serving.client import EngineServingClient
+
+    name = args.served_model_name or args.model
+    client = EngineServingClient(
+        start_engine(Path(args.model), engine_config(args), args.engine_in_thread), name
+    )
+    registry = CollectorRegistry()
+    metrics = ServingMetrics(registry, name)
+    metrics.watch_engine(registry, client.stats)
+    app = create_app(lambda: client, metrics=metrics, control=health_router(registry))
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning", access_log=False)
+    return 0
