@@ -19,7 +19,7 @@ def test_ruff_clean():
     ruff = shutil.which("ruff")
     if ruff is None:
         pytest.fail("ruff is not installed: pip install -e '.[dev]'")
-    res = _run(ruff, "check", "contract", "operator", "worker", "testing", "tests")
+    res = _run(ruff, "check", "contract", "operator", "worker", "testing", "gateway", "tests")
     assert res.returncode == 0, res.stdout + res.stderr
 
 
@@ -33,7 +33,7 @@ def test_import_contracts_hold():
 
 
 def test_mypy_clean():
-    """The contract, scheduling and control type-check ([tool.mypy] in pyproject.toml)."""
+    """The contract, scheduling, control, the serving engine and routing type-check ([tool.mypy])."""
     if importlib.util.find_spec("mypy") is None:
         pytest.fail("mypy is not installed: pip install -e '.[dev]'")
     res = _run(sys.executable, "-m", "mypy")
