@@ -166,3 +166,40 @@ def test_incremental_detokenization_equals_decoding_the_whole_output(model):
     plain = IncrementalDetokenizer(tok, ())
     streamed = "".join(plain.add(t)[0] for t in ids) + plain.flush()
     assert streamed == tok.decode(ids, skip_special_tokens=True)
+
+
+@pytest.mark.parametrize("where", ["thread", "process"])
+def test_running_engines_stream_outputs_and_abort_when_the_caller_leaves(model, where):
+    import asyncio
+
+    from elastune_worker.serving.async_engine import AsyncEngine
+    from elastune_worker.serving.engine_process import ProcessEngine
+
+    path, tok, hf = model
+    config = EngineConfig(kv_cache_tokens=8192)
+    eng = AsyncEngine(LLMEngine(path, config)) if where == "thread" else ProcessEngine(path, config)
+
+    async def collect(rid: str, prompt: str, n: int, leave_after: int | None = None) -> list[int]:
+        got: list[int] = []
+        async for o in eng.generate(
+            rid, tok(prompt)["input_ids"], SamplingParams(max_tokens=n, temperature=0, ignore_eos=True)
+        ):
+            got += o.new_token_ids
+            if leave_after is not None and len(got) >= leave_after:
+                break
+        return got
+
+    async def main() -> tuple[list[int], list[int]]:
+        a, b = await asyncio.gather(collect("a", "hello", 8), collect("b", PROMPTS[1], 400, leave_after=3))
+        for _ in range(100):  # the abandoned request is aborted: the engine goes idle
+            if eng.stats().num_requests_running == 0 and eng.stats().kv_cache_usage_perc == 0:
+                break
+            await asyncio.sleep(0.05)
+        return a, b
+
+    try:
+        a, b = asyncio.run(main())
+        assert a == reference(tok, hf, "hello", 8) and len(b) == 3
+        assert eng.stats().num_requests_running == 0 and eng.stats().kv_cache_usage_perc == 0
+    finally:
+        eng.close()

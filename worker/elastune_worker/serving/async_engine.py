@@ -8,31 +8,24 @@ task was cancelled) aborts it, which frees its KV blocks at once.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import queue
 import threading
-from collections.abc import AsyncGenerator
 from typing import Any
 
-from elastune_worker.serving.engine import EngineStats, LLMEngine, RequestOutput
+from elastune_worker.serving.engine import EngineStats, LLMEngine
 from elastune_worker.serving.profile import profile_costs
-from elastune_worker.serving.sampling import SamplingParams
+from elastune_worker.serving.streams import Command, RequestStreams
 
 log = logging.getLogger("elastune.serving")
 
-_Command = tuple[str, Any]
 
-
-class AsyncEngine:
+class AsyncEngine(RequestStreams):
     def __init__(self, engine: LLMEngine) -> None:
+        super().__init__()
         self.engine = engine
         self.cost = profile_costs(engine)
-        self._commands: queue.Queue[_Command] = queue.Queue()
-        self._sinks: dict[
-            str, tuple[asyncio.AbstractEventLoop, asyncio.Queue[RequestOutput | BaseException]]
-        ] = {}
-        self._lock = threading.Lock()
+        self._commands: queue.Queue[Command] = queue.Queue()
         self._stats = engine.stats()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="engine", daemon=True)
@@ -54,38 +47,6 @@ class AsyncEngine:
     def encode(self, prompt: str) -> list[int]:
         return self.engine.encode(prompt)
 
-    async def generate(
-        self,
-        request_id: str,
-        prompt: list[int] | str,
-        params: SamplingParams,
-        *,
-        priority: int = 0,
-        extra_key: str | None = None,
-    ) -> AsyncGenerator[RequestOutput, None]:
-        loop = asyncio.get_running_loop()
-        sink: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
-        with self._lock:
-            if request_id in self._sinks:
-                raise ValueError(f"request id {request_id!r} is already running")
-            self._sinks[request_id] = (loop, sink)
-        self._commands.put(("add", (request_id, prompt, params, priority, extra_key)))
-        finished = False
-        try:
-            while True:
-                item = await sink.get()
-                if isinstance(item, BaseException):
-                    raise item
-                yield item
-                if item.finished:
-                    finished = True
-                    return
-        finally:
-            with self._lock:
-                self._sinks.pop(request_id, None)
-            if not finished:
-                self._commands.put(("abort", request_id))
-
     def stats(self) -> EngineStats:
         return self._stats
 
@@ -95,14 +56,10 @@ class AsyncEngine:
         self._thread.join(timeout=10)
 
     # -- engine thread ------------------------------------------------------------------------------
-    def _deliver(self, rid: str, item: RequestOutput | BaseException) -> None:
-        with self._lock:
-            target = self._sinks.get(rid)
-        if target is not None:
-            loop, sink = target
-            loop.call_soon_threadsafe(sink.put_nowait, item)
+    def _send(self, cmd: Command) -> None:
+        self._commands.put(cmd)
 
-    def _apply(self, cmd: _Command) -> None:
+    def _apply(self, cmd: Command) -> None:
         kind, arg = cmd
         if kind == "add":
             rid, prompt, params, priority, extra_key = arg
@@ -135,6 +92,5 @@ class AsyncEngine:
                     eng.abort(rid)
                     self._deliver(rid, RuntimeError(f"engine step failed: {type(exc).__name__}: {exc}"))
                 continue
-            for o in outputs:
-                self._deliver(o.request_id, o)
+            self._deliver_many(outputs)
             self._stats = eng.stats()

@@ -10,20 +10,18 @@ its request's asyncio queue.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 import multiprocessing as mp
 import threading
-from collections.abc import AsyncGenerator
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
 from elastune_worker.serving.config import EngineConfig
-from elastune_worker.serving.engine import EngineStats, LLMEngine, RequestOutput
+from elastune_worker.serving.engine import EngineStats, LLMEngine
 from elastune_worker.serving.profile import profile_costs
-from elastune_worker.serving.sampling import SamplingParams
+from elastune_worker.serving.streams import Command, RequestStreams
 
 log = logging.getLogger("elastune.serving")
 
@@ -80,7 +78,7 @@ def _child(
         results.send(("step", (outputs, engine.stats())))
 
 
-class ProcessEngine:
+class ProcessEngine(RequestStreams):
     """``AsyncEngine``'s interface over an engine process."""
 
     def __init__(
@@ -91,6 +89,7 @@ class ProcessEngine:
         tokenizer: Any = None,
         threads: int | None = None,
     ) -> None:
+        super().__init__()
         ctx = mp.get_context("spawn")  # no fork of a process holding threads and torch state
         child_commands, self._commands = ctx.Pipe(duplex=False)  # (receiving end, sending end)
         self._results, child_results = ctx.Pipe(duplex=False)
@@ -111,8 +110,6 @@ class ProcessEngine:
             tokenizer = AutoTokenizer.from_pretrained(model_path, local_files_only=True)
         self.tokenizer = tokenizer
         self._stats = EngineStats()
-        self._sinks: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue[Any]]] = {}
-        self._lock = threading.Lock()
         self._send_lock = threading.Lock()
         self._reader = threading.Thread(target=self._read, name="engine-results", daemon=True)
         self._reader.start()
@@ -123,62 +120,12 @@ class ProcessEngine:
     def stats(self) -> EngineStats:
         return self._stats
 
-    def _send(self, msg: tuple[str, Any]) -> None:
+    def _send(self, cmd: Command) -> None:
         with self._send_lock:
-            self._commands.send(msg)
+            self._commands.send(cmd)
 
-    async def generate(
-        self,
-        request_id: str,
-        prompt: list[int] | str,
-        params: SamplingParams,
-        *,
-        priority: int = 0,
-        extra_key: str | None = None,
-    ) -> AsyncGenerator[RequestOutput, None]:
-        if not self.proc.is_alive():
-            raise EngineError("the engine process is gone")
-        loop = asyncio.get_running_loop()
-        sink: asyncio.Queue[Any] = asyncio.Queue()
-        with self._lock:
-            if request_id in self._sinks:
-                raise ValueError(f"request id {request_id!r} is already running")
-            self._sinks[request_id] = (loop, sink)
-        self._send(("add", (request_id, prompt, params, priority, extra_key)))
-        finished = False
-        try:
-            while True:
-                item = await sink.get()
-                if isinstance(item, BaseException):
-                    raise item
-                yield item
-                if item.finished:
-                    finished = True
-                    return
-        finally:
-            with self._lock:
-                self._sinks.pop(request_id, None)
-            if not finished and self.proc.is_alive():
-                self._send(("abort", request_id))
-
-    def _deliver(self, rid: str, item: Any) -> None:
-        with self._lock:
-            target = self._sinks.get(rid)
-        if target is not None:
-            loop, sink = target
-            loop.call_soon_threadsafe(sink.put_nowait, item)
-
-    def _deliver_many(self, outputs: list[RequestOutput]) -> None:
-        """One wake-up of each caller's event loop per step, not one per request (each wake-up is a
-        write to the loop's self-pipe)."""
-        batches: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Queue[Any], RequestOutput]]] = {}
-        with self._lock:
-            for o in outputs:
-                target = self._sinks.get(o.request_id)
-                if target is not None:
-                    batches.setdefault(target[0], []).append((target[1], o))
-        for loop, items in batches.items():
-            loop.call_soon_threadsafe(_put_all, items)
+    def _can_abort(self) -> bool:
+        return self.proc.is_alive()
 
     def _read(self) -> None:
         while True:
@@ -197,9 +144,7 @@ class ProcessEngine:
             elif kind == "failed":  # the engine failed while running it
                 rid, message = arg
                 self._deliver(rid, EngineError(message))
-        with self._lock:  # the engine process died: nobody waits forever
-            sinks = list(self._sinks)
-        for rid in sinks:
+        for rid in self._waiting():  # the engine process died: nobody waits forever
             self._deliver(rid, EngineError("the engine process exited"))
 
     def close(self) -> None:
@@ -209,8 +154,3 @@ class ProcessEngine:
             self.proc.join(timeout=10)
         if self.proc.is_alive():
             self.proc.kill()
-
-
-def _put_all(items: list[tuple[asyncio.Queue[Any], Any]]) -> None:
-    for sink, item in items:
-        sink.put_nowait(item)

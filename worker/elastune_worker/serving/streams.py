@@ -1,0 +1,89 @@
+"""The caller side of an engine that runs elsewhere (a thread or a process): one asyncio queue per
+request, filled from the engine's side, read by ``generate``; leaving ``generate`` early aborts."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import AsyncGenerator
+from typing import Any
+
+from elastune_worker.serving.engine import RequestOutput
+from elastune_worker.serving.sampling import SamplingParams
+
+Command = tuple[str, Any]
+
+
+class RequestStreams:
+    """Subclasses send commands to their engine (``_send``) and call ``_deliver`` / ``_deliver_many``
+    from the thread that receives the engine's outputs."""
+
+    def __init__(self) -> None:
+        self._sinks: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue[Any]]] = {}
+        self._lock = threading.Lock()
+
+    def _send(self, cmd: Command) -> None:
+        raise NotImplementedError
+
+    def _can_abort(self) -> bool:
+        return True
+
+    async def generate(
+        self,
+        request_id: str,
+        prompt: list[int] | str,
+        params: SamplingParams,
+        *,
+        priority: int = 0,
+        extra_key: str | None = None,
+    ) -> AsyncGenerator[RequestOutput, None]:
+        loop = asyncio.get_running_loop()
+        sink: asyncio.Queue[Any] = asyncio.Queue()
+        with self._lock:
+            if request_id in self._sinks:
+                raise ValueError(f"request id {request_id!r} is already running")
+            self._sinks[request_id] = (loop, sink)
+        finished = False
+        try:
+            self._send(("add", (request_id, prompt, params, priority, extra_key)))
+            while True:
+                item = await sink.get()
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+                if item.finished:
+                    finished = True
+                    return
+        finally:
+            with self._lock:
+                self._sinks.pop(request_id, None)
+            if not finished and self._can_abort():
+                self._send(("abort", request_id))
+
+    def _deliver(self, rid: str, item: RequestOutput | BaseException) -> None:
+        with self._lock:
+            target = self._sinks.get(rid)
+        if target is not None:
+            loop, sink = target
+            loop.call_soon_threadsafe(sink.put_nowait, item)
+
+    def _deliver_many(self, outputs: list[RequestOutput]) -> None:
+        """One wake-up of each caller's event loop per engine step, not one per request (each
+        wake-up is a write to the loop's self-pipe)."""
+        batches: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Queue[Any], RequestOutput]]] = {}
+        with self._lock:
+            for o in outputs:
+                target = self._sinks.get(o.request_id)
+                if target is not None:
+                    batches.setdefault(target[0], []).append((target[1], o))
+        for loop, items in batches.items():
+            loop.call_soon_threadsafe(_put_all, items)
+
+    def _waiting(self) -> list[str]:
+        with self._lock:
+            return list(self._sinks)
+
+
+def _put_all(items: list[tuple[asyncio.Queue[Any], Any]]) -> None:
+    for sink, item in items:
+        sink.put_nowait(item)
