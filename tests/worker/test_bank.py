@@ -150,7 +150,7 @@ def test_soft_score_is_the_tuning_runs_initial_loss(model_dir, model_tok, sample
 
 
 def test_text_layout_is_the_corpus_layout(model_tok, samples):
-    from elastune_worker.tuning.trainer import _encode
+    from elastune_worker.tuning.trainer import encode_record
 
     model, tok = model_tok
     scorer = PB.Scorer(model, tok, samples, layout="text")
@@ -160,7 +160,7 @@ def test_text_layout_is_the_corpus_layout(model_tok, samples):
             "input_ids"
         ]
         assert scorer.prompt_ids(prompt) + enc.source + enc.target == [*joint, tok.eos_token_id]
-        assert enc == _encode(tok, rec, scorer._cfg)
+        assert enc == encode_record(tok, rec, scorer._cfg)
 
 
 @pytest.mark.parametrize("layout", ["soft", "text"])

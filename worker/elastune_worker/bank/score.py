@@ -2,11 +2,11 @@
 
 The layout is the tuning loop's, token for token, so a score means what tuning will see:
 
-* each record is encoded by ``tuning.trainer._encode`` (``input + " →"`` as source, ``" " + target +
+* each record is encoded by ``tuning.trainer.encode_record`` (``input + " →"`` as source, ``" " + target +
   eos`` as target, same truncation), and the loss is the mean cross-entropy over the target tokens of a
-  sample (``trainer._per_sample_loss``), averaged over samples;
+  sample (``trainer.per_sample_loss``), averaged over samples;
 * ``layout="soft"`` (default) puts in front exactly what promptTuning with ``init_text=p`` starts from:
-  p's token ids repeated and cut to ``virtual_tokens`` (PEFT's TEXT init, ``trainer._init_text_ids``).
+  p's token ids repeated and cut to ``virtual_tokens`` (PEFT's TEXT init, ``trainer.init_text_ids``).
   A virtual token initialised from a word embedding *is* that word at that position, so score(p) equals
   the tuning run's loss before its first step;
 * ``layout="text"`` puts ``p + "\\n"`` in front, the tiny corpus' ``format_example(input, target, p)``
@@ -75,7 +75,7 @@ class Scorer:
     ) -> None:
         import torch  # noqa: F401  (fail early, before any work, if torch is missing)
 
-        from elastune_worker.tuning.trainer import DEFAULT_SEPARATOR, TuningConfig, _encode
+        from elastune_worker.tuning.trainer import DEFAULT_SEPARATOR, TuningConfig, encode_record
 
         if layout not in ("soft", "text"):
             raise ValueError(f"layout must be 'soft' or 'text', got {layout!r}")
@@ -90,7 +90,7 @@ class Scorer:
         sep = DEFAULT_SEPARATOR if separator is None else separator
         # The trainer's own encoder and settings: the same tokens as the tuning loop.
         self._cfg = TuningConfig(separator=sep, max_length=max_length, virtual_tokens=virtual_tokens)
-        self._encoded = [_encode(tokenizer, r, self._cfg) for r in self.records]
+        self._encoded = [encode_record(tokenizer, r, self._cfg) for r in self.records]
         pad = tokenizer.pad_token_id
         self._pad = pad if pad is not None else tokenizer.eos_token_id
         limit = getattr(model.config, "n_positions", None) or getattr(
@@ -108,11 +108,11 @@ class Scorer:
 
     def prompt_ids(self, prompt: str) -> list[int]:
         """The tokens placed before every sample for ``prompt``."""
-        from elastune_worker.tuning.trainer import _init_text_ids
+        from elastune_worker.tuning.trainer import init_text_ids
 
         if self.layout == "soft":
             try:
-                ids = _init_text_ids(self.tokenizer, prompt, self.virtual_tokens)
+                ids = init_text_ids(self.tokenizer, prompt, self.virtual_tokens)
             except ValueError:  # a prompt of no tokens: PEFT would refuse it; score it as empty
                 ids = []
         else:
@@ -140,13 +140,13 @@ class Scorer:
 
     def _losses_plain(self, heads: list[list[int]]) -> np.ndarray:
         """Per (prompt, sample) losses with the trainer's own collate and loss (the reference path)."""
-        from elastune_worker.tuning.trainer import _collate, _Encoded, _per_sample_loss, _training_rows
+        from elastune_worker.tuning.trainer import Encoded, collate, per_sample_loss, training_rows
 
         device = next(self.model.parameters()).device
         # The prompt joins the source side: masked out of the loss like the input.
-        encoded = [_Encoded(h + e.source, e.target) for h in heads for e in self._encoded]
-        rows = _collate(_training_rows(encoded), self._pad, device)
-        return _per_sample_loss(self.model, *rows).double().cpu().numpy()
+        encoded = [Encoded(h + e.source, e.target) for h in heads for e in self._encoded]
+        rows = collate(training_rows(encoded), self._pad, device)
+        return per_sample_loss(self.model, *rows).double().cpu().numpy()
 
     def _losses_cached(self, heads: list[list[int]]) -> np.ndarray:
         """Same losses, computed faster: each prompt runs once and its key/value cache is shared by all

@@ -57,17 +57,23 @@ __all__ = [
     "MAX_ITERATIONS",
     "TARGET_REACHED",
     "CheckpointMismatch",
+    "Encoded",
     "StepInfo",
     "Trainer",
     "TuningConfig",
     "TuningResult",
     "build_peft_model",
+    "collate",
+    "encode_record",
     "evaluate_artifact",
     "global_batch_indices",
     "greedy_generate",
+    "init_text_ids",
     "latest_checkpoint",
     "load_artifact",
+    "per_sample_loss",
     "pick_device",
+    "training_rows",
 ]
 
 log = logging.getLogger(__name__)
@@ -259,7 +265,7 @@ def _peft_config(model_dir: str | Path, cfg: TuningConfig) -> Any:
     return PromptEncoderConfig(task_type=TaskType.CAUSAL_LM, num_virtual_tokens=cfg.virtual_tokens)
 
 
-def _init_text_ids(tok: PreTrainedTokenizerBase, text: str, n: int) -> list[int]:
+def init_text_ids(tok: PreTrainedTokenizerBase, text: str, n: int) -> list[int]:
     """The text's token ids repeated or cut to ``n`` (what PEFT's TEXT init does)."""
     ids = tok(text, add_special_tokens=False)["input_ids"]
     if not ids:
@@ -279,7 +285,7 @@ def _layer_kv(cache: Any, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
 def _apply_text_init(model: PeftModel, tok: PreTrainedTokenizerBase, cfg: TuningConfig) -> None:
     """init_text for the methods PEFT cannot TEXT-initialise."""
     assert cfg.init_text
-    ids = torch.tensor([_init_text_ids(tok, cfg.init_text, cfg.virtual_tokens)])
+    ids = torch.tensor([init_text_ids(tok, cfg.init_text, cfg.virtual_tokens)])
     encoder = model.prompt_encoder["default"]
     base = model.get_base_model()
     if cfg.method == "pTuning":
@@ -350,24 +356,24 @@ def global_batch_indices(n_train: int, batch_size: int, seed: int, step: int) ->
 
 
 @dataclass(frozen=True)
-class _Encoded:
+class Encoded:
     source: list[int]
     target: list[int]  # ends with eos
 
 
-def _encode(tok: PreTrainedTokenizerBase, rec: Record, cfg: TuningConfig) -> _Encoded:
+def encode_record(tok: PreTrainedTokenizerBase, rec: Record, cfg: TuningConfig) -> Encoded:
     source = tok(rec["input"] + cfg.separator, add_special_tokens=False)["input_ids"]
     target = tok(" " + rec["target"], add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
     target = target[: max(1, cfg.max_length - 1)]
     source = source[-(cfg.max_length - len(target)) :]  # keep the tail: the separator must stay
-    return _Encoded(source, target)
+    return Encoded(source, target)
 
 
 def _pad_id(tok: PreTrainedTokenizerBase) -> int:
     return tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
 
 
-def _collate(
+def collate(
     rows: Sequence[tuple[list[int], list[int]]], pad_id: int, device: torch.device
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Right-padded (input_ids, attention_mask, labels) from (tokens, labels) rows."""
@@ -382,11 +388,11 @@ def _collate(
     return ids.to(device), mask.to(device), labels.to(device)
 
 
-def _training_rows(encoded: Sequence[_Encoded]) -> list[tuple[list[int], list[int]]]:
+def training_rows(encoded: Sequence[Encoded]) -> list[tuple[list[int], list[int]]]:
     return [(e.source + e.target, [IGNORE_INDEX] * len(e.source) + e.target) for e in encoded]
 
 
-def _per_sample_loss(
+def per_sample_loss(
     model: PeftModel, ids: torch.Tensor, mask: torch.Tensor, labels: torch.Tensor
 ) -> torch.Tensor:
     """Mean cross-entropy over each sample's target tokens, shape (batch,)."""
@@ -407,12 +413,12 @@ def _per_sample_loss(
 # ------------------------------------------------------------------------------------- evaluation
 @torch.no_grad()
 def _eval_loss(
-    model: PeftModel, encoded: Sequence[_Encoded], pad_id: int, batch_size: int, device: torch.device
+    model: PeftModel, encoded: Sequence[Encoded], pad_id: int, batch_size: int, device: torch.device
 ) -> float:
     total = 0.0
     for start in range(0, len(encoded), batch_size):
-        rows = _training_rows(encoded[start : start + batch_size])
-        total += float(_per_sample_loss(model, *_collate(rows, pad_id, device)).double().sum())
+        rows = training_rows(encoded[start : start + batch_size])
+        total += float(per_sample_loss(model, *collate(rows, pad_id, device)).double().sum())
     return total / len(encoded)
 
 
@@ -441,7 +447,7 @@ def greedy_generate(
             if not active:
                 break
             rows = [(prompts[i] + new[i], []) for i in active]
-            ids, mask, _ = _collate(rows, pad_id, device)
+            ids, mask, _ = collate(rows, pad_id, device)
             logits = model(input_ids=ids, attention_mask=mask).logits[:, -ids.shape[1] :, :]
             last = mask.sum(dim=1) - 1
             nxt = logits[torch.arange(len(active), device=device), last].argmax(dim=-1).tolist()
@@ -461,13 +467,13 @@ def _evaluate(
     records: Sequence[Record],
     metric: str,
     cfg: TuningConfig,
-    encoded: Sequence[_Encoded] | None = None,
+    encoded: Sequence[Encoded] | None = None,
 ) -> float:
     if not records:
         raise ValueError("no evaluation records")
     if metric == "loss":
         device = next(model.parameters()).device
-        encoded = encoded if encoded is not None else [_encode(tok, r, cfg) for r in records]
+        encoded = encoded if encoded is not None else [encode_record(tok, r, cfg) for r in records]
         return _eval_loss(model, encoded, _pad_id(tok), cfg.eval_batch_size, device)
     predictions = greedy_generate(model, tok, [r["input"] for r in records], cfg)
     return M.corpus_score(metric, predictions, [r["target"] for r in records])
@@ -542,8 +548,8 @@ class Trainer:
         self.model = build_peft_model(self.model_dir, cfg, self.device, base_model=base_model)
         self._check_context_fits()
         self._pad_id = _pad_id(self.tokenizer)
-        self._train_enc = [_encode(self.tokenizer, r, cfg) for r in self.records_train]
-        self._eval_enc = [_encode(self.tokenizer, r, cfg) for r in self.records_eval]
+        self._train_enc = [encode_record(self.tokenizer, r, cfg) for r in self.records_train]
+        self._eval_enc = [encode_record(self.tokenizer, r, cfg) for r in self.records_eval]
         self.params = [(n, p) for n, p in self.model.named_parameters() if p.requires_grad]
         self.optimizer = self._make_optimizer()
 
@@ -617,8 +623,8 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         local = 0.0
         if len(shard):  # a batch smaller than the world leaves some shards empty: they send zeros
-            rows = _training_rows([self._train_enc[i] for i in shard])
-            losses = _per_sample_loss(self.model, *_collate(rows, self._pad_id, self.device))
+            rows = training_rows([self._train_enc[i] for i in shard])
+            losses = per_sample_loss(self.model, *collate(rows, self._pad_id, self.device))
             loss_w = losses.sum() * (self.world / self.cfg.batch_size)
             loss_w.backward()
             local = float(loss_w.detach())
