@@ -28,7 +28,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from .policy import EndpointView, RequestView, RoutingPolicyName, require_endpoints
-from .radix import WINDOW_SECONDS, GlobalRadixTree, Match
+from .prefix_cache import PrefixCacheModel
+from .radix import WINDOW_SECONDS, Match
 from .rank_aware import rank_cost
 
 
@@ -62,8 +63,8 @@ class CombinedRouter:
 
     def __init__(self, config: CombinedConfig | None = None) -> None:
         self.config = config or CombinedConfig()
-        self.tree = GlobalRadixTree(self.config.window_seconds, self.config.max_nodes)
-        self._capacity: dict[str, int] = {}
+        self.caches = PrefixCacheModel(self.config.window_seconds, self.config.max_nodes)
+        self.tree = self.caches.tree
         self.last_scores: dict[str, Score] = {}
 
     def score(self, request: RequestView, e: EndpointView, match: Match, now: float) -> Score:
@@ -92,15 +93,13 @@ class CombinedRouter:
 
     def pick(self, request: RequestView, endpoints: Sequence[EndpointView], now: float) -> str:
         require_endpoints(endpoints)
-        for e in endpoints:
-            self._capacity[e.id] = e.kv_capacity_tokens
+        self.caches.observe(endpoints)
         match = self.tree.match(request.tokens)
         self.last_scores = {e.id: self.score(request, e, match, now) for e in endpoints}
         return min(endpoints, key=lambda e: self.last_scores[e.id].total).id
 
     def on_routed(self, request: RequestView, endpoint: str, now: float) -> None:
-        if request.tokens:
-            self.tree.insert(request.tokens, endpoint, now, self._capacity.get(endpoint))
+        self.caches.routed(request, endpoint, now)
 
     def on_finished(
         self,
@@ -110,15 +109,7 @@ class CombinedRouter:
         now: float,
         output_token_ids: tuple[int, ...] = (),
     ) -> None:
-        if request.tokens and output_token_ids:
-            self.tree.insert(
-                request.tokens + output_token_ids,
-                endpoint,
-                now,
-                self._capacity.get(endpoint),
-                count_hit=False,
-            )
+        self.caches.finished(request, endpoint, now, output_token_ids)
 
     def forget_endpoint(self, endpoint: str, now: float) -> None:
-        self.tree.remove_endpoint(endpoint, now)
-        self._capacity.pop(endpoint, None)
+        self.caches.forget(endpoint, now)

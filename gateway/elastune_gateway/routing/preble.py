@@ -50,7 +50,8 @@ from typing import Literal
 
 from .cost import CostModel
 from .policy import EndpointView, RequestView, RoutingPolicyName, require_endpoints
-from .radix import WINDOW_SECONDS, GlobalRadixTree, Match
+from .prefix_cache import PrefixCacheModel
+from .radix import WINDOW_SECONDS, Match
 
 BALANCE_THRESHOLD = 1.5
 """Th_bal (DESIGN.md §5)."""
@@ -157,11 +158,11 @@ class PrebleRouter:
 
     def __init__(self, config: PrebleConfig | None = None) -> None:
         self.config = config or PrebleConfig()
-        self.tree = GlobalRadixTree(self.config.window_seconds, self.config.max_nodes)
+        self.caches = PrefixCacheModel(self.config.window_seconds, self.config.max_nodes)
+        self.tree = self.caches.tree
         self._history: dict[str, _History] = {}
         self._inflight: dict[tuple[str, str], _Routed] = {}
         self._costs: dict[str, CostModel] = {}
-        self._capacity: dict[str, int] = {}
         self.last_decision: Decision | None = None
         self.decisions: dict[DecisionKind, int] = {
             "exploit": 0,
@@ -205,9 +206,9 @@ class PrebleRouter:
     # -- Alg. 1 --------------------------------------------------------------------------------------
     def pick(self, request: RequestView, endpoints: Sequence[EndpointView], now: float) -> str:
         require_endpoints(endpoints)
+        self.caches.observe(endpoints)
         for e in endpoints:
             self._costs[e.id] = e.cost
-            self._capacity[e.id] = e.kv_capacity_tokens
         match = self.tree.match(request.tokens)
         matched = match.matched
         missed = request.prompt_len - matched
@@ -277,8 +278,7 @@ class PrebleRouter:
         history.add(entry)
         history.expire(now, self.config.window_seconds, self.config.history_requests)
         self._inflight[(request.id, endpoint)] = entry
-        if request.tokens:
-            self.tree.insert(request.tokens, endpoint, now, self._capacity.get(endpoint))
+        self.caches.routed(request, endpoint, now)
 
     def on_finished(
         self,
@@ -292,19 +292,10 @@ class PrebleRouter:
         history = self._history.get(endpoint)
         if entry is not None and history is not None and not entry.expired:
             history.set_decode(entry, output_tokens)
-        if request.tokens and output_token_ids:
-            # The engine caches prompt + output: a next turn of the conversation can reuse both.
-            self.tree.insert(
-                request.tokens + output_token_ids,
-                endpoint,
-                now,
-                self._capacity.get(endpoint),
-                count_hit=False,
-            )
+        self.caches.finished(request, endpoint, now, output_token_ids)
 
     def forget_endpoint(self, endpoint: str, now: float) -> None:
         """The endpoint left the pool: drop what it cached and its history."""
-        self.tree.remove_endpoint(endpoint, now)
+        self.caches.forget(endpoint, now)
         self._history.pop(endpoint, None)
         self._costs.pop(endpoint, None)
-        self._capacity.pop(endpoint, None)
