@@ -86,20 +86,11 @@ def openai_router(get_engine: Callable[[], EngineClient | None], metrics: Servin
             if vocab is not None and any(not 0 <= t < vocab for t in ids):
                 raise APIError(400, f"prompt token ids must be in [0, {vocab})", "prompt")
         params = _params(body, body.max_tokens, len(ids), engine.max_model_len)
-        rid = f"cmpl-{uuid.uuid4().hex}"
-        run = _Run(engine, rid, ids, params, body.priority, metrics)
-        if body.stream:
-            include_usage = bool(body.stream_options and body.stream_options.include_usage)
-            return _sse(_completion_chunks(run, body.model, include_usage))
-        text, reason = await run.collect(request)
-        return {
-            "id": rid,
-            "object": "text_completion",
-            "created": int(time.time()),
-            "model": body.model,
-            "choices": [{"index": 0, "text": text, "finish_reason": reason, "logprobs": None}],
-            "usage": run.usage(),
-        }
+        run = _Run(engine, f"cmpl-{uuid.uuid4().hex}", ids, params, body.priority, metrics)
+        return await _answer(
+            run, body, request, _completion_chunks, "text_completion",
+            lambda text, reason: {"index": 0, "text": text, "finish_reason": reason, "logprobs": None},
+        )  # fmt: skip
 
     @router.post("/chat/completions", response_model=ChatCompletionResponse, responses=_ERRORS)
     async def chat(body: ChatCompletionRequest, request: Request) -> Any:
@@ -110,24 +101,38 @@ def openai_router(get_engine: Callable[[], EngineClient | None], metrics: Servin
         except ValueError as exc:  # e.g. a template that refuses this sequence of roles
             raise APIError(400, f"messages: {exc}", "messages") from exc
         params = _params(body, body.token_limit(), len(ids), engine.max_model_len)
-        rid = f"chatcmpl-{uuid.uuid4().hex}"
-        run = _Run(engine, rid, ids, params, body.priority, metrics)
-        if body.stream:
-            include_usage = bool(body.stream_options and body.stream_options.include_usage)
-            return _sse(_chat_chunks(run, body.model, include_usage))
-        text, reason = await run.collect(request)
-        return {
-            "id": rid,
-            "object": "chat.completion",
-            "created": int(time.time()),
-            "model": body.model,
-            "choices": [
-                {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": reason}
-            ],
-            "usage": run.usage(),
-        }
+        run = _Run(engine, f"chatcmpl-{uuid.uuid4().hex}", ids, params, body.priority, metrics)
+        return await _answer(
+            run, body, request, _chat_chunks, "chat.completion",
+            lambda text, reason: {
+                "index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": reason
+            },
+        )  # fmt: skip
 
     return router
+
+
+async def _answer(
+    run: _Run,
+    body: _Request,
+    request: Request,
+    chunks: Callable[[_Run, str, bool], AsyncIterator[str]],
+    kind: str,
+    choice: Callable[[str, str | None], dict[str, Any]],
+) -> Any:
+    """A stream of SSE chunks, or the whole answer once the request finished."""
+    if body.stream:
+        include_usage = bool(body.stream_options and body.stream_options.include_usage)
+        return _sse(chunks(run, body.model, include_usage))
+    text, reason = await run.collect(request)
+    return {
+        "id": run.rid,
+        "object": kind,
+        "created": int(time.time()),
+        "model": body.model,
+        "choices": [choice(text, reason)],
+        "usage": run.usage(),
+    }
 
 
 def _refuse_unsupported(body: _Request) -> None:
