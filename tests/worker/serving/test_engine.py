@@ -5,6 +5,7 @@ stopping, aborts and bad input behave as users of vLLM expect."""
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -201,5 +202,52 @@ def test_running_engines_stream_outputs_and_abort_when_the_caller_leaves(model, 
         a, b = asyncio.run(main())
         assert a == reference(tok, hf, "hello", 8) and len(b) == 3
         assert eng.stats().num_requests_running == 0 and eng.stats().kv_cache_usage_perc == 0
+    finally:
+        eng.close()
+
+
+def test_detokenizing_starts_from_the_prompts_last_tokens(model):
+    """The window includes the prompt's tail (as vLLM's does), and only output text is emitted."""
+    from elastune_worker.serving.detokenizer import IncrementalDetokenizer
+
+    tok = model[1]
+    prompt, output = tok("Read the record:")["input_ids"], tok(" Dune, by Frank Herbert")["input_ids"]
+    detok = IncrementalDetokenizer(tok, (), prompt)
+    text = "".join(detok.add(t)[0] for t in output) + detok.flush()
+    assert text == tok.decode(prompt + output)[len(tok.decode(prompt)) :] == " Dune, by Frank Herbert"
+
+
+def test_a_closed_caller_loop_aborts_its_requests_and_the_engine_carries_on(model):
+    import asyncio
+
+    from elastune_worker.serving.async_engine import AsyncEngine
+
+    path, tok, hf = model
+    eng = AsyncEngine(LLMEngine(path, EngineConfig(kv_cache_tokens=8192)))
+    params = SamplingParams(max_tokens=400, temperature=0, ignore_eos=True)
+
+    async def start_and_abandon() -> None:
+        gen = eng.generate("orphan", tok("hello")["input_ids"], params)
+        await gen.__anext__()  # running; then the loop closes under it without closing the generator
+
+    loop = asyncio.new_event_loop()
+    loop.run_until_complete(start_and_abandon())
+    loop.close()
+    try:
+        for _ in range(100):
+            if eng.stats().num_requests_running == 0 and eng.stats().kv_cache_usage_perc == 0:
+                break
+            time.sleep(0.05)
+        assert eng.stats().num_requests_running == 0 and eng.stats().kv_cache_usage_perc == 0
+
+        async def after() -> list[int]:
+            out: list[int] = []
+            five = SamplingParams(max_tokens=5, temperature=0, ignore_eos=True)
+            async for o in eng.generate("next", tok("hello")["input_ids"], five):
+                out += o.new_token_ids
+            return out
+
+        # a dead engine thread would never answer: fail instead of hanging
+        assert asyncio.run(asyncio.wait_for(after(), 30)) == reference(tok, hf, "hello", 5)
     finally:
         eng.close()

@@ -126,3 +126,14 @@ def test_duplicate_ids_and_too_small_caches_are_refused():
         s.add(make_requests(3)[0])
     with pytest.raises(ValueError, match="fewer than one full context"):
         make_scheduler(num_kv_blocks=2).add(make_requests(3, base=9)[0])
+
+
+def test_block_hashes_are_sha256_chains_that_separate_adapters_and_prefixes():
+    from elastune_worker.serving.block_manager import block_hash
+
+    a = block_hash(None, (1, 2, 3, 4), None)
+    assert len(a) == 32 and a == block_hash(None, (1, 2, 3, 4), None)
+    assert block_hash(a, (5, 6, 7, 8), None) != block_hash(None, (5, 6, 7, 8), None)  # the prefix counts
+    assert block_hash(None, (1, 2, 3, 4), "lora-a") != a != block_hash(None, (1, 2, 3, 4), "")
+    # hash((-1,)) == hash((-2,)) in CPython: a tuple hash would let these two blocks share KV
+    assert block_hash(None, (-1,), None) != block_hash(None, (-2,), None)

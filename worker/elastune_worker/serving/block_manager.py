@@ -9,13 +9,21 @@ cached content (LRU). A partial block is never shared.
 
 from __future__ import annotations
 
+import hashlib
+from array import array
 from collections import OrderedDict
 
 from elastune_worker.serving.sequence import Sequence
 
 
-def block_hash(parent: int | None, tokens: tuple[int, ...], extra_key: str | None) -> int:
-    return hash((parent, tokens, extra_key))
+def block_hash(parent: bytes | None, tokens: tuple[int, ...], extra_key: str | None) -> bytes:
+    """SHA-256 of (parent digest, the block's tokens, extra key). Python's hash() of integer tuples is
+    predictable and collides by construction, so a crafted prompt could be served another request's
+    KV blocks; vLLM moved to SHA-256 for the same reason."""
+    h = hashlib.sha256(parent or b"")
+    h.update(array("q", tokens).tobytes())
+    h.update(b"\x00" if extra_key is None else b"\x01" + extra_key.encode())
+    return h.digest()
 
 
 class BlockManager:
@@ -23,8 +31,8 @@ class BlockManager:
         self.num_blocks, self.block_size = num_blocks, block_size
         self.enable_prefix_caching = enable_prefix_caching
         self.ref_count = [0] * num_blocks
-        self.hash_of: list[int | None] = [None] * num_blocks
-        self.cached: dict[int, int] = {}  # block hash -> block id
+        self.hash_of: list[bytes | None] = [None] * num_blocks
+        self.cached: dict[bytes, int] = {}  # block hash -> block id
         self.free: OrderedDict[int, None] = OrderedDict((b, None) for b in range(num_blocks))
         self.queried_tokens = 0
         self.hit_tokens = 0

@@ -6,9 +6,12 @@ from __future__ import annotations
 
 from typing import Any
 
+_PROMPT_CONTEXT = 5
+"""Prompt tokens kept in front of the output when decoding its window (vLLM keeps 5 too)."""
+
 
 class IncrementalDetokenizer:
-    def __init__(self, tokenizer: Any, stops: tuple[str, ...]) -> None:
+    def __init__(self, tokenizer: Any, stops: tuple[str, ...], prompt_ids: list[int] | None = None) -> None:
         # The Rust tokenizer under a fast transformers tokenizer decodes ~10x faster than the wrapper.
         backend = getattr(tokenizer, "backend_tokenizer", None)
         self._decode = (
@@ -18,8 +21,10 @@ class IncrementalDetokenizer:
         )
         self.stops = stops
         self.hold = max((len(s) for s in stops), default=1) - 1
-        self.ids: list[int] = []
-        self.prefix_offset = self.read_offset = 0
+        # The window starts in the prompt's last tokens: decoders that drop a leading space at the
+        # start of a sequence (SentencePiece) then render the first output token as it follows.
+        self.ids: list[int] = list(prompt_ids or [])[-_PROMPT_CONTEXT:]
+        self.prefix_offset, self.read_offset = 0, len(self.ids)
         self.text = ""
         self.sent = 0
 

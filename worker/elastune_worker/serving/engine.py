@@ -101,7 +101,7 @@ class LLMEngine:
             extra_key=extra_key,
         )
         self.scheduler.add(seq)
-        self._detok[request_id] = IncrementalDetokenizer(self.tokenizer, params.stop)
+        self._detok[request_id] = IncrementalDetokenizer(self.tokenizer, params.stop, ids)
 
     def abort(self, request_id: str) -> bool:
         """Stop a request now and free its KV blocks; False if it is not in the engine."""

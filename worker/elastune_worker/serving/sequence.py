@@ -30,7 +30,7 @@ class Sequence:
     num_cached_tokens: int = 0
     """Prompt tokens served from the prefix cache at the latest admission."""
     block_table: list[int] = field(default_factory=list)
-    block_hashes: list[int] = field(default_factory=list)
+    block_hashes: list[bytes] = field(default_factory=list)
     """Chain hashes of this sequence's full blocks, computed as they fill."""
     num_registered_blocks: int = 0
     """Full blocks already offered to the prefix cache."""

@@ -64,8 +64,7 @@ class RequestStreams:
         with self._lock:
             target = self._sinks.get(rid)
         if target is not None:
-            loop, sink = target
-            loop.call_soon_threadsafe(sink.put_nowait, item)
+            self._post(target[0], target[1].put_nowait, item)
 
     def _deliver_many(self, outputs: list[RequestOutput]) -> None:
         """One wake-up of each caller's event loop per engine step, not one per request (each
@@ -77,7 +76,21 @@ class RequestStreams:
                 if target is not None:
                     batches.setdefault(target[0], []).append((target[1], o))
         for loop, items in batches.items():
-            loop.call_soon_threadsafe(_put_all, items)
+            self._post(loop, _put_all, items)
+
+    def _post(self, loop: asyncio.AbstractEventLoop, callback: Any, arg: Any) -> None:
+        """Hand ``arg`` to the caller's loop. A loop that was closed has nobody reading its requests
+        any more: they are aborted (their KV blocks freed) and the engine carries on."""
+        try:
+            loop.call_soon_threadsafe(callback, arg)
+        except RuntimeError:
+            with self._lock:
+                dead = [rid for rid, (sink_loop, _) in self._sinks.items() if sink_loop is loop]
+                for rid in dead:
+                    del self._sinks[rid]
+            if self._can_abort():
+                for rid in dead:
+                    self._send(("abort", rid))
 
     def _waiting(self) -> list[str]:
         with self._lock:
