@@ -29,7 +29,7 @@ if [ ${#missing[@]} -gt 0 ]; then
 fi
 
 python3 -c "import torch" 2>/dev/null || { python3 -m pip install --quiet torch==2.13.0 && step "installed torch"; }
-python3 -m pip install --quiet -e '.[dev,worker]'
-step "installed elastune[dev,worker]; running pytest"
+python3 -m pip install --quiet -e '.[dev,worker,gateway]'
+step "installed elastune[dev,worker,gateway]; running pytest"
 
 exec python3 -m pytest "$@"

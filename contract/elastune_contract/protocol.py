@@ -77,6 +77,10 @@ class ServingState(_Message):
     prefix_cache_hit_tokens: int = 0
     prefix_cache_queried_tokens: int = 0
     cost: ServingCost | None = None
+    max_num_seqs: int = 0
+    """Requests in the running batch at most (0: not published)."""
+    kv_capacity_tokens: int = 0
+    """KV-cache size in tokens: what its prefix cache can hold at most (0: not published)."""
 
 
 class WorkerRecord(_Message):
@@ -99,6 +103,33 @@ class WorkerRecord(_Message):
     message: str | None = None
     serving: ServingState | None = None
     """Set while the worker serves /v1 (refreshed with every heartbeat)."""
+
+
+class ServingPoolRecord(_Message):
+    """A serving pool as the control plane publishes it for the gateway (one per WarmPool that serves).
+
+    It lets the gateway know a model whose pool has no warm pod (scaled to zero): requests for it wait
+    up to ``hold_timeout_s`` instead of getting a 404."""
+
+    pool: str
+    model: str
+    """The model id clients send (the served model name of the pool's workers)."""
+    routing_policy: str | None = None
+    """The pool's routing policy by name (the gateway's RoutingPolicyName); None: the gateway's default."""
+    hold_timeout_s: float = Field(default=30.0, ge=0)
+    """How long a request waits in the gateway for a warm pod before a 503."""
+    ttft_slo_s: float | None = None
+    tpot_slo_s: float | None = None
+
+
+class ServingDemand(_Message):
+    """Requests the gateway holds for a model with no warm endpoint: the operator scales the pool up."""
+
+    model: str
+    waiting: int
+    oldest_since: float
+    """Unix time the oldest waiting request arrived."""
+    updated_at: float
 
 
 class Assignment(_Message):
@@ -199,6 +230,14 @@ def worker_key(ns: str, worker_id: str) -> str:
     return f"{ns}:worker:{worker_id}"
 
 
+def pools_key(ns: str) -> str:
+    return f"{ns}:serving-pools"
+
+
+def demand_key(ns: str, model: str) -> str:
+    return f"{ns}:demand:{model}"
+
+
 def assign_key(ns: str, worker_id: str) -> str:
     return f"{ns}:assign:{worker_id}"
 
@@ -296,6 +335,25 @@ class Bus:
 
     def cancel(self, job: str, attempt: int, ttl: int = 24 * 3600) -> None:
         self.redis.set(cancel_key(self.ns, job, attempt), "1", ex=ttl)
+
+    # -- serving --------------------------------------------------------------------------------------
+    def publish_pool(self, record: ServingPoolRecord) -> None:
+        self.redis.hset(pools_key(self.ns), record.pool, record.dumps())
+
+    def forget_pool(self, pool: str) -> None:
+        self.redis.hdel(pools_key(self.ns), pool)
+
+    def serving_pools(self) -> dict[str, ServingPoolRecord]:
+        raw = cast(dict[str, str], self.redis.hgetall(pools_key(self.ns)))
+        return {pool: ServingPoolRecord.model_validate_json(v) for pool, v in sorted(raw.items())}
+
+    def post_demand(self, demand: ServingDemand, ttl: int = WORKER_TTL_SECONDS) -> None:
+        """Refreshed while requests wait; expires ``ttl`` seconds after the last one stops waiting."""
+        self.redis.set(demand_key(self.ns, demand.model), demand.dumps(), ex=ttl)
+
+    def demand(self, model: str) -> ServingDemand | None:
+        raw = cast(str | None, self.redis.get(demand_key(self.ns, model)))
+        return None if raw is None else ServingDemand.model_validate_json(raw)
 
     def forget_worker(self, worker_id: str) -> None:
         pipe = self.redis.pipeline()

@@ -107,6 +107,24 @@ def _exec_worker_module(module: str, argv: list[str]) -> int:
     return 0  # not reached
 
 
+def _exec_gateway(argv: list[str]) -> int:
+    """`elastune gateway [flags]`: the gateway in its own interpreter (it needs the gateway extra)."""
+    import importlib.util
+    import os
+
+    missing = [m for m in ("fastapi", "uvicorn", "httpx") if importlib.util.find_spec(m) is None]
+    if missing:
+        print(
+            f"elastune gateway needs the gateway extra (missing: {', '.join(missing)}): "
+            "pip install 'elastune[gateway]'",
+            file=sys.stderr,
+        )
+        return 2
+    sys.stdout.flush()
+    os.execv(sys.executable, [sys.executable, "-m", "elastune_gateway.server", *argv])
+    return 0  # not reached
+
+
 def _cmd_run(args: argparse.Namespace) -> int:
     from .local.run import RunError, RunOptions, run
 
@@ -196,6 +214,12 @@ def build_parser() -> argparse.ArgumentParser:
     worker.add_argument("rest", nargs=argparse.REMAINDER)
     worker.set_defaults(func=lambda a: _exec_worker_module("elastune_worker", ["serve", *a.rest]))
 
+    gateway = sub.add_parser(
+        "gateway", help="the OpenAI-compatible gateway in front of the warm workers", add_help=False
+    )
+    gateway.add_argument("rest", nargs=argparse.REMAINDER)
+    gateway.set_defaults(func=lambda a: _exec_gateway(a.rest))
+
     bank = sub.add_parser("bank", help="Prompt Bank: build | lookup | insert", add_help=False)
     bank.add_argument("rest", nargs=argparse.REMAINDER)
     bank.set_defaults(func=lambda a: _exec_worker_module("elastune_worker.bank", a.rest))
@@ -244,6 +268,8 @@ def main(argv: list[str] | None = None) -> int:
             return _exec_worker_module(target[0], target[1:] + argv[len(prefix) :])
     if argv[:1] == ["operator"]:
         return _run_operator(argv[1:])
+    if argv[:1] == ["gateway"]:
+        return _exec_gateway(argv[1:])
     if argv[:2] == ["bench", "operator"]:
         return _bench_operator(argv[2:])
     args = build_parser().parse_args(argv)

@@ -24,6 +24,7 @@ class AsyncEngine(RequestStreams):
     def __init__(self, engine: LLMEngine) -> None:
         super().__init__()
         self.engine = engine
+        self.config = engine.config
         self.cost = profile_costs(engine)
         self._commands: queue.Queue[Command] = queue.Queue()
         self._stats = engine.stats()

@@ -8,6 +8,7 @@ from typing import Any, Protocol
 
 from elastune_contract.protocol import ServingCost, ServingState
 from elastune_worker.serving.api.client import GenerationDelta, GenerationParams
+from elastune_worker.serving.config import EngineConfig
 from elastune_worker.serving.engine import EngineStats, RequestOutput
 from elastune_worker.serving.sampling import SamplingParams
 
@@ -22,6 +23,7 @@ class RunningEngine(Protocol):
     vocab_size: int
     tokenizer: Any
     cost: ServingCost
+    config: EngineConfig
 
     def encode(self, prompt: str) -> list[int]: ...
 
@@ -88,6 +90,8 @@ class EngineServingClient:
             prefix_cache_hit_tokens=s.prefix_cache_hits_tokens,
             prefix_cache_queried_tokens=s.prefix_cache_queries_tokens,
             cost=self.engine.cost,
+            max_num_seqs=self.engine.config.max_num_seqs,
+            kv_capacity_tokens=self.engine.config.kv_blocks() * self.engine.config.block_size,
         )
 
     def stats(self) -> dict[str, float]:

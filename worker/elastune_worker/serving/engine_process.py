@@ -90,6 +90,7 @@ class ProcessEngine(RequestStreams):
         threads: int | None = None,
     ) -> None:
         super().__init__()
+        self.config = config
         ctx = mp.get_context("spawn")  # no fork of a process holding threads and torch state
         child_commands, self._commands = ctx.Pipe(duplex=False)  # (receiving end, sending end)
         self._results, child_results = ctx.Pipe(duplex=False)

@@ -18,10 +18,8 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
 
-from elastune_worker.serving.api.client import EngineBusy, EngineClient, GenerationDelta, GenerationParams
-from elastune_worker.serving.api.errors import APIError, sse_error
-from elastune_worker.serving.api.metrics import ServingMetrics
-from elastune_worker.serving.api.protocol import (
+from elastune_contract.openai_api.errors import APIError, sse_error
+from elastune_contract.openai_api.protocol import (
     ChatCompletionRequest,
     ChatCompletionResponse,
     CompletionRequest,
@@ -30,6 +28,8 @@ from elastune_worker.serving.api.protocol import (
     ModelList,
     _Request,
 )
+from elastune_worker.serving.api.client import EngineBusy, EngineClient, GenerationDelta, GenerationParams
+from elastune_worker.serving.api.metrics import ServingMetrics
 
 _ERRORS: dict[int | str, dict[str, Any]] = {
     code: {"model": ErrorResponse, "description": why}

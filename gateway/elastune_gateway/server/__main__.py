@@ -1,0 +1,74 @@
+"""``elastune gateway`` / ``python -m elastune_gateway.server``: the OpenAI-compatible gateway."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from typing import Any
+
+import uvicorn
+from pydantic import ValidationError
+
+from elastune_contract.protocol import DEFAULT_NAMESPACE
+
+from ..routing.policy import ROUTING_POLICY_NAMES
+from .app import create_app
+from .service import Gateway
+from .settings import GatewaySettings
+
+
+def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
+    p = parser or argparse.ArgumentParser(prog="elastune gateway", description=__doc__)
+    defaults = GatewaySettings()
+    p.add_argument("--redis-url", default=defaults.redis_url, help="the registry workers publish to")
+    p.add_argument("--namespace", default=DEFAULT_NAMESPACE, help="registry key prefix")
+    p.add_argument("--host", default="0.0.0.0")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--policy", choices=ROUTING_POLICY_NAMES, default=defaults.default_policy,
+                   help="routing policy of pools that name none")  # fmt: skip
+    p.add_argument("--pool-policy", action="append", default=[], metavar="POOL=POLICY",
+                   help="routing policy of one pool (repeatable)")  # fmt: skip
+    p.add_argument("--hold-timeout", type=float, default=defaults.hold_timeout_s,
+                   help="seconds a request waits for a warm endpoint, then 503")  # fmt: skip
+    p.add_argument("--max-waiting", type=int, default=defaults.max_waiting)
+    p.add_argument("--failure-cooldown", type=float, default=defaults.failure_cooldown_s)
+    p.add_argument("--read-timeout", type=float, default=defaults.read_timeout_s)
+    p.add_argument("--length-predictor-url", default=None,
+                   help="SSJF predictor (python -m elastune_worker.ssjf); without it: FCFS")  # fmt: skip
+    p.add_argument("--log-level", default="info")
+    return p
+
+
+def settings_from(args: argparse.Namespace) -> GatewaySettings:
+    pools: dict[str, Any] = {}  # validated into RoutingPolicyName by GatewaySettings
+    for item in args.pool_policy:
+        pool, sep, policy = item.partition("=")
+        if not sep or not pool:
+            raise SystemExit(f"--pool-policy takes POOL=POLICY, got {item!r}")
+        pools[pool] = policy
+    try:
+        return GatewaySettings(
+            redis_url=args.redis_url, namespace=args.namespace, default_policy=args.policy,
+            pool_policies=pools, hold_timeout_s=args.hold_timeout, max_waiting=args.max_waiting,
+            failure_cooldown_s=args.failure_cooldown, read_timeout_s=args.read_timeout,
+            length_predictor_url=args.length_predictor_url,
+        )  # fmt: skip
+    except ValidationError as exc:
+        raise SystemExit(f"elastune gateway: invalid settings: {exc}") from exc
+
+
+def run(args: argparse.Namespace) -> int:
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    settings = settings_from(args)
+    app = create_app(Gateway(settings))
+    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, access_log=False)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run(build_parser().parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,124 @@
+"""The gateway's HTTP application on FastAPI: the OpenAI routes, health, metrics, and the OpenAPI
+document at /openapi.json (the request and response shapes are the contract's, the same as a worker's)."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from elastune_contract.openai_api.handlers import install_error_handlers
+from elastune_contract.openai_api.protocol import (
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+    CompletionRequest,
+    CompletionResponse,
+    ErrorResponse,
+    ModelList,
+)
+
+from .service import Gateway
+
+log = logging.getLogger("elastune.gateway")
+
+_ERRORS: dict[int | str, dict[str, Any]] = {
+    code: {"model": ErrorResponse, "description": why}
+    for code, why in (
+        (400, "Invalid request: malformed body, unsupported option, prompt over the context"),
+        (404, "Unknown model"),
+        (429, "Too many requests waiting for warm endpoints (Retry-After)"),
+        (502, "The endpoint serving the request failed"),
+        (503, "No warm endpoint within the pool's hold timeout (Retry-After)"),
+        (504, "The endpoint did not answer within the read timeout"),
+    )
+}
+_STREAM: dict[int | str, dict[str, Any]] = {
+    200: {"content": {"text/event-stream": {}}, "description": "The answer, or SSE chunks when stream"}
+}
+
+
+def create_app(gateway: Gateway) -> FastAPI:
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        await gateway.start()
+        try:
+            yield
+        finally:
+            await gateway.stop()
+
+    app = FastAPI(
+        title="Elastune gateway",
+        version="0.1.0",
+        description="OpenAI-compatible gateway in front of Elastune's warm worker pods: resolves the model, "
+        "routes with the pool's policy (Preble E2, rank-aware, …), holds requests while a pool scales up.",
+        lifespan=lifespan,
+    )
+    install_error_handlers(app, log)
+    metrics = gateway.metrics
+    created = int(time.time())
+
+    @app.middleware("http")
+    async def count(request: Request, call_next: Any) -> Response:
+        response: Response = await call_next(request)
+        if request.url.path.startswith("/v1/"):
+            model = getattr(request.state, "model", "-")  # a known model only: no label per typo
+            metrics.requests.labels(model, str(response.status_code)).inc()
+        return response
+
+    @app.get("/healthz", tags=["health"])
+    async def healthz() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/readyz", tags=["health"], responses={503: {"description": "The registry is not reachable"}})
+    async def readyz() -> JSONResponse:
+        d = gateway.directory
+        if d.last_refresh is None or d.last_error is not None:
+            why = d.last_error or "the registry was not read yet"
+            return JSONResponse({"status": "not ready", "reason": why}, status_code=503)
+        return JSONResponse(
+            {"status": "ready", "endpoints": len(d.all_endpoints()), "policies": gateway.policies(),
+             "length_predictor": gateway.settings.length_predictor_url is not None}
+        )  # fmt: skip
+
+    @app.get("/metrics", tags=["health"])
+    async def metrics_text() -> Response:
+        metrics.endpoints.clear()
+        for ep in gateway.directory.all_endpoints():
+            state = "down" if gateway.directory.is_down(ep.id) else "up"
+            metrics.endpoints.labels(ep.model, state).inc()
+        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/v1/models", response_model=ModelList, tags=["openai"])
+    async def models() -> dict[str, Any]:
+        data = [
+            {"id": m.name, "object": "model", "created": created, "owned_by": "elastune", "root": m.name,
+             "parent": None, "max_model_len": m.max_model_len}
+            for m in gateway.directory.models().values()
+        ]  # fmt: skip
+        return {"object": "list", "data": data}
+
+    @app.post(
+        "/v1/completions",
+        response_model=CompletionResponse,
+        responses={**_STREAM, **_ERRORS},
+        tags=["openai"],
+    )
+    async def completions(body: CompletionRequest, request: Request) -> Response:
+        return await gateway.completions(body, request)
+
+    @app.post(
+        "/v1/chat/completions",
+        response_model=ChatCompletionResponse,
+        responses={**_STREAM, **_ERRORS},
+        tags=["openai"],
+    )
+    async def chat(body: ChatCompletionRequest, request: Request) -> Response:
+        return await gateway.chat(body, request)
+
+    return app

@@ -1,0 +1,154 @@
+"""The endpoints of each model, read continuously from the Redis registry.
+
+Workers publish a ``WorkerRecord`` with every heartbeat (1 s, TTL 10 s); one that serves carries its
+``ServingState`` (load, KV usage, prefix-cache counters, fitted cost, capacity). The control plane
+publishes a ``ServingPoolRecord`` per serving pool, which is how the gateway knows a model whose pool
+is scaled to zero. An endpoint that failed a request is set aside for ``failure_cooldown_s`` (or until
+its worker re-registers as a new process) so no new request goes there.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from dataclasses import dataclass, replace
+
+from elastune_contract.protocol import (
+    Bus,
+    ServingDemand,
+    ServingPoolRecord,
+    ServingState,
+    WorkerRecord,
+    WorkerState,
+)
+
+log = logging.getLogger("elastune.gateway")
+
+_SERVING_STATES = (WorkerState.READY, WorkerState.BUSY)  # a pod that tunes keeps serving
+
+
+@dataclass(frozen=True, slots=True)
+class Endpoint:
+    id: str
+    pool: str
+    url: str
+    started_at: float
+    serving: ServingState
+
+    @property
+    def model(self) -> str:
+        return self.serving.model
+
+
+@dataclass(frozen=True, slots=True)
+class KnownModel:
+    """A model clients may name: served now, published as a pool, or served earlier in this process."""
+
+    name: str
+    pool: str
+    max_model_len: int | None
+    hold_timeout_s: float | None
+    routing_policy: str | None
+    ttft_slo_s: float | None = None
+    tpot_slo_s: float | None = None
+
+
+class Directory:
+    def __init__(self, bus: Bus, failure_cooldown_s: float) -> None:
+        self.bus = bus
+        self.failure_cooldown_s = failure_cooldown_s
+        self._endpoints: dict[str, Endpoint] = {}
+        self._models: dict[str, KnownModel] = {}
+        self._down: dict[str, tuple[float, float]] = {}
+        """endpoint id → (until, started_at of the process that failed)."""
+        self._changed = asyncio.Event()
+        self.last_refresh: float | None = None
+        self.last_error: str | None = None
+
+    # -- reading the registry ---------------------------------------------------------------------
+    async def refresh(self) -> None:
+        try:
+            workers, pools = await asyncio.to_thread(self._read)
+        except Exception as exc:  # Redis down: keep the last view, say so in /readyz and the log
+            if self.last_error is None:
+                log.warning("cannot read the registry: %s", exc)
+            self.last_error = str(exc)
+            return
+        self.last_error = None
+        self.last_refresh = time.monotonic()
+        self._apply(workers, pools)
+
+    def _read(self) -> tuple[dict[str, WorkerRecord], dict[str, ServingPoolRecord]]:
+        return self.bus.workers(), self.bus.serving_pools()
+
+    def _apply(self, workers: dict[str, WorkerRecord], pools: dict[str, ServingPoolRecord]) -> None:
+        endpoints = {
+            w.id: Endpoint(w.id, w.pool, w.url, w.started_at, w.serving)
+            for w in workers.values()
+            if w.serving is not None and w.url and w.state in _SERVING_STATES
+        }
+        for eid, (_, started) in list(self._down.items()):
+            ep = endpoints.get(eid)
+            if ep is None or ep.started_at != started:
+                del self._down[eid]  # gone, or a new process under the same id: forget the failure
+        models = dict(self._models)  # a model served before stays known: its pool may be at zero
+        for rec in pools.values():
+            prev = models.get(rec.model)
+            models[rec.model] = KnownModel(
+                rec.model, rec.pool, prev.max_model_len if prev else None, rec.hold_timeout_s,
+                rec.routing_policy, rec.ttft_slo_s, rec.tpot_slo_s,
+            )  # fmt: skip
+        for ep in endpoints.values():
+            prev = models.get(ep.model)
+            models[ep.model] = (
+                replace(prev, max_model_len=ep.serving.max_model_len)
+                if prev is not None
+                else KnownModel(ep.model, ep.pool, ep.serving.max_model_len, None, None)
+            )
+        self._models = models
+        if set(endpoints) != set(self._endpoints):
+            self._changed.set()
+            self._changed = asyncio.Event()
+        self._endpoints = endpoints
+
+    # -- what the app asks ------------------------------------------------------------------------
+    def models(self) -> dict[str, KnownModel]:
+        return dict(sorted(self._models.items()))
+
+    def model(self, name: str) -> KnownModel | None:
+        return self._models.get(name)
+
+    def endpoints(self, model: str, exclude: frozenset[str] = frozenset()) -> list[Endpoint]:
+        """The model's warm endpoints that may take a request, in a stable order (by id)."""
+        now = time.monotonic()
+        return [
+            ep
+            for eid, ep in sorted(self._endpoints.items())
+            if ep.model == model and eid not in exclude and self._down.get(eid, (0.0, 0.0))[0] <= now
+        ]
+
+    def all_endpoints(self) -> list[Endpoint]:
+        return [ep for _, ep in sorted(self._endpoints.items())]
+
+    def is_down(self, endpoint_id: str) -> bool:
+        return self._down.get(endpoint_id, (0.0, 0.0))[0] > time.monotonic()
+
+    def mark_down(self, endpoint_id: str, why: str) -> None:
+        ep = self._endpoints.get(endpoint_id)
+        if ep is None:
+            return
+        log.warning("endpoint %s (%s) set aside for %.0f s: %s", ep.id, ep.url, self.failure_cooldown_s, why)
+        self._down[endpoint_id] = (time.monotonic() + self.failure_cooldown_s, ep.started_at)
+
+    async def wait_changed(self, timeout: float) -> None:
+        """Returns when the set of endpoints changed, or after ``timeout`` seconds."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._changed.wait(), timeout)
+
+    def post_demand(self, demand: ServingDemand) -> None:
+        try:
+            self.bus.post_demand(demand)
+        except Exception as exc:  # the request still waits; the operator just learns later
+            log.warning("cannot publish serving demand for %s: %s", demand.model, exc)

@@ -1,0 +1,66 @@
+"""The gateway's Prometheus metrics (one registry per app), named in Prometheus style under
+``elastune_gateway_``: requests by outcome, latency seen by clients, routing decisions, upstream
+failures, the waiting room, and the endpoints known per model."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+
+
+class GatewayMetrics:
+    def __init__(self) -> None:
+        self.registry = r = CollectorRegistry()
+        self.requests = Counter(
+            "elastune_gateway_requests", "Requests answered, by model and HTTP status", ["model", "code"],
+            registry=r,
+        )  # fmt: skip
+        self.rejected = Counter(
+            "elastune_gateway_rejected_requests",
+            "Requests refused by the gateway itself, by reason (unknown_model, invalid, context, "
+            "no_endpoint, waiting_room_full)",
+            ["reason"], registry=r,
+        )  # fmt: skip
+        self.routed = Counter(
+            "elastune_gateway_routed_requests", "Requests sent to an endpoint, by model, endpoint and policy",
+            ["model", "endpoint", "policy"], registry=r,
+        )  # fmt: skip
+        self.upstream_failures = Counter(
+            "elastune_gateway_upstream_failures",
+            "Requests an endpoint failed, by kind (connect, unavailable, midstream, timeout)",
+            ["endpoint", "kind"], registry=r,
+        )  # fmt: skip
+        self.retries = Counter(
+            "elastune_gateway_retried_requests", "Requests sent to another endpoint after a failure",
+            registry=r,
+        )  # fmt: skip
+        self.ttft = Histogram(
+            "elastune_gateway_time_to_first_byte_seconds",
+            "Arrival at the gateway to the first streamed byte from the worker", ["model"],
+            buckets=_LATENCY_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.latency = Histogram(
+            "elastune_gateway_request_duration_seconds", "Arrival to the last byte of the answer",
+            ["model"], buckets=_LATENCY_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.held = Histogram(
+            "elastune_gateway_hold_seconds", "Time requests waited for a warm endpoint", ["model"],
+            buckets=_LATENCY_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.waiting = Gauge(
+            "elastune_gateway_waiting_requests", "Requests waiting for a warm endpoint", ["model"], registry=r
+        )
+        self.inflight = Gauge("elastune_gateway_inflight_requests", "Requests being served", registry=r)
+        self.endpoints = Gauge(
+            "elastune_gateway_endpoints", "Endpoints per model and state (up, down)", ["model", "state"],
+            registry=r,
+        )  # fmt: skip
+        self.predictions = Counter(
+            "elastune_gateway_length_predictions", "SSJF output-length predictions, by outcome (ok, failed)",
+            ["outcome"], registry=r,
+        )  # fmt: skip
+        self.predictor_configured = Gauge(
+            "elastune_gateway_length_predictor_configured",
+            "1 when an SSJF length predictor is configured (else requests queue FCFS)", registry=r,
+        )  # fmt: skip

@@ -1,0 +1,384 @@
+"""The request path: resolve the model, predict the output length (SSJF), hold the request while the
+pool has no warm endpoint, pick an endpoint with the pool's routing policy, forward, relay the answer.
+
+Every failure ends as an OpenAI-shaped error: unknown model 404, bad body 400 (before anything is
+routed), no warm endpoint within the hold timeout 503 + Retry-After, waiting room full 429, an endpoint
+that fails before answering → the next endpoint (up to ``max_attempts``), one that fails mid-stream → an
+error event in the stream; the failing endpoint gets no new requests for ``failure_cooldown_s``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+import anyio
+import httpx
+from fastapi import Request
+from fastapi.responses import Response, StreamingResponse
+
+from elastune_contract.openai_api.errors import APIError, sse_error
+from elastune_contract.openai_api.protocol import ChatCompletionRequest, CompletionRequest, _Request
+from elastune_contract.protocol import Bus, ServingDemand
+
+from ..routing.factory import make_router
+from ..routing.policy import NoEndpointError, RequestView, Router, RoutingPolicyName
+from .directory import Directory, Endpoint, KnownModel
+from .forward import EndpointTimeout, EndpointUnavailable, open_response
+from .ledger import InFlight, Ledger
+from .length_predictor import LengthPredictor
+from .metrics import GatewayMetrics
+from .prompt_key import chat_key, text_key
+from .settings import GatewaySettings
+from .views import endpoint_view
+
+log = logging.getLogger("elastune.gateway")
+
+SLO_HEADERS = {"ttft": "x-slo-ttft-ms", "tpot": "x-slo-tpot-ms"}
+"""Per-request SLO hints in llm-d's style; they override the pool's SLOs for routing."""
+
+
+class Gateway:
+    def __init__(self, settings: GatewaySettings, bus: Bus | None = None) -> None:
+        self.settings = settings
+        self.bus = bus or Bus(settings.redis_url, settings.namespace, socket_timeout=5.0)
+        self.directory = Directory(self.bus, settings.failure_cooldown_s)
+        self.ledger = Ledger()
+        self.metrics = GatewayMetrics()
+        self.metrics.predictor_configured.set(1 if settings.length_predictor_url else 0)
+        self._routers: dict[str, tuple[RoutingPolicyName, Router]] = {}
+        self._waiting: dict[str, list[float]] = {}
+        self._client: httpx.AsyncClient | None = None
+        self.predictor: LengthPredictor | None = None
+        self._refresher: asyncio.Task[None] | None = None
+
+    # -- lifecycle --------------------------------------------------------------------------------
+    async def start(self) -> None:
+        s = self.settings
+        timeout = httpx.Timeout(connect=s.connect_timeout_s, read=s.read_timeout_s, write=30.0, pool=None)
+        limits = httpx.Limits(max_connections=None, max_keepalive_connections=256)
+        self._client = httpx.AsyncClient(timeout=timeout, limits=limits)
+        if s.length_predictor_url:
+            self.predictor = LengthPredictor(
+                s.length_predictor_url, self._client, s.length_predictor_timeout_s
+            )
+        else:
+            log.info("no length predictor configured (--length-predictor-url): requests queue FCFS")
+        await self.directory.refresh()
+        self._refresher = asyncio.create_task(self._refresh_loop(), name="registry-refresh")
+
+    async def stop(self) -> None:
+        if self._refresher is not None:
+            self._refresher.cancel()
+            await asyncio.gather(self._refresher, return_exceptions=True)
+        if self._client is not None:
+            await self._client.aclose()
+        self.bus.close()
+
+    async def _refresh_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.refresh_s)
+            await self.directory.refresh()
+            now = time.time()
+            for model, since in list(self._waiting.items()):
+                if since:
+                    demand = ServingDemand(
+                        model=model, waiting=len(since), oldest_since=min(since), updated_at=now
+                    )
+                    await asyncio.to_thread(self.directory.post_demand, demand)
+
+    @property
+    def client(self) -> httpx.AsyncClient:
+        if self._client is None:
+            raise RuntimeError("the gateway is not started")
+        return self._client
+
+    # -- the request path -------------------------------------------------------------------------
+    async def completions(self, body: CompletionRequest, request: Request) -> Response:
+        prompt = body.single_prompt() if body.unsupported() is None else ""
+        if isinstance(prompt, str):
+            key, text, exact = text_key(prompt), prompt, None
+        else:
+            key, text, exact = tuple(prompt), "", len(prompt)
+        return await self._serve("/v1/completions", body, request, key, text, exact)
+
+    async def chat(self, body: ChatCompletionRequest, request: Request) -> Response:
+        turns = [(m.role, m.text()) for m in body.messages]
+        text = "".join(f"{role}: {content}\n" for role, content in turns)
+        return await self._serve("/v1/chat/completions", body, request, chat_key(turns), text, None)
+
+    async def _serve(
+        self,
+        path: str,
+        body: _Request,
+        request: Request,
+        key: tuple[int, ...],
+        text: str,
+        exact_prompt_tokens: int | None,
+    ) -> Response:
+        arrived = time.monotonic()
+        model = self._resolve(body.model)
+        request.state.model = model.name
+        bad = body.unsupported()
+        if bad is not None:
+            self.metrics.rejected.labels("invalid").inc()
+            raise APIError(400, bad[1], bad[0])
+        limit = model.max_model_len
+        if exact_prompt_tokens is not None and limit is not None and exact_prompt_tokens >= limit:
+            self.metrics.rejected.labels("context").inc()
+            raise APIError(
+                400,
+                f"This model's maximum context length is {model.max_model_len} tokens. However, your "
+                f"prompt has {exact_prompt_tokens} tokens. Shorten the prompt.",
+                "prompt",
+            )
+        payload: dict[str, Any] = json.loads(await request.body())
+        ttft_slo, tpot_slo = _slo_headers(request, model)
+        predicted = await self._predict(text)
+        if predicted is not None and "priority" not in payload:
+            payload["priority"] = predicted  # the engine's SJF queue orders by it (lower first)
+        wants_usage = bool(body.stream_options and body.stream_options.include_usage)
+        if body.stream:
+            payload["stream_options"] = {**(payload.get("stream_options") or {}), "include_usage": True}
+        view = RequestView(
+            id=uuid.uuid4().hex,
+            tokens=key,
+            predicted_output_tokens=predicted,
+            ttft_slo=ttft_slo,
+            tpot_slo=tpot_slo,
+        )
+        raw = json.dumps(payload, separators=(",", ":")).encode()
+        tried: set[str] = set()
+        for attempt in range(self.settings.max_attempts):
+            endpoint = await self._acquire(model, view, frozenset(tried), arrived)
+            policy, router = self._router(model)
+            router.on_routed(view, endpoint.id, time.monotonic())
+            self.metrics.routed.labels(model.name, endpoint.id, policy).inc()
+            entry = self.ledger.add(
+                view, endpoint.id, None if body.stream else self._prefill_estimate(endpoint, view)
+            )
+            self.metrics.inflight.inc()
+            try:
+                response = await open_response(self.client, endpoint, path, raw, _forwarded_headers(request))
+            except EndpointUnavailable as exc:
+                self._done(entry, router, 0)
+                self.metrics.upstream_failures.labels(endpoint.id, exc.kind).inc()
+                self.directory.mark_down(endpoint.id, str(exc))
+                tried.add(endpoint.id)
+                if attempt + 1 < self.settings.max_attempts:
+                    self.metrics.retries.inc()
+                continue
+            except EndpointTimeout as exc:
+                self._done(entry, router, 0)
+                self.metrics.upstream_failures.labels(endpoint.id, "timeout").inc()
+                raise APIError(504, f"{exc}; the request was not retried") from exc
+            if body.stream and response.status_code == 200:
+                return StreamingResponse(
+                    self._relay(response, entry, router, model, arrived, wants_usage),
+                    media_type="text/event-stream",
+                    headers={"Cache-Control": "no-cache", "x-elastune-endpoint": endpoint.id},
+                )
+            return await self._whole(response, entry, router, model, arrived, request)
+        self.metrics.rejected.labels("no_endpoint").inc()
+        raise APIError(
+            503,
+            f"{len(tried)} endpoint(s) of model `{model.name}` failed this request before answering; retry",
+            headers={"Retry-After": str(self.settings.retry_after_s)},
+        )
+
+    def _resolve(self, name: str) -> KnownModel:
+        model = self.directory.model(name)
+        if model is None:
+            self.metrics.rejected.labels("unknown_model").inc()
+            available = ", ".join(self.directory.models()) or "none yet"
+            raise APIError(404, f"The model `{name}` does not exist. Available: {available}", "model")
+        return model
+
+    async def _predict(self, text: str) -> int | None:
+        if self.predictor is None or not text:
+            return None
+        value = await self.predictor.predict(text)
+        self.metrics.predictions.labels("ok" if value is not None else "failed").inc()
+        return value
+
+    def _router(self, model: KnownModel) -> tuple[RoutingPolicyName, Router]:
+        policy = self.settings.policy_for(model.pool, model.routing_policy)
+        held = self._routers.get(model.name)
+        if held is None or held[0] != policy:
+            held = self._routers[model.name] = (policy, make_router(policy))
+        return held
+
+    def policies(self) -> dict[str, RoutingPolicyName]:
+        return {name: self._router(m)[0] for name, m in self.directory.models().items()}
+
+    async def _acquire(
+        self, model: KnownModel, view: RequestView, tried: frozenset[str], arrived: float
+    ) -> Endpoint:
+        """An endpoint for ``view`` now, or after waiting for one up to the pool's hold timeout."""
+        hold = model.hold_timeout_s if model.hold_timeout_s is not None else self.settings.hold_timeout_s
+        deadline = arrived + hold
+        entered: float | None = None
+        try:
+            while True:
+                endpoints = self.directory.endpoints(model.name, tried)
+                if endpoints:
+                    _, router = self._router(model)
+                    views = [endpoint_view(e, self.ledger) for e in endpoints]
+                    try:
+                        chosen = router.pick(view, views, time.monotonic())
+                    except NoEndpointError:
+                        chosen = None
+                    for e in endpoints:
+                        if e.id == chosen:
+                            return e
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    self.metrics.rejected.labels("no_endpoint").inc()
+                    raise APIError(
+                        503,
+                        f"No warm endpoint of model `{model.name}` became available within {hold:g} s; "
+                        "its pool is scaling up, retry later",
+                        headers={"Retry-After": str(self.settings.retry_after_s)},
+                    )
+                if entered is None:
+                    if sum(len(v) for v in self._waiting.values()) >= self.settings.max_waiting:
+                        self.metrics.rejected.labels("waiting_room_full").inc()
+                        raise APIError(
+                            429, "Too many requests are waiting for warm endpoints; retry later",
+                            headers={"Retry-After": str(self.settings.retry_after_s)},
+                        )  # fmt: skip
+                    entered = time.time()
+                    self._waiting.setdefault(model.name, []).append(entered)
+                    self.metrics.waiting.labels(model.name).inc()
+                await self.directory.wait_changed(min(remaining, 1.0))
+        finally:
+            if entered is not None:
+                self._waiting[model.name].remove(entered)
+                self.metrics.waiting.labels(model.name).dec()
+                self.metrics.held.labels(model.name).observe(time.time() - entered)
+
+    def _prefill_estimate(self, endpoint: Endpoint, view: RequestView) -> float | None:
+        cost = endpoint.serving.cost
+        return None if cost is None else cost.prefill_s_per_token * view.prompt_len
+
+    def _done(self, entry: InFlight, router: Router, output_tokens: int) -> None:
+        self.ledger.remove(entry)
+        self.metrics.inflight.dec()
+        router.on_finished(entry.request, entry.endpoint, output_tokens, time.monotonic())
+
+    async def _whole(
+        self,
+        response: httpx.Response,
+        entry: InFlight,
+        router: Router,
+        model: KnownModel,
+        arrived: float,
+        request: Request,
+    ) -> Response:
+        output_tokens = 0
+        try:
+            content = await response.aread()
+            if response.status_code == 200:
+                with contextlib.suppress(ValueError, KeyError, TypeError):
+                    output_tokens = int(json.loads(content)["usage"]["completion_tokens"])
+        except httpx.TimeoutException as exc:
+            self.metrics.upstream_failures.labels(entry.endpoint, "timeout").inc()
+            raise APIError(504, f"no answer from {entry.endpoint} within the read timeout") from exc
+        except httpx.TransportError as exc:
+            self.metrics.upstream_failures.labels(entry.endpoint, "midstream").inc()
+            self.directory.mark_down(entry.endpoint, str(exc))
+            raise APIError(502, f"the endpoint serving this request failed: {type(exc).__name__}") from exc
+        finally:
+            await response.aclose()
+            self._done(entry, router, output_tokens)
+        self.metrics.latency.labels(model.name).observe(time.monotonic() - arrived)
+        media = response.headers.get("content-type", "application/json")
+        return Response(content, status_code=response.status_code, media_type=media)
+
+    async def _relay(
+        self,
+        response: httpx.Response,
+        entry: InFlight,
+        router: Router,
+        model: KnownModel,
+        arrived: float,
+        wants_usage: bool,
+    ) -> AsyncIterator[bytes]:
+        """The worker's SSE events as they come; its usage event (asked for, to learn the output length)
+        is passed on only when the client asked for it. A worker that fails mid-stream ends the stream
+        with an OpenAI error event (the status line went out with the first byte)."""
+        output_tokens = 0
+        pending = b""
+        first = True
+        try:
+            async for chunk in response.aiter_raw():
+                if first:
+                    first = False
+                    self.ledger.first_byte(entry)
+                    self.metrics.ttft.labels(model.name).observe(time.monotonic() - arrived)
+                pending += chunk
+                *events, pending = pending.split(b"\n\n")
+                out = []
+                for event in events:
+                    if b'"usage"' in event:
+                        usage_only, tokens = _usage_event(event)
+                        output_tokens = tokens if tokens is not None else output_tokens
+                        if usage_only and not wants_usage:
+                            continue
+                    out.append(event + b"\n\n")
+                if out:
+                    yield b"".join(out)
+            if pending.strip():
+                yield pending
+        except (httpx.TransportError, httpx.TimeoutException) as exc:
+            kind = "timeout" if isinstance(exc, httpx.TimeoutException) else "midstream"
+            self.metrics.upstream_failures.labels(entry.endpoint, kind).inc()
+            if kind == "midstream":
+                self.directory.mark_down(entry.endpoint, f"failed mid-stream: {type(exc).__name__}")
+            message = f"the endpoint serving this request failed mid-stream ({type(exc).__name__}); retry"
+            yield sse_error(502, message).encode()
+        finally:
+            with anyio.CancelScope(shield=True):  # also when the client went away: close the upstream
+                await response.aclose()
+            self._done(entry, router, output_tokens)
+            self.metrics.latency.labels(model.name).observe(time.monotonic() - arrived)
+
+
+def _usage_event(event: bytes) -> tuple[bool, int | None]:
+    """(whether the event carries only usage, its completion_tokens)."""
+    data = event.removeprefix(b"data: ").strip()
+    try:
+        obj = json.loads(data)
+        usage = obj.get("usage") or {}
+        return (not obj.get("choices"), usage.get("completion_tokens"))
+    except (ValueError, AttributeError):
+        return (False, None)
+
+
+def _slo_headers(request: Request, model: KnownModel) -> tuple[float | None, float | None]:
+    out: list[float | None] = []
+    for name, default in (("ttft", model.ttft_slo_s), ("tpot", model.tpot_slo_s)):
+        raw = request.headers.get(SLO_HEADERS[name])
+        if raw is None:
+            out.append(default)
+            continue
+        try:
+            value = float(raw)
+        except ValueError:
+            value = -1.0
+        if not value > 0:
+            raise APIError(400, f"header {SLO_HEADERS[name]} must be a positive number of milliseconds", name)
+        out.append(value / 1000.0)
+    return out[0], out[1]
+
+
+def _forwarded_headers(request: Request) -> dict[str, str]:
+    """What the worker should see of the client's request: its id for tracing, nothing else."""
+    rid = request.headers.get("x-request-id")
+    return {"x-request-id": rid} if rid else {}

@@ -1,0 +1,48 @@
+"""``EndpointView``s for the routing policies, from what a worker published and the gateway's ledger."""
+
+from __future__ import annotations
+
+from elastune_contract.protocol import ServingCost
+
+from ..routing.cost import CostModel
+from ..routing.policy import EndpointView
+from .directory import Endpoint
+from .ledger import Ledger
+
+DEFAULT_MAX_RUNNING = 128
+DEFAULT_KV_CAPACITY_TOKENS = 65_536
+
+
+def cost_model(published: ServingCost | None) -> CostModel:
+    """The routing cost model from the worker's profiled fit (step time = base + per_seq × batch,
+    prefill linear in tokens); the LoRA and load terms keep their defaults until workers publish them.
+    Without a published fit, the placeholder defaults of ``CostModel``."""
+    if published is None:
+        return CostModel()
+    return CostModel(
+        iteration_base=published.decode_step_base_s,
+        decode_per_seq=published.decode_step_per_seq_s,
+        decode_per_kv_token=0.0,  # not in the worker's fit: its decode cost does not grow with context
+        prefill_per_token=published.prefill_s_per_token,
+    )
+
+
+def endpoint_view(ep: Endpoint, ledger: Ledger) -> EndpointView:
+    """Outstanding = the larger of the worker's published queue (other gateways' requests included) and
+    the gateway's in-flight count (fresher than the last heartbeat)."""
+    s = ep.serving
+    max_running = s.max_num_seqs or DEFAULT_MAX_RUNNING
+    capacity = s.kv_capacity_tokens or DEFAULT_KV_CAPACITY_TOKENS
+    outstanding = max(ledger.count(ep.id), s.running + s.waiting)
+    running = min(outstanding, max_running)
+    return EndpointView(
+        id=ep.id,
+        num_running=running,
+        num_waiting=outstanding - running,
+        kv_usage=s.kv_cache_usage,
+        kv_capacity_tokens=capacity,
+        max_running=max_running,
+        context_tokens=int(s.kv_cache_usage * capacity),
+        active=ledger.active(ep.id),
+        cost=cost_model(s.cost),
+    )
