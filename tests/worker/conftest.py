@@ -1,14 +1,8 @@
-"""Real Redis and Memcached servers for the worker tests, started on free ports (no fakes: DESIGN.md §6)."""
+"""Real Memcached servers (and extra Redis ones) for worker tests; the session Redis: tests/conftest.py."""
 
 from __future__ import annotations
 
-import os
-
-# Two cores shared by the test processes: busy-waiting OpenMP threads make torch ~25x slower. Set before
-# any test imports torch; worker subprocesses inherit it.
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 import socket
-import subprocess
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -16,36 +10,9 @@ from urllib.parse import unquote
 
 import pytest
 
-from elastune_contract.servers import Server, ServerError
-from elastune_contract.servers import start_memcached as _start_memcached
-from elastune_contract.servers import start_redis as _start_redis
-
-
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        proc.kill()
-    proc.wait()
-
-
-def start_redis(tmp: Path, *extra: str) -> Server:
-    try:
-        return _start_redis(tmp, *extra)
-    except ServerError as exc:
-        pytest.fail(str(exc))
-
-
-def start_memcached(tmp: Path, *extra: str) -> Server:
-    try:
-        return _start_memcached(tmp, *extra)
-    except ServerError as exc:
-        pytest.fail(str(exc))
-
-
-@pytest.fixture(scope="session")
-def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    server = start_redis(tmp_path_factory.mktemp("redis"))
-    yield server
-    _stop(server.proc)
+from elastune_contract.servers import Server
+from real_servers import start_memcached, start_redis
+from real_servers import stop as _stop
 
 
 @pytest.fixture(scope="session")

@@ -60,6 +60,7 @@ def settings_from(args: argparse.Namespace) -> GatewaySettings:
 
 def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per forwarded request otherwise
     settings = settings_from(args)
     app = create_app(Gateway(settings))
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, access_log=False)

@@ -10,6 +10,7 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from fastapi import FastAPI, Request
+from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
@@ -121,4 +122,20 @@ def create_app(gateway: Gateway) -> FastAPI:
     async def chat(body: ChatCompletionRequest, request: Request) -> Response:
         return await gateway.chat(body, request)
 
+    def openapi() -> dict[str, Any]:
+        """The document names the models known now as examples of every ``model`` field (what Swagger
+        UI pre-fills and what fuzzers start from)."""
+        if app.openapi_schema is None:
+            app.openapi_schema = get_openapi(
+                title=app.title, version=app.version, description=app.description, routes=app.routes
+            )
+        known = list(gateway.directory.models())
+        if known:
+            for schema in app.openapi_schema.get("components", {}).get("schemas", {}).values():
+                model = schema.get("properties", {}).get("model")
+                if model is not None:
+                    model["examples"] = known
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
     return app

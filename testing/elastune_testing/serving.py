@@ -1,0 +1,120 @@
+"""Real serving processes for tests: worker pods (``python -m elastune_worker serve``) registered in a
+real Redis, and the gateway (``python -m elastune_gateway.server``) in front of them, over HTTP."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+from elastune_contract.protocol import Bus
+from elastune_contract.servers import free_port
+
+#: Two shared cores: one torch thread per process, and no spinning OpenMP threads.
+_ENV = {"OMP_NUM_THREADS": "1", "OMP_WAIT_POLICY": "PASSIVE"}
+
+
+class ProcessFailed(RuntimeError):
+    pass
+
+
+@dataclass
+class ServiceProcess:
+    proc: subprocess.Popen[bytes]
+    url: str
+    log: Path
+    name: str
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def log_tail(self, chars: int = 3000) -> str:
+        return self.log.read_text(errors="replace")[-chars:]
+
+    def kill(self) -> None:
+        if self.alive():
+            self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(timeout=30)
+
+    def stop(self) -> None:
+        if self.alive():
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+
+def _spawn(cmd: list[str], log: Path) -> subprocess.Popen[bytes]:
+    with log.open("wb") as fh:
+        return subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env={**os.environ, **_ENV})
+
+
+def start_worker(
+    redis_url: str,
+    namespace: str,
+    worker_id: str,
+    model_path: Path,
+    served_name: str,
+    log_dir: Path,
+    *extra: str,
+    pool: str = "p",
+    wait: bool = True,
+    timeout: float = 180.0,
+) -> ServiceProcess:
+    """A worker serving ``served_name``; with ``wait``, returns once it is registered and ready."""
+    log = log_dir / f"{worker_id}.log"
+    cmd = [sys.executable, "-m", "elastune_worker", "serve", "--pool", pool, "--model", str(model_path)]
+    cmd += ["--redis-url", redis_url, "--namespace", namespace, "--worker-id", worker_id, "--port", "0"]
+    cmd += ["--served-model-name", served_name, *extra]
+    w = ServiceProcess(_spawn(cmd, log), "", log, worker_id)
+    if wait:
+        wait_for_worker(w, redis_url, namespace, timeout)
+    return w
+
+
+def wait_for_worker(w: ServiceProcess, redis_url: str, namespace: str, timeout: float = 180.0) -> None:
+    bus = Bus(redis_url, namespace)
+    try:
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            if not w.alive():
+                raise ProcessFailed(f"worker {w.name} exited:\n{w.log_tail()}")
+            rec = bus.workers().get(w.name)
+            warm = rec is not None and rec.url and rec.serving is not None
+            if rec is not None and warm and httpx.get(rec.url + "/readyz", timeout=5).status_code == 200:
+                w.url = rec.url
+                return
+            time.sleep(0.2)
+        raise ProcessFailed(f"worker {w.name} not ready within {timeout:.0f} s:\n{w.log_tail()}")
+    finally:
+        bus.close()
+
+
+def start_gateway(
+    redis_url: str, namespace: str, log_dir: Path, *extra: str, timeout: float = 60.0
+) -> ServiceProcess:
+    """The gateway on a free port, returned once /readyz says it read the registry."""
+    port = free_port()
+    log = log_dir / f"gateway-{port}.log"
+    cmd = [sys.executable, "-m", "elastune_gateway.server", "--redis-url", redis_url]
+    cmd += ["--namespace", namespace, "--host", "127.0.0.1", "--port", str(port), *extra]
+    g = ServiceProcess(_spawn(cmd, log), f"http://127.0.0.1:{port}", log, "gateway")
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if not g.alive():
+            raise ProcessFailed(f"gateway exited:\n{g.log_tail()}")
+        try:
+            if httpx.get(g.url + "/readyz", timeout=2).status_code == 200:
+                return g
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    g.stop()
+    raise ProcessFailed(f"gateway not ready within {timeout:.0f} s:\n{g.log_tail()}")
