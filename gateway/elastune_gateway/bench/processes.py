@@ -1,5 +1,6 @@
-"""Real serving processes for tests: worker pods (``python -m elastune_worker serve``) registered in a
-real Redis, and the gateway (``python -m elastune_gateway.server``) in front of them, over HTTP."""
+"""Real serving processes for benchmarks and tests: worker pods (``python -m elastune_worker serve``,
+started by module name: the gateway never imports the worker package) registered in a real Redis, and
+the gateway (``python -m elastune_gateway.server``) in front of them, over HTTP."""
 
 from __future__ import annotations
 
@@ -60,7 +61,7 @@ def start_worker(
     redis_url: str,
     namespace: str,
     worker_id: str,
-    model_path: Path,
+    model_path: str | Path,
     served_name: str,
     log_dir: Path,
     *extra: str,
