@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 QueuePolicyName = Literal["fcfs", "priority"]
+LoraKernelName = Literal["padded", "unpadded"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,6 +30,17 @@ class EngineConfig:
     """Order of the waiting queue: fcfs, or priority (lower ``priority`` first, then arrival)."""
     max_model_len: int | None = None
     """Context length; None takes the model's."""
+    enable_lora: bool = False
+    """Serve LoRA adapters (device slots are allocated up front, as vLLM's --enable-lora)."""
+    max_loras: int = 4
+    """Adapters on the device at once; also the most distinct adapters among running requests (a request
+    whose adapter would exceed it waits, as in vLLM)."""
+    max_cpu_loras: int = 16
+    """Adapters kept in host memory (LRU); others are read again from storage when asked for."""
+    max_lora_rank: int = 64
+    """Largest rank an adapter may have (the device slots' size)."""
+    lora_kernel: LoraKernelName = "padded"
+    """padded: ranks padded to the batch's max (Punica BGMV); unpadded: per adapter (S-LoRA MBGMV)."""
     device: Literal["auto", "cpu", "cuda"] = "auto"
     """auto: CUDA when available, else CPU."""
     dtype: Literal["auto", "float32", "float16", "bfloat16"] = "auto"
@@ -40,6 +52,8 @@ class EngineConfig:
                 raise ValueError(f"{name} must be >= 1")
         if self.num_kv_blocks is not None and self.num_kv_blocks < 1:
             raise ValueError("num_kv_blocks must be >= 1")
+        if self.max_loras < 1 or self.max_cpu_loras < self.max_loras or self.max_lora_rank < 1:
+            raise ValueError("need max_loras >= 1, max_cpu_loras >= max_loras and max_lora_rank >= 1")
         if self.long_prefill_token_threshold < 0:
             raise ValueError("long_prefill_token_threshold must be >= 0")
 

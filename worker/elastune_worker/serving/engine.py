@@ -11,6 +11,8 @@ from typing import Any
 
 from elastune_worker.serving.config import EngineConfig
 from elastune_worker.serving.detokenizer import IncrementalDetokenizer
+from elastune_worker.serving.lora.manager import AdapterInfo, LoRAManager
+from elastune_worker.serving.lora.weights import AdapterError
 from elastune_worker.serving.model_runner import ModelRunner
 from elastune_worker.serving.sampling import SamplingParams
 from elastune_worker.serving.scheduler import Scheduler
@@ -62,6 +64,13 @@ class LLMEngine:
         eos = self.runner.hf_config.get("eos_token_id", tokenizer.eos_token_id)
         self.eos_token_ids = set(eos if isinstance(eos, list) else [eos]) - {None}
         self.scheduler = Scheduler(self.config, self.max_model_len)
+        self.loras: LoRAManager | None = None
+        if self.config.enable_lora:
+            r = self.runner
+            self.loras = LoRAManager(
+                self.config, r.model.lora_shapes(), r.model.num_layers, r.device, r.dtype
+            )
+            r.lora_device = self.loras.device
         self._detok: dict[str, IncrementalDetokenizer] = {}
         self._steps = 0
         self._step_seconds = 0.0
@@ -79,10 +88,14 @@ class LLMEngine:
         priority: int = 0,
         arrival_time: float | None = None,
         extra_key: str | None = None,
+        lora: str | None = None,
     ) -> None:
         """Queue a request. ValueError (nothing allocated) for an empty prompt, one that leaves no room
-        in the context, or token ids outside the vocabulary."""
+        in the context, token ids outside the vocabulary, or an adapter that is not loaded."""
         params = params or SamplingParams()
+        if lora is not None and (self.loras is None or not self.loras.has(lora)):
+            why = "LoRA is not enabled on this engine" if self.loras is None else "it is not loaded"
+            raise AdapterError(f"adapter {lora!r} cannot serve: {why}")
         ids = self.encode(prompt) if isinstance(prompt, str) else list(prompt)
         if not ids:
             raise ValueError("the prompt is empty")
@@ -98,7 +111,9 @@ class LLMEngine:
             params,
             arrival=time.monotonic() if arrival_time is None else arrival_time,
             priority=priority,
-            extra_key=extra_key,
+            # The prefix cache keys blocks by adapter too: the same tokens have other K/V under it.
+            extra_key=extra_key if lora is None else f"lora:{lora}/{extra_key or ''}",
+            lora=lora,
         )
         self.scheduler.add(seq)
         self._detok[request_id] = IncrementalDetokenizer(self.tokenizer, params.stop, ids)
@@ -120,7 +135,13 @@ class LLMEngine:
         out = self.scheduler.schedule()
         if not out.chunks:
             return []
-        sampled = self.runner.execute(out)
+        slots = None
+        if self.loras is not None:
+            names = {c.seq.lora for c in out.chunks if c.seq.lora is not None}
+            if names:
+                busy = {s.lora for s in self.scheduler.running if s.lora is not None}
+                slots = self.loras.activate(names, busy)
+        sampled = self.runner.execute(out, slots)
         outputs = []
         for seq in self.scheduler.update(out, sampled):
             outputs.append(self._emit(seq))
@@ -156,14 +177,37 @@ class LLMEngine:
         self._detok.pop(seq.request_id, None)
         self.runner.sampler.forget(seq.request_id)
 
+    # -- adapters -----------------------------------------------------------------------------------
+    def load_lora(self, name: str, path: str) -> AdapterInfo:
+        """vLLM's load_lora_adapter: read and check the adapter into host memory; it goes to the device
+        with its first request. AdapterError (the caller's 400) when it cannot serve here."""
+        if self.loras is None:
+            raise AdapterError("LoRA is not enabled on this engine (start it with --enable-lora)")
+        return self.loras.register(name, path)
+
+    def unload_lora(self, name: str) -> None:
+        """KeyError when it is not loaded; AdapterError while requests use it."""
+        if self.loras is None:
+            raise KeyError(name)
+        users = sum(1 for s in self.scheduler.requests.values() if s.lora == name)
+        self.loras.unregister(name, users)
+
+    def list_loras(self) -> list[AdapterInfo]:
+        return [] if self.loras is None else self.loras.adapters()
+
     # -- conveniences -------------------------------------------------------------------------------
     def generate(
-        self, prompts: list[str | list[int]], params: SamplingParams | None = None
+        self,
+        prompts: list[str | list[int]],
+        params: SamplingParams | None = None,
+        loras: list[str | None] | None = None,
     ) -> list[list[int]]:
-        """All prompts together, stepped to the end; the generated token ids of each, in order."""
+        """All prompts together (each with its adapter from ``loras``), stepped to the end; the generated
+        token ids of each, in order."""
         ids = [f"gen-{i}" for i in range(len(prompts))]
-        for rid, prompt in zip(ids, prompts, strict=True):
-            self.add_request(rid, prompt, params)
+        adapters = loras or [None] * len(prompts)
+        for rid, prompt, lora in zip(ids, prompts, adapters, strict=True):
+            self.add_request(rid, prompt, params, lora=lora)
         tokens: dict[str, list[int]] = {rid: [] for rid in ids}
         while self.has_unfinished():
             for o in self.step():

@@ -7,7 +7,9 @@ from pathlib import Path
 
 import torch
 
-from elastune_worker.serving.config import EngineConfig
+from elastune_worker.serving.config import EngineConfig, LoraKernelName
+from elastune_worker.serving.lora.kernels import LoRABatch
+from elastune_worker.serving.lora.slots import DeviceLoRAs
 from elastune_worker.serving.models.attention import AttentionMetadata, DecodeGroup
 from elastune_worker.serving.models.loader import context_length, load_model
 from elastune_worker.serving.sampler import Sampler
@@ -47,14 +49,32 @@ class ModelRunner:
             for _ in range(n_layers)
         ]
         self.sampler = Sampler(self.device)
+        self.lora_device: DeviceLoRAs | None = None  # set by the engine's LoRAManager
+        self.lora_kernel: LoraKernelName = config.lora_kernel
 
     @torch.inference_mode()
-    def execute(self, out: SchedulerOutput) -> dict[str, int]:
-        """Forward the step's chunks; the sampled next token of every chunk that reached its end."""
-        tokens, meta, sampling = self._prepare(out)
-        logits = self.model(tokens, meta, self.kv_caches)
+    def execute(self, out: SchedulerOutput, lora_slots: dict[str, int] | None = None) -> dict[str, int]:
+        """Forward the step's chunks; the sampled next token of every chunk that reached its end.
+        ``lora_slots``: the device slot of each adapter the step's requests use."""
+        logits, sampling = self.forward(out, lora_slots)
         ids = self.sampler.sample(logits, [(s.request_id, s.params) for s in sampling])
         return {s.request_id: t for s, t in zip(sampling, ids, strict=True)}
+
+    def forward(
+        self, out: SchedulerOutput, lora_slots: dict[str, int] | None = None
+    ) -> tuple[torch.Tensor, list]:
+        """The logits of every chunk that reached its end, and their sequences."""
+        tokens, meta, sampling = self._prepare(out)
+        lora = None
+        if lora_slots and self.lora_device is not None:
+            row_slots: list[int] = []
+            one_token: list[bool] = []
+            for c in out.chunks:
+                slot = lora_slots[c.seq.lora] if c.seq.lora is not None else -1
+                row_slots += [slot] * c.num_tokens
+                one_token += [c.num_tokens == 1] * c.num_tokens
+            lora = LoRABatch.build(self.lora_device, self.lora_kernel, row_slots, one_token)
+        return self.model(tokens, meta, self.kv_caches, lora), sampling
 
     def _prepare(self, out: SchedulerOutput) -> tuple[torch.Tensor, AttentionMetadata, list]:
         bs, dev = self.block_size, self.device

@@ -109,8 +109,15 @@ class Scheduler:
             # seq itself was preempted (it was the last running one): nothing more fits this step
             break
         if not out.preempted:
+            skipped: list[Sequence] = []
+            loras = {s.lora for s in self.running if s.lora is not None}
             while len(self.waiting) and budget > 0 and len(self.running) < self.config.max_num_seqs:
                 seq = self.waiting.peek()
+                if seq.lora is not None and seq.lora not in loras and len(loras) >= self.config.max_loras:
+                    # Its adapter would exceed the device's adapter slots: it waits, later requests go
+                    # ahead (vLLM's scheduler does the same).
+                    skipped.append(self.waiting.pop())
+                    continue
                 if not seq.block_table:
                     self.blocks.match_prefix(seq)
                     seq.num_cached_tokens = seq.num_computed_tokens
@@ -123,8 +130,12 @@ class Scheduler:
                 self.blocks.count_admission(seq)
                 seq.status = Status.RUNNING
                 self.running.append(seq)
+                if seq.lora is not None:
+                    loras.add(seq.lora)
                 out.chunks.append(ScheduledChunk(seq, seq.num_computed_tokens, n))
                 budget -= n
+            for seq in reversed(skipped):
+                self.waiting.push_front(seq)
         self._check(out)
         return out
 
@@ -156,6 +167,8 @@ class Scheduler:
     def _check(self, out: SchedulerOutput) -> None:
         assert out.num_tokens <= self.config.max_num_batched_tokens, "token budget exceeded"
         assert len(self.running) <= self.config.max_num_seqs, "too many running requests"
+        adapters = {s.lora for s in self.running if s.lora is not None}
+        assert len(adapters) <= self.config.max_loras, "more adapters running than device slots"
         ids = [id(c.seq) for c in out.chunks]
         assert len(ids) == len(set(ids)), "a request was scheduled twice"
         for c in out.chunks:

@@ -23,6 +23,8 @@ class Sequence:
     priority: int = 0
     extra_key: str | None = None
     """Separates prefix caches of requests that see the same tokens differently (a LoRA adapter)."""
+    lora: str | None = None
+    """The LoRA adapter it runs with (None: the base model)."""
     output_token_ids: list[int] = field(default_factory=list)
     status: Status = Status.WAITING
     num_computed_tokens: int = 0

@@ -207,7 +207,9 @@ def exact_match(model: Any, tok: Any, examples: list[T.Example], max_new_tokens:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m elastune_worker.tiny.adapters", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(
+        prog="python -m elastune_worker.tiny.adapters", description=__doc__.splitlines()[0]
+    )
     p.add_argument("--rank", type=int, action="append", choices=sorted(ADAPTER_SPECS), help="default: all")
     p.add_argument("--cache-dir", type=Path)
     args = p.parse_args(argv)

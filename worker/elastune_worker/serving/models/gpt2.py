@@ -60,11 +60,16 @@ class GPT2Model(nn.Module):
         tokens: torch.Tensor,
         meta: AttentionMetadata,
         kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+        lora: object = None,
     ) -> torch.Tensor:
+        """``lora`` must be None: adapters need a Llama-family model (so does vLLM's LoRA)."""
         x = self.wte(tokens) + self.wpe(meta.positions)
         for layer, kv in zip(self.h, kv_caches, strict=True):
             x = layer(x, kv, meta)
         return F.linear(self.ln_f(x[meta.logits_index]), self.wte.weight)  # tied output embedding
+
+    def lora_shapes(self) -> dict[str, tuple[int, int]]:
+        return {}  # no LoRA on GPT-2 (vLLM's GPT-2 has none either)
 
     @staticmethod
     def remap(name: str) -> str:

@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from elastune_worker.serving.lora.kernels import LoRABatch
 from elastune_worker.serving.models.attention import AttentionMetadata, paged_attention
 
 
@@ -41,8 +42,9 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 
 class LlamaLayer(nn.Module):
-    def __init__(self, cfg: dict[str, Any]) -> None:
+    def __init__(self, cfg: dict[str, Any], index: int = 0) -> None:
         super().__init__()
+        self.index = index
         h, self.n_heads, self.n_kv = (
             cfg["hidden_size"],
             cfg["num_attention_heads"],
@@ -51,7 +53,7 @@ class LlamaLayer(nn.Module):
         self.head_dim = cfg.get("head_dim") or h // self.n_heads
         bias = bool(cfg.get("attention_bias", False))
         # q, k and v projections as one matmul (the loader stacks their weights), likewise gate and up:
-        # fewer, larger kernels per layer; the LoRA issue adds its deltas per slice.
+        # fewer, larger kernels per layer; LoRA deltas are added per slice (q, k, v; gate, up).
         self.q_size, self.kv_size = self.n_heads * self.head_dim, self.n_kv * self.head_dim
         self.qkv_proj = nn.Linear(h, self.q_size + 2 * self.kv_size, bias=bias)
         self.o_proj = nn.Linear(self.n_heads * self.head_dim, h, bias=bias)
@@ -71,19 +73,47 @@ class LlamaLayer(nn.Module):
         sin: torch.Tensor,
         kv: tuple[torch.Tensor, torch.Tensor],
         meta: AttentionMetadata,
+        lora: LoRABatch | None = None,
     ) -> torch.Tensor:
-        t = x.shape[0]
+        t, i = x.shape[0], self.index
         h = self.input_layernorm(x)
-        q, k, v = self.qkv_proj(h).split((self.q_size, self.kv_size, self.kv_size), dim=-1)
+        qkv = self.qkv_proj(h)
+        if lora is not None:
+            qs, ks = self.q_size, self.q_size + self.kv_size
+            lora.add(qkv[:, :qs], h, i, "q_proj")
+            lora.add(qkv[:, qs:ks], h, i, "k_proj")
+            lora.add(qkv[:, ks:], h, i, "v_proj")
+        q, k, v = qkv.split((self.q_size, self.kv_size, self.kv_size), dim=-1)
         q = q.view(t, self.n_heads, self.head_dim)
         k = k.view(t, self.n_kv, self.head_dim)
         v = v.view(t, self.n_kv, self.head_dim)
         q = q * cos + _rotate_half(q) * sin
         k = k * cos + _rotate_half(k) * sin
-        a = paged_attention(q, k, v, kv[0], kv[1], meta, self.scale)
-        x = x + self.o_proj(a.reshape(t, -1))
-        gate, up = self.gate_up_proj(self.post_attention_layernorm(x)).split(self.intermediate, dim=-1)
-        return x + self.down_proj(F.silu(gate) * up)
+        a = paged_attention(q, k, v, kv[0], kv[1], meta, self.scale).reshape(t, -1)
+        o = self.o_proj(a)
+        if lora is not None:
+            lora.add(o, a, i, "o_proj")
+        x = x + o
+        h = self.post_attention_layernorm(x)
+        gate_up = self.gate_up_proj(h)
+        if lora is not None:
+            lora.add(gate_up[:, : self.intermediate], h, i, "gate_proj")
+            lora.add(gate_up[:, self.intermediate :], h, i, "up_proj")
+        gate, up = gate_up.split(self.intermediate, dim=-1)
+        m = F.silu(gate) * up
+        d = self.down_proj(m)
+        if lora is not None:
+            lora.add(d, m, i, "down_proj")
+        return x + d
+
+    def lora_shapes(self) -> dict[str, tuple[int, int]]:
+        """(in, out) of every linear layer an adapter may target, by its transformers name."""
+        h = self.input_layernorm.weight.shape[0]
+        return {
+            "q_proj": (h, self.q_size), "k_proj": (h, self.kv_size), "v_proj": (h, self.kv_size),
+            "o_proj": (self.q_size, h), "gate_proj": (h, self.intermediate),
+            "up_proj": (h, self.intermediate), "down_proj": (self.intermediate, h),
+        }  # fmt: skip
 
 
 class LlamaModel(nn.Module):
@@ -95,7 +125,7 @@ class LlamaModel(nn.Module):
         self.cfg = cfg
         h = cfg["hidden_size"]
         self.embed_tokens = nn.Embedding(cfg["vocab_size"], h)
-        self.layers = nn.ModuleList(LlamaLayer(cfg) for _ in range(cfg["num_hidden_layers"]))
+        self.layers = nn.ModuleList(LlamaLayer(cfg, i) for i in range(cfg["num_hidden_layers"]))
         self.norm = RMSNorm(h, cfg.get("rms_norm_eps", 1e-6))
         self.lm_head = nn.Linear(h, cfg["vocab_size"], bias=False)
         self.n_kv_heads: int = cfg["num_key_value_heads"]
@@ -108,11 +138,16 @@ class LlamaModel(nn.Module):
     def num_layers(self) -> int:
         return len(self.layers)
 
+    def lora_shapes(self) -> dict[str, tuple[int, int]]:
+        first: LlamaLayer = self.layers[0]  # type: ignore[assignment]
+        return first.lora_shapes()
+
     def forward(
         self,
         tokens: torch.Tensor,
         meta: AttentionMetadata,
         kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+        lora: LoRABatch | None = None,
     ) -> torch.Tensor:
         if self._rope is None or self._rope[0].device != tokens.device:
             cos, sin = rope_table(
@@ -123,7 +158,7 @@ class LlamaModel(nn.Module):
         sin = self._rope[1][meta.positions].unsqueeze(1)
         x = self.embed_tokens(tokens)
         for layer, kv in zip(self.layers, kv_caches, strict=True):
-            x = layer(x, cos, sin, kv, meta)
+            x = layer(x, cos, sin, kv, meta, lora)
         x = self.norm(x[meta.logits_index])
         return self.lm_head(x)
 

@@ -1,0 +1,72 @@
+"""The engine's adapters: registration (vLLM's load/unload API), the host and device tiers, and the
+slots of a step's adapters."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from elastune_worker.serving.config import EngineConfig
+from elastune_worker.serving.lora.slots import DeviceLoRAs, HostLoRAs
+from elastune_worker.serving.lora.weights import AdapterError, LoRAWeights, load_lora
+
+
+@dataclass(frozen=True)
+class AdapterInfo:
+    name: str
+    path: str
+    rank: int
+    tier: str
+    """device | host | storage: where it is now."""
+
+
+class LoRAManager:
+    def __init__(
+        self,
+        config: EngineConfig,
+        shapes: dict[str, tuple[int, int]],
+        num_layers: int,
+        device: torch.device,
+        dtype: torch.dtype,
+    ) -> None:
+        if not shapes:
+            raise AdapterError(
+                "LoRA adapters need a Llama-family model (this model type has no LoRA support)"
+            )
+        self.config = config
+        self.shapes, self.num_layers = shapes, num_layers
+        self.host = HostLoRAs(config.max_cpu_loras, self._read)
+        self.device = DeviceLoRAs(config.max_loras, config.max_lora_rank, shapes, num_layers, device, dtype)
+
+    def _read(self, name: str, path: str) -> LoRAWeights:
+        return load_lora(name, path, self.shapes, self.num_layers, self.config.max_lora_rank)
+
+    def register(self, name: str, path: str) -> AdapterInfo:
+        w = self.host.register(name, path)
+        return AdapterInfo(name, w.path, w.rank, self.tier(name))
+
+    def unregister(self, name: str, users: int) -> None:
+        if name not in self.host.registered:
+            raise KeyError(name)
+        if users:
+            raise AdapterError(
+                f"adapter {name!r} is in use by {users} request(s); unload it when they finish"
+            )
+        self.host.unregister(name)
+        self.device.evict(name)
+
+    def has(self, name: str) -> bool:
+        return name in self.host.registered
+
+    def tier(self, name: str) -> str:
+        if name in self.device.slot_of:
+            return "device"
+        return "host" if name in self.host.cache else "storage"
+
+    def adapters(self) -> list[AdapterInfo]:
+        return [AdapterInfo(r.name, r.path, r.rank, self.tier(r.name)) for r in self.host.registered.values()]
+
+    def activate(self, names: set[str], busy: set[str]) -> dict[str, int]:
+        """Device slots of this step's adapters, loading any that is not there (on demand)."""
+        return self.device.activate(sorted(names), self.host, busy)

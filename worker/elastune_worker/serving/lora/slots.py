@@ -1,0 +1,146 @@
+"""The adapter tiers: host memory (max CPU adapters, LRU over registered adapters read from storage) and
+the device (max adapters in fixed slots, LRU; an adapter that running requests use is never evicted).
+
+Device slots are preallocated buffers per (layer, target): A of shape (slots, max rank, in) and B×scaling
+of shape (slots, out, max rank); an adapter of rank r fills the first r rows/columns of its slot and the
+rest stays zero, so the padded kernel can read any slot at the batch's max rank.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+import torch
+
+from elastune_worker.serving.lora.weights import AdapterError, LoRAWeights
+
+
+@dataclass
+class Registered:
+    name: str
+    path: str
+    rank: int
+
+
+class HostLoRAs:
+    """Registered adapters (name → storage path) and an LRU of those read into host memory."""
+
+    def __init__(self, max_cpu_loras: int, read: Callable[[str, str], LoRAWeights]) -> None:
+        self.max_cpu_loras = max_cpu_loras
+        self._read = read
+        self.registered: dict[str, Registered] = {}
+        self.cache: OrderedDict[str, LoRAWeights] = OrderedDict()
+        self.storage_loads = 0
+
+    def register(self, name: str, path: str) -> LoRAWeights:
+        """Reads and checks it now (a bad artifact is refused at registration, not at its first request)."""
+        if name in self.registered and self.registered[name].path != path:
+            raise AdapterError(f"adapter {name!r} is already loaded from {self.registered[name].path}")
+        weights = self._read(name, path)
+        self.registered[name] = Registered(name, path, weights.rank)
+        self._put(weights)
+        return weights
+
+    def unregister(self, name: str) -> None:
+        self.registered.pop(name, None)
+        self.cache.pop(name, None)
+
+    def get(self, name: str) -> LoRAWeights:
+        w = self.cache.get(name)
+        if w is None:
+            reg = self.registered.get(name)
+            if reg is None:
+                raise AdapterError(f"adapter {name!r} is not loaded")
+            w = self._read(name, reg.path)  # evicted from host memory: read again from storage
+            self.storage_loads += 1
+            self._put(w)
+        else:
+            self.cache.move_to_end(name)
+        return w
+
+    def _put(self, w: LoRAWeights) -> None:
+        self.cache[w.name] = w
+        self.cache.move_to_end(w.name)
+        while len(self.cache) > self.max_cpu_loras:
+            self.cache.popitem(last=False)
+
+
+class DeviceLoRAs:
+    def __init__(
+        self,
+        max_loras: int,
+        max_rank: int,
+        shapes: dict[str, tuple[int, int]],
+        num_layers: int,
+        device: torch.device,
+        dtype: torch.dtype,
+    ) -> None:
+        self.max_loras, self.max_rank = max_loras, max_rank
+        self.shapes, self.num_layers = shapes, num_layers
+        self.device, self.dtype = device, dtype
+        self.a = {
+            (layer, t): torch.zeros(max_loras, max_rank, fan_in, device=device, dtype=dtype)
+            for layer in range(num_layers)
+            for t, (fan_in, _) in shapes.items()
+        }
+        self.b = {
+            (layer, t): torch.zeros(max_loras, fan_out, max_rank, device=device, dtype=dtype)
+            for layer in range(num_layers)
+            for t, (_, fan_out) in shapes.items()
+        }
+        self.slot_of: OrderedDict[str, int] = OrderedDict()
+        """Resident adapters by LRU order (least recent first) → slot."""
+        self.rank = [0] * max_loras
+        self.loads = 0
+        self.load_seconds = 0.0
+
+    def free_slots(self) -> list[int]:
+        used = set(self.slot_of.values())
+        return [s for s in range(self.max_loras) if s not in used]
+
+    def activate(self, names: Iterable[str], host: HostLoRAs, busy: set[str]) -> dict[str, int]:
+        """Slots of ``names`` (all resident after the call). Loading one evicts the least recently used
+        resident adapter outside ``names`` and ``busy`` (adapters of running requests)."""
+        wanted = list(dict.fromkeys(names))
+        if len(wanted) > self.max_loras:
+            raise AdapterError(f"{len(wanted)} adapters in one batch, the device holds {self.max_loras}")
+        for name in wanted:
+            if name in self.slot_of:
+                self.slot_of.move_to_end(name)
+                continue
+            free = self.free_slots()
+            if free:
+                slot = free[0]
+            else:
+                keep = set(wanted) | busy
+                victim = next((n for n in self.slot_of if n not in keep), None)
+                if victim is None:
+                    raise AdapterError("every device adapter slot is in use by running requests")
+                slot = self.slot_of.pop(victim)
+            self._copy_in(slot, host.get(name))
+            self.slot_of[name] = slot
+        return {n: self.slot_of[n] for n in wanted}
+
+    def evict(self, name: str) -> None:
+        slot = self.slot_of.pop(name, None)
+        if slot is not None:
+            self.rank[slot] = 0
+
+    def _copy_in(self, slot: int, w: LoRAWeights) -> None:
+        started = time.perf_counter()
+        for key, a in self.a.items():
+            b = self.b[key]
+            a[slot].zero_()
+            b[slot].zero_()
+            src_a, src_b = w.a.get(key), w.b.get(key)
+            if src_a is not None and src_b is not None:
+                a[slot, : w.rank].copy_(src_a.to(self.device, self.dtype), non_blocking=True)
+                b[slot, :, : w.rank].copy_(src_b.to(self.device, self.dtype), non_blocking=True)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        self.rank[slot] = w.rank
+        self.loads += 1
+        self.load_seconds += time.perf_counter() - started

@@ -1,0 +1,115 @@
+"""One LoRA adapter read from a PEFT ``save_pretrained`` directory into host memory, checked against
+the base model: LoRA only (no DoRA, no bias, no modules_to_save), targets among the decoder's linear
+layers, shapes that fit the base model's, rank within the engine's maximum."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+#: The decoder's linear layers an adapter may target, by PEFT's (transformers') module name.
+TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+_KEY = re.compile(r"layers\.(\d+)\.(?:self_attn|mlp)\.(\w+)\.lora_([AB])\.weight$")
+
+
+class AdapterError(ValueError):
+    """The adapter cannot serve on this base model (the message says why): the client's 400."""
+
+
+@dataclass
+class LoRAWeights:
+    name: str
+    path: str
+    rank: int
+    scaling: float
+    """lora_alpha / r (PEFT's default scaling; rsLoRA's alpha / sqrt(r) when use_rslora)."""
+    a: dict[tuple[int, str], torch.Tensor] = field(default_factory=dict)
+    """(layer, target) → A, shape (rank, in_features), float32 on the host."""
+    b: dict[tuple[int, str], torch.Tensor] = field(default_factory=dict)
+    """(layer, target) → B × scaling, shape (out_features, rank)."""
+    load_seconds: float = 0.0
+
+    @property
+    def targets(self) -> set[str]:
+        return {t for _, t in self.a}
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (*self.a.values(), *self.b.values()))
+
+
+def read_adapter_config(path: Path) -> dict[str, object]:
+    cfg_file = path / "adapter_config.json"
+    if not cfg_file.is_file():
+        raise AdapterError(f"{path} is not a PEFT adapter directory (no adapter_config.json)")
+    try:
+        cfg = json.loads(cfg_file.read_text())
+    except ValueError as exc:
+        raise AdapterError(f"{cfg_file} is not valid JSON: {exc}") from exc
+    if not isinstance(cfg, dict):
+        raise AdapterError(f"{cfg_file} is not a JSON object")
+    return cfg
+
+
+def load_lora(
+    name: str, path: str | Path, shapes: dict[str, tuple[int, int]], num_layers: int, max_rank: int
+) -> LoRAWeights:
+    """``shapes``: target → (in_features, out_features) of the base model's layer."""
+    from safetensors.torch import load_file
+
+    started = time.perf_counter()
+    root = Path(path)
+    cfg = read_adapter_config(root)
+    if cfg.get("peft_type") != "LORA":
+        raise AdapterError(
+            f"{name}: peft_type {cfg.get('peft_type')!r} is not LORA (a soft prompt is served as one)"
+        )
+    for key, bad in (("use_dora", True), ("bias", "all"), ("bias", "lora_only")):
+        if cfg.get(key) == bad:
+            raise AdapterError(f"{name}: {key}={bad!r} is not supported (plain LoRA only)")
+    if cfg.get("modules_to_save"):
+        raise AdapterError(f"{name}: modules_to_save is not supported")
+    rank = int(cfg.get("r", 0))  # type: ignore[call-overload]
+    if not 1 <= rank <= max_rank:
+        raise AdapterError(f"{name}: rank {rank} is outside 1..{max_rank} (the engine's max LoRA rank)")
+    if cfg.get("rank_pattern") or cfg.get("alpha_pattern"):
+        raise AdapterError(f"{name}: per-module ranks (rank_pattern/alpha_pattern) are not supported")
+    alpha = float(cfg.get("lora_alpha", rank))  # type: ignore[arg-type]
+    scaling = alpha / (rank**0.5) if cfg.get("use_rslora") else alpha / rank
+    files = [root / "adapter_model.safetensors"]
+    if not files[0].is_file():
+        raise AdapterError(f"{name}: {root} has no adapter_model.safetensors")
+    tensors = load_file(str(files[0]))
+    w = LoRAWeights(name=name, path=str(root), rank=rank, scaling=scaling)
+    for key, tensor in tensors.items():
+        m = _KEY.search(key)
+        if m is None:
+            raise AdapterError(
+                f"{name}: unexpected tensor {key} (only decoder linear layers may be targeted)"
+            )
+        layer, target, which = int(m.group(1)), m.group(2), m.group(3)
+        if target not in TARGETS or target not in shapes:
+            raise AdapterError(
+                f"{name}: target {target} is not supported on this model ({', '.join(shapes)})"
+            )
+        if layer >= num_layers:
+            raise AdapterError(f"{name}: layer {layer} does not exist (the base model has {num_layers})")
+        fan_in, fan_out = shapes[target]
+        want = (rank, fan_in) if which == "A" else (fan_out, rank)
+        if tuple(tensor.shape) != want:
+            raise AdapterError(
+                f"{name}: {key} has shape {tuple(tensor.shape)}, this base model needs {want}: "
+                "an adapter of another base model?"
+            )
+        if which == "A":
+            w.a[(layer, target)] = tensor.float().contiguous()
+        else:
+            w.b[(layer, target)] = (tensor.float() * scaling).contiguous()
+    if set(w.a) != set(w.b) or not w.a:
+        raise AdapterError(f"{name}: lora_A and lora_B tensors do not pair up")
+    w.load_seconds = time.perf_counter() - started
+    return w
