@@ -65,6 +65,15 @@ class ServingCost(_Message):
     """Added decode step time per request in the batch."""
 
 
+class AdapterState(_Message):
+    """A LoRA adapter loaded on a worker, and where it is now."""
+
+    name: str
+    rank: int
+    tier: str
+    """device (in a device slot) | host (in host memory) | storage (registered, read on demand)."""
+
+
 class ServingState(_Message):
     """What a serving worker publishes with every heartbeat (the gateway's view of it)."""
 
@@ -81,6 +90,9 @@ class ServingState(_Message):
     """Requests in the running batch at most (0: not published)."""
     kv_capacity_tokens: int = 0
     """KV-cache size in tokens: what its prefix cache can hold at most (0: not published)."""
+    max_loras: int = 0
+    """Device adapter slots (0: the worker serves no LoRA adapters)."""
+    adapters: list[AdapterState] = Field(default_factory=list)
 
 
 class WorkerRecord(_Message):

@@ -137,6 +137,23 @@ class ChatCompletionRequest(_Request):
         return self.max_completion_tokens or self.max_tokens
 
 
+class LoadLoRAAdapterRequest(BaseModel):
+    """POST /v1/load_lora_adapter (vLLM's runtime LoRA API)."""
+
+    model_config = ConfigDict(extra="ignore")
+    lora_name: str = Field(min_length=1, max_length=253, description="The name requests use as `model`.")
+    lora_path: str = Field(
+        min_length=1, description="A PEFT save_pretrained directory: a path, file:// or pvc://claim/path."
+    )
+
+
+class UnloadLoRAAdapterRequest(BaseModel):
+    """POST /v1/unload_lora_adapter."""
+
+    model_config = ConfigDict(extra="ignore")
+    lora_name: str = Field(min_length=1)
+
+
 # -- responses (documented in the OpenAPI document; built as plain dicts on the hot path) ------------
 class Usage(BaseModel):
     prompt_tokens: int

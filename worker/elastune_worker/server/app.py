@@ -35,7 +35,13 @@ from elastune_worker.serving.api.app import create_app
 from elastune_worker.serving.api.metrics import ServingMetrics
 from elastune_worker.serving.client import EngineServingClient
 from elastune_worker.serving.config import EngineConfig
-from elastune_worker.serving.server import add_engine_args, engine_config, start_engine
+from elastune_worker.serving.server import (
+    add_engine_args,
+    engine_config,
+    load_lora_modules,
+    lora_modules,
+    start_engine,
+)
 
 log = logging.getLogger("elastune.worker")
 
@@ -95,6 +101,8 @@ def _start_serving(
     in_thread: bool,
     threads: int | None,
     loaded: LoadedModel,
+    *,
+    modules: list[tuple[str, str]],
 ) -> None:
     """The serving engine over the same model directory, started before the worker reports READY. A
     model the engine cannot run leaves the worker tuning only; /v1 then answers 503 with the reason."""
@@ -104,6 +112,10 @@ def _start_serving(
         log.error("serving is unavailable on this worker: %s", exc)
         return
     client = EngineServingClient(engine, name)
+    try:
+        load_lora_modules(client, modules)
+    except Exception as exc:  # a bad start-up adapter is the operator's error: say it, serve the rest
+        log.error("a --lora-modules adapter did not load: %s", exc)
     metrics.watch_engine(registry, client.stats)
     holder["client"] = client
     log.info("serving %s (context %d tokens) on /v1", name, client.max_model_len)
@@ -171,6 +183,7 @@ def main(argv: list[str] | None = None) -> int:
             metrics.registry,
             args.engine_in_thread,
             args.engine_threads,
+            modules=lora_modules(args),
         )
 
     def serving_state() -> ServingState | None:

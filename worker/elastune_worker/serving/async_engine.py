@@ -15,7 +15,7 @@ from typing import Any
 
 from elastune_worker.serving.engine import EngineStats, LLMEngine
 from elastune_worker.serving.profile import profile_costs
-from elastune_worker.serving.streams import Command, RequestStreams
+from elastune_worker.serving.streams import Command, RequestStreams, engine_call
 
 log = logging.getLogger("elastune.serving")
 
@@ -63,13 +63,23 @@ class AsyncEngine(RequestStreams):
     def _apply(self, cmd: Command) -> None:
         kind, arg = cmd
         if kind == "add":
-            rid, prompt, params, priority, extra_key = arg
+            rid, prompt, params, priority, extra_key, lora = arg
             try:
-                self.engine.add_request(rid, prompt, params, priority=priority, extra_key=extra_key)
+                self.engine.add_request(
+                    rid, prompt, params, priority=priority, extra_key=extra_key, lora=lora
+                )
             except Exception as exc:  # bad input is the caller's: hand the error back
                 self._deliver(rid, exc)
         elif kind == "abort":
             self.engine.abort(arg)
+        elif kind == "call":
+            token, op, call_arg = arg
+            try:
+                result, error = engine_call(self.engine, op, call_arg), None
+            except Exception as exc:
+                result, error = None, exc
+            self._stats = self.engine.stats()  # before the caller resumes: it sees the change
+            self._resolve(token, error, result)
 
     def _loop(self) -> None:
         eng = self.engine

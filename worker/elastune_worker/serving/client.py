@@ -6,10 +6,11 @@ import dataclasses
 from collections.abc import AsyncGenerator, Sequence
 from typing import Any, Protocol
 
-from elastune_contract.protocol import ServingCost, ServingState
+from elastune_contract.protocol import AdapterState, ServingCost, ServingState
 from elastune_worker.serving.api.client import GenerationDelta, GenerationParams
 from elastune_worker.serving.config import EngineConfig
 from elastune_worker.serving.engine import EngineStats, RequestOutput
+from elastune_worker.serving.lora.manager import AdapterInfo
 from elastune_worker.serving.sampling import SamplingParams
 
 #: Used when a model ships no chat template (GPT-2): role-tagged turns, then the assistant's tag.
@@ -28,10 +29,18 @@ class RunningEngine(Protocol):
     def encode(self, prompt: str) -> list[int]: ...
 
     def generate(
-        self, request_id: str, prompt: list[int] | str, params: SamplingParams, *, priority: int = 0
+        self,
+        request_id: str,
+        prompt: list[int] | str,
+        params: SamplingParams,
+        *,
+        priority: int = 0,
+        lora: str | None = None,
     ) -> AsyncGenerator[RequestOutput, None]: ...
 
     def stats(self) -> EngineStats: ...
+
+    async def call(self, op: str, arg: Any) -> Any: ...
 
 
 class EngineServingClient:
@@ -56,7 +65,12 @@ class EngineServingClient:
         return self.encode(text)
 
     async def generate(
-        self, request_id: str, prompt_token_ids: list[int], params: GenerationParams, priority: int
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        params: GenerationParams,
+        priority: int,
+        lora: str | None = None,
     ) -> AsyncGenerator[GenerationDelta, None]:
         sampling = SamplingParams(
             max_tokens=params.max_tokens,
@@ -68,7 +82,7 @@ class EngineServingClient:
             stop_token_ids=params.stop_token_ids,
             ignore_eos=params.ignore_eos,
         )
-        outputs = self.engine.generate(request_id, prompt_token_ids, sampling, priority=priority)
+        outputs = self.engine.generate(request_id, prompt_token_ids, sampling, priority=priority, lora=lora)
         try:
             async for o in outputs:
                 yield GenerationDelta(
@@ -92,9 +106,23 @@ class EngineServingClient:
             cost=self.engine.cost,
             max_num_seqs=self.engine.config.max_num_seqs,
             kv_capacity_tokens=self.engine.config.kv_blocks() * self.engine.config.block_size,
+            max_loras=s.max_loras,
+            adapters=[AdapterState(name=a.name, rank=a.rank, tier=a.tier) for a in s.loras],
         )
+
+    # -- adapters (vLLM's runtime LoRA API) ------------------------------------------------------
+    def adapters(self) -> list[AdapterInfo]:
+        return list(self.engine.stats().loras)
+
+    async def load_lora(self, name: str, path: str) -> AdapterInfo:
+        info: AdapterInfo = await self.engine.call("load_lora", (name, path))
+        return info
+
+    async def unload_lora(self, name: str) -> None:
+        await self.engine.call("unload_lora", name)
 
     def stats(self) -> dict[str, float]:
         s = dataclasses.asdict(self.engine.stats())
-        s.pop("extra", None)
+        for key in ("extra", "loras"):
+            s.pop(key, None)
         return {k: float(v) for k, v in s.items()}

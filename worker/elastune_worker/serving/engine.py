@@ -12,6 +12,7 @@ from typing import Any
 from elastune_worker.serving.config import EngineConfig
 from elastune_worker.serving.detokenizer import IncrementalDetokenizer
 from elastune_worker.serving.lora.manager import AdapterInfo, LoRAManager
+from elastune_worker.serving.lora.storage import resolve_artifact
 from elastune_worker.serving.lora.weights import AdapterError
 from elastune_worker.serving.model_runner import ModelRunner
 from elastune_worker.serving.sampling import SamplingParams
@@ -44,6 +45,10 @@ class EngineStats:
     steps: int = 0
     step_seconds: float = 0.0
     """Time spent in steps so far."""
+    loras: tuple[AdapterInfo, ...] = ()
+    """Loaded adapters and their tier now (device | host | storage)."""
+    max_loras: int = 0
+    """Device adapter slots (0: LoRA not enabled)."""
     extra: dict[str, float] = field(default_factory=dict)
 
 
@@ -183,7 +188,7 @@ class LLMEngine:
         with its first request. AdapterError (the caller's 400) when it cannot serve here."""
         if self.loras is None:
             raise AdapterError("LoRA is not enabled on this engine (start it with --enable-lora)")
-        return self.loras.register(name, path)
+        return self.loras.register(name, resolve_artifact(path))
 
     def unload_lora(self, name: str) -> None:
         """KeyError when it is not loaded; AdapterError while requests use it."""
@@ -233,4 +238,6 @@ class LLMEngine:
             preemptions=s.num_preemptions,
             steps=self._steps,
             step_seconds=self._step_seconds,
+            loras=tuple(self.list_loras()),
+            max_loras=self.config.max_loras if self.loras is not None else 0,
         )

@@ -21,7 +21,7 @@ from typing import Any
 from elastune_worker.serving.config import EngineConfig
 from elastune_worker.serving.engine import EngineStats, LLMEngine
 from elastune_worker.serving.profile import profile_costs
-from elastune_worker.serving.streams import Command, RequestStreams
+from elastune_worker.serving.streams import Command, RequestStreams, engine_call
 
 log = logging.getLogger("elastune.serving")
 
@@ -59,13 +59,21 @@ def _child(
             if kind == "stop":
                 return
             if kind == "add":
-                rid, prompt, params, priority, extra_key = arg
+                rid, prompt, params, priority, extra_key, lora = arg
                 try:
-                    engine.add_request(rid, prompt, params, priority=priority, extra_key=extra_key)
+                    engine.add_request(rid, prompt, params, priority=priority, extra_key=extra_key, lora=lora)
                 except Exception as exc:
                     results.send(("error", (rid, f"{exc}")))
             elif kind == "abort":
                 engine.abort(arg)
+            elif kind == "call":
+                token, op, call_arg = arg
+                try:
+                    result, error = engine_call(engine, op, call_arg), None
+                except Exception as exc:
+                    result, error = None, exc
+                # The stats travel with the reply: the caller sees the change once its call returns.
+                results.send(("reply", (token, error, result, engine.stats())))
             continue  # drain every pending command before the next step
         try:
             outputs = engine.step()
@@ -145,6 +153,10 @@ class ProcessEngine(RequestStreams):
             elif kind == "failed":  # the engine failed while running it
                 rid, message = arg
                 self._deliver(rid, EngineError(message))
+            elif kind == "reply":
+                token, error, result, self._stats = arg
+                self._resolve(token, error, result)
+        self._fail_calls(EngineError("the engine process exited"))
         for rid in self._waiting():  # the engine process died: nobody waits forever
             self._deliver(rid, EngineError("the engine process exited"))
 

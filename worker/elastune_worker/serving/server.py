@@ -45,6 +45,43 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--engine-threads", type=int, help="torch threads of the engine process (default: torch's)"
     )
+    lo = p.add_argument_group("LoRA adapters (vLLM's flags)")
+    lo.add_argument(
+        "--enable-lora", action="store_true", help="serve LoRA adapters (implied by --lora-modules)"
+    )
+    lo.add_argument(
+        "--max-loras", type=int, default=_DEFAULTS.max_loras, help="adapters on the device at once"
+    )
+    lo.add_argument(
+        "--max-cpu-loras", type=int, default=_DEFAULTS.max_cpu_loras, help="adapters in host memory"
+    )
+    lo.add_argument("--max-lora-rank", type=int, default=_DEFAULTS.max_lora_rank)
+    lo.add_argument("--lora-kernel", choices=("padded", "unpadded"), default=_DEFAULTS.lora_kernel)
+    lo.add_argument(
+        "--lora-modules", nargs="+", default=[], metavar="NAME=PATH",
+        help="adapters to load at start (PEFT directories: a path, file:// or pvc://claim/path)",
+    )  # fmt: skip
+
+
+def lora_modules(args: argparse.Namespace) -> list[tuple[str, str]]:
+    out = []
+    for item in args.lora_modules:
+        name, sep, path = item.partition("=")
+        if not sep or not name or not path:
+            raise SystemExit(f"--lora-modules takes NAME=PATH, got {item!r}")
+        out.append((name, path))
+    return out
+
+
+def load_lora_modules(client: Any, modules: list[tuple[str, str]]) -> None:
+    """Loads the start-up adapters through the engine (from a thread without a running event loop)."""
+    import asyncio
+
+    for name, path in modules:
+        info = asyncio.run(client.load_lora(name, path))
+        logging.getLogger("elastune.serving").info(
+            "LoRA adapter %s (rank %d) loaded from %s", name, info.rank, path
+        )
 
 
 def engine_config(args: argparse.Namespace) -> EngineConfig:
@@ -59,6 +96,11 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         queue_policy=args.queue_policy,
         device=args.device,
         dtype=args.dtype,
+        enable_lora=bool(args.enable_lora or args.lora_modules),
+        max_loras=args.max_loras,
+        max_cpu_loras=max(args.max_cpu_loras, args.max_loras),
+        max_lora_rank=args.max_lora_rank,
+        lora_kernel=args.lora_kernel,
     )
 
 
@@ -109,6 +151,7 @@ def main(argv: list[str] | None = None) -> int:
     client = EngineServingClient(
         start_engine(Path(args.model), engine_config(args), args.engine_in_thread), name
     )
+    load_lora_modules(client, lora_modules(args))
     registry = CollectorRegistry()
     metrics = ServingMetrics(registry, name)
     metrics.watch_engine(registry, client.stats)

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import uuid
 from collections.abc import AsyncGenerator
+from concurrent.futures import Future
 from typing import Any
 
 from elastune_worker.serving.engine import RequestOutput
@@ -20,6 +22,7 @@ class RequestStreams:
 
     def __init__(self) -> None:
         self._sinks: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue[Any]]] = {}
+        self._calls: dict[str, Future[Any]] = {}
         self._lock = threading.Lock()
 
     def _send(self, cmd: Command) -> None:
@@ -36,6 +39,7 @@ class RequestStreams:
         *,
         priority: int = 0,
         extra_key: str | None = None,
+        lora: str | None = None,
     ) -> AsyncGenerator[RequestOutput, None]:
         loop = asyncio.get_running_loop()
         sink: asyncio.Queue[Any] = asyncio.Queue()
@@ -45,7 +49,7 @@ class RequestStreams:
             self._sinks[request_id] = (loop, sink)
         finished = False
         try:
-            self._send(("add", (request_id, prompt, params, priority, extra_key)))
+            self._send(("add", (request_id, prompt, params, priority, extra_key, lora)))
             while True:
                 item = await sink.get()
                 if isinstance(item, BaseException):
@@ -59,6 +63,31 @@ class RequestStreams:
                 self._sinks.pop(request_id, None)
             if not finished and self._can_abort():
                 self._send(("abort", request_id))
+
+    async def call(self, op: str, arg: Any) -> Any:
+        """Run ``engine_call(engine, op, arg)`` on the engine's side (between steps) and return its result
+        (or raise its exception): adapter management."""
+        fut: Future[Any] = Future()
+        token = uuid.uuid4().hex
+        with self._lock:
+            self._calls[token] = fut
+        self._send(("call", (token, op, arg)))
+        return await asyncio.wrap_future(fut)
+
+    def _resolve(self, token: str, error: BaseException | None, result: Any) -> None:
+        with self._lock:
+            fut = self._calls.pop(token, None)
+        if fut is not None:
+            if error is not None:
+                fut.set_exception(error)
+            else:
+                fut.set_result(result)
+
+    def _fail_calls(self, error: BaseException) -> None:
+        with self._lock:
+            pending, self._calls = self._calls, {}
+        for fut in pending.values():
+            fut.set_exception(error)
 
     def _deliver(self, rid: str, item: RequestOutput | BaseException) -> None:
         with self._lock:
@@ -95,6 +124,16 @@ class RequestStreams:
     def _waiting(self) -> list[str]:
         with self._lock:
             return list(self._sinks)
+
+
+def engine_call(engine: Any, op: str, arg: Any) -> Any:
+    """The engine-side half of ``RequestStreams.call`` (``engine`` is an ``LLMEngine``)."""
+    if op == "load_lora":
+        name, path = arg
+        return engine.load_lora(name, path)
+    if op == "unload_lora":
+        return engine.unload_lora(arg)
+    raise ValueError(f"unknown engine call {op!r}")
 
 
 def _put_all(items: list[tuple[asyncio.Queue[Any], Any]]) -> None:

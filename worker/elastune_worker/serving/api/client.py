@@ -43,6 +43,22 @@ class GenerationDelta:
     """Prompt tokens served from the prefix cache."""
 
 
+class AdapterView(Protocol):
+    """A loaded LoRA adapter: its name, artifact, rank and tier (device | host | storage)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def path(self) -> str: ...
+
+    @property
+    def rank(self) -> int: ...
+
+    @property
+    def tier(self) -> str: ...
+
+
 class EngineBusy(Exception):
     """The engine cannot take the request now (not loaded yet, or shutting down): HTTP 503."""
 
@@ -62,10 +78,27 @@ class EngineClient(Protocol):
         ...
 
     def generate(
-        self, request_id: str, prompt_token_ids: list[int], params: GenerationParams, priority: int
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        params: GenerationParams,
+        priority: int,
+        lora: str | None = None,
     ) -> AsyncGenerator[GenerationDelta, None]:
-        """Deltas until one is finished. Closing the iterator early aborts the request and frees its
-        KV blocks (a client that disconnects)."""
+        """Deltas until one is finished (with LoRA adapter ``lora`` when given). Closing the iterator
+        early aborts the request and frees its KV blocks (a client that disconnects)."""
+        ...
+
+    def adapters(self) -> Sequence[AdapterView]:
+        """The LoRA adapters loaded now (each also served under its own name)."""
+        ...
+
+    async def load_lora(self, name: str, path: str) -> AdapterView:
+        """Registers an adapter (ValueError: it cannot serve here, the client's 400)."""
+        ...
+
+    async def unload_lora(self, name: str) -> None:
+        """KeyError when it is not loaded; ValueError while requests use it."""
         ...
 
     def stats(self) -> dict[str, float]:

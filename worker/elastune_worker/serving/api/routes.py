@@ -16,7 +16,7 @@ from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from typing import Any
 
 from fastapi import APIRouter, Request
-from fastapi.responses import StreamingResponse
+from fastapi.responses import PlainTextResponse, StreamingResponse
 
 from elastune_contract.openai_api.errors import APIError, sse_error
 from elastune_contract.openai_api.protocol import (
@@ -25,7 +25,9 @@ from elastune_contract.openai_api.protocol import (
     CompletionRequest,
     CompletionResponse,
     ErrorResponse,
+    LoadLoRAAdapterRequest,
     ModelList,
+    UnloadLoRAAdapterRequest,
     _Request,
 )
 from elastune_worker.serving.api.client import EngineBusy, EngineClient, GenerationDelta, GenerationParams
@@ -45,37 +47,67 @@ def openai_router(get_engine: Callable[[], EngineClient | None], metrics: Servin
     router = APIRouter(prefix="/v1", tags=["openai"])
     created = int(time.time())
 
-    def engine_for(model: str) -> EngineClient:
+    def engine_for(model: str) -> tuple[EngineClient, str | None]:
+        """The engine, and the adapter when ``model`` names one of its LoRA adapters."""
         engine = get_engine()
         if engine is None:
             raise EngineBusy("the model is still loading; retry shortly")
-        if model != engine.model_name:
-            raise APIError(
-                404, f"The model `{model}` does not exist. Available: {engine.model_name}", "model"
-            )
-        return engine
+        if model == engine.model_name:
+            return engine, None
+        adapters = [a.name for a in engine.adapters()]
+        if model in adapters:
+            return engine, model
+        available = ", ".join([engine.model_name, *adapters])
+        raise APIError(404, f"The model `{model}` does not exist. Available: {available}", "model")
 
     @router.get("/models", response_model=ModelList, responses=_ERRORS)
     async def models() -> dict[str, Any]:
         engine = get_engine()
         data = []
         if engine is not None:
+            base = engine.model_name
             data.append(
-                {
-                    "id": engine.model_name,
-                    "object": "model",
-                    "created": created,
-                    "owned_by": "elastune",
-                    "root": engine.model_name,
-                    "parent": None,
-                    "max_model_len": engine.max_model_len,
-                }
-            )
+                {"id": base, "object": "model", "created": created, "owned_by": "elastune", "root": base,
+                 "parent": None, "max_model_len": engine.max_model_len}
+            )  # fmt: skip
+            for a in engine.adapters():
+                data.append(
+                    {"id": a.name, "object": "model", "created": created, "owned_by": "elastune",
+                     "root": a.path, "parent": base, "max_model_len": engine.max_model_len}
+                )  # fmt: skip
         return {"object": "list", "data": data}
+
+    @router.post("/load_lora_adapter", response_class=PlainTextResponse, responses=_ERRORS)
+    async def load_lora_adapter(body: LoadLoRAAdapterRequest) -> str:
+        """vLLM's runtime adapter API: read and check a PEFT adapter; it is then served under
+        ``lora_name`` (loaded to the device with its first request)."""
+        engine = get_engine()
+        if engine is None:
+            raise EngineBusy("the model is still loading; retry shortly")
+        if body.lora_name == engine.model_name:
+            raise APIError(400, "lora_name must differ from the base model's name", "lora_name")
+        try:
+            await engine.load_lora(body.lora_name, body.lora_path)
+        except ValueError as exc:
+            raise APIError(400, str(exc), "lora_path") from exc
+        return f"Success: LoRA adapter '{body.lora_name}' added successfully."
+
+    @router.post("/unload_lora_adapter", response_class=PlainTextResponse, responses=_ERRORS)
+    async def unload_lora_adapter(body: UnloadLoRAAdapterRequest) -> str:
+        engine = get_engine()
+        if engine is None:
+            raise EngineBusy("the model is still loading; retry shortly")
+        try:
+            await engine.unload_lora(body.lora_name)
+        except KeyError as exc:
+            raise APIError(404, f"The lora adapter '{body.lora_name}' cannot be found.", "lora_name") from exc
+        except ValueError as exc:
+            raise APIError(400, str(exc), "lora_name") from exc
+        return f"Success: LoRA adapter '{body.lora_name}' removed successfully."
 
     @router.post("/completions", response_model=CompletionResponse, responses=_ERRORS)
     async def completions(body: CompletionRequest, request: Request) -> Any:
-        engine = engine_for(body.model)
+        engine, lora = engine_for(body.model)
         _refuse_unsupported(body)
         prompt = body.single_prompt()
         if isinstance(prompt, str):
@@ -86,7 +118,7 @@ def openai_router(get_engine: Callable[[], EngineClient | None], metrics: Servin
             if vocab is not None and any(not 0 <= t < vocab for t in ids):
                 raise APIError(400, f"prompt token ids must be in [0, {vocab})", "prompt")
         params = _params(body, body.max_tokens, len(ids), engine.max_model_len)
-        run = _Run(engine, f"cmpl-{uuid.uuid4().hex}", ids, params, body.priority, metrics)
+        run = _Run(engine, f"cmpl-{uuid.uuid4().hex}", ids, params, body.priority, metrics, lora)
         return await _answer(
             run, body, request, _completion_chunks, "text_completion",
             lambda text, reason: {"index": 0, "text": text, "finish_reason": reason, "logprobs": None},
@@ -94,14 +126,14 @@ def openai_router(get_engine: Callable[[], EngineClient | None], metrics: Servin
 
     @router.post("/chat/completions", response_model=ChatCompletionResponse, responses=_ERRORS)
     async def chat(body: ChatCompletionRequest, request: Request) -> Any:
-        engine = engine_for(body.model)
+        engine, lora = engine_for(body.model)
         _refuse_unsupported(body)
         try:
             ids = engine.chat_prompt([(m.role, m.text()) for m in body.messages])
         except ValueError as exc:  # e.g. a template that refuses this sequence of roles
             raise APIError(400, f"messages: {exc}", "messages") from exc
         params = _params(body, body.token_limit(), len(ids), engine.max_model_len)
-        run = _Run(engine, f"chatcmpl-{uuid.uuid4().hex}", ids, params, body.priority, metrics)
+        run = _Run(engine, f"chatcmpl-{uuid.uuid4().hex}", ids, params, body.priority, metrics, lora)
         return await _answer(
             run, body, request, _chat_chunks, "chat.completion",
             lambda text, reason: {
@@ -183,15 +215,16 @@ class _Run:
         params: GenerationParams,
         priority: int,
         metrics: ServingMetrics | None,
+        lora: str | None = None,
     ) -> None:
         self.engine, self.rid, self.ids, self.params, self.priority = engine, rid, ids, params, priority
-        self.metrics = metrics
+        self.metrics, self.lora = metrics, lora
         self.start = time.perf_counter()
         self.first: float | None = None
         self.last = GenerationDelta(text="", prompt_tokens=len(ids))
 
     async def deltas(self) -> AsyncGenerator[GenerationDelta, None]:
-        it = self.engine.generate(self.rid, self.ids, self.params, self.priority)
+        it = self.engine.generate(self.rid, self.ids, self.params, self.priority, self.lora)
         try:
             async for d in _refusals_as_400(it):
                 if self.first is None and d.completion_tokens > 0:
