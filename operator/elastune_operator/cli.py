@@ -83,7 +83,11 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     from .sim.bench_scheduler import run
 
     run(
-        args.quick, Path(args.json) if args.json else None, Path(args.plot) if args.plot else None, args.seeds
+        args.quick,
+        Path(args.json) if args.json else None,
+        Path(args.plot) if args.plot else None,
+        args.seeds,
+        profiles=PROFILE_NAMES if args.profile == "all" else (args.profile,),
     )
     return 0
 
@@ -171,6 +175,12 @@ def build_parser() -> argparse.ArgumentParser:
     sched.add_argument("--json", metavar="PATH")
     sched.add_argument("--plot", metavar="PATH")
     sched.add_argument("--seeds", type=int, help="seeds per cell (default 5, --quick 2)")
+    sched.add_argument(
+        "--profile",
+        choices=[*PROFILE_NAMES, "all"],
+        default="all",
+        help="workload profile(s) to run (default all: calibrated, the headline, and heavy)",
+    )
     sched.set_defaults(func=_cmd_bench)
     bsub.add_parser("operator", help="200 TuningJobs at once against the API emulator: reconcile p50/p99")
     for name, module, text in (
