@@ -400,7 +400,9 @@ class PromptTunerPolicy:
             if e + t <= deadline:
                 # Floating start: the slack (deadline - e - t) runs out that much later than now;
                 # fixed start: nothing changes until its estimate passes and it starts to float.
-                r.note(now + (deadline - e - t) if floating else until)
+                if floating:
+                    r.note(now + (deadline - e - t))
+                _note_kth(r, E, k)
                 self._reserve(r, llm, k, (e + t, floating, until))
                 return True
         return False
@@ -488,13 +490,13 @@ class PromptTunerPolicy:
         k = min(a_star, len(E))
         if k and E[k - 1][0] <= r.now + t_cold:
             e, floating, until = E[k - 1]
+            _note_kth(r, E, k)
             self._reserve(r, llm, k, (e + est.t_warm(llm, rem, k, job.bank_seconds), floating, until))
-            if not floating:
-                r.note(until)
             return
         if k and not E[k - 1][1]:
-            e, _, until = E[k - 1]
-            r.note(min(e - t_cold, until))
+            r.note(E[k - 1][0] - t_cold)
+        if k:
+            _note_kth(r, E, k)
         room = self._growth_room(state, r, llm)
         if room:
             a = min(a_star, room)
@@ -535,6 +537,25 @@ class PromptTunerPolicy:
 
 
 _PROJECTED_MISS = object()
+
+
+def _note_kth(r: _Round, E: list[Slot], k: int) -> None:
+    """Note every instant at which E's k-th earliest entry could change how it moves with the clock:
+    a fixed entry among the first k starts to float (its estimate passes); a floating entry below a
+    fixed k-th one reaches it; a floating k-th entry reaches the next fixed entry above it. Until
+    then the k-th entry keeps its value (fixed) or keeps moving with the clock (floating)."""
+    now = r.now
+    e_k, floating_k, _ = E[k - 1]
+    for e, floating, until in E[:k]:
+        if not floating:
+            r.note(until)
+        elif not floating_k:
+            r.note(now + (e_k - e))
+    if floating_k:
+        for e, floating, _ in E[k:]:
+            if not floating:
+                r.note(now + (e - e_k))
+                break
 
 
 def _deadline(job: Job) -> float:
