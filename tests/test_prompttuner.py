@@ -517,6 +517,10 @@ def _random_case(
         warm_allocator=rng.random() < 0.8,
         delay_schedulable=rng.random() < 0.7,
         idle_window_seconds=rng.choice([10.0, 60.0]),
+        idle_window_mode=rng.choice(["fixed", "fixed", "cold_start"]),
+        bank_sizing_speedup=rng.choice([1.0, 1.0, 1.2]),
+        early_release=rng.random() < 0.4,
+        arrival_window_seconds=rng.choice([20.0, 60.0]),
     )
     limits = {
         "m": PoolLimits(min_warm=rng.randint(0, 2)) if rng.random() < 0.3 else PoolLimits(),

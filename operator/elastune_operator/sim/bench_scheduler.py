@@ -24,6 +24,7 @@ from .experiments import (
     IDLE_WINDOWS,
     POLICIES,
     SLO_LEVELS,
+    SPEND_MECHANISMS,
     Cell,
     ablations,
     end_to_end,
@@ -192,18 +193,25 @@ def run_profile(name: ProfileName, seeds: list[int], sim: SimConfig, p: Callable
         }
 
     abl = ablations(prof, seeds, sim)
-    p(f"\nTable 8 ({name}, medium, S = 1.0) — ours [paper]")
+    p(
+        f"\nTable 8 ({name}, medium, S = 1.0) and the spend mechanisms — ours [paper]; ratios against the "
+        "baselines' cells above"
+    )
     abl_json: dict[str, object] = {}
     for row, c in abl.items():
         ref = paper.TABLE8.get(row)
         paper_txt = f"[{ref[0]:5.1f} %  ${ref[1]:5.1f}]" if ref else ""
         g = c.gpu_seconds
+        r = ratios({**medium, "promptTuner": c})
         p(
             f"  {row:<26} violation {c.slo_violation_pct:5.1f} %  cost ${c.cost_usd:6.2f}  {paper_txt:<17}"
-            f" idle {g['idle']:6.0f} / starting-held {g['starting_held']:6.0f} GPU-s"
+            f" idle {g['idle']:6.0f} / starting-held {g['starting_held']:6.0f} GPU-s;"
+            f" ×{r['slo_vs_infless']:.2f}/×{r['slo_vs_elasticflow']:.2f} viol,"
+            f" ×{r['cost_vs_infless']:.2f}/×{r['cost_vs_elasticflow']:.2f} cost"
         )
         abl_json[row] = {
             **c.as_dict(),
+            "ratios": r,
             **({"paper": {"slo_violation_pct": ref[0], "cost_usd": ref[1]}} if ref else {}),
         }
 
@@ -345,6 +353,7 @@ def run(
             "idle_windows_s": list(IDLE_WINDOWS),
             "profiles": list(profiles),
             "headline_profile": head.name,
+            "spend_mechanisms": list(SPEND_MECHANISMS),
         },
         # The top-level figures are the headline profile's (see config.headline_profile).
         "end_to_end": e2e_json,
@@ -398,7 +407,7 @@ def plot(runs: dict[str, ProfileRun], headline: str, path: Path) -> None:
     ax.plot(range(len(names)), [head.abl[n].cost_usd for n in names], "s", color="tab:blue")
     labels = [n.replace("without", "w/o ").replace("with", "+") for n in names]
     axes[0][2].set_xticks(range(len(names)), labels, rotation=60, fontsize=7)
-    axes[0][2].set_title(f"Table 8 ({headline}): violation % (bars), cost $ (squares)")
+    axes[0][2].set_title(f"Table 8 + spend mechanisms ({headline}): violation % (bars), cost $ (squares)")
     ws = list(head.sweep)
     ax = axes[1][2]
     viol = [head.sweep[w].slo_violation_pct for w in ws]

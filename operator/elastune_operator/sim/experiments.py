@@ -20,6 +20,7 @@ from ..scheduling.factory import PolicyConfig, make_policy
 from ..scheduling.policy import PolicyName, PoolLimits
 from ..scheduling.prompttuner import PromptTunerConfig, PromptTunerPolicy
 from ..scheduling.state import ClusterState, Job, RoundDecision
+from . import paper
 from .simulator import SimConfig, SimResult, Simulator
 from .workload import LOADS, SimLLM, WorkloadConfig, WorkloadProfile, generate
 
@@ -32,6 +33,15 @@ ABLATIONS: dict[str, PromptTunerConfig] = {
     "withoutLatencyBudget": PromptTunerConfig(latency_budget=False),
 }
 """Table 8's columns."""
+SPEND_MECHANISMS: dict[str, PromptTunerConfig] = {
+    "withIdleWindowColdStart": PromptTunerConfig(idle_window_mode="cold_start"),
+    "withBankMinSpeedupSizing": PromptTunerConfig(bank_sizing_speedup=paper.BANK_MIN_SPEEDUP),
+    "withEarlyRelease": PromptTunerConfig(early_release=True),
+    "withAllSpendMechanisms": PromptTunerConfig(
+        idle_window_mode="cold_start", bank_sizing_speedup=paper.BANK_MIN_SPEEDUP, early_release=True
+    ),
+}
+"""Rows added to Table 8: each mechanism against idle and starting spend alone, then all together."""
 IDLE_WINDOWS = (10.0, 30.0, 60.0, 120.0, 300.0)
 
 
@@ -131,9 +141,9 @@ def ablations(
     sim: SimConfig,
     configs: dict[str, PromptTunerConfig] | None = None,
 ) -> dict[str, Cell]:
-    """Table 8 at medium load, S = 1.0."""
+    """Table 8 at medium load, S = 1.0 (its columns, then the spend mechanisms)."""
     wl = profile.config("medium", 1.0)
-    rows = configs if configs is not None else ABLATIONS
+    rows = configs if configs is not None else {**ABLATIONS, **SPEND_MECHANISMS}
     return {name: run_cell("promptTuner", wl, sim, seeds, cfg) for name, cfg in rows.items()}
 
 

@@ -273,7 +273,7 @@ class Simulator:
                     llm = self.llms[job.llm]
                     pol.estimator.observe_iteration(job.llm, run.gpus, llm.true_iteration_seconds(run.gpus))
                     used = self._true_iterations(run, job)
-                    pol.estimator.observe_completion(job.llm, job.use_bank, used, job.max_iterations)
+                    pol.estimator.observe_completion(job.llm, job.use_bank, used, job.planned_iterations)
                     self._busy -= len(job.gpus)
                     st.finish(jid, t, keep_warm=pol.keep_warm)
                     remaining -= 1
