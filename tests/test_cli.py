@@ -94,7 +94,8 @@ def test_bench_scheduler_writes_json_and_plot(tmp_path):
     ratio_keys = {"slo_vs_infless", "slo_vs_elasticflow", "cost_vs_infless", "cost_vs_elasticflow"}
     for name in ("calibrated", "heavy"):
         prof = data["profiles"][name]
-        assert set(prof["grid_max"]) == ratio_keys
+        assert set(prof["grid_max"]) == ratio_keys == set(prof["grid_max_all_spend"])
+        assert set(prof["end_to_end"]["low_S0.5"]["ratios_all_spend"]) == ratio_keys
         assert set(prof["grid_max_at"].values()) <= set(prof["end_to_end"])
         assert len(prof["end_to_end"]) == 9
         cell = prof["end_to_end"]["medium_S1.0"]
@@ -109,8 +110,19 @@ def test_bench_scheduler_writes_json_and_plot(tmp_path):
             "ef_utilization_pct",
             "infless_init_wait_pct",
         }
+        assert set(prof["ablation"]) == {
+            "workloadScheduler",
+            "withoutWarmAllocator",
+            "withoutDelaySchedulable",
+            "withoutLatencyBudget",
+            "withIdleWindowColdStart",
+            "withBankMinSpeedupSizing",
+            "withEarlyRelease",
+            "withAllSpendMechanisms",
+        }
         for row in prof["ablation"].values():
-            assert row["slo_violation_pct"] >= 0 and row["cost_usd"] > 0
+            assert row["slo_violation_pct"] >= 0 and row["cost_usd"] > 0 and set(row["ratios"]) == ratio_keys
+        assert prof["ablation"]["workloadScheduler"]["paper"] == {"slo_violation_pct": 12.4, "cost_usd": 22.9}
     assert data["end_to_end"] == data["profiles"]["calibrated"]["end_to_end"]
     assert {
         "pt_violation_pct",

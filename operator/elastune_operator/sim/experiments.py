@@ -135,6 +135,17 @@ def end_to_end(
     return out
 
 
+def prompttuner_grid(
+    profile: WorkloadProfile, seeds: list[int], sim: SimConfig, config: PromptTunerConfig
+) -> dict[str, Cell]:
+    """PromptTuner with ``config`` over the Fig. 7 grid (the same traces as ``end_to_end``)."""
+    return {
+        f"{load}_S{s}": run_cell("promptTuner", profile.config(load, s), sim, seeds, config)
+        for load in LOADS
+        for s in SLO_LEVELS
+    }
+
+
 def ablations(
     profile: WorkloadProfile,
     seeds: list[int],
