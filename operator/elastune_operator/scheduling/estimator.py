@@ -119,9 +119,7 @@ class Estimator:
         """Measured seconds per iteration by GPU count (EWMA), for the WarmPool's status."""
         return dict(sorted(self._state(llm).observed.items()))
 
-    def observe_completion(
-        self, llm: str, used_bank: bool, iterations: float, max_iterations: float
-    ) -> None:
+    def observe_completion(self, llm: str, used_bank: bool, iterations: float, max_iterations: float) -> None:
         """A job finished after ``iterations`` of the ``max_iterations`` it was sized on (it reached its
         target early)."""
         if max_iterations <= 0:

@@ -446,7 +446,7 @@ def plot(runs: dict[str, ProfileRun], headline: str, path: Path) -> None:
     ax.plot(range(len(names)), [head.abl[n].cost_usd for n in names], "s", color="tab:blue")
     labels = [n.replace("without", "w/o ").replace("with", "+") for n in names]
     axes[0][2].set_xticks(range(len(names)), labels, rotation=60, fontsize=7)
-    axes[0][2].set_title(f"Table 8 + spend mechanisms ({headline}): violation % (bars), cost $ (squares)")
+    axes[0][2].set_title(f"Table 8 + spend ({headline}): violation % bars, cost $ squares", fontsize=9)
     ws = list(head.sweep)
     ax = axes[1][2]
     viol = [head.sweep[w].slo_violation_pct for w in ws]
