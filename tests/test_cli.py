@@ -6,6 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 
 from elastune_operator import cli
@@ -89,7 +90,56 @@ def test_bench_scheduler_writes_json_and_plot(tmp_path):
     }
     assert len(data["idle_window"]) == 5
     assert len(data["end_to_end"]) == 9
+    assert data["config"]["headline_profile"] == "calibrated"
+    ratio_keys = {"slo_vs_infless", "slo_vs_elasticflow", "cost_vs_infless", "cost_vs_elasticflow"}
+    for name in ("calibrated", "heavy"):
+        prof = data["profiles"][name]
+        assert set(prof["grid_max"]) == ratio_keys == set(prof["grid_max_all_spend"])
+        assert set(prof["end_to_end"]["low_S0.5"]["ratios_all_spend"]) == ratio_keys
+        assert set(prof["grid_max_at"].values()) <= set(prof["end_to_end"])
+        assert len(prof["end_to_end"]) == 9
+        cell = prof["end_to_end"]["medium_S1.0"]
+        assert cell["versus_paper"]["paper"]["cost_saving_vs_infless"] == 0.23
+        for pol in ("promptTuner", "infless", "elasticflow"):
+            g = cell[pol]["gpu_seconds"]
+            assert g["busy"] + g["idle"] + g["starting_held"] == pytest.approx(g["paid"], rel=1e-3)
+        assert set(prof["cost_breakdown"]["medium_S1.0"]) == {"promptTuner", "infless", "elasticflow"}
+        assert set(prof["anchors"]) == {
+            "pt_violation_pct",
+            "pt_cost_usd",
+            "ef_utilization_pct",
+            "infless_init_wait_pct",
+        }
+        assert set(prof["ablation"]) == {
+            "workloadScheduler",
+            "withoutWarmAllocator",
+            "withoutDelaySchedulable",
+            "withoutLatencyBudget",
+            "withIdleWindowColdStart",
+            "withBankMinSpeedupSizing",
+            "withEarlyRelease",
+            "withAllSpendMechanisms",
+        }
+        for row in prof["ablation"].values():
+            assert row["slo_violation_pct"] >= 0 and row["cost_usd"] > 0 and set(row["ratios"]) == ratio_keys
+        assert prof["ablation"]["workloadScheduler"]["paper"] == {"slo_violation_pct": 12.4, "cost_usd": 22.9}
+    assert data["end_to_end"] == data["profiles"]["calibrated"]["end_to_end"]
+    assert {
+        "pt_violation_pct",
+        "pt_cost_usd",
+        "grid_max_slo_vs_infless",
+        "heavy_ahead_at_every_setting",
+    } <= set(data["targets"])
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_bench_scheduler_runs_one_profile(tmp_path):
+    out = tmp_path / "b.json"
+    res = elastune("bench", "scheduler", "--quick", "--seeds", "1", "--profile", "heavy", "--json", str(out))
+    assert res.returncode == 0, res.stderr
+    data = json.loads(out.read_text())
+    assert list(data["profiles"]) == ["heavy"] and data["config"]["headline_profile"] == "heavy"
+    assert "heavy_ahead_at_every_setting" in data["targets"]
 
 
 def test_bench_operator_says_what_to_install_without_the_dev_extras(monkeypatch, capsys):

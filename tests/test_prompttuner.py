@@ -517,6 +517,10 @@ def _random_case(
         warm_allocator=rng.random() < 0.8,
         delay_schedulable=rng.random() < 0.7,
         idle_window_seconds=rng.choice([10.0, 60.0]),
+        idle_window_mode=rng.choice(["fixed", "fixed", "cold_start"]),
+        bank_sizing_speedup=rng.choice([1.0, 1.0, 1.2]),
+        early_release=rng.random() < 0.4,
+        arrival_window_seconds=rng.choice([20.0, 60.0]),
     )
     limits = {
         "m": PoolLimits(min_warm=rng.randint(0, 2)) if rng.random() < 0.3 else PoolLimits(),
@@ -663,6 +667,23 @@ def test_round_cache_late_warm_up_counterexample():
     fresh = policy().round(state, 110.0)
     assert fresh.launches == [Launch(LLM, 2)]
     assert cached.round(state, 110.0) == fresh
+
+
+def test_round_cache_lower_fixed_entry_that_starts_floating_counterexample():
+    """p waits for the 4th-earliest warm GPU (r's, fixed at 120); two earlier entries are w's GPUs,
+    still loading, expected warm at 105 and free at 110. Once 105 passes they float with the clock
+    (now + 5 s of w's run) and overtake 120 after 115: from 116 p can no longer wait (t + 5 + 12 >
+    133) and the pool grows. The cache must not answer "nothing to do" until 120."""
+    state = make_state(capacity=16)
+    make_running(state, Job("r", LLM, 50.0, 100.0, 40), gpus=2, started=50.0, predicted_finish=120.0)
+    state.submit(Job("w", LLM, 95.0, 100.0, 10))  # 10 iterations on 2 GPUs: 5 s
+    for _ in range(2):
+        state.launch(LLM, 95.0, job="w", target=2)
+    state.submit(Job("p", LLM, 100.0, 33.0, 48))  # deadline 133: 4 GPUs at 120 → 132
+    cached = policy()
+    assert cached.round(state, 100.0).empty()
+    assert cached._cache.horizon == 105.0  # when w's loading GPUs overrun and start to float
+    assert policy().round(state, 116.5).launches == [Launch(LLM, 8)]  # 48/8 + 10 ≤ 16.5
 
 
 def test_round_cache_recomputes_after_a_state_change():

@@ -79,7 +79,11 @@ def test_fixed_cluster_cost_is_cluster_size_times_makespan():
     assert sim.policy.cluster_gpus(sim.state) == 12  # type: ignore[attr-defined]
     assert result.paid_gpu_seconds == pytest.approx(12 * result.makespan_seconds)
     assert result.cost_usd == pytest.approx(12 * result.makespan_seconds * DEFAULT_PRICE_PER_GPU_HOUR / 3600)
-    assert result.idle_gpu_seconds == pytest.approx(result.paid_gpu_seconds - result.busy_gpu_seconds)
+    # Every GPU of the cluster is busy, loading for a job (no runtime reuse) or holding nothing.
+    assert result.starting_held_gpu_seconds > 0
+    assert result.idle_gpu_seconds == pytest.approx(
+        result.paid_gpu_seconds - result.busy_gpu_seconds - result.starting_held_gpu_seconds
+    )
     assert sim.state.gpus == {}  # no runtime reuse: everything went back to cold
 
 
@@ -130,6 +134,16 @@ def test_two_job_timeline_by_hand():
     assert result.busy_gpu_seconds == pytest.approx(30.0)
     # Idle: 1 GPU over ticks 401..600, 2 at tick 601 → 202 × 0.05 = 10.1.
     assert result.idle_gpu_seconds == pytest.approx(10.1)
+    # Starting: 2 GPUs loading over ticks 0..200 → 20.1; busy + idle + starting/held = paid.
+    assert result.starting_held_gpu_seconds == pytest.approx(20.1)
+    assert result.breakdown() == {
+        "busy_gpu_s": 30.0,
+        "idle_gpu_s": 10.1,
+        "starting_held_gpu_s": 20.1,
+        "paid_gpu_s": 60.2,
+    }
+    # Both jobs got warm GPUs and started in the same round: no initialisation wait.
+    assert result.init_wait_fractions == [0.0, 0.0]
     assert result.cost_usd == pytest.approx(60.2 / 3600 * DEFAULT_PRICE_PER_GPU_HOUR)
     assert sorted(result.latencies) == pytest.approx([30.05 - 12.02, 20.05])  # b: 18.03, a: 20.05
 
@@ -146,10 +160,13 @@ def test_elasticflow_restart_keeps_checkpointed_progress():
     sim = Simulator(
         llms, jobs, ElasticFlowPolicy(make_estimator()), SimConfig(cold_capacity=4, cold_start_jitter=0.0)
     )
-    sim.run()
+    result = sim.run()
     r, n = sim.state.jobs["r"], sim.state.jobs["n"]
     assert r.finished_at == pytest.approx(54.0)
     assert n.finished_at == pytest.approx(22.0 + 40 / 3)
+    # Initialisation waits (Fig. 3b): r 10 s at first and 10 s after its restart, of 54 s; n 10 s of
+    # its 22 + 40/3 − 12 s.
+    assert sorted(result.init_wait_fractions) == pytest.approx(sorted([20 / 54, 10 / (10 + 40 / 3)]))
 
 
 def test_bank_speedup_divides_the_true_iterations():

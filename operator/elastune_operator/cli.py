@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from elastune_operator.scheduling.policy import POLICY_NAMES
+from elastune_operator.sim.workload import PROFILE_NAMES
 
 
 def _cmd_crds(args: argparse.Namespace) -> int:
@@ -40,21 +41,21 @@ def _cmd_validate(args: argparse.Namespace) -> int:
 
 def _cmd_simulate(args: argparse.Namespace) -> int:
     """Run the three schedulers on one seeded sample workload and print the comparison."""
+    from dataclasses import replace
+
     from .sim.experiments import POLICIES, run_one
     from .sim.simulator import SimConfig
-    from .sim.workload import LOADS, WorkloadConfig
+    from .sim.workload import profile
 
-    wl = WorkloadConfig(
-        jobs_per_llm=dict(LOADS[args.load]),
-        slo_emergence=args.slo_emergence,
-        seed=args.seed,
+    wl = replace(
+        profile(args.profile).config(args.load, args.slo_emergence, args.seed),
         arrivals_csv=Path(args.arrivals_csv) if args.arrivals_csv else None,
     )
     sim = SimConfig(cold_capacity=args.gpus, seed=args.seed)
     print(
         f"Simulating a 20-minute trace, {args.load} load ({sum(wl.jobs_per_llm.values())} TuningJobs "
         f"over {len(wl.jobs_per_llm)} LLMs), S = {args.slo_emergence}, {args.gpus} GPUs in the cold pool, "
-        f"seed {args.seed}"
+        f"workload profile {args.profile}, seed {args.seed}"
     )
     print(
         f"{'scheduler':<14}{'SLO violations':>16}{'cost':>10}{'GPU util':>10}{'dropped':>9}"
@@ -82,9 +83,19 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     from .sim.bench_scheduler import run
 
     run(
-        args.quick, Path(args.json) if args.json else None, Path(args.plot) if args.plot else None, args.seeds
+        args.quick,
+        Path(args.json) if args.json else None,
+        Path(args.plot) if args.plot else None,
+        args.seeds,
+        profiles=PROFILE_NAMES if args.profile == "all" else (args.profile,),
     )
     return 0
+
+
+def _cmd_calibrate(args: argparse.Namespace) -> int:
+    from .sim.calibrate import main
+
+    return main(["--sweeps", str(args.sweeps)] + (["--check"] if args.check else []))
 
 
 def _exec_worker_module(module: str, argv: list[str]) -> int:
@@ -164,6 +175,12 @@ def build_parser() -> argparse.ArgumentParser:
     simp.add_argument("--gpus", type=int, default=32, help="cold pool capacity (GPUs)")
     simp.add_argument("--seed", type=int, default=0)
     simp.add_argument(
+        "--profile",
+        choices=PROFILE_NAMES,
+        default="calibrated",
+        help="workload profile: calibrated (fitted to the paper's figures, default) or heavy",
+    )
+    simp.add_argument(
         "--arrivals-csv",
         help="replay arrival timestamps from this CSV (first column), stretched over the 20-minute trace",
     )
@@ -176,6 +193,12 @@ def build_parser() -> argparse.ArgumentParser:
     sched.add_argument("--json", metavar="PATH")
     sched.add_argument("--plot", metavar="PATH")
     sched.add_argument("--seeds", type=int, help="seeds per cell (default 5, --quick 2)")
+    sched.add_argument(
+        "--profile",
+        choices=[*PROFILE_NAMES, "all"],
+        default="all",
+        help="workload profile(s) to run (default all: calibrated, the headline, and heavy)",
+    )
     sched.set_defaults(func=_cmd_bench)
     bsub.add_parser("operator", help="200 TuningJobs at once against the API emulator: reconcile p50/p99")
     for name, module, text in (
@@ -189,6 +212,13 @@ def build_parser() -> argparse.ArgumentParser:
         ("route", "elastune_gateway.bench.route", "routing: E2 / rank-aware / SSJF vs baselines and peers"),
     ):
         bsub.add_parser(name, help=f"{text} (runs {module}; see its --help)")
+
+    cal = sub.add_parser(
+        "calibrate", help="fit the calibrated workload profile to the paper's figures; print residuals"
+    )
+    cal.add_argument("--sweeps", type=int, default=5, help="coordinate-descent sweeps at most")
+    cal.add_argument("--check", action="store_true", help="only measure the committed profiles")
+    cal.set_defaults(func=_cmd_calibrate)
 
     runp = sub.add_parser("run", help="run TuningJobs to completion on this machine (no cluster, no GPU)")
     runp.add_argument("-f", "--file", action="append", required=True, help="manifest file (repeatable)")

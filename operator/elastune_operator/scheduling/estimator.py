@@ -119,8 +119,9 @@ class Estimator:
         """Measured seconds per iteration by GPU count (EWMA), for the WarmPool's status."""
         return dict(sorted(self._state(llm).observed.items()))
 
-    def observe_completion(self, llm: str, used_bank: bool, iterations: float, max_iterations: int) -> None:
-        """A job finished after ``iterations`` of its ``max_iterations`` (it reached its target early)."""
+    def observe_completion(self, llm: str, used_bank: bool, iterations: float, max_iterations: float) -> None:
+        """A job finished after ``iterations`` of the ``max_iterations`` it was sized on (it reached its
+        target early)."""
         if max_iterations <= 0:
             return
         s = self._state(llm)

@@ -10,6 +10,7 @@ nothing they read has changed.
 
 from __future__ import annotations
 
+from bisect import insort
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -47,6 +48,10 @@ class Job:
     max_iterations: int
     """Termination upper bound: the estimator's 'maximum remaining iterations'."""
     done_iterations: float = 0.0
+    planned_iterations: float = 0.0
+    """The iteration bound the scheduler sizes the job on: ``max_iterations`` (the default, set when
+    0), or fewer when the job starts from the Prompt Bank and the policy counts on the bank's minimum
+    speedup (PromptTunerConfig.bank_sizing_speedup)."""
     bank_mode: BankMode = "auto"
     """TuningJob spec.promptBank: auto (latency budget decides) | always | never."""
     use_bank: bool = False
@@ -68,10 +73,12 @@ class Job:
         if self.slo <= 0 or self.max_iterations < 1:
             raise ValueError(f"job {self.id!r}: slo must be > 0 and max_iterations >= 1")
         self.deadline = self.arrival + self.slo
+        if self.planned_iterations <= 0:
+            self.planned_iterations = float(self.max_iterations)
 
     @property
     def remaining_iterations(self) -> float:
-        return max(0.0, self.max_iterations - self.done_iterations)
+        return max(0.0, self.planned_iterations - self.done_iterations)
 
     @property
     def pending(self) -> bool:
@@ -126,6 +133,8 @@ class ClusterState:
         """GPUs still loading that no job holds: they join the idle set when warm."""
         self.pending_version: dict[str, int] = dict.fromkeys(llms, 0)
         """Bumped whenever an LLM's pending set (or a pending job's progress) changes."""
+        self.arrivals: dict[str, list[tuple[float, str]]] = {llm: [] for llm in llms}
+        """(arrival, job id) of every job submitted, per LLM, sorted: recent arrival rates."""
         self.version = 0
         self._next_gpu = 0
 
@@ -159,12 +168,14 @@ class ClusterState:
         self.jobs[job.id] = job
         self.pending[job.llm][job.id] = None
         self.pending_version[job.llm] += 1
+        insort(self.arrivals[job.llm], (job.arrival, job.id))
         self._touch()
 
     def add_llm(self, llm: str) -> None:
         """A pool for ``llm`` joins the cluster (idempotent: an LLM already known keeps its state)."""
         for per_llm in (self.idle, self.running, self.waiting, self.pending, self.starting):
             per_llm.setdefault(llm, {})
+        self.arrivals.setdefault(llm, [])
         self.pool_size.setdefault(llm, 0)
         self.pending_version.setdefault(llm, 0)
 

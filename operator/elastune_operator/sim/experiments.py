@@ -1,7 +1,9 @@
 """The scheduler experiments of the paper (§6.2, §6.3: Fig. 7, Table 8, Fig. 8c) and a scale run.
 
 Every figure is measured in the run that reports it: all policies see the same seeded traces and the
-same physics; results are averaged over seeds.
+same physics; results are averaged over seeds. Each experiment runs on a named workload profile
+(``workload.PROFILES``: ``calibrated`` fitted to the paper's absolute figures, ``heavy`` the earlier
+workload with about twice the GPU time).
 """
 
 from __future__ import annotations
@@ -18,8 +20,9 @@ from ..scheduling.factory import PolicyConfig, make_policy
 from ..scheduling.policy import PolicyName, PoolLimits
 from ..scheduling.prompttuner import PromptTunerConfig, PromptTunerPolicy
 from ..scheduling.state import ClusterState, Job, RoundDecision
+from . import paper
 from .simulator import SimConfig, SimResult, Simulator
-from .workload import LOADS, SimLLM, WorkloadConfig, generate
+from .workload import LOADS, SimLLM, WorkloadConfig, WorkloadProfile, generate
 
 POLICIES: tuple[PolicyName, ...] = ("promptTuner", "infless", "elasticflow")
 SLO_LEVELS = (0.5, 1.0, 1.5)
@@ -29,6 +32,16 @@ ABLATIONS: dict[str, PromptTunerConfig] = {
     "withoutDelaySchedulable": PromptTunerConfig(delay_schedulable=False),
     "withoutLatencyBudget": PromptTunerConfig(latency_budget=False),
 }
+"""Table 8's columns."""
+SPEND_MECHANISMS: dict[str, PromptTunerConfig] = {
+    "withIdleWindowColdStart": PromptTunerConfig(idle_window_mode="cold_start"),
+    "withBankMinSpeedupSizing": PromptTunerConfig(bank_sizing_speedup=paper.BANK_MIN_SPEEDUP),
+    "withEarlyRelease": PromptTunerConfig(early_release=True),
+    "withAllSpendMechanisms": PromptTunerConfig(
+        idle_window_mode="cold_start", bank_sizing_speedup=paper.BANK_MIN_SPEEDUP, early_release=True
+    ),
+}
+"""Rows added to Table 8: each mechanism against idle and starting spend alone, then all together."""
 IDLE_WINDOWS = (10.0, 30.0, 60.0, 120.0, 300.0)
 
 
@@ -40,14 +53,28 @@ class Cell:
     cost_usd: float
     utilization_pct: float
     runs: list[dict[str, float | int | str]] = field(default_factory=list)
+    gpu_seconds: dict[str, float] = field(default_factory=dict)
+    """Seed means of paid GPU-seconds split into busy / idle / starting_held (and their sum, paid)."""
+    allocated_pct: float = 0.0
+    init_wait_pct: float = 0.0
+    dropped_pct: float = 0.0
 
     def as_dict(self) -> dict[str, object]:
         return {
             "slo_violation_pct": round(self.slo_violation_pct, 2),
             "cost_usd": round(self.cost_usd, 2),
             "utilization_pct": round(self.utilization_pct, 1),
+            "allocated_pct": round(self.allocated_pct, 1),
+            "init_wait_pct": round(self.init_wait_pct, 1),
+            "dropped_pct": round(self.dropped_pct, 1),
+            "gpu_seconds": {k: round(v, 1) for k, v in self.gpu_seconds.items()},
             "seeds": len(self.runs),
         }
+
+    def share(self, part: str) -> float:
+        """Percent of paid GPU-seconds that were ``busy``, ``idle`` or ``starting_held``."""
+        paid = self.gpu_seconds.get("paid", 0.0)
+        return 100.0 * self.gpu_seconds.get(part, 0.0) / paid if paid else 0.0
 
 
 def run_one(
@@ -70,37 +97,70 @@ def run_cell(
 ) -> Cell:
     """One policy on one setting, averaged over seeds (policies never mutate their config)."""
     results = [run_one(policy, replace(workload, seed=s), replace(sim, seed=s), config) for s in seeds]
+
+    def mean(values: list[float]) -> float:
+        return float(np.mean(values))
+
     return Cell(
-        slo_violation_pct=float(np.mean([r.slo_violation_pct for r in results])),
-        cost_usd=float(np.mean([r.cost_usd for r in results])),
-        utilization_pct=float(np.mean([r.utilization_pct for r in results])),
+        slo_violation_pct=mean([r.slo_violation_pct for r in results]),
+        cost_usd=mean([r.cost_usd for r in results]),
+        utilization_pct=mean([r.utilization_pct for r in results]),
         runs=[r.summary() for r in results],
+        gpu_seconds={
+            "busy": mean([r.busy_gpu_seconds for r in results]),
+            "idle": mean([r.idle_gpu_seconds for r in results]),
+            "starting_held": mean([r.starting_held_gpu_seconds for r in results]),
+            "paid": mean([r.paid_gpu_seconds for r in results]),
+        },
+        allocated_pct=mean([r.allocated_pct for r in results]),
+        init_wait_pct=mean([r.init_wait_pct for r in results]),
+        dropped_pct=mean([100.0 * r.dropped / r.jobs if r.jobs else 0.0 for r in results]),
     )
 
 
 def end_to_end(
-    seeds: list[int], sim: SimConfig, progress: Callable[[str], None] = lambda _: None
+    profile: WorkloadProfile,
+    seeds: list[int],
+    sim: SimConfig,
+    progress: Callable[[str], None] = lambda _: None,
 ) -> dict[str, dict[str, Cell]]:
     """Fig. 7: every policy at low/medium/high load × S ∈ {0.5, 1.0, 1.5}."""
     out: dict[str, dict[str, Cell]] = {}
     for load in LOADS:
         for s in SLO_LEVELS:
             key = f"{load}_S{s}"
-            wl = WorkloadConfig(jobs_per_llm=dict(LOADS[load]), slo_emergence=s)
+            wl = profile.config(load, s)
             out[key] = {p: run_cell(p, wl, sim, seeds) for p in POLICIES}
             progress(key)
     return out
 
 
-def ablations(seeds: list[int], sim: SimConfig) -> dict[str, Cell]:
-    """Table 8 at medium load, S = 1.0."""
-    wl = WorkloadConfig(jobs_per_llm=dict(LOADS["medium"]), slo_emergence=1.0)
-    return {name: run_cell("promptTuner", wl, sim, seeds, cfg) for name, cfg in ABLATIONS.items()}
+def prompttuner_grid(
+    profile: WorkloadProfile, seeds: list[int], sim: SimConfig, config: PromptTunerConfig
+) -> dict[str, Cell]:
+    """PromptTuner with ``config`` over the Fig. 7 grid (the same traces as ``end_to_end``)."""
+    return {
+        f"{load}_S{s}": run_cell("promptTuner", profile.config(load, s), sim, seeds, config)
+        for load in LOADS
+        for s in SLO_LEVELS
+    }
 
 
-def idle_window_sweep(seeds: list[int], sim: SimConfig) -> dict[str, Cell]:
+def ablations(
+    profile: WorkloadProfile,
+    seeds: list[int],
+    sim: SimConfig,
+    configs: dict[str, PromptTunerConfig] | None = None,
+) -> dict[str, Cell]:
+    """Table 8 at medium load, S = 1.0 (its columns, then the spend mechanisms)."""
+    wl = profile.config("medium", 1.0)
+    rows = configs if configs is not None else {**ABLATIONS, **SPEND_MECHANISMS}
+    return {name: run_cell("promptTuner", wl, sim, seeds, cfg) for name, cfg in rows.items()}
+
+
+def idle_window_sweep(profile: WorkloadProfile, seeds: list[int], sim: SimConfig) -> dict[str, Cell]:
     """Fig. 8c at medium load, S = 1.0."""
-    wl = WorkloadConfig(jobs_per_llm=dict(LOADS["medium"]), slo_emergence=1.0)
+    wl = profile.config("medium", 1.0)
     return {
         f"{w:g}s": run_cell("promptTuner", wl, sim, seeds, PromptTunerConfig(idle_window_seconds=w))
         for w in IDLE_WINDOWS

@@ -49,7 +49,11 @@ class SimResult:
     paid_gpu_seconds: float
     busy_gpu_seconds: float
     idle_gpu_seconds: float
-    """Warm GPUs with nothing assigned (the idle window's price)."""
+    """Warm GPUs with nothing assigned (the idle window's price); for a fixed cluster every GPU that
+    holds no job."""
+    starting_held_gpu_seconds: float
+    """GPUs held by a job or a warm pool that are not running a job yet: loading (T_cold) or warm and
+    held for a job whose other GPUs are still loading. busy + idle + starting/held = paid."""
     makespan_seconds: float
     bank_used: int
     rounds: int
@@ -58,6 +62,9 @@ class SimResult:
     round_ms_p99: float
     rounds_recomputed: int
     latencies: list[float] = field(default_factory=list, repr=False)
+    init_wait_fractions: list[float] = field(default_factory=list, repr=False)
+    """Per finished job: time spent waiting for its instances to initialise (from getting GPUs to
+    starting, summed over restarts) over its end-to-end latency (the paper's Fig. 3b)."""
 
     @property
     def slo_violation_pct(self) -> float:
@@ -66,6 +73,28 @@ class SimResult:
     @property
     def utilization_pct(self) -> float:
         return 100.0 * self.busy_gpu_seconds / self.paid_gpu_seconds if self.paid_gpu_seconds else 0.0
+
+    @property
+    def allocated_pct(self) -> float:
+        """GPUs held by jobs (running, loading or waiting for a gang) over paid GPUs: a training
+        cluster's "utilisation" (the paper's Fig. 3a counts allocated GPUs, initialising or not)."""
+        allocated = self.busy_gpu_seconds + self.starting_held_gpu_seconds
+        return 100.0 * allocated / self.paid_gpu_seconds if self.paid_gpu_seconds else 0.0
+
+    @property
+    def init_wait_pct(self) -> float:
+        """Mean share of a finished job's latency spent waiting for instance initialisation."""
+        f = self.init_wait_fractions
+        return 100.0 * sum(f) / len(f) if f else 0.0
+
+    def breakdown(self) -> dict[str, float]:
+        """Paid GPU-seconds split into busy / idle / starting-or-held."""
+        return {
+            "busy_gpu_s": round(self.busy_gpu_seconds, 1),
+            "idle_gpu_s": round(self.idle_gpu_seconds, 1),
+            "starting_held_gpu_s": round(self.starting_held_gpu_seconds, 1),
+            "paid_gpu_s": round(self.paid_gpu_seconds, 1),
+        }
 
     def summary(self) -> dict[str, float | int | str]:
         return {
@@ -77,6 +106,9 @@ class SimResult:
             "idle_pct_of_paid": round(100.0 * self.idle_gpu_seconds / self.paid_gpu_seconds, 1)
             if self.paid_gpu_seconds
             else 0.0,
+            "allocated_pct": round(self.allocated_pct, 1),
+            "init_wait_pct": round(self.init_wait_pct, 1),
+            **self.breakdown(),
             "dropped": self.dropped,
             "unfinished": self.unfinished,
             "bank_used": self.bank_used,
@@ -98,6 +130,8 @@ class _Run:
     gpus: int = 0
     bank_until: float = 0.0
     iter_start: float = 0.0
+    assigned_at: float | None = None  # when it last got GPUs while not running
+    init_wait: float = 0.0  # summed time from getting GPUs to starting
 
 
 class Simulator:
@@ -134,6 +168,9 @@ class Simulator:
         a = len(job.gpus)
         run.epoch += 1
         run.started, run.gpus = now, a
+        if run.assigned_at is not None:
+            run.init_wait += now - run.assigned_at
+            run.assigned_at = None
         bank = llm.profile.bank_lookup_seconds if (job.use_bank and not job.bank_done) else 0.0
         run.bank_until = now + llm.profile.warm_overhead_seconds + bank
         run.iter_start = run.bank_until
@@ -174,10 +211,12 @@ class Simulator:
                 self._progress(job, now)
             self._runs[jid].epoch += 1
             st.preempt(jid, job.done_iterations, now, keep_warm=self.policy.keep_warm)
+            self._runs[jid].assigned_at = now
             self._launch(job.llm, n, jid, now)
             touched.add(jid)
         for alloc in d.allocations:
             st.assign(alloc.job, alloc.gpus, alloc.target)
+            self._assigned(alloc.job, now)
             touched.add(alloc.job)
         for gid in d.releases:  # before launches: released GPUs refill the cold pool
             gpu = st.gpus.get(gid)
@@ -186,7 +225,13 @@ class Simulator:
         for launch in d.launches:
             self._launch(launch.llm, launch.count, launch.job, now)
             if launch.job:
+                self._assigned(launch.job, now)
                 touched.add(launch.job)
+
+    def _assigned(self, jid: str, now: float) -> None:
+        run = self._runs[jid]
+        if run.assigned_at is None:
+            run.assigned_at = now
 
     # -- main loop ----------------------------------------------------------------------------------
     def run(self) -> SimResult:
@@ -195,7 +240,7 @@ class Simulator:
             self._push(j.arrival, _ARRIVAL, j)
         dt = cfg.round_seconds
         remaining = len(self.jobs)
-        paid = busy = idle = 0.0
+        paid = busy = idle = held = 0.0
         round_times: list[float] = []
         tick = 0
         now = 0.0
@@ -228,7 +273,7 @@ class Simulator:
                     llm = self.llms[job.llm]
                     pol.estimator.observe_iteration(job.llm, run.gpus, llm.true_iteration_seconds(run.gpus))
                     used = self._true_iterations(run, job)
-                    pol.estimator.observe_completion(job.llm, job.use_bank, used, job.max_iterations)
+                    pol.estimator.observe_completion(job.llm, job.use_bank, used, job.planned_iterations)
                     self._busy -= len(job.gpus)
                     st.finish(jid, t, keep_warm=pol.keep_warm)
                     remaining -= 1
@@ -241,23 +286,26 @@ class Simulator:
                     self._start(st.jobs[jid], now)
             paid += (len(st.gpus) if pol.billing == "warm_pool" else 0) * dt
             busy += self._busy * dt
+            n_idle = sum(len(ids) for ids in st.idle.values())
+            held += (len(st.gpus) - n_idle - self._busy) * dt
             if pol.billing == "warm_pool":
-                idle += sum(len(ids) for ids in st.idle.values()) * dt
+                idle += n_idle * dt
             tick += 1
         makespan = max(now, last_arrival)
         if pol.billing == "fixed_cluster":
             n = getattr(pol, "cluster_gpus")(st)  # noqa: B009 - only fixed-cluster policies have it
             paid = n * makespan
         if pol.billing == "fixed_cluster":
-            idle = paid - busy  # every GPU of the fixed cluster not running a job
-        return self._result(paid, busy, idle, makespan, round_times)
+            idle = paid - busy - held  # every GPU of the fixed cluster that holds no job
+        return self._result(paid, busy, idle, held, makespan, round_times)
 
     def _result(
-        self, paid: float, busy: float, idle: float, makespan: float, round_times: list[float]
+        self, paid: float, busy: float, idle: float, held: float, makespan: float, round_times: list[float]
     ) -> SimResult:
         st = self.state
         violations = dropped = unfinished = bank = 0
         latencies = []
+        init_wait = []
         for j in st.jobs.values():
             bank += j.use_bank and not j.dropped
             if j.dropped:
@@ -268,6 +316,7 @@ class Simulator:
                 violations += 1
             else:
                 latencies.append(j.finished_at - j.arrival)
+                init_wait.append(self._runs[j.id].init_wait / max(latencies[-1], 1e-9))
                 violations += j.finished_at > j.deadline + 1e-9
         missing = len(self.jobs) - len(st.jobs)  # never arrived before max_seconds
         rt = np.asarray(round_times) * 1000.0 if round_times else np.zeros(1)
@@ -282,6 +331,7 @@ class Simulator:
             paid_gpu_seconds=paid,
             busy_gpu_seconds=busy,
             idle_gpu_seconds=idle,
+            starting_held_gpu_seconds=held,
             makespan_seconds=makespan,
             bank_used=int(bank),
             rounds=len(round_times),
@@ -290,6 +340,7 @@ class Simulator:
             round_ms_p99=float(np.percentile(rt, 99)),
             rounds_recomputed=cache.misses if cache is not None else len(round_times),
             latencies=latencies,
+            init_wait_fractions=init_wait,
         )
 
 
