@@ -168,6 +168,11 @@ def build_parser() -> argparse.ArgumentParser:
         ),
         ("bank", "elastune_worker.bank.bench", "Prompt Bank: iterations-to-accuracy and lookup cost"),
         ("serve", "elastune_worker.bench.serve", "serving engine vs vLLM-CPU: throughput, TTFT, TPOT"),
+        (
+            "ssjf",
+            "elastune_worker.bench.ssjf",
+            "FCFS vs SJF (predicted, oracle lengths) job completion times on the engine, 3 batching settings",
+        ),
     ):
         bsub.add_parser(name, help=f"{text} (runs {module}; see its --help)")
 
@@ -219,6 +224,7 @@ WORKER_COMMANDS: dict[tuple[str, ...], list[str]] = {
     ("bench", "sync"): ["elastune_worker.bench.sync"],
     ("bench", "bank"): ["elastune_worker.bank.bench"],
     ("bench", "serve"): ["elastune_worker.bench.serve"],
+    ("bench", "ssjf"): ["elastune_worker.bench.ssjf"],
 }
 
 
