@@ -210,6 +210,11 @@ def build_parser() -> argparse.ArgumentParser:
         ("bank", "elastune_worker.bank.bench", "Prompt Bank: iterations-to-accuracy and lookup cost"),
         ("serve", "elastune_worker.bench.serve", "serving engine vs vLLM-CPU: throughput, TTFT, TPOT"),
         ("route", "elastune_gateway.bench.route", "routing: E2 / rank-aware / SSJF vs baselines and peers"),
+        (
+            "ssjf",
+            "elastune_worker.bench.ssjf",
+            "FCFS vs SJF (predicted, oracle lengths) job completion times on the engine, 3 batching settings",
+        ),
     ):
         bsub.add_parser(name, help=f"{text} (runs {module}; see its --help)")
 
@@ -275,6 +280,7 @@ WORKER_COMMANDS: dict[tuple[str, ...], list[str]] = {
     ("bench", "bank"): ["elastune_worker.bank.bench"],
     ("bench", "serve"): ["elastune_worker.bench.serve"],
     ("bench", "route"): ["elastune_gateway.bench.route"],
+    ("bench", "ssjf"): ["elastune_worker.bench.ssjf"],
 }
 
 

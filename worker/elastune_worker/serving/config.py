@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-QueuePolicyName = Literal["fcfs", "priority"]
+QueuePolicyName = Literal["fcfs", "priority", "sjf"]
+BatchingName = Literal["continuous", "dynamic", "none"]
 LoraKernelName = Literal["padded", "unpadded"]
 
 
@@ -27,7 +28,16 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     """Share full KV blocks between requests with the same token prefix."""
     queue_policy: QueuePolicyName = "fcfs"
-    """Order of the waiting queue: fcfs, or priority (lower ``priority`` first, then arrival)."""
+    """Order of the waiting queue: fcfs; priority (lower ``priority`` first, then arrival); or sjf
+    (SSJF: ``priority`` is the predicted output length, shortest first, with a starvation guard)."""
+    sjf_max_bypass: int = 64
+    """sjf: a waiting request that later arrivals have overtaken this many times goes first (0: off)."""
+    sjf_max_wait_s: float = 0.0
+    """sjf: a request waiting this many seconds goes first (0: off)."""
+    batching: BatchingName = "continuous"
+    """When waiting requests join the running batch (the three settings of the SSJF paper):
+    continuous (every step, up to ``max_num_seqs``: Orca/vLLM), dynamic (a new batch of up to
+    ``max_num_seqs`` forms only once the running set is empty), none (one request at a time)."""
     max_model_len: int | None = None
     """Context length; None takes the model's."""
     enable_lora: bool = False
@@ -54,6 +64,8 @@ class EngineConfig:
             raise ValueError("num_kv_blocks must be >= 1")
         if self.max_loras < 1 or self.max_cpu_loras < self.max_loras or self.max_lora_rank < 1:
             raise ValueError("need max_loras >= 1, max_cpu_loras >= max_loras and max_lora_rank >= 1")
+        if self.sjf_max_bypass < 0 or self.sjf_max_wait_s < 0:
+            raise ValueError("sjf_max_bypass and sjf_max_wait_s must be >= 0 (0: off)")
         if self.long_prefill_token_threshold < 0:
             raise ValueError("long_prefill_token_threshold must be >= 0")
 

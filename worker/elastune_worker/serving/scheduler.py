@@ -10,6 +10,13 @@ When a running request needs a block and none is free, the most recently admitte
 preempted by recompute (vLLM's policy): its blocks are freed, its computed tokens forgotten, and it
 goes back to the front of the waiting queue; its generated tokens are kept and recomputed with the
 prompt. A step that preempted admits nobody new. Each step ends asserting its invariants.
+
+``batching`` picks when waiting requests may join (the three settings the SSJF paper compares):
+continuous admits in every step as above; none runs one request at a time; dynamic forms a batch of
+up to ``max_num_seqs`` requests only when the running set is empty, and nobody joins it until all of
+it has finished (no batch-wait timeout: a batch forms as soon as the engine is idle). A dynamic batch
+whose admissions the step's token budget cut short keeps forming in the next steps, so long prompts
+do not shrink it; it closes at the first step whose admissions stopped for another reason.
 """
 
 from __future__ import annotations
@@ -52,8 +59,12 @@ class Scheduler:
         self.blocks = BlockManager(
             config.kv_blocks(), config.block_size, enable_prefix_caching=config.enable_prefix_caching
         )
-        self.waiting = create_request_queue(config.queue_policy)
+        self.waiting = create_request_queue(
+            config.queue_policy, sjf_max_bypass=config.sjf_max_bypass, sjf_max_wait_s=config.sjf_max_wait_s
+        )
         self.running: list[Sequence] = []
+        self._batch_forming = False
+        """dynamic batching: the current batch still takes requests."""
         self.requests: dict[str, Sequence] = {}
         self.num_preemptions = 0
 
@@ -90,6 +101,8 @@ class Scheduler:
         budget = self.config.max_num_batched_tokens
         cap = self.config.long_prefill_token_threshold or budget
         scheduled: set[int] = set()
+        if not self.running:  # dynamic batching: an idle engine forms a new batch
+            self._batch_forming = True
         i = 0
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
@@ -108,10 +121,14 @@ class Scheduler:
                 continue
             # seq itself was preempted (it was the last running one): nothing more fits this step
             break
-        if not out.preempted:
+        mode = self.config.batching
+        limit = 1 if mode == "none" else self.config.max_num_seqs
+        if out.preempted:
+            self._batch_forming = False
+        elif mode != "dynamic" or self._batch_forming:
             skipped: list[Sequence] = []
             loras = {s.lora for s in self.running if s.lora is not None}
-            while len(self.waiting) and budget > 0 and len(self.running) < self.config.max_num_seqs:
+            while len(self.waiting) and budget > 0 and len(self.running) < limit:
                 seq = self.waiting.peek()
                 if seq.lora is not None and seq.lora not in loras and len(loras) >= self.config.max_loras:
                     # Its adapter would exceed the device's adapter slots: it waits, later requests go
@@ -136,6 +153,8 @@ class Scheduler:
                 budget -= n
             for seq in reversed(skipped):
                 self.waiting.push_front(seq)
+            # Only the budget may carry a dynamic batch's forming over to the next step.
+            self._batch_forming = budget <= 0 and len(self.waiting) > 0 and len(self.running) < limit
         self._check(out)
         return out
 
@@ -169,6 +188,7 @@ class Scheduler:
         assert len(self.running) <= self.config.max_num_seqs, "too many running requests"
         adapters = {s.lora for s in self.running if s.lora is not None}
         assert len(adapters) <= self.config.max_loras, "more adapters running than device slots"
+        assert self.config.batching != "none" or len(self.running) <= 1, "batching none ran a batch"
         ids = [id(c.seq) for c in out.chunks]
         assert len(ids) == len(set(ids)), "a request was scheduled twice"
         for c in out.chunks:

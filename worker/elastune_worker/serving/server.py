@@ -10,12 +10,12 @@ import argparse
 import logging
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 from fastapi import APIRouter, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
-from elastune_worker.serving.config import EngineConfig
+from elastune_worker.serving.config import BatchingName, EngineConfig, QueuePolicyName
 
 _DEFAULTS = EngineConfig()
 
@@ -34,7 +34,30 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
         "--long-prefill-token-threshold", type=int, default=0, help="prefill chunk cap (0: budget)"
     )
     g.add_argument("--no-prefix-caching", action="store_true")
-    g.add_argument("--queue-policy", choices=("fcfs", "priority"), default=_DEFAULTS.queue_policy)
+    g.add_argument(
+        "--queue-policy",
+        choices=get_args(QueuePolicyName),
+        default=_DEFAULTS.queue_policy,
+        help="waiting-queue order: fcfs, priority (lower first), sjf (priority = predicted output tokens)",
+    )
+    g.add_argument(
+        "--sjf-max-bypass",
+        type=int,
+        default=_DEFAULTS.sjf_max_bypass,
+        help="sjf starvation guard: overtaken this many times, a request goes first (0: off)",
+    )
+    g.add_argument(
+        "--sjf-max-wait-s",
+        type=float,
+        default=_DEFAULTS.sjf_max_wait_s,
+        help="sjf starvation guard: after waiting this long, a request goes first (0: off)",
+    )
+    g.add_argument(
+        "--batching",
+        choices=get_args(BatchingName),
+        default=_DEFAULTS.batching,
+        help="continuous (every step), dynamic (a new batch when the running set is empty), none",
+    )
     g.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     g.add_argument("--dtype", choices=("auto", "float32", "float16", "bfloat16"), default="auto")
     g.add_argument(
@@ -94,6 +117,9 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         long_prefill_token_threshold=args.long_prefill_token_threshold,
         enable_prefix_caching=not args.no_prefix_caching,
         queue_policy=args.queue_policy,
+        sjf_max_bypass=args.sjf_max_bypass,
+        sjf_max_wait_s=args.sjf_max_wait_s,
+        batching=args.batching,
         device=args.device,
         dtype=args.dtype,
         enable_lora=bool(args.enable_lora or args.lora_modules),
