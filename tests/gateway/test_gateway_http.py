@@ -8,6 +8,7 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -22,7 +23,9 @@ pytest.importorskip("torch")
 pytest.importorskip("fastapi")
 
 from elastune_contract.protocol import Bus, ServingPoolRecord  # noqa: E402
+from elastune_contract.servers import free_port  # noqa: E402
 from elastune_gateway.bench.processes import ServiceProcess, start_gateway, start_worker, wait_for_worker  # noqa: E402
+from elastune_worker.tiny import adapters as A  # noqa: E402
 from elastune_worker.tiny import build as B  # noqa: E402
 
 MODEL = "tiny-llama"
@@ -37,10 +40,10 @@ class Stack:
         self.gateway: ServiceProcess | None = None
         self.bus = Bus(redis_url, ns)
 
-    def worker(self, wid: str, served: str = MODEL, wait: bool = True) -> ServiceProcess:
+    def worker(self, wid: str, served: str = MODEL, wait: bool = True, *extra: str) -> ServiceProcess:
         w = start_worker(
             self.redis_url, self.ns, wid, self.model_path, served, self.logs,
-            "--kv-cache-tokens", "8192", "--max-model-len", str(CONTEXT), wait=wait,
+            "--kv-cache-tokens", "8192", "--max-model-len", str(CONTEXT), *extra, wait=wait,
         )  # fmt: skip
         self.workers[wid] = w
         return w
@@ -62,18 +65,48 @@ class Stack:
 @pytest.fixture(scope="module")
 def stack(redis_server: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     s = Stack(redis_server.url, f"gw{time.time_ns()}", tmp_path_factory.mktemp("gateway"))
+    predictor = None
     try:
-        s.worker("w-a", wait=False)
-        s.worker("w-b")
-        wait_for_worker(s.workers["w-a"], s.redis_url, s.ns)
+        units, dates = A.ensure_tiny_adapter(8), A.ensure_tiny_adapter(32)
+        s.worker("w-a", MODEL, False, "--lora-modules", f"units={units}", f"dates={dates}")
+        s.worker("w-b", MODEL, False, "--lora-modules", f"dates={dates}")
+        predictor = start_predictor(s.logs)
+        for w in s.workers.values():
+            wait_for_worker(w, s.redis_url, s.ns)
         s.gateway = start_gateway(
-            s.redis_url, s.ns, s.logs, "--policy", "preble", "--hold-timeout", "2", "--failure-cooldown", "60"
-        )
+            s.redis_url, s.ns, s.logs, "--policy", "preble", "--hold-timeout", "2",
+            "--failure-cooldown", "60", "--length-predictor-url", predictor.url,
+        )  # fmt: skip
         _wait_endpoints(s.url, 2)
         yield s
         assert s.gateway.alive(), "the gateway crashed:\n" + s.gateway.log_tail()
     finally:
         s.close()
+        if predictor is not None:
+            predictor.stop()
+
+
+def start_predictor(logs: Path) -> ServiceProcess:
+    """SSJF's length predictor service (built into the model cache if missing)."""
+    port = free_port()
+    log = logs / "predictor.log"
+    with log.open("wb") as fh:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "elastune_worker.ssjf", "--port", str(port)],
+            stdout=fh,
+            stderr=subprocess.STDOUT,
+        )
+    p = ServiceProcess(proc, f"http://127.0.0.1:{port}", log, "predictor")
+    deadline = time.time() + 300
+    while time.time() < deadline:
+        assert p.alive(), p.log_tail()
+        try:
+            if httpx.get(p.url + "/healthz", timeout=2).status_code == 200:
+                return p
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.3)
+    pytest.fail("the length predictor never came up: " + p.log_tail())
 
 
 def _wait_endpoints(url: str, n: int, timeout: float = 20) -> None:
@@ -98,9 +131,39 @@ def counter(text: str, name: str, **labels: str) -> float:
     return total
 
 
-def test_models_are_aggregated_from_the_registry(stack: Stack) -> None:
+def test_models_and_adapters_are_aggregated_from_the_registry(stack: Stack) -> None:
     models = client(stack.url).models.list()
-    assert [(m.id, m.model_extra.get("max_model_len")) for m in models.data] == [(MODEL, CONTEXT)]
+    got = sorted((m.id, m.model_extra.get("parent"), m.model_extra.get("max_model_len")) for m in models.data)
+    assert got == [("dates", MODEL, CONTEXT), (MODEL, None, CONTEXT), ("units", MODEL, CONTEXT)]
+
+
+def test_an_adapter_is_served_by_the_endpoints_that_hold_it(stack: Stack) -> None:
+    before = stack.metrics()
+    gw, direct = client(stack.url), client(stack.workers["w-a"].url)
+    kw: dict[str, Any] = {"prompt": "198 km →", "max_tokens": 8, "temperature": 0}
+    for _ in range(3):
+        assert gw.completions.create(model="units", **kw).choices[0].text == (
+            direct.completions.create(model="units", **kw).choices[0].text
+        )
+    assert gw.completions.create(model="units", **kw).choices[0].text != (
+        direct.completions.create(model=MODEL, **kw).choices[0].text
+    ), "the adapter changed nothing: was it applied?"
+    after = stack.metrics()
+    routed = {
+        w: counter(after, "elastune_gateway_routed_requests_total", model="units", endpoint=w)
+        - counter(before, "elastune_gateway_routed_requests_total", model="units", endpoint=w)
+        for w in ("w-a", "w-b")
+    }
+    assert routed == {"w-a": 4, "w-b": 0}  # only w-a holds `units`
+
+
+def test_the_length_predictor_is_asked_for_each_request(stack: Stack) -> None:
+    before = counter(stack.metrics(), "elastune_gateway_length_predictions_total", outcome="ok")
+    client(stack.url).completions.create(
+        model=MODEL, prompt="Tell me a long story about a river.", max_tokens=2
+    )
+    assert counter(stack.metrics(), "elastune_gateway_length_predictions_total", outcome="ok") == before + 1
+    assert "\nelastune_gateway_length_predictor_configured 1.0\n" in stack.metrics()
 
 
 def test_answers_equal_the_workers_own_streamed_or_not(stack: Stack) -> None:

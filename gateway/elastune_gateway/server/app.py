@@ -99,7 +99,7 @@ def create_app(gateway: Gateway) -> FastAPI:
     async def models() -> dict[str, Any]:
         data = [
             {"id": m.name, "object": "model", "created": created, "owned_by": "elastune", "root": m.name,
-             "parent": None, "max_model_len": m.max_model_len}
+             "parent": m.parent, "max_model_len": m.max_model_len}
             for m in gateway.directory.models().values()
         ]  # fmt: skip
         return {"object": "list", "data": data}

@@ -53,6 +53,15 @@ class KnownModel:
     routing_policy: str | None
     ttft_slo_s: float | None = None
     tpot_slo_s: float | None = None
+    parent: str | None = None
+    """For a LoRA adapter: the base model it runs on (``name`` is then the adapter's)."""
+    rank: int = 0
+    """For a LoRA adapter: its rank (routing costs depend on it)."""
+
+    @property
+    def served_model(self) -> str:
+        """The model whose endpoints serve it (the base model of an adapter)."""
+        return self.parent or self.name
 
 
 class Directory:
@@ -107,6 +116,11 @@ class Directory:
                 if prev is not None
                 else KnownModel(ep.model, ep.pool, ep.serving.max_model_len, None, None)
             )
+        for ep in endpoints.values():  # adapters, under their own names, on their base model's pool
+            base = models[ep.model]
+            for a in ep.serving.adapters:
+                if a.name not in models or models[a.name].parent is not None:
+                    models[a.name] = replace(base, name=a.name, parent=ep.model, rank=a.rank)
         self._models = models
         if set(endpoints) != set(self._endpoints):
             self._changed.set()
@@ -120,13 +134,17 @@ class Directory:
     def model(self, name: str) -> KnownModel | None:
         return self._models.get(name)
 
-    def endpoints(self, model: str, exclude: frozenset[str] = frozenset()) -> list[Endpoint]:
-        """The model's warm endpoints that may take a request, in a stable order (by id)."""
+    def endpoints(self, model: KnownModel, exclude: frozenset[str] = frozenset()) -> list[Endpoint]:
+        """The model's warm endpoints that may take a request, in a stable order (by id); for an
+        adapter, those of its base model that have it loaded (in any tier)."""
         now = time.monotonic()
         return [
             ep
             for eid, ep in sorted(self._endpoints.items())
-            if ep.model == model and eid not in exclude and self._down.get(eid, (0.0, 0.0))[0] <= now
+            if ep.model == model.served_model
+            and (model.parent is None or any(a.name == model.name for a in ep.serving.adapters))
+            and eid not in exclude
+            and self._down.get(eid, (0.0, 0.0))[0] <= now
         ]
 
     def all_endpoints(self) -> list[Endpoint]:

@@ -208,10 +208,12 @@ class Gateway:
         return value
 
     def _router(self, model: KnownModel) -> tuple[RoutingPolicyName, Router]:
+        """One router per base model: its adapters' requests share its endpoints' load and history."""
         policy = self.settings.policy_for(model.pool, model.routing_policy)
-        held = self._routers.get(model.name)
+        key = model.served_model
+        held = self._routers.get(key)
         if held is None or held[0] != policy:
-            held = self._routers[model.name] = (policy, make_router(policy))
+            held = self._routers[key] = (policy, make_router(policy))
         return held
 
     def policies(self) -> dict[str, RoutingPolicyName]:
@@ -226,7 +228,7 @@ class Gateway:
         entered: float | None = None
         try:
             while True:
-                endpoints = self.directory.endpoints(model.name, tried)
+                endpoints = self.directory.endpoints(model, tried)
                 if endpoints:
                     _, router = self._router(model)
                     views = [endpoint_view(e, self.ledger) for e in endpoints]

@@ -11,6 +11,7 @@ from .ledger import Ledger
 
 DEFAULT_MAX_RUNNING = 128
 DEFAULT_KV_CAPACITY_TOKENS = 65_536
+DEFAULT_MAX_ADAPTERS = 8
 
 
 def cost_model(published: ServingCost | None) -> CostModel:
@@ -43,6 +44,9 @@ def endpoint_view(ep: Endpoint, ledger: Ledger) -> EndpointView:
         kv_capacity_tokens=capacity,
         max_running=max_running,
         context_tokens=int(s.kv_cache_usage * capacity),
+        device_adapters=frozenset(a.name for a in s.adapters if a.tier == "device"),
+        host_adapters=frozenset(a.name for a in s.adapters if a.tier == "host"),
+        max_adapters=s.max_loras or DEFAULT_MAX_ADAPTERS,
         active=ledger.active(ep.id),
         cost=cost_model(s.cost),
     )
