@@ -18,6 +18,12 @@ from elastune_worker.serving.model_runner import ModelRunner
 from elastune_worker.serving.sampling import SamplingParams
 from elastune_worker.serving.scheduler import Scheduler
 from elastune_worker.serving.sequence import Sequence
+from elastune_worker.serving.soft_prompts import (
+    PLACEHOLDER_TOKEN,
+    SoftPrompt,
+    is_prompt_learning,
+    load_soft_prompt,
+)
 
 
 @dataclass(slots=True)
@@ -69,6 +75,7 @@ class LLMEngine:
         eos = self.runner.hf_config.get("eos_token_id", tokenizer.eos_token_id)
         self.eos_token_ids = set(eos if isinstance(eos, list) else [eos]) - {None}
         self.scheduler = Scheduler(self.config, self.max_model_len)
+        self.soft_prompts: dict[str, SoftPrompt] = {}
         self.loras: LoRAManager | None = None
         if self.config.enable_lora:
             r = self.runner
@@ -98,27 +105,34 @@ class LLMEngine:
         """Queue a request. ValueError (nothing allocated) for an empty prompt, one that leaves no room
         in the context, token ids outside the vocabulary, or an adapter that is not loaded."""
         params = params or SamplingParams()
-        if lora is not None and (self.loras is None or not self.loras.has(lora)):
+        soft = self.soft_prompts.get(lora) if lora is not None else None
+        if lora is not None and soft is None and (self.loras is None or not self.loras.has(lora)):
             why = "LoRA is not enabled on this engine" if self.loras is None else "it is not loaded"
             raise AdapterError(f"adapter {lora!r} cannot serve: {why}")
         ids = self.encode(prompt) if isinstance(prompt, str) else list(prompt)
         if not ids:
             raise ValueError("the prompt is empty")
-        if len(ids) >= self.max_model_len:
-            raise ValueError(
-                f"the prompt has {len(ids)} tokens; the model's context is {self.max_model_len} tokens"
-            )
         if any(not 0 <= t < self.vocab_size for t in ids):
             raise ValueError(f"prompt token ids must be in [0, {self.vocab_size})")
+        virtual = soft.num_virtual_tokens if soft is not None else 0
+        if virtual + len(ids) >= self.max_model_len:
+            extra = f" ({virtual} virtual tokens of its soft prompt included)" if virtual else ""
+            raise ValueError(
+                f"the prompt has {virtual + len(ids)} tokens{extra}; the model's context is "
+                f"{self.max_model_len} tokens"
+            )
+        # The prefix cache keys blocks by adapter or soft prompt too: the same tokens have other K/V.
+        kind = "soft" if soft is not None else "lora"
         seq = Sequence(
             request_id,
-            ids,
+            [PLACEHOLDER_TOKEN] * virtual + ids,
             params,
             arrival=time.monotonic() if arrival_time is None else arrival_time,
             priority=priority,
-            # The prefix cache keys blocks by adapter too: the same tokens have other K/V under it.
-            extra_key=extra_key if lora is None else f"lora:{lora}/{extra_key or ''}",
-            lora=lora,
+            extra_key=extra_key if lora is None else f"{kind}:{lora}/{extra_key or ''}",
+            lora=lora if soft is None else None,
+            soft_prompt=lora if soft is not None else None,
+            num_virtual_tokens=virtual,
         )
         self.scheduler.add(seq)
         self._detok[request_id] = IncrementalDetokenizer(self.tokenizer, params.stop, ids)
@@ -146,7 +160,7 @@ class LLMEngine:
             if names:
                 busy = {s.lora for s in self.scheduler.running if s.lora is not None}
                 slots = self.loras.activate(names, busy)
-        sampled = self.runner.execute(out, slots)
+        sampled = self.runner.execute(out, slots, self.soft_prompts or None)
         outputs = []
         for seq in self.scheduler.update(out, sampled):
             outputs.append(self._emit(seq))
@@ -172,7 +186,7 @@ class LLMEngine:
             text,
             reason is not None,
             reason,
-            len(seq.prompt_token_ids),
+            len(seq.prompt_token_ids) - seq.num_virtual_tokens,
             len(seq.output_token_ids),
             seq.num_cached_tokens,
         )
@@ -186,19 +200,38 @@ class LLMEngine:
     def load_lora(self, name: str, path: str) -> AdapterInfo:
         """vLLM's load_lora_adapter: read and check the adapter into host memory; it goes to the device
         with its first request. AdapterError (the caller's 400) when it cannot serve here."""
+        local = resolve_artifact(path)
+        if is_prompt_learning(local):
+            if self.loras is not None and self.loras.has(name):
+                raise AdapterError(f"{name!r} is already loaded as a LoRA adapter")
+            r = self.runner
+            sp = load_soft_prompt(name, local, r.hidden_size, r.device, r.dtype)
+            self.soft_prompts[name] = sp
+            return AdapterInfo(name, sp.path, 0, "device")
         if self.loras is None:
             raise AdapterError("LoRA is not enabled on this engine (start it with --enable-lora)")
-        return self.loras.register(name, resolve_artifact(path))
+        if name in self.soft_prompts:
+            raise AdapterError(f"{name!r} is already loaded as a soft prompt")
+        return self.loras.register(name, local)
 
     def unload_lora(self, name: str) -> None:
         """KeyError when it is not loaded; AdapterError while requests use it."""
+        users = sum(1 for s in self.scheduler.requests.values() if name in (s.lora, s.soft_prompt))
+        if name in self.soft_prompts:
+            if users:
+                raise AdapterError(
+                    f"soft prompt {name!r} is in use by {users} request(s); unload it when they finish"
+                )
+            del self.soft_prompts[name]
+            return
         if self.loras is None:
             raise KeyError(name)
-        users = sum(1 for s in self.scheduler.requests.values() if s.lora == name)
         self.loras.unregister(name, users)
 
     def list_loras(self) -> list[AdapterInfo]:
-        return [] if self.loras is None else self.loras.adapters()
+        """LoRA adapters, and soft prompts (rank 0, always on the device: a few embedding rows)."""
+        soft = [AdapterInfo(sp.name, sp.path, 0, "device") for sp in self.soft_prompts.values()]
+        return ([] if self.loras is None else self.loras.adapters()) + soft
 
     # -- conveniences -------------------------------------------------------------------------------
     def generate(

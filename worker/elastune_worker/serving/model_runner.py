@@ -14,6 +14,7 @@ from elastune_worker.serving.models.attention import AttentionMetadata, DecodeGr
 from elastune_worker.serving.models.loader import context_length, load_model
 from elastune_worker.serving.sampler import Sampler
 from elastune_worker.serving.scheduler import SchedulerOutput
+from elastune_worker.serving.soft_prompts import SoftPrompt
 
 
 def pick_device(choice: str) -> torch.device:
@@ -39,6 +40,7 @@ class ModelRunner:
         self.max_model_len = min(config.max_model_len or native, native)
         self.block_size = config.block_size
         self.vocab_size = int(self.hf_config["vocab_size"])
+        self.hidden_size = int(self.hf_config.get("hidden_size") or self.hf_config["n_embd"])
         slots = config.kv_blocks() * config.block_size
         n_kv, hd, n_layers = self.model.n_kv_heads, self.model.head_dim, self.model.num_layers
         self.kv_caches = [
@@ -53,18 +55,28 @@ class ModelRunner:
         self.lora_kernel: LoraKernelName = config.lora_kernel
 
     @torch.inference_mode()
-    def execute(self, out: SchedulerOutput, lora_slots: dict[str, int] | None = None) -> dict[str, int]:
+    def execute(
+        self,
+        out: SchedulerOutput,
+        lora_slots: dict[str, int] | None = None,
+        soft_prompts: dict[str, SoftPrompt] | None = None,
+    ) -> dict[str, int]:
         """Forward the step's chunks; the sampled next token of every chunk that reached its end.
-        ``lora_slots``: the device slot of each adapter the step's requests use."""
-        logits, sampling = self.forward(out, lora_slots)
+        ``lora_slots``: the device slot of each adapter the step's requests use; ``soft_prompts``: the
+        soft prompts they name."""
+        logits, sampling = self.forward(out, lora_slots, soft_prompts)
         ids = self.sampler.sample(logits, [(s.request_id, s.params) for s in sampling])
         return {s.request_id: t for s, t in zip(sampling, ids, strict=True)}
 
     def forward(
-        self, out: SchedulerOutput, lora_slots: dict[str, int] | None = None
+        self,
+        out: SchedulerOutput,
+        lora_slots: dict[str, int] | None = None,
+        soft_prompts: dict[str, SoftPrompt] | None = None,
     ) -> tuple[torch.Tensor, list]:
         """The logits of every chunk that reached its end, and their sequences."""
         tokens, meta, sampling = self._prepare(out)
+        embeds = self._soft_embeds(out, soft_prompts) if soft_prompts else None
         lora = None
         if lora_slots and self.lora_device is not None:
             row_slots: list[int] = []
@@ -74,7 +86,25 @@ class ModelRunner:
                 row_slots += [slot] * c.num_tokens
                 one_token += [c.num_tokens == 1] * c.num_tokens
             lora = LoRABatch.build(self.lora_device, self.lora_kernel, row_slots, one_token)
-        return self.model(tokens, meta, self.kv_caches, lora), sampling
+        return self.model(tokens, meta, self.kv_caches, lora, embeds), sampling
+
+    def _soft_embeds(
+        self, out: SchedulerOutput, soft_prompts: dict[str, SoftPrompt]
+    ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(rows, embeddings) of the step's virtual tokens: chunk positions below a request's count."""
+        rows: list[int] = []
+        vectors: list[torch.Tensor] = []
+        row = 0
+        for c in out.chunks:
+            seq = c.seq
+            if seq.soft_prompt is not None and c.start < seq.num_virtual_tokens:
+                end = min(c.start + c.num_tokens, seq.num_virtual_tokens)
+                rows += range(row, row + end - c.start)
+                vectors.append(soft_prompts[seq.soft_prompt].embeddings[c.start : end])
+            row += c.num_tokens
+        if not rows:
+            return None
+        return torch.tensor(rows, device=self.device), torch.cat(vectors)
 
     def _prepare(self, out: SchedulerOutput) -> tuple[torch.Tensor, AttentionMetadata, list]:
         bs, dev = self.block_size, self.device

@@ -25,6 +25,10 @@ class Sequence:
     """Separates prefix caches of requests that see the same tokens differently (a LoRA adapter)."""
     lora: str | None = None
     """The LoRA adapter it runs with (None: the base model)."""
+    soft_prompt: str | None = None
+    """The soft prompt whose virtual tokens lead its prompt (the first ``num_virtual_tokens`` ids are
+    placeholders whose embeddings the runner replaces)."""
+    num_virtual_tokens: int = 0
     output_token_ids: list[int] = field(default_factory=list)
     status: Status = Status.WAITING
     num_computed_tokens: int = 0

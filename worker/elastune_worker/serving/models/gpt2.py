@@ -61,9 +61,14 @@ class GPT2Model(nn.Module):
         meta: AttentionMetadata,
         kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
         lora: object = None,
+        embeds: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> torch.Tensor:
-        """``lora`` must be None: adapters need a Llama-family model (so does vLLM's LoRA)."""
-        x = self.wte(tokens) + self.wpe(meta.positions)
+        """``lora`` must be None: adapters need a Llama-family model (so does vLLM's LoRA). ``embeds``:
+        (rows, vectors) replacing those rows' token embeddings (soft prompts), before positions."""
+        x = self.wte(tokens)
+        if embeds is not None:
+            x[embeds[0]] = embeds[1]
+        x = x + self.wpe(meta.positions)
         for layer, kv in zip(self.h, kv_caches, strict=True):
             x = layer(x, kv, meta)
         return F.linear(self.ln_f(x[meta.logits_index]), self.wte.weight)  # tied output embedding

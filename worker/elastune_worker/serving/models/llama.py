@@ -148,7 +148,9 @@ class LlamaModel(nn.Module):
         meta: AttentionMetadata,
         kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
         lora: LoRABatch | None = None,
+        embeds: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> torch.Tensor:
+        """``embeds``: (rows, vectors) replacing those rows' input embeddings (soft prompts)."""
         if self._rope is None or self._rope[0].device != tokens.device:
             cos, sin = rope_table(
                 self.head_dim, self.cfg["max_position_embeddings"], self.rope_theta, tokens.device
@@ -157,6 +159,8 @@ class LlamaModel(nn.Module):
         cos = self._rope[0][meta.positions].unsqueeze(1)
         sin = self._rope[1][meta.positions].unsqueeze(1)
         x = self.embed_tokens(tokens)
+        if embeds is not None:
+            x[embeds[0]] = embeds[1]
         for layer, kv in zip(self.layers, kv_caches, strict=True):
             x = layer(x, cos, sin, kv, meta, lora)
         x = self.norm(x[meta.logits_index])
