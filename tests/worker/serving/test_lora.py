@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import time
 from pathlib import Path
 from typing import Any
 
@@ -172,3 +173,52 @@ def test_scheduler_never_runs_more_adapters_than_slots():
     out = sched.schedule()
     assert [c.seq.request_id for c in out.chunks] == ["s0", "s1", "s2", "s4", "s5"]
     assert [s.request_id for s in sched.waiting] == ["s3", "s6"]
+
+
+def _emulated(setup: dict[str, Any], mode: str) -> tuple[LLMEngine, list[float]]:
+    """An engine whose (emulated) adapter copies finish when the test moves its clock past them."""
+    eng = lora_engine(setup, (8,), lora_load_mode=mode, lora_copy_emulation_gbps=10.0, max_loras=2)
+    now = [100.0]
+    eng.loras.device.clock = lambda: now[0]  # type: ignore[union-attr]
+    return eng, now
+
+
+def test_cpu_assisted_cold_start_serves_during_the_load_with_the_same_tokens(setup):
+    eng, now = _emulated(setup, "cpu_assisted")
+    assert eng.loras.device.copy_seconds(64) == pytest.approx(0.01007, rel=0.01)  # 100.7 MB at 10 GB/s  # type: ignore[union-attr]
+    eng.add_request("cold", PROMPTS[0], GREEDY, lora="r8")
+    first = eng.step()  # the copy is in flight: the prefill ran with the CPU path
+    assert [o.request_id for o in first] == ["cold"] and eng.loras.device.loading() == {"r8"}  # type: ignore[union-attr]
+    tokens = list(first[0].new_token_ids)
+    now[0] += 1.0  # the copy finished: the device path takes over
+    while eng.has_unfinished():
+        tokens += [t for o in eng.step() for t in o.new_token_ids]
+    assert eng.loras.device.loading() == set()  # type: ignore[union-attr]
+    assert tokens == reference(setup["tok"], setup["merged"][8], PROMPTS[0])
+
+
+def test_async_loading_holds_the_request_back_until_its_adapter_is_on_the_device(setup):
+    eng, now = _emulated(setup, "async")
+    eng.add_request("cold", PROMPTS[0], GREEDY, lora="r8")
+    eng.add_request("base", PROMPTS[1], GREEDY)
+    first = eng.step()
+    assert [o.request_id for o in first] == ["base"]  # others run; the adapter's request waits
+    assert [s.request_id for s in eng.scheduler.waiting] == ["cold"]
+    now[0] += 1.0
+    out: dict[str, list[int]] = {}
+    while eng.has_unfinished():
+        for o in eng.step():
+            out.setdefault(o.request_id, []).extend(o.new_token_ids)
+    assert out["cold"] == reference(setup["tok"], setup["merged"][8], PROMPTS[0])
+
+
+def test_on_demand_loading_makes_the_step_wait_and_cached_needs_every_adapter_on_the_device(setup):
+    eng = lora_engine(setup, (8,), lora_load_mode="ondmd", lora_copy_emulation_gbps=0.5, max_loras=2)
+    eng.add_request("cold", PROMPTS[0], GREEDY, lora="r8")
+    t0 = time.perf_counter()
+    eng.step()
+    assert time.perf_counter() - t0 >= eng.loras.device.copy_seconds(8) * 0.95  # type: ignore[union-attr]
+    cached = lora_engine(setup, (8, 16), lora_load_mode="cached", max_loras=2)
+    assert {a.tier for a in cached.list_loras()} == {"device"}
+    with pytest.raises(AdapterError, match="cached keeps every adapter on the device"):
+        cached.load_lora("r32", str(setup["paths"][32]))

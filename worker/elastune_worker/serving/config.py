@@ -8,6 +8,7 @@ from typing import Literal
 QueuePolicyName = Literal["fcfs", "priority", "sjf"]
 BatchingName = Literal["continuous", "dynamic", "none"]
 LoraKernelName = Literal["padded", "unpadded"]
+LoraLoadMode = Literal["cpu_assisted", "async", "ondmd", "cached"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +52,16 @@ class EngineConfig:
     """Largest rank an adapter may have (the device slots' size)."""
     lora_kernel: LoraKernelName = "padded"
     """padded: ranks padded to the batch's max (Punica BGMV); unpadded: per adapter (S-LoRA MBGMV)."""
+    lora_load_mode: LoraLoadMode = "cpu_assisted"
+    """How a request whose adapter is not on the device starts (CaraServe §4, §7.1):
+    cpu_assisted — admitted at once, its LoRA delta computed on the CPU from the host copy while the
+    adapter loads, then on the device (CaraServe); async — waits until the load finished while others run
+    (S-LoRA-like); ondmd — the step waits for the load (on demand); cached — every adapter is put on the
+    device when registered (the oracle: needs max_loras >= adapters)."""
+    lora_copy_emulation_gbps: float = 0.0
+    """EMULATION for machines without a device (0: off). A CPU engine has no host→device copy; with a
+    bandwidth here, each load takes the time a copy of the same-rank adapter of a Llama-2-7B (q, k, v,
+    fp16, 32 layers: rank × 1.5 MiB, ≈ 100 MiB at rank 64, CaraServe §2.3) takes at this many GB/s."""
     device: Literal["auto", "cpu", "cuda"] = "auto"
     """auto: CUDA when available, else CPU."""
     dtype: Literal["auto", "float32", "float16", "bfloat16"] = "auto"
@@ -66,6 +77,8 @@ class EngineConfig:
             raise ValueError("need max_loras >= 1, max_cpu_loras >= max_loras and max_lora_rank >= 1")
         if self.sjf_max_bypass < 0 or self.sjf_max_wait_s < 0:
             raise ValueError("sjf_max_bypass and sjf_max_wait_s must be >= 0 (0: off)")
+        if self.lora_copy_emulation_gbps < 0:
+            raise ValueError("lora_copy_emulation_gbps must be >= 0 (0: off)")
         if self.long_prefill_token_threshold < 0:
             raise ValueError("long_prefill_token_threshold must be >= 0")
 

@@ -4,6 +4,7 @@ sampled tokens, detokenizes and decides which requests finished."""
 
 from __future__ import annotations
 
+import itertools
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -13,7 +14,7 @@ from elastune_worker.serving.config import EngineConfig
 from elastune_worker.serving.detokenizer import IncrementalDetokenizer
 from elastune_worker.serving.lora.manager import AdapterInfo, LoRAManager
 from elastune_worker.serving.lora.storage import resolve_artifact
-from elastune_worker.serving.lora.weights import AdapterError
+from elastune_worker.serving.lora.weights import AdapterError, LoRAWeights
 from elastune_worker.serving.model_runner import ModelRunner
 from elastune_worker.serving.sampling import SamplingParams
 from elastune_worker.serving.scheduler import Scheduler
@@ -151,16 +152,19 @@ class LLMEngine:
     # -- the step -----------------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
         t0 = time.perf_counter()
+        if self.loras is not None:
+            self._prepare_loras()
         out = self.scheduler.schedule()
         if not out.chunks:
             return []
-        slots = None
+        slots, host = None, None
         if self.loras is not None:
             names = {c.seq.lora for c in out.chunks if c.seq.lora is not None}
             if names:
                 busy = {s.lora for s in self.scheduler.running if s.lora is not None}
                 slots = self.loras.activate(names, busy)
-        sampled = self.runner.execute(out, slots, self.soft_prompts or None)
+                host = self._cold_adapters(names)
+        sampled = self.runner.execute(out, slots, self.soft_prompts or None, host)
         outputs = []
         for seq in self.scheduler.update(out, sampled):
             outputs.append(self._emit(seq))
@@ -197,6 +201,33 @@ class LLMEngine:
         self.runner.sampler.forget(seq.request_id)
 
     # -- adapters -----------------------------------------------------------------------------------
+    def _prepare_loras(self) -> None:
+        """Before scheduling: start loading the adapters the queue's head needs (async, cpu_assisted) and,
+        for async, hold back requests whose adapter is not on the device yet."""
+        assert self.loras is not None
+        mode = self.config.lora_load_mode
+        if mode in ("async", "cpu_assisted"):
+            busy = {s.lora for s in self.scheduler.running if s.lora is not None}
+            head = [s.lora for s in itertools.islice(self.scheduler.waiting, 32) if s.lora is not None]
+            self.loras.prefetch(head, busy)
+        self.scheduler.blocked_loras = self.loras.not_ready() if mode == "async" else set()
+
+    def _cold_adapters(self, names: set[str]) -> dict[str, LoRAWeights] | None:
+        """This step's adapters whose copy is in flight: cpu_assisted computes their deltas from the
+        host copy (CaraServe); ondmd waits here for the copy to finish."""
+        assert self.loras is not None
+        loading = self.loras.device.loading() & names
+        if not loading:
+            return None
+        if self.config.lora_load_mode == "ondmd":
+            wait = max(self.loras.device.ready_at[n] for n in loading) - self.loras.device.clock()
+            time.sleep(max(0.0, wait))  # on demand: the whole step waits for the (emulated) copy
+            self.loras.device.loading()
+            return None
+        if self.config.lora_load_mode == "cpu_assisted":
+            return {n: self.loras.host.get(n) for n in loading}
+        return None
+
     def load_lora(self, name: str, path: str) -> AdapterInfo:
         """vLLM's load_lora_adapter: read and check the adapter into host memory; it goes to the device
         with its first request. AdapterError (the caller's 400) when it cannot serve here."""

@@ -10,6 +10,7 @@ import torch
 from elastune_worker.serving.config import EngineConfig, LoraKernelName
 from elastune_worker.serving.lora.kernels import LoRABatch
 from elastune_worker.serving.lora.slots import DeviceLoRAs
+from elastune_worker.serving.lora.weights import LoRAWeights
 from elastune_worker.serving.models.attention import AttentionMetadata, DecodeGroup
 from elastune_worker.serving.models.loader import context_length, load_model
 from elastune_worker.serving.sampler import Sampler
@@ -60,11 +61,12 @@ class ModelRunner:
         out: SchedulerOutput,
         lora_slots: dict[str, int] | None = None,
         soft_prompts: dict[str, SoftPrompt] | None = None,
+        host_loras: dict[str, LoRAWeights] | None = None,
     ) -> dict[str, int]:
         """Forward the step's chunks; the sampled next token of every chunk that reached its end.
         ``lora_slots``: the device slot of each adapter the step's requests use; ``soft_prompts``: the
         soft prompts they name."""
-        logits, sampling = self.forward(out, lora_slots, soft_prompts)
+        logits, sampling = self.forward(out, lora_slots, soft_prompts, host_loras)
         ids = self.sampler.sample(logits, [(s.request_id, s.params) for s in sampling])
         return {s.request_id: t for s, t in zip(sampling, ids, strict=True)}
 
@@ -73,6 +75,7 @@ class ModelRunner:
         out: SchedulerOutput,
         lora_slots: dict[str, int] | None = None,
         soft_prompts: dict[str, SoftPrompt] | None = None,
+        host_loras: dict[str, LoRAWeights] | None = None,
     ) -> tuple[torch.Tensor, list]:
         """The logits of every chunk that reached its end, and their sequences."""
         tokens, meta, sampling = self._prepare(out)
@@ -81,11 +84,23 @@ class ModelRunner:
         if lora_slots and self.lora_device is not None:
             row_slots: list[int] = []
             one_token: list[bool] = []
+            host: dict[str, tuple[LoRAWeights, list[int]]] = {
+                n: (w, []) for n, w in (host_loras or {}).items()
+            }
+            row = 0
             for c in out.chunks:
-                slot = lora_slots[c.seq.lora] if c.seq.lora is not None else -1
+                name = c.seq.lora
+                slot = -1
+                if name is not None and name in host:
+                    host[name][1].extend(range(row, row + c.num_tokens))
+                elif name is not None:
+                    slot = lora_slots[name]
                 row_slots += [slot] * c.num_tokens
                 one_token += [c.num_tokens == 1] * c.num_tokens
-            lora = LoRABatch.build(self.lora_device, self.lora_kernel, row_slots, one_token)
+                row += c.num_tokens
+            lora = LoRABatch.build(
+                self.lora_device, self.lora_kernel, row_slots, one_token, list(host.values())
+            )
         return self.model(tokens, meta, self.kv_caches, lora, embeds), sampling
 
     def _soft_embeds(

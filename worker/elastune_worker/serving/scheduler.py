@@ -67,6 +67,8 @@ class Scheduler:
         """dynamic batching: the current batch still takes requests."""
         self.requests: dict[str, Sequence] = {}
         self.num_preemptions = 0
+        self.blocked_loras: set[str] = set()
+        """Adapters whose requests may not start yet (their load is not finished: S-LoRA-like async)."""
 
     # -- requests -----------------------------------------------------------------------------------
     def add(self, seq: Sequence) -> None:
@@ -130,9 +132,12 @@ class Scheduler:
             loras = {s.lora for s in self.running if s.lora is not None}
             while len(self.waiting) and budget > 0 and len(self.running) < limit:
                 seq = self.waiting.peek()
-                if seq.lora is not None and seq.lora not in loras and len(loras) >= self.config.max_loras:
-                    # Its adapter would exceed the device's adapter slots: it waits, later requests go
-                    # ahead (vLLM's scheduler does the same).
+                blocked = seq.lora in self.blocked_loras
+                if seq.lora is not None and (
+                    blocked or (seq.lora not in loras and len(loras) >= self.config.max_loras)
+                ):
+                    # Its adapter would exceed the device's adapter slots (or is still loading): it
+                    # waits, later requests go ahead (vLLM's scheduler does the same).
                     skipped.append(self.waiting.pop())
                     continue
                 if not seq.block_table:

@@ -81,6 +81,15 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     lo.add_argument("--max-lora-rank", type=int, default=_DEFAULTS.max_lora_rank)
     lo.add_argument("--lora-kernel", choices=("padded", "unpadded"), default=_DEFAULTS.lora_kernel)
     lo.add_argument(
+        "--lora-load-mode", choices=("cpu_assisted", "async", "ondmd", "cached"), default=_DEFAULTS.lora_load_mode,
+        help="cold start of an adapter not on the device: CaraServe's CPU-assisted prefill (default), "
+        "S-LoRA-like async, on demand, or all cached",
+    )  # fmt: skip
+    lo.add_argument(
+        "--lora-copy-emulation-gbps", type=float, default=0.0,
+        help="EMULATION on CPU-only machines: host->device copy time of a 7B-size adapter at this bandwidth",
+    )  # fmt: skip
+    lo.add_argument(
         "--lora-modules", nargs="+", default=[], metavar="NAME=PATH",
         help="adapters to load at start (PEFT directories: a path, file:// or pvc://claim/path)",
     )  # fmt: skip
@@ -127,6 +136,8 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         max_cpu_loras=max(args.max_cpu_loras, args.max_loras),
         max_lora_rank=args.max_lora_rank,
         lora_kernel=args.lora_kernel,
+        lora_load_mode=args.lora_load_mode,
+        lora_copy_emulation_gbps=args.lora_copy_emulation_gbps,
     )
 
 

@@ -16,6 +16,7 @@ from typing import Literal
 import torch
 
 from elastune_worker.serving.lora.slots import DeviceLoRAs
+from elastune_worker.serving.lora.weights import LoRAWeights
 
 LoraKernel = Literal["padded", "unpadded"]
 
@@ -34,17 +35,26 @@ class LoRABatch:
     decode_slots: torch.Tensor | None = None
     """One-token rows and their slots (padded kernel's BGMV)."""
     max_rank: int = 0
+    host: list[tuple[LoRAWeights, torch.Tensor]] = field(default_factory=list)
+    """CaraServe's CPU path: (host weights, rows) of adapters whose copy to the device is in flight."""
 
     @classmethod
     def build(
-        cls, slots: DeviceLoRAs, kernel: LoraKernel, row_slots: list[int], one_token: list[bool]
+        cls,
+        slots: DeviceLoRAs,
+        kernel: LoraKernel,
+        row_slots: list[int],
+        one_token: list[bool],
+        host: list[tuple[LoRAWeights, list[int]]] = (),  # type: ignore[assignment]
     ) -> LoRABatch | None:
-        """``row_slots``: the slot of each row (-1: base model); ``one_token``: whether a row is a
-        one-token chunk (a decode). None when no row uses an adapter."""
-        if all(s < 0 for s in row_slots):
-            return None
+        """``row_slots``: the device slot of each row (-1: none: base model, or an adapter on the CPU
+        path); ``one_token``: whether a row is a one-token chunk (a decode); ``host``: rows whose delta
+        comes from host weights. None when no row uses an adapter."""
         dev = slots.device
         batch = cls(slots, kernel)
+        batch.host = [(w, torch.tensor(rows, device=dev)) for w, rows in host if rows]
+        if all(s < 0 for s in row_slots):
+            return batch if batch.host else None
         by_slot: dict[int, list[int]] = {}
         for row, s in enumerate(row_slots):
             if s >= 0:
@@ -67,6 +77,13 @@ class LoRABatch:
         """out[rows] += x[rows] @ Aᵀ @ (B·scaling)ᵀ for every adapter row of the batch (in place; ``out``
         may be a column slice of a fused projection's output)."""
         key = (layer, target)
+        for w, rows in self.host:  # computed on the CPU from the host copy, added to the device output
+            a_h, b_h = w.a.get(key), w.b.get(key)
+            if a_h is not None and b_h is not None:
+                xs = x.index_select(0, rows).to("cpu", torch.float32)
+                out.index_add_(0, rows, ((xs @ a_h.T) @ b_h.T).to(out.device, out.dtype))
+        if self.max_rank == 0:
+            return
         a_all, b_all = self.slots.a.get(key), self.slots.b.get(key)
         if a_all is None or b_all is None:
             return

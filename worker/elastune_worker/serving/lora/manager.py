@@ -38,13 +38,38 @@ class LoRAManager:
         self.shapes, self.num_layers = shapes, num_layers
         self.host = HostLoRAs(config.max_cpu_loras, self._read)
         self.device = DeviceLoRAs(config.max_loras, config.max_lora_rank, shapes, num_layers, device, dtype)
+        self.device.emulated_gbps = config.lora_copy_emulation_gbps
 
     def _read(self, name: str, path: str) -> LoRAWeights:
         return load_lora(name, path, self.shapes, self.num_layers, self.config.max_lora_rank)
 
     def register(self, name: str, path: str) -> AdapterInfo:
+        cached = self.config.lora_load_mode == "cached"
+        if cached and name not in self.host.registered and len(self.host.registered) >= self.config.max_loras:
+            raise AdapterError(
+                f"lora_load_mode cached keeps every adapter on the device: {self.config.max_loras} slots are "
+                "taken (raise --max-loras or use another load mode)"
+            )
         w = self.host.register(name, path)
+        if cached:  # the oracle: on the device from the start, never loaded while serving
+            self.device.activate([name], self.host, set(self.host.registered))
+            self.device.ready_at.pop(name, None)
         return AdapterInfo(name, w.path, w.rank, self.tier(name))
+
+    def prefetch(self, names: list[str], busy: set[str]) -> None:
+        """Start loading adapters that waiting requests need, while a slot is free or evictable."""
+        for name in dict.fromkeys(names):
+            if name in self.device.slot_of or name not in self.host.registered:
+                continue
+            if not self.device.can_place(busy):
+                return
+            self.device.activate([name], self.host, busy)
+            busy = busy | {name}
+
+    def not_ready(self) -> set[str]:
+        """Registered adapters a request cannot start with on the device now (absent or in flight)."""
+        loading = self.device.loading()
+        return {n for n in self.host.registered if n not in self.device.slot_of or n in loading}
 
     def unregister(self, name: str, users: int) -> None:
         if name not in self.host.registered:

@@ -93,6 +93,10 @@ class DeviceLoRAs:
         }
         self.slot_of: OrderedDict[str, int] = OrderedDict()
         """Resident adapters by LRU order (least recent first) → slot."""
+        self.ready_at: dict[str, float] = {}
+        """Adapters whose (emulated) copy is still in flight → monotonic time it completes."""
+        self.emulated_gbps = 0.0
+        self.clock: Callable[[], float] = time.monotonic
         self.rank = [0] * max_loras
         self.loads = 0
         self.load_seconds = 0.0
@@ -101,9 +105,27 @@ class DeviceLoRAs:
         used = set(self.slot_of.values())
         return [s for s in range(self.max_loras) if s not in used]
 
+    def loading(self) -> set[str]:
+        """Adapters whose copy is still in flight (finished ones are marked ready)."""
+        now = self.clock()
+        for name in [n for n, t in self.ready_at.items() if t <= now]:
+            del self.ready_at[name]
+        return set(self.ready_at)
+
+    def copy_seconds(self, rank: int) -> float:
+        """EMULATED host→device copy time (0 without emulation): a Llama-2-7B adapter of this rank on
+        q, k, v in fp16 (rank × 3 × 8,192 × 2 B × 32 layers) at ``emulated_gbps``."""
+        if self.emulated_gbps <= 0:
+            return 0.0
+        return rank * 3 * 8192 * 2 * 32 / (self.emulated_gbps * 1e9)
+
+    def can_place(self, busy: set[str]) -> bool:
+        return bool(self.free_slots()) or any(n not in busy for n in self.slot_of)
+
     def activate(self, names: Iterable[str], host: HostLoRAs, busy: set[str]) -> dict[str, int]:
-        """Slots of ``names`` (all resident after the call). Loading one evicts the least recently used
-        resident adapter outside ``names`` and ``busy`` (adapters of running requests)."""
+        """Slots of ``names`` (all resident after the call; a new one may still be in flight, see
+        ``loading``). Loading one evicts the least recently used resident adapter outside ``names`` and
+        ``busy`` (adapters of running requests)."""
         wanted = list(dict.fromkeys(names))
         if len(wanted) > self.max_loras:
             raise AdapterError(f"{len(wanted)} adapters in one batch, the device holds {self.max_loras}")
@@ -120,11 +142,17 @@ class DeviceLoRAs:
                 if victim is None:
                     raise AdapterError("every device adapter slot is in use by running requests")
                 slot = self.slot_of.pop(victim)
-            self._copy_in(slot, host.get(name))
+                self.ready_at.pop(victim, None)
+            w = host.get(name)
+            self._copy_in(slot, w)
             self.slot_of[name] = slot
+            seconds = self.copy_seconds(w.rank)
+            if seconds > 0:
+                self.ready_at[name] = self.clock() + seconds
         return {n: self.slot_of[n] for n in wanted}
 
     def evict(self, name: str) -> None:
+        self.ready_at.pop(name, None)
         slot = self.slot_of.pop(name, None)
         if slot is not None:
             self.rank[slot] = 0
