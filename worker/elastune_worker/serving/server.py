@@ -81,7 +81,8 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     lo.add_argument("--max-lora-rank", type=int, default=_DEFAULTS.max_lora_rank)
     lo.add_argument("--lora-kernel", choices=("padded", "unpadded"), default=_DEFAULTS.lora_kernel)
     lo.add_argument(
-        "--lora-load-mode", choices=("cpu_assisted", "async", "ondmd", "cached"), default=_DEFAULTS.lora_load_mode,
+        "--lora-load-mode", choices=("cpu_assisted", "async", "ondmd", "cached"),
+        default=_DEFAULTS.lora_load_mode,
         help="cold start of an adapter not on the device: CaraServe's CPU-assisted prefill (default), "
         "S-LoRA-like async, on demand, or all cached",
     )  # fmt: skip
