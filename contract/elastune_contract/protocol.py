@@ -63,6 +63,12 @@ class ServingCost(_Message):
     """Decode step time at batch 1 (intercept of step time = base + per_seq x batch)."""
     decode_step_per_seq_s: float
     """Added decode step time per request in the batch."""
+    lora_kernel: str | None = None
+    """padded | unpadded when the worker serves LoRA adapters (None: it does not)."""
+    lora_a_s: float = 0.0
+    """LoRA decode cost per unit: per (batch × max rank) slot for padded, per rank summed for unpadded."""
+    lora_b_s: float = 0.0
+    """Fixed LoRA cost of a decode step once any request in it uses an adapter."""
 
 
 class AdapterState(_Message):

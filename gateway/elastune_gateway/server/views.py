@@ -20,11 +20,25 @@ def cost_model(published: ServingCost | None) -> CostModel:
     Without a published fit, the placeholder defaults of ``CostModel``."""
     if published is None:
         return CostModel()
+    lora: dict[str, object] = {}
+    if published.lora_kernel == "padded":
+        lora = {
+            "lora_kernel": "padded",
+            "lora_a_padded": published.lora_a_s,
+            "lora_b_padded": published.lora_b_s,
+        }
+    elif published.lora_kernel == "unpadded":
+        lora = {
+            "lora_kernel": "unpadded",
+            "lora_a_unpadded": published.lora_a_s,
+            "lora_b_unpadded": published.lora_b_s,
+        }
     return CostModel(
         iteration_base=published.decode_step_base_s,
         decode_per_seq=published.decode_step_per_seq_s,
         decode_per_kv_token=0.0,  # not in the worker's fit: its decode cost does not grow with context
         prefill_per_token=published.prefill_s_per_token,
+        **lora,  # type: ignore[arg-type]
     )
 
 
