@@ -370,6 +370,107 @@ def run_sim_rank() -> dict[str, Any]:
     return out
 
 
+@dataclass(frozen=True)
+class RankSetup:
+    workers: int = 3
+    requests: int = 150
+    rate: float = 15.0
+    """Poisson requests per second over the pool."""
+    output_tokens: int = 24
+    seed: int = 0
+
+
+def _adapter_paths() -> dict[int, str]:
+    """The project's rank 8/16/32/64 adapters (built by the worker package if missing)."""
+    code = (
+        "import json; from elastune_worker.tiny.adapters import ensure_tiny_adapter as e; "
+        "print(json.dumps({r: str(e(r)) for r in (8, 16, 32, 64)}))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    return {int(k): v for k, v in json.loads(out.stdout.strip().splitlines()[-1]).items()}
+
+
+async def _stream_tpot(
+    client: httpx.AsyncClient, url: str, model: str, prompt: str, tokens: int, headers: dict[str, str]
+) -> float:
+    """Seconds per output token after the first, of one streamed completion."""
+    body = {"model": model, "prompt": prompt, "max_tokens": tokens, "temperature": 0, "ignore_eos": True,
+            "stream": True}  # fmt: skip
+    stamps: list[float] = []
+    async with client.stream("POST", url + "/v1/completions", json=body, headers=headers) as r:
+        if r.status_code != 200:
+            raise RuntimeError(f"HTTP {r.status_code}: {(await r.aread())[:200]!r}")
+        async for line in r.aiter_lines():
+            if line.startswith("data: ") and line != "data: [DONE]" and '"text":""' not in line:
+                stamps.append(time.perf_counter())
+    return (stamps[-1] - stamps[0]) / max(1, len(stamps) - 1)
+
+
+async def _drive_rank(
+    url: str, requests: list[tuple[float, str, str]], tokens: int, slo_s: float
+) -> list[float]:
+    headers = {"x-slo-tpot-ms": f"{slo_s * 1000:.3f}"}
+    async with httpx.AsyncClient(timeout=300, limits=httpx.Limits(max_connections=None)) as client:
+        start = time.perf_counter()
+
+        async def one(at: float, model: str, prompt: str) -> float:
+            await asyncio.sleep(max(0.0, start + at - time.perf_counter()))
+            return await _stream_tpot(client, url, model, prompt, tokens, headers)
+
+        return list(await asyncio.gather(*(one(*r) for r in requests)))
+
+
+def run_rank_real(setup: RankSetup, logs: Path, say: Callable[[str], None]) -> dict[str, Any]:
+    """CaraServe's comparison on real workers: each holds the four adapters (ranks 8-64, padded kernel,
+    their LoRA cost profiled at start and published); the same Poisson trace of streamed requests with
+    a TPOT SLO through our gateway under each policy. The SLO is the TPOT of 8 concurrent rank-64
+    requests alone on one worker, measured in the same run."""
+    paths = _adapter_paths()
+    redis = start_redis(logs)
+    ns = f"rank{time.time_ns()}"
+    mods = [f"r{r}={p}" for r, p in paths.items()]
+    extra = ("--kv-cache-tokens", "8192", "--threads", "1", "--engine-threads", "1", "--max-loras", "4",
+             "--lora-modules", *mods)  # fmt: skip
+    procs = [
+        start_worker(redis.url, ns, f"w{i}", "elastune/tiny-llama", Pool.MODEL, logs, *extra, wait=False)
+        for i in range(setup.workers)
+    ]
+    out: dict[str, Any] = {}
+    try:
+        for p in procs:
+            wait_for_worker(p, redis.url, ns)
+        probe = [(0.0, "r64", f"{i} km →") for i in range(8)]
+        slo = statistics.median(asyncio.run(_drive_rank(procs[0].url, probe, setup.output_tokens, 1.0)))
+        rng = random.Random(setup.seed)
+        times = poisson_times(setup.requests, setup.rate, setup.seed)
+        trace = [
+            (t, f"r{rng.choice((8, 16, 32, 64))}", f"{i} {rng.choice(_WORDS)} →") for i, t in enumerate(times)
+        ]
+        out["setup"] = {**setup.__dict__, "tpot_slo_ms": round(slo * 1000, 2), "kernel": "padded"}
+        say(f"rank.real: {setup.workers} workers, TPOT SLO {slo * 1000:.2f} ms (8 x rank 64 alone)")
+        for key, policy in RANK_POLICIES:
+            gw = start_gateway(redis.url, ns, logs, "--policy", policy)
+            try:
+                _wait_endpoints(gw.url, setup.workers)
+                load = os.getloadavg()[0]
+                tpots = asyncio.run(_drive_rank(gw.url, trace, setup.output_tokens, slo))
+            finally:
+                gw.stop()
+            met = sum(t <= slo for t in tpots) / len(tpots)
+            mean = statistics.fmean(tpots)
+            out[key] = {
+                "slo_attainment_pct": round(100 * met, 2), "tpot_ms_mean": round(1000 * mean, 2),
+                "tpot_ms_p99": round(1000 * percentile(tpots, 99), 2), "loadavg_1m_before": round(load, 2),
+            }  # fmt: skip
+            say(f"  {key:10s} SLO attainment {100 * met:6.2f} %  TPOT mean {1000 * mean:.2f} ms")
+    finally:
+        for p in procs:
+            p.stop()
+        redis.proc.kill()
+        redis.proc.wait()
+    return out
+
+
 def run_ssjf(quick: bool, say: Callable[[str], None]) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "ssjf.json"
@@ -436,6 +537,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             say(f"prefix.{key}: E2 vs round-robin (x lower latency): {section['e2_vs_round_robin']}")
     if "rank" in parts:
         result["rank"] = {"sim": run_sim_rank()}
+        with tempfile.TemporaryDirectory(prefix="elastune-rank-") as logs:
+            result["rank"]["real"] = run_rank_real(
+                RankSetup(requests=60 if args.quick else 150), Path(logs), say
+            )
         sims = result["rank"]["sim"]
         for rate, row in sims["sweep"].items():
             text = ", ".join(f"{k} {v['slo_attainment_pct']}" for k, v in row.items())
