@@ -99,6 +99,8 @@ class ServingState(_Message):
     max_loras: int = 0
     """Device adapter slots (0: the worker serves no LoRA adapters)."""
     adapters: list[AdapterState] = Field(default_factory=list)
+    adapter_error: str | None = None
+    """The last adapter load that failed, and why (cleared by the next load that succeeds)."""
 
 
 class WorkerRecord(_Message):

@@ -50,6 +50,7 @@ class EngineServingClient:
         self.max_model_len = engine.max_model_len
         self.vocab_size = engine.vocab_size
         self.tokenizer = engine.tokenizer
+        self.adapter_error: str | None = None
 
     def encode(self, text: str) -> list[int]:
         return self.engine.encode(text)
@@ -108,6 +109,7 @@ class EngineServingClient:
             kv_capacity_tokens=self.engine.config.kv_blocks() * self.engine.config.block_size,
             max_loras=s.max_loras,
             adapters=[AdapterState(name=a.name, rank=a.rank, tier=a.tier) for a in s.loras],
+            adapter_error=self.adapter_error,
         )
 
     # -- adapters (vLLM's runtime LoRA API) ------------------------------------------------------
@@ -115,7 +117,14 @@ class EngineServingClient:
         return list(self.engine.stats().loras)
 
     async def load_lora(self, name: str, path: str) -> AdapterInfo:
-        info: AdapterInfo = await self.engine.call("load_lora", (name, path))
+        """Registers an adapter or soft prompt; a failure is kept (published with the worker's record)
+        until the next load succeeds."""
+        try:
+            info: AdapterInfo = await self.engine.call("load_lora", (name, path))
+        except Exception as exc:
+            self.adapter_error = f"{name} ({path}): {exc}"
+            raise
+        self.adapter_error = None
         return info
 
     async def unload_lora(self, name: str) -> None:

@@ -47,6 +47,10 @@ class ServingMetrics:
             "elastune_serving_errors", "Requests answered with an error, by HTTP status.", [*labels, "code"],
             registry=registry,
         )  # fmt: skip
+        self.adapter_loads = Counter(
+            "elastune_lora_adapter_loads", "load_lora_adapter calls, by outcome (ok, failed)",
+            [*labels, "outcome"], registry=registry,
+        )  # fmt: skip
 
     def watch_engine(self, registry: CollectorRegistry, stats: Callable[[], dict[str, float] | None]) -> None:
         registry.register(_EngineStats(self.model, stats))

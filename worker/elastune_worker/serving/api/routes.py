@@ -89,7 +89,11 @@ def openai_router(get_engine: Callable[[], EngineClient | None], metrics: Servin
         try:
             await engine.load_lora(body.lora_name, body.lora_path)
         except ValueError as exc:
+            if metrics is not None:
+                metrics.adapter_loads.labels(metrics.model, "failed").inc()
             raise APIError(400, str(exc), "lora_path") from exc
+        if metrics is not None:
+            metrics.adapter_loads.labels(metrics.model, "ok").inc()
         return f"Success: LoRA adapter '{body.lora_name}' added successfully."
 
     @router.post("/unload_lora_adapter", response_class=PlainTextResponse, responses=_ERRORS)

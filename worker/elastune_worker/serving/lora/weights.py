@@ -89,7 +89,8 @@ def load_lora(
         m = _KEY.search(key)
         if m is None:
             raise AdapterError(
-                f"{name}: unexpected tensor {key} (only decoder linear layers may be targeted)"
+                f"{name}: tensor {key} is not a Llama-family decoder's linear layer: an adapter of another "
+                "base model?"
             )
         layer, target, which = int(m.group(1)), m.group(2), m.group(3)
         if target not in TARGETS or target not in shapes:
