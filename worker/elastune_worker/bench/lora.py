@@ -1,8 +1,8 @@
 """``elastune bench lora [--quick] [--json PATH]``: multi-LoRA serving on the real engine (tiny Llama).
 
-1. Cold start, CaraServe §7.2's comparison: the same Poisson trace of requests for 16 adapters (the
-   project's rank 8/16/32/64 adapters, four names each, Zipf popularity) on an engine with 4 device
-   slots, under each load mode — cached (every adapter on the device: the oracle, 16 slots),
+1. Cold start, CaraServe §7.2's comparison: the same Poisson trace of requests for 512 adapters (the
+   project's rank 8/16/32/64 adapters under 128 names each, Zipf popularity) on an engine with 8 device
+   slots, under each load mode — cached (every adapter on the device: the oracle, 512 slots),
    cpu_assisted (CaraServe), async (S-LoRA-like) and ondmd. On a CPU-only machine there is no
    host→device copy: its time is EMULATED (``--gbps``, default 4 GB/s: pageable host memory over PCIe 3.0
    ×16) for an adapter of a Llama-2-7B of the same rank (q, k, v, fp16: rank 64 ≈ 100 MiB ≈ 25 ms);
@@ -32,29 +32,34 @@ def _percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1)))]
 
 
-def _engine(mode: str, gbps: float, max_loras: int, kernel: str = "padded") -> Any:
+def _engine(mode: str, gbps: float, max_loras: int, kernel: str = "padded", adapters: int = 16) -> Any:
     from elastune_worker.serving.config import EngineConfig
     from elastune_worker.serving.engine import LLMEngine
     from elastune_worker.tiny import adapters as A
     from elastune_worker.tiny import build as B
 
     cfg = EngineConfig(
-        kv_cache_tokens=16384, enable_lora=True, max_loras=max_loras, max_cpu_loras=16,
+        kv_cache_tokens=16384, enable_lora=True, max_loras=max_loras, max_cpu_loras=max(adapters, max_loras),
         lora_load_mode=mode, lora_copy_emulation_gbps=gbps, lora_kernel=kernel,  # type: ignore[arg-type]
     )  # fmt: skip
     eng = LLMEngine(B.ensure_tiny_model(spec=B.TINY_LLAMA_SPEC), cfg)
-    for rank in (8, 16, 32, 64):
-        for copy in range(4):
-            eng.load_lora(f"r{rank}-{copy}", str(A.ensure_tiny_adapter(rank)))
+    paths = {rank: str(A.ensure_tiny_adapter(rank)) for rank in (8, 16, 32, 64)}
+    for name in adapter_names(adapters):
+        eng.load_lora(name, paths[int(name.split("-")[0][1:])])
     return eng
 
 
-def trace(n: int, rate: float, seed: int) -> list[tuple[float, str, str]]:
+def adapter_names(n: int) -> list[str]:
+    """``n`` adapters, ranks 8/16/32/64 in turn (the project's four, each under n/4 names)."""
+    return [f"r{(8, 16, 32, 64)[i % 4]}-{i}" for i in range(n)]
+
+
+def trace(n: int, rate: float, seed: int, adapters: int) -> list[tuple[float, str, str]]:
     """(arrival, adapter, prompt): Poisson arrivals, Zipf(1.0) adapter popularity, family prompts."""
     from elastune_worker.tiny import tasks as T
 
     rng = random.Random(seed)
-    names = [f"r{rank}-{copy}" for copy in range(4) for rank in (8, 16, 32, 64)]
+    names = adapter_names(adapters)
     weights = [1.0 / (i + 1) for i in range(len(names))]
     examples = T.make_task(T.TaskSpec("units", 0), n_train=0, n_eval=64, seed=seed).eval
     out, t = [], 0.0
@@ -99,6 +104,10 @@ def replay(eng: Any, requests: list[tuple[float, str, str]], max_tokens: int) ->
         out[f"{name}_ms_mean"] = round(1000 * statistics.fmean(values), 2)
         out[f"{name}_ms_p99"] = round(1000 * _percentile(values, 99), 2)
     out["device_loads"] = eng.loras.device.loads
+    out["cold_start_wait_s"] = round(eng.loras.device.wait_seconds, 3)
+    out["cold_start_share_pct"] = round(
+        100 * eng.loras.device.wait_seconds / (time.perf_counter() - start), 1
+    )
     out["wall_s"] = round(time.perf_counter() - start, 2)
     return out
 
@@ -109,9 +118,9 @@ def kernels(batch: int, max_tokens: int) -> dict[str, Any]:
     out: dict[str, Any] = {}
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
     for kernel in ("padded", "unpadded"):
-        eng = _engine("cached", 0.0, 16, kernel)
-        loras = [("r8-0" if i % 4 else "r64-0") for i in range(batch)]  # 3 of 4 at rank 8, 1 at rank 64
-        eng.generate(["warm up →"], params, ["r8-0"])
+        eng = _engine("cached", 0.0, 16, kernel, adapters=16)
+        loras = [("r8-0" if i % 4 else "r64-3") for i in range(batch)]  # 3 of 4 at rank 8, 1 at rank 64
+        eng.generate(["warm up →"], params, ["r8-0"])  # (every adapter is on the device: cached)
         t0 = time.perf_counter()
         eng.generate([f"{i} km →" for i in range(batch)], params, loras)
         seconds = time.perf_counter() - t0
@@ -127,31 +136,36 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", metavar="PATH", help=f"results file (default {RESULTS} for a full run)")
     p.add_argument("--gbps", type=float, default=4.0, help="EMULATED host->device bandwidth (GB/s)")
     p.add_argument("--rate", type=float, default=20.0, help="requests per second")
+    p.add_argument("--adapters", type=int, default=512, help="adapters (Zipf popularity)")
+    p.add_argument("--slots", type=int, default=8, help="device adapter slots")
     args = p.parse_args(argv)
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     import torch
 
     torch.set_num_threads(1)
     n = 60 if args.quick else 240
-    requests = trace(n, args.rate, seed=0)
+    requests = trace(n, args.rate, seed=0, adapters=args.adapters)
     load = os.getloadavg()[0]
     result: dict[str, Any] = {
         "emulation": f"host->device copies EMULATED at {args.gbps:g} GB/s for a Llama-2-7B adapter of the "
         "same rank (q, k, v, fp16): no device on this machine",
-        "setup": {"requests": n, "rate_per_s": args.rate, "adapters": 16, "device_slots": 4,
-                  "max_tokens": 16},
+        "setup": {"requests": n, "rate_per_s": args.rate, "adapters": args.adapters,
+                  "device_slots": args.slots, "max_tokens": 16},
         "cold_start": {},
     }  # fmt: skip
     print(result["emulation"])
     for mode in MODES:
-        eng = _engine(mode, args.gbps, 16 if mode == "cached" else 4)
+        eng = _engine(
+            mode, args.gbps, args.adapters if mode == "cached" else args.slots, adapters=args.adapters
+        )
         eng.generate(["warm up →"], None, [None])
         res = replay(eng, requests, 16)
         result["cold_start"][mode] = res
         print(
             f"  {mode:13s} TTFT {res['ttft_ms_mean']:7.1f} / p99 {res['ttft_ms_p99']:7.1f} ms   "
             f"TPOT {res['tpot_ms_mean']:6.2f} ms   latency {res['latency_ms_mean']:7.1f} / p99 "
-            f"{res['latency_ms_p99']:7.1f} ms   device loads {res['device_loads']}",
+            f"{res['latency_ms_p99']:7.1f} ms   device loads {res['device_loads']}  "
+            f"cold-start waits {res['cold_start_share_pct']} % of the run",
             flush=True,
         )
     base = result["cold_start"]["cached"]

@@ -222,6 +222,7 @@ class LLMEngine:
         if self.config.lora_load_mode == "ondmd":
             wait = max(self.loras.device.ready_at[n] for n in loading) - self.loras.device.clock()
             time.sleep(max(0.0, wait))  # on demand: the whole step waits for the (emulated) copy
+            self.loras.device.wait_seconds += max(0.0, wait)
             self.loras.device.loading()
             return None
         if self.config.lora_load_mode == "cpu_assisted":

@@ -96,6 +96,8 @@ class DeviceLoRAs:
         self.ready_at: dict[str, float] = {}
         """Adapters whose (emulated) copy is still in flight → monotonic time it completes."""
         self.emulated_gbps = 0.0
+        self.wait_seconds = 0.0
+        """Time steps spent waiting for copies (on-demand loading)."""
         self.clock: Callable[[], float] = time.monotonic
         self.rank = [0] * max_loras
         self.loads = 0
