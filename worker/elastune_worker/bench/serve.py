@@ -58,12 +58,16 @@ class Workload:
     max_tokens: list[int]
     rate: float | None
     """Poisson arrivals per second; None sends everything at once (saturating)."""
+    models: list[str] | None = None
+    """The model (LoRA adapter) of each request; None: the base model for all."""
 
 
 # -- the client -------------------------------------------------------------------------------------
-async def one_request(client: httpx.AsyncClient, url: str, prompt: list[int], max_tokens: int) -> Outcome:
+async def one_request(
+    client: httpx.AsyncClient, url: str, prompt: list[int], max_tokens: int, model: str = SERVED_NAME
+) -> Outcome:
     body = {
-        "model": SERVED_NAME,
+        "model": model,
         "prompt": prompt,
         "max_tokens": max_tokens,
         "temperature": 0,
@@ -104,13 +108,14 @@ async def run_workload(url: str, w: Workload, seed: int) -> dict[str, Any]:
         start = time.perf_counter()
         tasks = []
         at = 0.0
-        for prompt, n in zip(w.prompts, w.max_tokens, strict=True):
+        models = w.models or [SERVED_NAME] * len(w.prompts)
+        for prompt, n, model in zip(w.prompts, w.max_tokens, models, strict=True):
             if w.rate is not None:
                 at += rng.expovariate(w.rate)
                 delay = at - (time.perf_counter() - start)
                 if delay > 0:
                     await asyncio.sleep(delay)
-            tasks.append(asyncio.create_task(one_request(client, url, prompt, n)))
+            tasks.append(asyncio.create_task(one_request(client, url, prompt, n, model)))
         outcomes = await asyncio.gather(*tasks)
         wall = time.perf_counter() - start
     return summarize(list(outcomes), wall)
@@ -235,8 +240,20 @@ def elastune_server(model: Path, tmp: Path, prefix_caching: bool, args: argparse
     ]
     if not prefix_caching:
         cmd.append("--no-prefix-caching")
+    if args.lora:
+        cmd += ["--max-loras", "4", "--max-lora-rank", "64", "--lora-modules", *lora_modules()]
     env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE"}
     return Server(cmd, port, env, tmp / f"elastune-{'pc' if prefix_caching else 'nopc'}.log")
+
+
+LORA_RANKS = (8, 16, 32, 64)
+
+
+def lora_modules() -> list[str]:
+    """The project's four adapters as NAME=PATH, for both servers (vLLM's --lora-modules syntax)."""
+    from elastune_worker.tiny.adapters import ensure_tiny_adapter
+
+    return [f"r{rank}={ensure_tiny_adapter(rank)}" for rank in LORA_RANKS]
 
 
 def vllm_python() -> tuple[Path | None, str]:
@@ -265,6 +282,16 @@ def vllm_server(py: Path, model: Path, tmp: Path, args: argparse.Namespace) -> S
         "--max-num-batched-tokens",
         str(args.max_num_batched_tokens),
     ]
+    if args.lora:
+        cmd += [
+            "--enable-lora",
+            "--max-loras",
+            "4",
+            "--max-lora-rank",
+            "64",
+            "--lora-modules",
+            *lora_modules(),
+        ]
     # On CPU the KV cache is VLLM_CPU_KVCACHE_SPACE GiB of RAM; 1 GiB holds far more than the tiny
     # Llama needs (its KV is 1.5 KiB per token).
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "OMP_WAIT_POLICY": "PASSIVE", "HF_HUB_OFFLINE": "1"}
@@ -335,6 +362,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--reps", type=int, help="repetitions of each measurement, interleaved (default 3; --quick 1)"
     )
+    p.add_argument(
+        "--lora", action="store_true",
+        help="every request names one of the four LoRA adapters (ranks 8-64, in turn) on both servers",
+    )  # fmt: skip
     args = p.parse_args(argv)
     n = args.requests or (16 if args.quick else 64)
     reps = args.reps or (1 if args.quick else 3)
@@ -354,6 +385,9 @@ def main(argv: list[str] | None = None) -> int:
         tok, args.dataset, n, args.max_prompt, args.max_output, args.light_rate
     )
     prefix = shared_prefix_workload(tok, args.dataset, n, 768 if not args.quick else 512, 32)
+    if args.lora:
+        for w in (light, saturating):
+            w.models = [f"r{LORA_RANKS[i % 4]}" for i in range(len(w.prompts))]
     result: dict[str, Any] = {
         "config": {**{k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}, "requests": n},
         "machine": {"nproc": os.cpu_count(), "loadavg_before": loadavg()},
@@ -426,6 +460,8 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         for server in servers.values():
             server.stop()
+    if args.lora:  # the prefix-cache comparison is the base model's
+        return _finish(result, args)
     # Prefix caching on vs off: two Elastune servers up together, interleaved the same way.
     pc = {
         "on": elastune_server(args.model, tmp, True, args),
@@ -451,6 +487,10 @@ def main(argv: list[str] | None = None) -> int:
         f"  prefix cache off {off_f['throughput_tok_s']:8.1f} tok/s TTFT p50 {off_f['ttft_ms_p50']:8.1f} ms",
         flush=True,
     )
+    return _finish(result, args)
+
+
+def _finish(result: dict[str, Any], args: argparse.Namespace) -> int:
     result["machine"]["loadavg_after"] = loadavg()
     if "ratios" in result:
         for load, r in result["ratios"].items():
