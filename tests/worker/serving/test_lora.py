@@ -222,3 +222,27 @@ def test_on_demand_loading_makes_the_step_wait_and_cached_needs_every_adapter_on
     assert {a.tier for a in cached.list_loras()} == {"device"}
     with pytest.raises(AdapterError, match="cached keeps every adapter on the device"):
         cached.load_lora("r32", str(setup["paths"][32]))
+
+
+def test_cpu_lora_worker_processes_compute_the_cold_path_with_the_same_tokens(setup):
+    """CaraServe's CPU LoRA processes over shared memory: same tokens as PEFT's merged model."""
+    eng = lora_engine(
+        setup,
+        (8, 64),
+        lora_load_mode="cpu_assisted",
+        lora_copy_emulation_gbps=10.0,
+        max_loras=2,
+        lora_cpu_workers=2,
+    )
+    pool = eng.runner.lora_cpu_pool
+    assert pool is not None
+    try:
+        now = [100.0]
+        eng.loras.device.clock = lambda: now[0]  # type: ignore[union-attr]
+        got = eng.generate(PROMPTS[:2] * 2, GREEDY, ["r8", "r8", "r64", "r64"])  # the copies never finish
+        assert pool.calls > 0 and eng.loras.device.loading() == {"r8", "r64"}  # type: ignore[union-attr]
+        tok = setup["tok"]
+        pairs = ((8, PROMPTS[0]), (8, PROMPTS[1]), (64, PROMPTS[0]), (64, PROMPTS[1]))
+        assert got == [reference(tok, setup["merged"][r], p) for r, p in pairs]
+    finally:
+        pool.close()

@@ -58,6 +58,9 @@ class EngineConfig:
     adapter loads, then on the device (CaraServe); async — waits until the load finished while others run
     (S-LoRA-like); ondmd — the step waits for the load (on demand); cached — every adapter is put on the
     device when registered (the oracle: needs max_loras >= adapters)."""
+    lora_cpu_workers: int = 0
+    """CaraServe's CPU LoRA processes for cpu_assisted (shared memory, layer-wise sync); 0 computes
+    the CPU path in the engine process."""
     lora_copy_emulation_gbps: float = 0.0
     """EMULATION for machines without a device (0: off). A CPU engine has no host→device copy; with a
     bandwidth here, each load takes the time a copy of the same-rank adapter of a Llama-2-7B (q, k, v,
@@ -77,6 +80,8 @@ class EngineConfig:
             raise ValueError("need max_loras >= 1, max_cpu_loras >= max_loras and max_lora_rank >= 1")
         if self.sjf_max_bypass < 0 or self.sjf_max_wait_s < 0:
             raise ValueError("sjf_max_bypass and sjf_max_wait_s must be >= 0 (0: off)")
+        if self.lora_cpu_workers < 0:
+            raise ValueError("lora_cpu_workers must be >= 0")
         if self.lora_copy_emulation_gbps < 0:
             raise ValueError("lora_copy_emulation_gbps must be >= 0 (0: off)")
         if self.long_prefill_token_threshold < 0:

@@ -12,6 +12,7 @@ from typing import Any
 
 from elastune_worker.serving.config import EngineConfig
 from elastune_worker.serving.detokenizer import IncrementalDetokenizer
+from elastune_worker.serving.lora.cpu_workers import CpuLoRAPool
 from elastune_worker.serving.lora.manager import AdapterInfo, LoRAManager
 from elastune_worker.serving.lora.storage import resolve_artifact
 from elastune_worker.serving.lora.weights import AdapterError, LoRAWeights
@@ -84,6 +85,11 @@ class LLMEngine:
                 self.config, r.model.lora_shapes(), r.model.num_layers, r.device, r.dtype
             )
             r.lora_device = self.loras.device
+            if self.config.lora_cpu_workers and self.config.lora_load_mode == "cpu_assisted":
+                dims = [d for shape in r.model.lora_shapes().values() for d in shape]
+                r.lora_cpu_pool = CpuLoRAPool(
+                    self.config.lora_cpu_workers, self.config.max_num_batched_tokens, max(dims)
+                )
         self._detok: dict[str, IncrementalDetokenizer] = {}
         self._steps = 0
         self._step_seconds = 0.0
@@ -259,6 +265,8 @@ class LLMEngine:
         if self.loras is None:
             raise KeyError(name)
         self.loras.unregister(name, users)
+        if self.runner.lora_cpu_pool is not None:
+            self.runner.lora_cpu_pool.forget(name)
 
     def list_loras(self) -> list[AdapterInfo]:
         """LoRA adapters, and soft prompts (rank 0, always on the device: a few embedding rows)."""

@@ -8,6 +8,7 @@ from pathlib import Path
 import torch
 
 from elastune_worker.serving.config import EngineConfig, LoraKernelName
+from elastune_worker.serving.lora.cpu_workers import CpuLoRAPool
 from elastune_worker.serving.lora.kernels import LoRABatch
 from elastune_worker.serving.lora.slots import DeviceLoRAs
 from elastune_worker.serving.lora.weights import LoRAWeights
@@ -54,6 +55,7 @@ class ModelRunner:
         self.sampler = Sampler(self.device)
         self.lora_device: DeviceLoRAs | None = None  # set by the engine's LoRAManager
         self.lora_kernel: LoraKernelName = config.lora_kernel
+        self.lora_cpu_pool: CpuLoRAPool | None = None  # set by the engine when it has CPU LoRA workers
 
     @torch.inference_mode()
     def execute(
@@ -99,7 +101,12 @@ class ModelRunner:
                 one_token += [c.num_tokens == 1] * c.num_tokens
                 row += c.num_tokens
             lora = LoRABatch.build(
-                self.lora_device, self.lora_kernel, row_slots, one_token, list(host.values())
+                self.lora_device,
+                self.lora_kernel,
+                row_slots,
+                one_token,
+                list(host.values()),
+                self.lora_cpu_pool,
             )
         return self.model(tokens, meta, self.kv_caches, lora, embeds), sampling
 

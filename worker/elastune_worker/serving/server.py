@@ -87,6 +87,10 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
         "S-LoRA-like async, on demand, or all cached",
     )  # fmt: skip
     lo.add_argument(
+        "--lora-cpu-workers", type=int, default=0,
+        help="CaraServe's CPU LoRA processes for the cpu_assisted path (0: the engine process computes it)",
+    )  # fmt: skip
+    lo.add_argument(
         "--lora-copy-emulation-gbps", type=float, default=0.0,
         help="EMULATION on CPU-only machines: host->device copy time of a 7B-size adapter at this bandwidth",
     )  # fmt: skip
@@ -139,6 +143,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         lora_kernel=args.lora_kernel,
         lora_load_mode=args.lora_load_mode,
         lora_copy_emulation_gbps=args.lora_copy_emulation_gbps,
+        lora_cpu_workers=args.lora_cpu_workers,
     )
 
 

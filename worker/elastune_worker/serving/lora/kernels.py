@@ -15,6 +15,7 @@ from typing import Literal
 
 import torch
 
+from elastune_worker.serving.lora.cpu_workers import CpuLoRAPool
 from elastune_worker.serving.lora.slots import DeviceLoRAs
 from elastune_worker.serving.lora.weights import LoRAWeights
 
@@ -37,6 +38,8 @@ class LoRABatch:
     max_rank: int = 0
     host: list[tuple[LoRAWeights, torch.Tensor]] = field(default_factory=list)
     """CaraServe's CPU path: (host weights, rows) of adapters whose copy to the device is in flight."""
+    cpu_pool: CpuLoRAPool | None = None
+    """The CPU LoRA processes computing that path (None: this process computes it)."""
 
     @classmethod
     def build(
@@ -46,12 +49,13 @@ class LoRABatch:
         row_slots: list[int],
         one_token: list[bool],
         host: list[tuple[LoRAWeights, list[int]]] = (),  # type: ignore[assignment]
+        cpu_pool: CpuLoRAPool | None = None,
     ) -> LoRABatch | None:
         """``row_slots``: the device slot of each row (-1: none: base model, or an adapter on the CPU
         path); ``one_token``: whether a row is a one-token chunk (a decode); ``host``: rows whose delta
         comes from host weights. None when no row uses an adapter."""
         dev = slots.device
-        batch = cls(slots, kernel)
+        batch = cls(slots, kernel, cpu_pool=cpu_pool)
         batch.host = [(w, torch.tensor(rows, device=dev)) for w, rows in host if rows]
         if all(s < 0 for s in row_slots):
             return batch if batch.host else None
@@ -81,7 +85,8 @@ class LoRABatch:
             a_h, b_h = w.a.get(key), w.b.get(key)
             if a_h is not None and b_h is not None:
                 xs = x.index_select(0, rows).to("cpu", torch.float32)
-                out.index_add_(0, rows, ((xs @ a_h.T) @ b_h.T).to(out.device, out.dtype))
+                delta = self.cpu_pool.delta(w, key, xs) if self.cpu_pool is not None else (xs @ a_h.T) @ b_h.T
+                out.index_add_(0, rows, delta.to(out.device, out.dtype))
         if self.max_rank == 0:
             return
         a_all, b_all = self.slots.a.get(key), self.slots.b.get(key)
