@@ -24,7 +24,8 @@ from pathlib import Path
 from typing import Any
 
 RESULTS = Path("benchmarks/results/lora.json")
-MODES = ("cached", "cpu_assisted", "async", "ondmd")
+MODES = ("cached", "cpu_assisted", "cpu_assisted_procs", "async", "ondmd")
+"""cpu_assisted_procs: CaraServe's CPU path in 2 CPU LoRA worker processes (shared memory)."""
 
 
 def _percentile(values: list[float], q: float) -> float:
@@ -33,6 +34,8 @@ def _percentile(values: list[float], q: float) -> float:
 
 
 def _engine(mode: str, gbps: float, max_loras: int, kernel: str = "padded", adapters: int = 16) -> Any:
+    workers = 2 if mode == "cpu_assisted_procs" else 0
+    mode = "cpu_assisted" if mode == "cpu_assisted_procs" else mode
     from elastune_worker.serving.config import EngineConfig
     from elastune_worker.serving.engine import LLMEngine
     from elastune_worker.tiny import adapters as A
@@ -41,6 +44,7 @@ def _engine(mode: str, gbps: float, max_loras: int, kernel: str = "padded", adap
     cfg = EngineConfig(
         kv_cache_tokens=16384, enable_lora=True, max_loras=max_loras, max_cpu_loras=max(adapters, max_loras),
         lora_load_mode=mode, lora_copy_emulation_gbps=gbps, lora_kernel=kernel,  # type: ignore[arg-type]
+        lora_cpu_workers=workers,
     )  # fmt: skip
     eng = LLMEngine(B.ensure_tiny_model(spec=B.TINY_LLAMA_SPEC), cfg)
     paths = {rank: str(A.ensure_tiny_adapter(rank)) for rank in (8, 16, 32, 64)}
@@ -160,6 +164,9 @@ def main(argv: list[str] | None = None) -> int:
         )
         eng.generate(["warm up →"], None, [None])
         res = replay(eng, requests, 16)
+        if eng.runner.lora_cpu_pool is not None:
+            res["cpu_worker_calls"] = eng.runner.lora_cpu_pool.calls
+            eng.runner.lora_cpu_pool.close()
         result["cold_start"][mode] = res
         print(
             f"  {mode:13s} TTFT {res['ttft_ms_mean']:7.1f} / p99 {res['ttft_ms_p99']:7.1f} ms   "
