@@ -226,10 +226,14 @@ class LLMEngine:
         if not loading:
             return None
         if self.config.lora_load_mode == "ondmd":
-            wait = max(self.loras.device.ready_at[n] for n in loading) - self.loras.device.clock()
-            time.sleep(max(0.0, wait))  # on demand: the whole step waits for the (emulated) copy
-            self.loras.device.wait_seconds += max(0.0, wait)
-            self.loras.device.loading()
+            device = self.loras.device
+            started = time.perf_counter()
+            device.wait_copies(loading)  # on demand: the whole step waits for the copy (CUDA: real)
+            emulated = [device.ready_at[n] for n in loading if n in device.ready_at]
+            if emulated:  # ... or for its emulated time on a CPU-only machine
+                time.sleep(max(0.0, max(emulated) - device.clock()))
+            device.wait_seconds += time.perf_counter() - started
+            device.loading()
             return None
         if self.config.lora_load_mode == "cpu_assisted":
             return {n: self.loras.host.get(n) for n in loading}

@@ -53,6 +53,7 @@ class LoRAManager:
         w = self.host.register(name, path)
         if cached:  # the oracle: on the device from the start, never loaded while serving
             self.device.activate([name], self.host, set(self.host.registered))
+            self.device.wait_copies({name})
             self.device.ready_at.pop(name, None)
         return AdapterInfo(name, w.path, w.rank, self.tier(name))
 

@@ -8,10 +8,12 @@ rest stays zero, so the padded kernel can read any slot at the batch's max rank.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -95,6 +97,9 @@ class DeviceLoRAs:
         """Resident adapters by LRU order (least recent first) → slot."""
         self.ready_at: dict[str, float] = {}
         """Adapters whose (emulated) copy is still in flight → monotonic time it completes."""
+        self.copy_events: dict[str, Any] = {}
+        """CUDA: adapters whose copy on the side stream has not completed → its event."""
+        self._stream: Any = None
         self.emulated_gbps = 0.0
         self.wait_seconds = 0.0
         """Time steps spent waiting for copies (on-demand loading)."""
@@ -112,7 +117,23 @@ class DeviceLoRAs:
         now = self.clock()
         for name in [n for n, t in self.ready_at.items() if t <= now]:
             del self.ready_at[name]
-        return set(self.ready_at)
+        for name in [n for n, e in self.copy_events.items() if e.query()]:
+            del self.copy_events[name]
+        return set(self.ready_at) | set(self.copy_events)
+
+    def wait_copies(self, names: set[str]) -> None:
+        """Block until the real (CUDA) copies of ``names`` are done (on-demand loading)."""
+        for name in names:
+            event = self.copy_events.pop(name, None)
+            if event is not None:
+                event.synchronize()
+
+    def _copy_stream(self) -> Any:
+        if self.device.type != "cuda":
+            return None
+        if self._stream is None:
+            self._stream = torch.cuda.Stream(self.device)
+        return self._stream
 
     def copy_seconds(self, rank: int) -> float:
         """EMULATED host→device copy time (0 without emulation): a Llama-2-7B adapter of this rank on
@@ -155,22 +176,30 @@ class DeviceLoRAs:
 
     def evict(self, name: str) -> None:
         self.ready_at.pop(name, None)
+        self.copy_events.pop(name, None)
         slot = self.slot_of.pop(name, None)
         if slot is not None:
             self.rank[slot] = 0
 
     def _copy_in(self, slot: int, w: LoRAWeights) -> None:
+        """Host → device. On CUDA the copy runs on a side stream and the adapter counts as loading
+        until its event completes (CaraServe's window for the CPU path); on CPU it is a memory copy
+        (its device time is the emulation's)."""
         started = time.perf_counter()
-        for key, a in self.a.items():
-            b = self.b[key]
-            a[slot].zero_()
-            b[slot].zero_()
-            src_a, src_b = w.a.get(key), w.b.get(key)
-            if src_a is not None and src_b is not None:
-                a[slot, : w.rank].copy_(src_a.to(self.device, self.dtype), non_blocking=True)
-                b[slot, :, : w.rank].copy_(src_b.to(self.device, self.dtype), non_blocking=True)
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
+        stream = self._copy_stream()
+        with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
+            for key, a in self.a.items():
+                b = self.b[key]
+                a[slot].zero_()
+                b[slot].zero_()
+                src_a, src_b = w.a.get(key), w.b.get(key)
+                if src_a is not None and src_b is not None:
+                    a[slot, : w.rank].copy_(src_a.to(self.dtype), non_blocking=True)
+                    b[slot, :, : w.rank].copy_(src_b.to(self.dtype), non_blocking=True)
+        if stream is not None:
+            event = torch.cuda.Event()
+            event.record(stream)
+            self.copy_events[w.name] = event
         self.rank[slot] = w.rank
         self.loads += 1
         self.load_seconds += time.perf_counter() - started
