@@ -179,7 +179,12 @@ def test_the_worker_publishes_its_serving_state_and_cost_model(worker, redis_ser
         deadline = time.time() + 10
         while time.time() < deadline:
             rec = bus.workers()["w-api"]
-            if rec.serving is not None and rec.serving.prefix_cache_queried_tokens > 0:
+            # a heartbeat may still carry a request of the previous tests as running: wait it out
+            if (
+                rec.serving is not None
+                and rec.serving.prefix_cache_queried_tokens > 0
+                and rec.serving.running == 0
+            ):
                 break
             time.sleep(0.3)
         serving = rec.serving
