@@ -24,17 +24,14 @@ import argparse
 import hashlib
 import json
 import os
-import shutil
 import statistics
-import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..fsutil import swap_into_place
-from ..tiny.build import build_lock, cache_root, torch_threads
+from ..tiny.build import build_atomically, cache_root
 from .predictor import (
     DEFAULT_SPEC,
     FORMAT_VERSION,
@@ -288,31 +285,14 @@ def build_predictor(
     log: bool = False,
 ) -> Path:
     """Build into exactly ``out_dir`` unless a complete artifact for ``spec`` is already there."""
-    out_dir = Path(out_dir).resolve()
-    if not force and is_complete(out_dir, spec):
-        return out_dir
+    if not force and is_complete(Path(out_dir).resolve(), spec):
+        return Path(out_dir).resolve()
     dataset = Path(dataset) if dataset is not None else default_dataset()
     load_dataset(dataset)  # a clear error before taking the lock
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    with build_lock(out_dir):
-        if not force and is_complete(out_dir, spec):  # another process built it while we waited
-            return out_dir
-        prefixes = (f".{out_dir.name}.tmp-", f".{out_dir.name}.old-")
-        for stale in out_dir.parent.iterdir():
-            if stale.name.startswith(prefixes) and stale.is_dir():
-                shutil.rmtree(stale, ignore_errors=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
-        try:
-            with torch_threads(max(1, min(4, os.cpu_count() or 1))):
-                info = _write_artifact(tmp, spec, dataset, log=log)
-            (tmp / INFO_FILE).write_text(json.dumps(info, indent=2) + "\n")
-            for f in tmp.iterdir():
-                f.chmod(0o644)
-            tmp.chmod(0o755)
-            swap_into_place(tmp, out_dir)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
-    return out_dir
+    return build_atomically(
+        out_dir, lambda d: is_complete(d, spec), lambda tmp: _write_artifact(tmp, spec, dataset, log=log),
+        force=force, info_file=INFO_FILE,
+    )  # fmt: skip
 
 
 def ensure_predictor(

@@ -16,22 +16,13 @@ import argparse
 import json
 import os
 import random
-import shutil
-import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from elastune_worker.tiny import tasks as T
-from elastune_worker.tiny.build import (
-    TINY_LLAMA_SPEC,
-    build_lock,
-    cache_root,
-    ensure_tiny_model,
-    swap_into_place,
-    torch_threads,
-)
+from elastune_worker.tiny.build import TINY_LLAMA_SPEC, build_atomically, cache_root, ensure_tiny_model
 
 INFO_FILE = "build_info.json"
 TARGET_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -83,25 +74,11 @@ def ensure_tiny_adapter(rank: int, cache_dir: Path | None = None) -> Path:
 
 
 def build_adapter(spec: AdapterSpec, cache_dir: Path | None = None, *, log: bool = False) -> Path:
-    out = adapter_dir(spec, cache_dir).resolve()
-    if is_complete(out, spec):
-        return out
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with build_lock(out):
-        if is_complete(out, spec):
-            return out
-        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
-        try:
-            with torch_threads(max(1, min(4, os.cpu_count() or 1))):
-                info = _train(spec, tmp, cache_dir, log=log)
-            (tmp / INFO_FILE).write_text(json.dumps(info, indent=2) + "\n")
-            for f in tmp.iterdir():
-                f.chmod(0o644)
-            tmp.chmod(0o755)
-            swap_into_place(tmp, out)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
-    return out
+    return build_atomically(
+        adapter_dir(spec, cache_dir),
+        lambda d: is_complete(d, spec),
+        lambda tmp: _train(spec, tmp, cache_dir, log=log),
+    )
 
 
 def _examples(spec: AdapterSpec) -> tuple[list[tuple[str, str]], list[T.Example]]:

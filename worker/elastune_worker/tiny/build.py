@@ -26,7 +26,7 @@ import random
 import shutil
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -425,12 +425,30 @@ def build_tiny_model(
     The build happens in a sibling temp dir that is renamed into place only when complete, so a killed
     build never leaves a half model where loaders look.
     """
+    return build_atomically(
+        out_dir, lambda d: is_complete(d, spec), lambda tmp: _write_artifact(tmp, spec, log=log), force=force
+    )
+
+
+def build_atomically(
+    out_dir: Path,
+    complete: Callable[[Path], bool],
+    write: Callable[[Path], dict[str, Any]],
+    *,
+    force: bool = False,
+    info_file: str = INFO_FILE,
+) -> Path:
+    """Build an artifact into exactly ``out_dir`` unless ``complete(out_dir)`` says it is there: under
+    a lock (parallel builders wait, then find it), in a sibling temp dir that ``write`` fills (its
+    returned dict becomes ``info_file``) and that is renamed into place only when whole, so a killed
+    build never leaves half an artifact where loaders look. The tiny models, their adapters and the
+    SSJF predictor are built this way."""
     out_dir = Path(out_dir).resolve()
-    if not force and is_complete(out_dir, spec):
-        return out_dir  # before any write: a prebuilt model may sit on a read-only filesystem
+    if not force and complete(out_dir):
+        return out_dir  # before any write: a prebuilt artifact may sit on a read-only filesystem
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     with build_lock(out_dir):
-        if not force and is_complete(out_dir, spec):  # another process built it while we waited
+        if not force and complete(out_dir):  # another process built it while we waited
             return out_dir
         # Leftovers of builds killed without cleanup (SIGKILL, SIGTERM); ours to delete under the lock.
         prefixes = (f".{out_dir.name}.tmp-", f".{out_dir.name}.old-")
@@ -441,8 +459,8 @@ def build_tiny_model(
         try:
             # A fixed thread count keeps results reproducible and avoids oversubscribing small machines.
             with torch_threads(max(1, min(4, os.cpu_count() or 1))):
-                info = _write_artifact(tmp, spec, log=log)
-            (tmp / INFO_FILE).write_text(json.dumps(info, indent=2) + "\n")
+                info = write(tmp)
+            (tmp / info_file).write_text(json.dumps(info, indent=2) + "\n")
             # mkdtemp makes 0700 dirs; a cache shared with other users or a serving image must be readable.
             for f in tmp.iterdir():
                 f.chmod(0o644)
