@@ -25,7 +25,13 @@ pytest.importorskip("fastapi")
 
 from elastune_contract.protocol import Bus, ServingPoolRecord  # noqa: E402
 from elastune_contract.servers import free_port  # noqa: E402
-from elastune_gateway.bench.processes import ServiceProcess, start_gateway, start_worker, wait_for_worker  # noqa: E402
+from elastune_gateway.bench.processes import (  # noqa: E402
+    ServiceProcess,
+    start_gateway,
+    start_worker,
+    wait_for_endpoints,
+    wait_for_worker,
+)
 from elastune_worker.tiny import adapters as A  # noqa: E402
 from elastune_worker.tiny import build as B  # noqa: E402
 
@@ -82,7 +88,7 @@ def stack(redis_server: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterat
             s.redis_url, s.ns, s.logs, "--policy", "preble", "--hold-timeout", "2",
             "--failure-cooldown", "60", *extra,
         )  # fmt: skip
-        _wait_endpoints(s.url, 2)
+        wait_for_endpoints(s.url, 2)
         yield s
         assert s.gateway.alive(), "the gateway crashed:\n" + s.gateway.log_tail()
     finally:
@@ -124,15 +130,6 @@ def start_predictor(logs: Path) -> ServiceProcess:
             pass
         time.sleep(0.3)
     pytest.fail("the length predictor never came up: " + p.log_tail())
-
-
-def _wait_endpoints(url: str, n: int, timeout: float = 20) -> None:
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if httpx.get(url + "/readyz", timeout=5).json().get("endpoints") == n:
-            return
-        time.sleep(0.1)
-    pytest.fail(f"the gateway never saw {n} endpoints")
 
 
 def client(url: str) -> Any:

@@ -119,3 +119,13 @@ def start_gateway(
         time.sleep(0.2)
     g.stop()
     raise ProcessFailed(f"gateway not ready within {timeout:.0f} s:\n{g.log_tail()}")
+
+
+def wait_for_endpoints(gateway_url: str, n: int, timeout: float = 30.0) -> None:
+    """Until the gateway's /readyz counts ``n`` endpoints (it re-reads the registry every 250 ms)."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if httpx.get(gateway_url + "/readyz", timeout=5).json().get("endpoints") == n:
+            return
+        time.sleep(0.1)
+    raise ProcessFailed(f"the gateway never saw {n} endpoints within {timeout:.0f} s")

@@ -41,7 +41,7 @@ from ..routing.policy import RoutingPolicyName
 from ..server.views import cost_model
 from ..sim.experiments import Experiment, run_experiment
 from ..sim.metrics import percentile
-from .processes import ServiceProcess, start_gateway, start_worker, wait_for_worker
+from .processes import ServiceProcess, start_gateway, start_worker, wait_for_endpoints, wait_for_worker
 
 ROUTERS_VENV = Path(os.environ.get("ELASTUNE_CACHE", "~/.cache/elastune")).expanduser() / "venvs" / "routers"
 RESULTS = Path("benchmarks/results/route.json")
@@ -270,7 +270,7 @@ def run_real(setup: RealSetup, logs: Path, say: Callable[[str], None]) -> dict[s
             try:
                 if name in OURS:
                     front = start_gateway(redis.url, pool.ns, logs, "--policy", OURS[name])
-                    _wait_endpoints(front.url, setup.workers)
+                    wait_for_endpoints(front.url, setup.workers)
                 else:
                     front = start_peer(PEERS[name], urls, logs)
             except (OSError, RuntimeError) as exc:
@@ -297,15 +297,6 @@ def run_real(setup: RealSetup, logs: Path, say: Callable[[str], None]) -> dict[s
         redis.proc.kill()
         redis.proc.wait()
     return out
-
-
-def _wait_endpoints(url: str, n: int, timeout: float = 30) -> None:
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if httpx.get(url + "/readyz", timeout=5).json().get("endpoints") == n:
-            return
-        time.sleep(0.1)
-    raise RuntimeError(f"the gateway never saw {n} endpoints")
 
 
 # -- the simulator ----------------------------------------------------------------------------------------
@@ -451,7 +442,7 @@ def run_rank_real(setup: RankSetup, logs: Path, say: Callable[[str], None]) -> d
         for key, policy in RANK_POLICIES:
             gw = start_gateway(redis.url, ns, logs, "--policy", policy)
             try:
-                _wait_endpoints(gw.url, setup.workers)
+                wait_for_endpoints(gw.url, setup.workers)
                 load = os.getloadavg()[0]
                 tpots = asyncio.run(_drive_rank(gw.url, trace, setup.output_tokens, slo))
             finally:
