@@ -324,6 +324,7 @@ def test_a_worker_killed_mid_stream_ends_the_stream_with_an_error_and_gets_no_mo
     text = stack.metrics()
     assert counter(text, "elastune_gateway_routed_requests_total", endpoint=survivor) - before == 4
     assert counter(text, "elastune_gateway_upstream_failures_total", endpoint=victim, kind="midstream") == 1
+    assert "\nelastune_gateway_inflight_requests 0.0\n" in text  # every request's end was accounted once
 
 
 def _wait_model(url: str, model: str, timeout: float = 10) -> None:

@@ -21,6 +21,8 @@ class InFlight:
     started: float = field(default_factory=time.monotonic)
     prefill_done_at: float | None = None
     """Monotonic time its prefill is known (first byte) or estimated to be done."""
+    closed: bool = False
+    """Its end was accounted (ledger, router, metrics): ending it again is a no-op."""
 
     def active(self, now: float) -> ActiveRequest:
         r = self.request

@@ -22,6 +22,7 @@ import anyio
 import httpx
 from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
+from starlette.background import BackgroundTask
 
 from elastune_contract.openai_api.errors import APIError, sse_error
 from elastune_contract.openai_api.protocol import ChatCompletionRequest, CompletionRequest, _Request
@@ -183,6 +184,8 @@ class Gateway:
                     self._relay(response, entry, router, model, arrived, wants_usage),
                     media_type="text/event-stream",
                     headers={"Cache-Control": "no-cache", "x-elastune-endpoint": endpoint.id},
+                    # A client gone before the relay started never runs its finally: close here too.
+                    background=BackgroundTask(self._close_stream, response, entry, router),
                 )
             return await self._whole(response, entry, router, model, arrived, request)
         self.metrics.rejected.labels("no_endpoint").inc()
@@ -270,9 +273,17 @@ class Gateway:
         return None if cost is None else cost.prefill_s_per_token * view.prompt_len
 
     def _done(self, entry: InFlight, router: Router, output_tokens: int) -> None:
+        if entry.closed:
+            return
+        entry.closed = True
         self.ledger.remove(entry)
         self.metrics.inflight.dec()
         router.on_finished(entry.request, entry.endpoint, output_tokens, time.monotonic())
+
+    async def _close_stream(self, response: httpx.Response, entry: InFlight, router: Router) -> None:
+        with anyio.CancelScope(shield=True):
+            await response.aclose()
+        self._done(entry, router, 0)
 
     async def _whole(
         self,
