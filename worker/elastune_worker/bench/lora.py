@@ -23,14 +23,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+from elastune_worker.bench.stats import percentile
+
 RESULTS = Path("benchmarks/results/lora.json")
 MODES = ("cached", "cpu_assisted", "cpu_assisted_procs", "async", "ondmd")
 """cpu_assisted_procs: CaraServe's CPU path in 2 CPU LoRA worker processes (shared memory)."""
-
-
-def _percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1)))]
 
 
 def _engine(mode: str, gbps: float, max_loras: int, kernel: str = "padded", adapters: int = 16) -> Any:
@@ -106,7 +103,7 @@ def replay(eng: Any, requests: list[tuple[float, str, str]], max_tokens: int) ->
     out: dict[str, float] = {}
     for name, values in (("ttft", ttft), ("tpot", tpot), ("latency", e2e)):
         out[f"{name}_ms_mean"] = round(1000 * statistics.fmean(values), 2)
-        out[f"{name}_ms_p99"] = round(1000 * _percentile(values, 99), 2)
+        out[f"{name}_ms_p99"] = round(1000 * percentile(values, 99), 2)
     out["device_loads"] = eng.loras.device.loads
     out["cold_start_wait_s"] = round(eng.loras.device.wait_seconds, 3)
     out["cold_start_share_pct"] = round(

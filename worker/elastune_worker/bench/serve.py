@@ -37,6 +37,8 @@ from typing import Any
 
 import httpx
 
+from elastune_worker.bench.stats import loadavg, percentile
+
 ROOT = Path(__file__).resolve().parents[3]
 DEFAULT_DATASET = ROOT.parent / "shared" / "datasets" / "sharegpt_250.json"
 SERVED_NAME = "tiny-llama"
@@ -121,13 +123,6 @@ async def run_workload(url: str, w: Workload, seed: int) -> dict[str, Any]:
     return summarize(list(outcomes), wall)
 
 
-def _pct(values: list[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    s = sorted(values)
-    return s[min(len(s) - 1, max(0, round(q / 100 * (len(s) - 1))))]
-
-
 def summarize(outcomes: list[Outcome], wall: float) -> dict[str, Any]:
     ok = [o for o in outcomes if o.ok]
     tokens = sum(o.tokens for o in ok)
@@ -140,10 +135,10 @@ def summarize(outcomes: list[Outcome], wall: float) -> dict[str, Any]:
         "output_tokens": tokens,
         "wall_s": round(wall, 3),
         "throughput_tok_s": round(tokens / wall, 1) if wall > 0 else 0.0,
-        "ttft_ms_p50": round(_pct(ttft, 50), 1),
-        "ttft_ms_p99": round(_pct(ttft, 99), 1),
-        "tpot_ms_p50": round(_pct(tpot, 50), 2),
-        "tpot_ms_p99": round(_pct(tpot, 99), 2),
+        "ttft_ms_p50": round(percentile(ttft, 50), 1),
+        "ttft_ms_p99": round(percentile(ttft, 99), 1),
+        "tpot_ms_p50": round(percentile(tpot, 50), 2),
+        "tpot_ms_p99": round(percentile(tpot, 99), 2),
         "e2e_s_mean": round(statistics.fmean(o.e2e for o in ok), 3) if ok else float("nan"),
     }
 
@@ -335,10 +330,6 @@ def median_run(runs: list[dict[str, Any]]) -> dict[str, Any]:
     mid = dict(ordered[len(ordered) // 2])
     mid["throughput_tok_s_runs"] = [r["throughput_tok_s"] for r in runs]
     return mid
-
-
-def loadavg() -> list[float]:
-    return [round(x, 2) for x in os.getloadavg()]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -39,6 +39,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from elastune_worker.bench.stats import loadavg, percentile
+
 ROOT = Path(__file__).resolve().parents[3]
 DEFAULT_DATASET = ROOT.parent / "shared" / "datasets" / "sharegpt_250.json"
 DEFAULT_OUT = ROOT / "benchmarks" / "results" / "ssjf.json"
@@ -56,15 +58,6 @@ class BenchRequest:
     """The predictor's out-of-fold prediction."""
     at: float
     """Arrival, seconds from the trace's start (before scaling)."""
-
-
-def _pct(values: list[float], q: float) -> float:
-    s = sorted(values)
-    return s[min(len(s) - 1, max(0, round(q / 100 * (len(s) - 1))))]
-
-
-def loadavg() -> list[float]:
-    return [round(x, 2) for x in os.getloadavg()]
 
 
 # -- the workload -----------------------------------------------------------------------------------
@@ -173,8 +166,8 @@ def replay(
         "requests": len(reqs),
         "output_tokens": tokens,
         "jct_s_mean": round(statistics.fmean(jct), 3),
-        "jct_s_p50": round(_pct(jct, 50), 3),
-        "jct_s_p99": round(_pct(jct, 99), 3),
+        "jct_s_p50": round(percentile(jct, 50), 3),
+        "jct_s_p99": round(percentile(jct, 99), 3),
         "throughput_tok_s": round(tokens / span, 1),
         "makespan_s": round(span, 3),
         "starved_admissions": int(getattr(waiting, "num_starved_admissions", 0)),
@@ -218,7 +211,7 @@ def predictor_figures(reqs: list[BenchRequest], prompts: list[str], info: dict[s
             "spearman": None if rho is None else round(rho, 4),
         },
         "latency_ms_mean": round(statistics.fmean(lat), 2),
-        "latency_ms_p99": round(_pct(lat, 99), 2),
+        "latency_ms_p99": round(percentile(lat, 99), 2),
     }
 
 
