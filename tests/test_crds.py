@@ -182,7 +182,12 @@ def test_every_pattern_is_re2_compatible_and_matches_like_rust() -> None:
             ["Model", "Method", "Succeeded", "GPUs", "Iterations", "Metric", "Deadline", "Age"],
         ),
         ("WarmPool", "warmpools", ["wp"], ["Model", "Warm", "Busy", "Idle", "Age"]),
-        ("LoRAAdapter", "loraadapters", ["lora"], ["Base", "Rank", "Age"]),
+        (
+            "LoRAAdapter",
+            "loraadapters",
+            ["lora"],
+            ["Base", "Type", "Rank", "Ready", "Replicas", "Reason", "Age"],
+        ),
     ],
 )
 def test_crd_names_and_columns(kind: str, plural: str, short: list[str], columns: list[str]) -> None:

@@ -93,6 +93,11 @@ MODEL_NAME_PATTERN: Final = r"^\S+$"
 MODEL_NAME_DESCRIPTION: Final = (
     "must be a non-empty model name without whitespace, such as elastune/tiny-gpt2"
 )
+#: A resource's metadata.name as Kubernetes requires it (RFC 1123 label: what Services and pods accept).
+RESOURCE_NAME_PATTERN: Final = r"^[a-z0-9](?:[-a-z0-9]{0,61}[a-z0-9])?$"
+RESOURCE_NAME_DESCRIPTION: Final = (
+    "must be a lower-case RFC 1123 name of at most 63 characters, such as sql-helper"
+)
 #: metav1.Condition.reason: CamelCase, starting with a letter.
 REASON_PATTERN: Final = r"^[A-Za-z](?:[A-Za-z0-9_,:]*[A-Za-z0-9_])?$"
 REASON_DESCRIPTION: Final = "must be a CamelCase reason such as InvalidSpec"
@@ -118,6 +123,7 @@ PATTERN_DESCRIPTIONS: Final = {
     URI_PATTERN: URI_DESCRIPTION,
     DATASET_URI_PATTERN: DATASET_URI_DESCRIPTION,
     MODEL_NAME_PATTERN: MODEL_NAME_DESCRIPTION,
+    RESOURCE_NAME_PATTERN: RESOURCE_NAME_DESCRIPTION,
     REASON_PATTERN: REASON_DESCRIPTION,
     CONDITION_TYPE_PATTERN: CONDITION_TYPE_DESCRIPTION,
     ENV_NAME_PATTERN: ENV_NAME_DESCRIPTION,
@@ -138,6 +144,11 @@ DatasetUri = Annotated[
 ]
 ModelName = Annotated[
     str, _checked(_regex_check(MODEL_NAME_PATTERN, MODEL_NAME_DESCRIPTION)), _pattern(MODEL_NAME_PATTERN)
+]
+ResourceName = Annotated[
+    str,
+    _checked(_regex_check(RESOURCE_NAME_PATTERN, RESOURCE_NAME_DESCRIPTION)),
+    _pattern(RESOURCE_NAME_PATTERN),
 ]
 ReasonString = Annotated[
     str,

@@ -192,7 +192,20 @@ def _printer_columns(kind: str) -> list[dict[str, Any]]:
     if kind == KIND_LORA_ADAPTER:
         return [
             {"name": "Base", "type": "string", "jsonPath": ".spec.baseModel"},
-            {"name": "Rank", "type": "integer", "jsonPath": ".spec.rank"},
+            {"name": "Type", "type": "string", "jsonPath": ".spec.type"},
+            {"name": "Rank", "type": "integer", "jsonPath": ".status.rank"},
+            {
+                "name": "Ready",
+                "type": "string",
+                "jsonPath": '.status.conditions[?(@.type=="Ready")].status',
+            },
+            {"name": "Replicas", "type": "integer", "jsonPath": ".status.readyReplicas"},
+            {
+                "name": "Reason",
+                "type": "string",
+                "jsonPath": '.status.conditions[?(@.type=="Ready")].reason',
+                "priority": 1,
+            },
             age,
         ]
     raise ValueError(f"unknown kind {kind!r}")

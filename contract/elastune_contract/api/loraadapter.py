@@ -1,55 +1,95 @@
-"""LoRAAdapter: a LoRA adapter of a base LLM, served from warm pools (CaraServe)."""
+"""LoRAAdapter: a LoRA adapter or a tuned soft prompt of a base LLM, served from its WarmPool (CaraServe's
+adapter registry; users know AIBrix ModelAdapter, KServe spec.model.lora, Dynamo DynamoModel)."""
 
 from typing import Annotated, Literal
 
-from pydantic import Field
+from pydantic import ConfigDict, Field
 
-from elastune_contract.api.common import ApiModel, Conditions, ModelName, Resource, Timestamp, Uri
+from elastune_contract.api.common import (
+    ApiModel,
+    Conditions,
+    DatasetUri,
+    ModelName,
+    NonNegativeDecimal,
+    Resource,
+    Timestamp,
+)
 from elastune_contract.api.constants import KIND_LORA_ADAPTER
+
+AdapterType = Literal["lora", "promptTuning"]
+AdapterTier = Literal["device", "host"]
 
 
 class LoRAAdapterSpec(ApiModel):
     """Desired state of a LoRAAdapter."""
 
+    # A soft prompt has no rank: a rank given for one is a mistake the apiserver can catch.
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {
+                    "rule": "self.type != 'promptTuning' || !has(self.rank)",
+                    "message": "rank applies to LoRA adapters only; a promptTuning artifact has none",
+                    "fieldPath": ".rank",
+                }
+            ]
+        }
+    )
+
     base_model: ModelName
-    """LLM the adapter was trained on; it is served by the WarmPool of that model."""
-    rank: int = Field(default=8, ge=1, le=256)
-    """LoRA rank r; serving cost grows with it (CaraServe's rank-aware routing)."""
-    alpha: int = Field(default=16, ge=1)
-    """LoRA scaling numerator (the update is scaled by alpha / rank)."""
+    """The LLM the adapter was trained on: the model of a WarmPool, which serves it."""
+    # Relative paths are resolved against the manifest's directory by `elastune serve` (like datasets).
+    artifact_url: DatasetUri = Field(alias="artifactURL")
+    """A PEFT save_pretrained directory: an absolute path in the worker pod, file:///, pvc://<claim>/<path>
+    (a claim the WarmPool mounts), s3:// or http(s):// (refused by the workers for now: not implemented)."""
+    type: AdapterType = "lora"
+    """lora: LoRA weights; promptTuning: a tuned soft prompt (virtual-token embeddings)."""
+    rank: int | None = Field(default=None, ge=1, le=256)
+    """LoRA rank r, checked against the artifact's adapter_config.json when given (read from it when not)."""
+    alpha: int | None = Field(default=None, ge=1)
+    """LoRA alpha, checked against the artifact when given."""
     target_modules: list[Annotated[str, Field(min_length=1)]] | None = Field(default=None, min_length=1)
-    """Modules the adapter applies to, e.g. c_attn; the base model's PEFT defaults when unset."""
-    weights: Uri
-    """Where the adapter weights are stored."""
+    """Modules the adapter applies to, checked against the artifact when given."""
+    replicas: int | None = Field(default=None, ge=1)
+    """Worker pods that keep the adapter loaded; unset: placement decides from its popularity."""
+    pinned: bool = False
+    """Keep it on the device (never evicted to host memory) on each of its replicas."""
 
 
 class AdapterPlacement(ApiModel):
-    """Where one copy of the adapter is loaded."""
+    """Where one copy of the adapter is loaded, as the worker reports it."""
 
     pod: str = Field(min_length=1)
     """Worker pod holding the adapter."""
-    tier: Literal["gpu", "host"]
-    """gpu: in GPU memory, ready to serve; host: in host memory, served CPU-assisted while it loads."""
+    tier: AdapterTier
+    """device: in a device slot, ready to serve; host: in host memory, served CPU-assisted while it loads."""
     since: Timestamp | None = None
-    """When it was loaded into this tier."""
+    """When this pod was first seen holding it."""
 
 
 class LoRAAdapterStatus(ApiModel):
     """Observed state of a LoRAAdapter."""
 
     conditions: Conditions = Field(default_factory=list)
-    """Ready is True while at least one copy is loaded."""
+    """Ready: validated and servable (False with the reason when it cannot be); Loaded: held by a pod."""
     observed_generation: int | None = Field(default=None, ge=0)
     """The .metadata.generation this status describes."""
+    rank: int | None = Field(default=None, ge=1)
+    """Rank read from the artifact (LoRA only)."""
     loaded_on: list[AdapterPlacement] = Field(
         default_factory=list,
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["pod"]},
     )
-    """Pods holding the adapter, one entry per pod."""
+    """Pods holding the adapter, one entry per pod, as the workers report it."""
+    ready_replicas: int | None = Field(default=None, ge=0)
+    """Pods holding it on the device."""
+    load_seconds: NonNegativeDecimal | None = None
+    """Measured seconds of the last load into a worker (storage to host memory and device)."""
 
 
 class LoRAAdapter(Resource):
-    """LoRAAdapter registers LoRA weights for a base LLM so warm pools can serve them."""
+    """LoRAAdapter registers a LoRA adapter or a tuned soft prompt of a base LLM so its warm pool can serve
+    it under the adapter's name (the OpenAI model field)."""
 
     kind: Literal["LoRAAdapter"] = KIND_LORA_ADAPTER
     """Kind of the object: LoRAAdapter."""

@@ -16,6 +16,7 @@ from elastune_contract.api.common import (
     PositiveDecimal,
     ReasonString,
     Resource,
+    ResourceName,
     Timestamp,
     Uri,
 )
@@ -100,6 +101,9 @@ class Output(ApiModel):
 
     uri: Uri | None = None
     """Destination of the artifact; the operator picks one from its configuration when unset."""
+    publish: ResourceName | None = None
+    """Tune -> serve: on success the operator creates a LoRAAdapter of type promptTuning with this name,
+    pointing at the artifact, and the pool's gateway serves the tuned prompt under it (the OpenAI model)."""
 
 
 class TuningJobSpec(ApiModel):
@@ -203,6 +207,8 @@ class TuningJobStatus(ApiModel):
     """When the first worker started."""
     completion_time: Timestamp | None = None
     """When the job reached a terminal condition."""
+    published_adapter: ResourceName | None = None
+    """The LoRAAdapter created from spec.output.publish (set once it exists)."""
 
 
 class TuningJob(Resource):

@@ -15,8 +15,14 @@ from elastune_contract.api.common import (
     PositiveDecimal,
     Quantity,
     Resource,
+    ResourceName,
 )
 from elastune_contract.api.constants import KIND_WARM_POOL
+
+# The gateway's routing policies by name (its routing/ package takes the type from here).
+RoutingPolicyName = Literal[
+    "roundRobin", "leastLoad", "preble", "rankAware", "mostIdle", "firstFit", "random", "combined"
+]
 
 DEFAULT_WORKER_IMAGE = "ghcr.io/elastune/worker:0.1.0"
 
@@ -67,6 +73,66 @@ class WorkerSpec(ApiModel):
     """Extra environment variables."""
 
 
+class VolumeMount(ApiModel):
+    """A PersistentVolumeClaim mounted into every worker pod.
+
+    Adapter artifacts named pvc://<claimName>/<path> are read from it (the worker resolves pvc:// under
+    /mnt/pvc/<claimName>, where the claim is mounted unless mountPath says otherwise), and a
+    ReadWriteMany claim can hold the checkpoint root that multi-pod TuningJobs share."""
+
+    claim_name: ResourceName
+    """Name of the PersistentVolumeClaim in the pool's namespace."""
+    mount_path: str | None = Field(default=None, pattern=r"^/\S*$")
+    """Where it appears in the pod; default /mnt/pvc/<claimName> (what pvc:// URLs resolve to)."""
+    read_only: bool = False
+    """Mount it read-only (adapter stores); leave false for a checkpoint volume."""
+
+
+class ServingSLO(ApiModel):
+    """Latency objectives the gateway's routing and the co-serving scheduler hold requests to."""
+
+    ttft_milliseconds: int | None = Field(default=None, ge=1)
+    """Time to first token."""
+    tpot_milliseconds: int | None = Field(default=None, ge=1)
+    """Time per output token after the first."""
+
+
+class ServingSpec(ApiModel):
+    """How the pool's workers serve inference (base model, LoRA adapters, published prompts)."""
+
+    min_replicas: int = Field(default=0, ge=0)
+    """Pods kept warm for serving even without requests; 0 scales to zero, and the first request waits
+    in the gateway while the pool scales up. The pool runs max(tuning need, serving need) pods."""
+    hold_timeout: Duration = "60s"
+    """How long a request waits in the gateway for a warm pod before a 503 with Retry-After."""
+    max_loras: int = Field(default=4, ge=0)
+    """Adapters in device memory at once per pod (0: serve no LoRA adapters)."""
+    max_cpu_loras: int = Field(default=16, ge=0)
+    """Adapters kept in host memory per pod (LRU); at least maxLoras."""
+    max_lora_rank: int = Field(default=64, ge=1, le=256)
+    """Largest LoRA rank the pool serves; adapters above it are refused (Ready=False)."""
+    lora_kernel: Literal["padded", "unpadded"] | None = None
+    """Multi-LoRA kernel: padded to the batch's max rank (Punica BGMV) or per-adapter segments (S-LoRA
+    MBGMV); unset: the engine's default."""
+    kv_cache_tokens: int | None = Field(default=None, ge=16)
+    """KV-cache size in tokens; unset: the engine's default."""
+    max_num_batched_tokens: int | None = Field(default=None, ge=1)
+    """Token budget of one engine iteration."""
+    chunked_prefill_tokens: int | None = Field(default=None, ge=1)
+    """Largest prefill chunk a request adds to one iteration (unset: the iteration's budget)."""
+    queue_policy: Literal["fcfs", "priority", "sjf"] | None = None
+    """Order of each pod's waiting queue: fcfs, priority (the request's priority field), sjf (predicted
+    output length from the gateway, SSJF)."""
+    routing_policy: RoutingPolicyName | None = None
+    """The gateway's routing policy for this pool; unset: the gateway's default."""
+    slo: ServingSLO | None = None
+    """Latency objectives for routing (CaraServe's SLO penalty) and co-serving."""
+
+    @property
+    def hold_timeout_seconds(self) -> int:
+        return units.parse_duration(self.hold_timeout)
+
+
 class Profile(ApiModel):
     """Starting point of the estimator before any run of this model has been measured."""
 
@@ -114,6 +180,11 @@ class WarmPoolSpec(ApiModel):
     """Worker pod template."""
     profile: Profile | None = None
     """The estimator's starting profile of this model."""
+    serving: ServingSpec | None = None
+    """Inference serving settings; unset: the workers serve the base model with the engine's defaults and
+    the pool never grows for requests alone (no serving replicas; requests are held up to 60 s)."""
+    volumes: list[VolumeMount] | None = None
+    """PersistentVolumeClaims mounted into every worker pod (adapter artifacts, shared checkpoints)."""
 
     @field_validator("max_warm_gpus")
     @classmethod

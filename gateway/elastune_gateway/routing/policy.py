@@ -16,14 +16,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Literal, Protocol, get_args
+from typing import Protocol, get_args
+
+from elastune_contract.api.warmpool import RoutingPolicyName
 
 from .cost import AdapterTier, CostModel
 
-RoutingPolicyName = Literal[
-    "roundRobin", "leastLoad", "preble", "rankAware", "mostIdle", "firstFit", "random", "combined"
-]
-"""The typed setting that chooses a pool's routing policy (per WarmPool)."""
+# The typed setting that chooses a pool's routing policy: WarmPool.spec.serving.routingPolicy in the contract.
 ROUTING_POLICY_NAMES: tuple[RoutingPolicyName, ...] = get_args(RoutingPolicyName)
 
 
