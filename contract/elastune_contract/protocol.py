@@ -78,6 +78,8 @@ class AdapterState(_Message):
     rank: int
     tier: str
     """device (in a device slot) | host (in host memory) | storage (registered, read on demand)."""
+    load_seconds: float | None = None
+    """How long its last load into this worker took (storage to host memory), when the worker knows."""
 
 
 class ServingState(_Message):
@@ -101,6 +103,10 @@ class ServingState(_Message):
     adapters: list[AdapterState] = Field(default_factory=list)
     adapter_error: str | None = None
     """The last adapter load that failed, and why (cleared by the next load that succeeds)."""
+    placement_errors: dict[str, str] = Field(default_factory=dict)
+    """Adapters the control plane placed here that failed to load: name -> why (LoRAAdapter status)."""
+    last_request_at: float | None = None
+    """Unix time the last request arrived (the control plane keeps pods that serve from going idle)."""
 
 
 class WorkerRecord(_Message):
@@ -140,6 +146,18 @@ class ServingPoolRecord(_Message):
     """How long a request waits in the gateway for a warm pod before a 503."""
     ttft_slo_s: float | None = None
     tpot_slo_s: float | None = None
+    adapters: dict[str, int] = Field(default_factory=dict)
+    """LoRAAdapters (and published prompts, rank 0) of the pool's model: name -> rank. The gateway knows
+    them while no pod holds them (scaled to zero, or still loading) and holds their requests."""
+
+
+class PlacedAdapter(_Message):
+    """An adapter the control plane wants a worker to hold (adapter placement, pulled by the worker)."""
+
+    url: str
+    """The artifact (PEFT directory) as the worker resolves it: a path, file:// or pvc://claim/path."""
+    tier: str = "host"
+    """device: keep it in a device slot (pinned or popular); host: keep it in host memory."""
 
 
 class ServingDemand(_Message):
@@ -256,6 +274,10 @@ def pools_key(ns: str) -> str:
 
 def demand_key(ns: str, model: str) -> str:
     return f"{ns}:demand:{model}"
+
+
+def placement_key(ns: str, worker_id: str) -> str:
+    return f"{ns}:placement:{worker_id}"
 
 
 def assign_key(ns: str, worker_id: str) -> str:
@@ -375,8 +397,23 @@ class Bus:
         raw = cast(str | None, self.redis.get(demand_key(self.ns, model)))
         return None if raw is None else ServingDemand.model_validate_json(raw)
 
+    def set_placement(self, worker_id: str, adapters: dict[str, PlacedAdapter]) -> None:
+        """Replace what ``worker_id`` should hold (one write: the worker never reads half a change)."""
+        key = placement_key(self.ns, worker_id)
+        pipe = self.redis.pipeline()
+        pipe.delete(key)
+        if adapters:
+            pipe.hset(key, mapping={name: a.dumps() for name, a in adapters.items()})
+        pipe.execute()
+
+    def placement(self, worker_id: str) -> dict[str, PlacedAdapter]:
+        raw = cast(dict[str, str], self.redis.hgetall(placement_key(self.ns, worker_id)))
+        return {name: PlacedAdapter.model_validate_json(v) for name, v in sorted(raw.items())}
+
     def forget_worker(self, worker_id: str) -> None:
         pipe = self.redis.pipeline()
-        pipe.delete(worker_key(self.ns, worker_id), assign_key(self.ns, worker_id))
+        pipe.delete(
+            worker_key(self.ns, worker_id), assign_key(self.ns, worker_id), placement_key(self.ns, worker_id)
+        )
         pipe.srem(f"{self.ns}:workers", worker_id)
         pipe.execute()

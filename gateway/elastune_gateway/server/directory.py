@@ -64,6 +64,12 @@ class KnownModel:
         return self.parent or self.name
 
 
+def _holdings(endpoints: dict[str, Endpoint]) -> set[tuple[str, str]]:
+    return {(eid, "") for eid in endpoints} | {
+        (eid, a.name) for eid, ep in endpoints.items() for a in ep.serving.adapters
+    }
+
+
 class Directory:
     def __init__(self, bus: Bus, failure_cooldown_s: float) -> None:
         self.bus = bus
@@ -121,8 +127,14 @@ class Directory:
             for a in ep.serving.adapters:
                 if a.name not in models or models[a.name].parent is not None:
                     models[a.name] = replace(base, name=a.name, parent=ep.model, rank=a.rank)
+        for rec in pools.values():  # adapters the control plane placed: known before any pod holds them
+            base = models[rec.model]
+            for name, rank in rec.adapters.items():
+                if name not in models or models[name].parent is not None:
+                    models[name] = replace(base, name=name, parent=rec.model, rank=rank)
         self._models = models
-        if set(endpoints) != set(self._endpoints):
+        # Waiting requests look again when a pod comes or goes, and when one finishes loading an adapter.
+        if _holdings(endpoints) != _holdings(self._endpoints):
             self._changed.set()
             self._changed = asyncio.Event()
         self._endpoints = endpoints

@@ -68,6 +68,8 @@ class AgentConfig:
     """Called with the loaded model before the worker reports READY (starts the serving engine)."""
     serving_state: Callable[[], ServingState | None] | None = None
     """What the worker serves right now, published with every heartbeat."""
+    on_heartbeat: Callable[[], None] | None = None
+    """Runs before each heartbeat's publish (applies the control plane's adapter placement)."""
 
 
 class Agent:
@@ -138,6 +140,11 @@ class Agent:
 
     def heartbeat_forever(self) -> None:
         while not self._stop.wait(HEARTBEAT_SECONDS):
+            if self.cfg.on_heartbeat is not None and self.ready:
+                try:
+                    self.cfg.on_heartbeat()
+                except Exception as exc:  # Redis down or the engine gone: the heartbeat goes on
+                    log.warning("heartbeat task failed: %s", exc)
             self._publish()
 
     def run_forever(self) -> None:

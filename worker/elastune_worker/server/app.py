@@ -31,6 +31,7 @@ from elastune_contract.protocol import Bus, BusUnreachable, ServingState, Worker
 from elastune_worker.server.agent import Agent, AgentConfig, default_worker_id
 from elastune_worker.server.metrics import WorkerMetrics
 from elastune_worker.server.models import LoadedModel
+from elastune_worker.server.placement import AdapterSync
 from elastune_worker.serving.api.app import create_app
 from elastune_worker.serving.api.metrics import ServingMetrics
 from elastune_worker.serving.client import EngineServingClient
@@ -186,9 +187,17 @@ def main(argv: list[str] | None = None) -> int:
             modules=lora_modules(args),
         )
 
+    placement = AdapterSync(bus, worker_id, lambda: serving.get("client"))
+
     def serving_state() -> ServingState | None:
         client = serving.get("client")
-        return client.serving_state() if client is not None else None
+        if client is None:
+            return None
+        state = client.serving_state()
+        state.placement_errors = dict(placement.errors)
+        for adapter in state.adapters:
+            adapter.load_seconds = placement.load_seconds.get(adapter.name)
+        return state
 
     agent = Agent(
         AgentConfig(
@@ -197,6 +206,7 @@ def main(argv: list[str] | None = None) -> int:
             model=args.model,
             on_loaded=on_loaded,
             serving_state=serving_state,
+            on_heartbeat=placement.sync,
         ),
         bus,
         metrics,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import AsyncGenerator, Sequence
 from typing import Any, Protocol
 
@@ -51,6 +52,7 @@ class EngineServingClient:
         self.vocab_size = engine.vocab_size
         self.tokenizer = engine.tokenizer
         self.adapter_error: str | None = None
+        self.last_request_at: float | None = None
 
     def encode(self, text: str) -> list[int]:
         return self.engine.encode(text)
@@ -73,6 +75,7 @@ class EngineServingClient:
         priority: int,
         lora: str | None = None,
     ) -> AsyncGenerator[GenerationDelta, None]:
+        self.last_request_at = time.time()
         sampling = SamplingParams(
             max_tokens=params.max_tokens,
             temperature=params.temperature,
@@ -110,6 +113,7 @@ class EngineServingClient:
             max_loras=s.max_loras,
             adapters=[AdapterState(name=a.name, rank=a.rank, tier=a.tier) for a in s.loras],
             adapter_error=self.adapter_error,
+            last_request_at=self.last_request_at,
         )
 
     # -- adapters (vLLM's runtime LoRA API) ------------------------------------------------------

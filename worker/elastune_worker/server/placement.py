@@ -1,0 +1,83 @@
+"""Adapter placement on a worker: hold what the control plane placed here (issue 15).
+
+The operator writes, per worker, the adapters it should hold (``Bus.set_placement``: name -> artifact URL
+and tier); the worker pulls it with every heartbeat and applies it with the engine's own vLLM-style
+load/unload — the same calls a user's ``POST /v1/load_lora_adapter`` makes. Only adapters the placement
+loaded are ever unloaded here (one a user loaded by hand stays), and an adapter that running requests
+use is unloaded on a later heartbeat, when they are done (the engine refuses it until then).
+
+A failed load is kept with its message (``errors``, published in ``ServingState.placement_errors``) and
+not retried until the placement names another URL for it: the operator turns it into the LoRAAdapter's
+``Ready=False`` reason.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from elastune_contract.protocol import Bus, PlacedAdapter
+
+log = logging.getLogger("elastune.worker")
+
+
+class AdapterSync:
+    def __init__(self, bus: Bus, worker_id: str, client: Callable[[], Any]) -> None:
+        self.bus = bus
+        self.worker_id = worker_id
+        self.client = client
+        """The serving client (EngineServingClient) or None while the engine is not up."""
+        self.managed: dict[str, str] = {}
+        """Adapters this sync loaded: name -> the URL it loaded them from."""
+        self.errors: dict[str, str] = {}
+        self.failed_urls: dict[str, str] = {}
+        self.load_seconds: dict[str, float] = {}
+
+    def sync(self) -> None:
+        """One pass: load what is placed here and missing, unload what is no longer placed."""
+        client = self.client()
+        if client is None:
+            return
+        desired = self.bus.placement(self.worker_id)
+        for name in sorted(set(self.managed) - set(desired)):
+            self._unload(client, name)
+        for name, placed in desired.items():
+            if self.managed.get(name) == placed.url or self.failed_urls.get(name) == placed.url:
+                continue
+            if name in self.managed:  # the artifact moved: load the new one in its place
+                self._unload(client, name)
+                if name in self.managed:
+                    continue  # still in use: next heartbeat
+            self._load(client, name, placed)
+        for name in set(self.errors) - set(desired):
+            self.errors.pop(name, None)
+            self.failed_urls.pop(name, None)
+
+    def _load(self, client: Any, name: str, placed: PlacedAdapter) -> None:
+        t0 = time.perf_counter()
+        try:
+            asyncio.run(client.load_lora(name, placed.url))
+        except Exception as exc:  # AdapterError and the like: the operator reports it on the resource
+            self.errors[name] = str(exc)
+            self.failed_urls[name] = placed.url
+            log.warning("placed adapter %s did not load from %s: %s", name, placed.url, exc)
+            return
+        self.load_seconds[name] = time.perf_counter() - t0
+        self.managed[name] = placed.url
+        self.errors.pop(name, None)
+        self.failed_urls.pop(name, None)
+        log.info("placed adapter %s loaded from %s in %.2f s", name, placed.url, self.load_seconds[name])
+
+    def _unload(self, client: Any, name: str) -> None:
+        try:
+            asyncio.run(client.unload_lora(name))
+        except KeyError:
+            pass  # already gone (unloaded through the API)
+        except Exception as exc:  # in use: the engine refuses until its requests finish
+            log.info("adapter %s stays until its requests finish: %s", name, exc)
+            return
+        self.managed.pop(name, None)
+        self.load_seconds.pop(name, None)
