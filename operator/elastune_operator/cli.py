@@ -157,6 +157,25 @@ def _cmd_run(args: argparse.Namespace) -> int:
         return 2
 
 
+def _cmd_serve(args: argparse.Namespace) -> int:
+    from .local.run import RunError
+    from .local.serve import ServeOptions, serve
+
+    opts = ServeOptions(
+        files=[Path(f) for f in args.file],
+        port=args.port,
+        workers=args.workers,
+        state_dir=Path(args.state_dir),
+        redis_url=args.redis_url,
+        timeout=args.timeout,
+    )
+    try:
+        return serve(opts)
+    except RunError as exc:
+        print(f"elastune serve: {exc}", file=sys.stderr)
+        return 2
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="elastune", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -244,6 +263,18 @@ def build_parser() -> argparse.ArgumentParser:
         help="scheduling policy: promptTuner (default) or a baseline of the paper (infless, elasticflow)",
     )
     runp.set_defaults(func=_cmd_run)
+    servep = sub.add_parser(
+        "serve", help="serve WarmPools, LoRAAdapters and published prompts on this machine behind the gateway"
+    )
+    servep.add_argument(
+        "-f", "--file", action="append", required=True, help="manifest file or folder (repeatable)"
+    )
+    servep.add_argument("--port", type=int, default=8000, help="the gateway's port (0: a free one)")
+    servep.add_argument("--workers", type=int, default=2, help="local CPU workers = GPUs of the cold pool")
+    servep.add_argument("--state-dir", default=".elastune", help="checkpoints, artifacts, logs, status")
+    servep.add_argument("--redis-url", help="use this Redis instead of starting an embedded one")
+    servep.add_argument("--timeout", type=float, help="stop after this many seconds (default: Ctrl-C)")
+    servep.set_defaults(func=_cmd_serve)
 
     worker = sub.add_parser(
         "worker", help="run one worker process (python -m elastune_worker serve)", add_help=False

@@ -24,6 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from elastune_contract.api import units
+from elastune_contract.api.loraadapter import LoRAAdapterSpec
 from elastune_contract.api.tuningjob import PromptBankMode
 from elastune_contract.protocol import Assignment, Bus, Event, WorkerRecord, WorkerState
 from elastune_contract.vocabulary import PERMANENT_FAILURE_REASONS, Reason
@@ -31,6 +32,7 @@ from elastune_operator.control.backend import ClusterBackend
 from elastune_operator.control.fleet import Fleet
 from elastune_operator.control.lifecycle import JobLifecycle, is_terminal
 from elastune_operator.control.records import CoreSettings, JobRecord, PoolConfig
+from elastune_operator.control.serving import AdapterRecord, ServingControl
 from elastune_operator.metrics import ControlMetrics
 from elastune_operator.scheduling.estimator import Estimator, LLMProfile
 from elastune_operator.scheduling.factory import make_policy
@@ -49,6 +51,8 @@ class ControlCore:
         pools: list[PoolConfig],
         *,
         on_status: Callable[[JobRecord], None] | None = None,
+        on_adapter_status: Callable[[AdapterRecord], None] | None = None,
+        on_publish: Callable[[JobRecord, AdapterRecord], None] | None = None,
         metrics: ControlMetrics | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
@@ -65,6 +69,10 @@ class ControlCore:
         self.recovering: dict[str, float] = {}  # job key -> give-up time (see CoreSettings.recovery_grace_s)
         self._touched: set[str] = set()  # jobs whose GPUs or state changed this round
         self._last_tick: float | None = None
+        self.serving = ServingControl(bus, on_adapter_status, clock)
+        self.on_publish = on_publish
+        """Tune -> serve on Kubernetes: create the LoRAAdapter resource (None: register it here)."""
+        self._serving_need: dict[str, int] = {}
         for pool in pools:
             self.add_pool(pool)
 
@@ -85,9 +93,15 @@ class ControlCore:
                 max_gpus_per_job=max(1, pool.max_warm),
             )
         )
-        self.policy.set_pool_limits(
-            pool.model, PoolLimits(pool.min_warm, pool.max_warm, pool.idle_window_seconds)
-        )
+        self.serving.add_pool(pool.name, pool.model, pool.serving)
+        self._serving_need.pop(pool.model, None)
+        self._set_limits(pool, 0)
+
+    def _set_limits(self, pool: PoolConfig, serving_need: int) -> None:
+        """The pool runs max(tuning need, serving need): the serving need raises the scheduler's minimum
+        warm GPUs (Alg. 2 grows the pool to it eagerly; the idle window never shrinks below it)."""
+        minimum = min(max(pool.min_warm, serving_need), pool.max_warm)
+        self.policy.set_pool_limits(pool.model, PoolLimits(minimum, pool.max_warm, pool.idle_window_seconds))
 
     def remove_pool(self, model: str, reason_message: str) -> None:
         """The WarmPool went away: jobs that still need it fail; its GPUs are left to the backend."""
@@ -100,6 +114,7 @@ class ControlCore:
                     self.bus.cancel(job.key, job.attempt)
                 self._fail(job, Reason.WARM_POOL_DELETED, reason_message, now)
         del self.pools[model]
+        self.serving.remove_pool(model)
 
     def submit(self, job: JobRecord) -> None:
         """Accept a TuningJob (or fail it with a reason); idempotent per key.
@@ -185,6 +200,7 @@ class ControlCore:
         self._touched = touched = set[str]()
         adoptable = set(self.jobs) - set(self.recovering)
         records = self.fleet.sync(now, set(self.pools), adoptable, self)
+        self._serve(records, now)
         if self.recovering:
             self._recover(records, now)
         self._read_events(now)
@@ -196,6 +212,41 @@ class ControlCore:
             if key in self.state.jobs and self.state.startable(key):
                 self._dispatch(self.jobs[key], now)
         self._account(dt)
+
+    def _serve(self, records: dict[str, WorkerRecord], now: float) -> None:
+        """The serving half of the round: placement and adapter status, the serving need of each pool,
+        and pods that serve requests kept from looking idle (the idle window counts from their last
+        request, so a pool that serves never scales down under its traffic)."""
+        self.serving.tick(records)
+        for model, pool in self.pools.items():
+            need = self.serving.serving_need(model)
+            if self._serving_need.get(model) != need:
+                self._serving_need[model] = need
+                self._set_limits(pool, need)
+        for wid, rec in records.items():
+            gid = self.fleet.gpu_of.get(wid)
+            served = rec.serving.last_request_at if rec.serving is not None else None
+            if gid is not None and served is not None:
+                busy = rec.serving is not None and (rec.serving.running or rec.serving.waiting)
+                self.state.served(gid, now if busy else min(served, now))
+
+    def publish(self, job: JobRecord) -> None:
+        """Tune -> serve: a succeeded job with spec.output.publish becomes a promptTuning LoRAAdapter."""
+        name = job.spec.output.publish if job.spec.output else None
+        uri = job.status.artifact_uri
+        if not name or not uri or job.status.published_adapter == name:
+            return
+        ns = job.key.split("/", 1)[0]
+        spec = LoRAAdapterSpec.model_validate(
+            {"baseModel": job.llm, "artifactURL": uri, "type": "promptTuning"}
+        )
+        rec = AdapterRecord(ns, name, spec)
+        if self.on_publish is not None:
+            self.on_publish(job, rec)
+        else:
+            self.serving.upsert_adapter(rec)
+        job.status.published_adapter = name
+        self.lifecycle.emit(job)
 
     def _account(self, dt: float) -> None:
         st = self.state
@@ -376,6 +427,7 @@ class ControlCore:
             self.estimator.observe_completion(job.llm, False, float(ev.iterations or 0), sched.max_iterations)
             self._settle(job, sched, now)
             self.lifecycle.succeeded(job, ev, now)
+            self.publish(job)
         elif ev.type == "failed":
             reason = ev.reason or Reason.WORKER_ERROR
             msg = f"worker {ev.worker} (rank {ev.rank}): {ev.message}"

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from elastune_contract.api.tuningjob import TuningJobSpec, TuningJobStatus
+from elastune_contract.api.warmpool import ServingSpec
 from elastune_contract.protocol import WORKER_TTL_SECONDS
 from elastune_operator.scheduling.policy import ROUND_SECONDS, PolicyName
 
@@ -22,6 +23,8 @@ class PoolConfig:
     idle_window_seconds: float = 60.0
     cold_start_seconds: float = 30.0
     seconds_per_iteration: float = 0.05
+    serving: ServingSpec | None = None
+    """The WarmPool's serving section (None: the engine's defaults, no serving replicas)."""
 
 
 @dataclass

@@ -8,7 +8,7 @@ from urllib.parse import urlsplit
 
 from elastune_contract.api import units
 from elastune_contract.api.tuningjob import TuningJob, TuningJobStatus
-from elastune_contract.api.warmpool import WarmPool
+from elastune_contract.api.warmpool import ServingSpec, WarmPool
 from elastune_operator.control.records import JobRecord, PoolConfig
 
 #: Estimator defaults before a pool has a measured profile (the tiny model warms up in seconds once
@@ -60,6 +60,7 @@ def pool_config(wp: WarmPool, cap: int | None = None) -> PoolConfig:
         idle_window_seconds=spec.idle_window_seconds,
         cold_start_seconds=float(cold if cold is not None else DEFAULT_COLD_START_SECONDS),
         seconds_per_iteration=float(units.parse_decimal(spi)) if spi else DEFAULT_SECONDS_PER_ITERATION,
+        serving=spec.serving,
     )
 
 
@@ -83,3 +84,31 @@ def job_record(job: TuningJob, *, created: float | None, dataset: str, artifact:
         rec.status = TuningJobStatus.model_validate(job.status.model_dump(by_alias=True))
         rec.attempt = job.status.attempts or 0
     return rec
+
+
+def worker_serving_args(serving: ServingSpec | None) -> list[str]:
+    """The worker's engine flags (vLLM's names) for a WarmPool's serving section; [] for the defaults."""
+    if serving is None:
+        return []
+    s = serving
+    args = []
+    if s.max_loras > 0:
+        args += ["--enable-lora", "--max-loras", str(s.max_loras)]
+        args += [
+            "--max-cpu-loras",
+            str(max(s.max_cpu_loras, s.max_loras)),
+            "--max-lora-rank",
+            str(s.max_lora_rank),
+        ]
+        if s.lora_kernel:
+            args += ["--lora-kernel", s.lora_kernel]
+    optional = {
+        "--kv-cache-tokens": s.kv_cache_tokens,
+        "--max-num-batched-tokens": s.max_num_batched_tokens,
+        "--long-prefill-token-threshold": s.chunked_prefill_tokens,
+        "--queue-policy": s.queue_policy,
+    }
+    for flag, value in optional.items():
+        if value is not None:
+            args += [flag, str(value)]
+    return args

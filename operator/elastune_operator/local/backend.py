@@ -45,6 +45,8 @@ class LocalBackend:
         self.python = python
         self.extra_env = extra_env or {}
         self.procs: dict[str, _Proc] = {}
+        self.pool_args: dict[str, list[str]] = {}
+        """Extra worker flags per pool (its serving section as engine flags)."""
         self._n = 0
         (self.work_dir / "logs").mkdir(parents=True, exist_ok=True)
 
@@ -59,6 +61,7 @@ class LocalBackend:
         argv = [self.python, "-m", "elastune_worker", "serve", "--pool", pool, "--model", model]
         argv += ["--redis-url", self.redis_url, "--namespace", self.namespace, "--worker-id", wid]
         argv += ["--host", "127.0.0.1", "--port", "0", "--threads", str(self.threads)]
+        argv += self.pool_args.get(pool, [])
         env = {
             **os.environ,
             # Idle OpenMP threads must not spin: workers share the cores (~25x slower otherwise).

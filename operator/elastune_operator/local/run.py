@@ -62,7 +62,7 @@ class RunOptions:
     """The scheduling policy (promptTuner, or a baseline of the paper: infless, elasticflow)."""
 
 
-def _resolve_dataset(uri: str, base: Path) -> str:
+def resolve_dataset(uri: str, base: Path) -> str:
     if "://" in uri or uri.startswith("/"):
         return uri
     return str((base / uri).resolve())
@@ -181,9 +181,7 @@ def run(opts: RunOptions, out: TextIO = sys.stdout, err: TextIO = sys.stderr) ->
             artifact = artifact_dir(job, state_dir).resolve()
         except ValueError as exc:
             raise RunError(f"{job.metadata.name}: {exc}") from exc
-        rec = job_record(
-            job, created=now, dataset=_resolve_dataset(job.spec.dataset, base), artifact=artifact
-        )
+        rec = job_record(job, created=now, dataset=resolve_dataset(job.spec.dataset, base), artifact=artifact)
         rec.generation = rec.generation or 1
         if rec.key in records:
             raise RunError(f"TuningJob {rec.key} appears twice")
@@ -224,7 +222,7 @@ def run(opts: RunOptions, out: TextIO = sys.stdout, err: TextIO = sys.stderr) ->
         )
         for _, rec in records.values():
             core.submit(rec)
-        stop = _install_sigint()
+        stop = install_stop()
         deadline = time.monotonic() + opts.timeout if opts.timeout else None
         last_draw = 0.0
         while not core.done():
@@ -290,7 +288,7 @@ class _Stop:
     requested = False
 
 
-def _install_sigint() -> _Stop:
+def install_stop() -> _Stop:
     stop = _Stop()
 
     def handler(_signum: int, _frame: object) -> None:

@@ -302,6 +302,19 @@ class ClusterState:
         else:
             self.release(gid)
 
+    def served(self, gid: int, at: float, resolution: float = 1.0) -> None:
+        """An idle warm GPU served inference at ``at``: its idle time restarts there and it moves to the
+        back of the idle order (released last, given to jobs first). Moves of less than ``resolution``
+        seconds are ignored so a pod under steady traffic does not change the state every round."""
+        gpu = self.gpus.get(gid)
+        if gpu is None or gpu.state is not GPUState.IDLE or at - gpu.idle_since < resolution:
+            return
+        gpu.idle_since = at
+        idle = self.idle[gpu.llm]
+        idle.pop(gid, None)
+        idle[gid] = None
+        self._touch()
+
     def release(self, gid: int) -> None:
         """An idle (or never-used) GPU returns to the cold pool."""
         gpu = self.gpus.pop(gid)

@@ -189,6 +189,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--rank", type=int, action="append", choices=sorted(ADAPTER_SPECS), help="default: all")
     p.add_argument("--cache-dir", type=Path)
+    p.add_argument(
+        "--link-into", type=Path, metavar="DIR",
+        help="also link each adapter as DIR/<name without the version> (manifests name them that way)",
+    )  # fmt: skip
     args = p.parse_args(argv)
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     for rank in args.rank or sorted(ADAPTER_SPECS):
@@ -200,6 +204,12 @@ def main(argv: list[str] | None = None) -> int:
             f"{info['answer_loss_adapter']:.3f}, exact match {info['exact_match_base']:.2f} -> "
             f"{info['exact_match_adapter']:.2f} ({path})"
         )
+        if args.link_into is not None:
+            args.link_into.mkdir(parents=True, exist_ok=True)
+            link = args.link_into / spec.name.rsplit("-v", 1)[0]
+            if link.is_symlink() or link.exists():
+                link.unlink()
+            link.symlink_to(path, target_is_directory=True)
     return 0
 
 

@@ -1,0 +1,340 @@
+"""The serving half of the control core: serving pools, LoRAAdapters and their placement (issue 15).
+
+Each round (``tick``) it reads the workers' registry records and
+- publishes one ``ServingPoolRecord`` per WarmPool, listing the pool's adapters, so the gateway knows a
+  model or adapter whose pool has no warm pod and holds its requests instead of a 404;
+- answers the serving need of each pool: ``serving.minReplicas``, at least one pod while the gateway
+  reports requests waiting for the model or one of its adapters (scale from zero); the core runs the pool
+  at max(tuning need, serving need) through the scheduler's minimum warm GPUs;
+- places adapters on the pool's serving pods (``scheduling.placement``, pure) and writes each pod's share
+  to the registry, where the worker pulls and applies it with the engine's load/unload;
+- reports each LoRAAdapter's status from what the workers say they hold (true residency: pod and tier),
+  with Ready=False and a reason for anything that cannot be served.
+
+All state here is rebuilt from the resources and the registry after a restart: nothing is lost.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Literal
+
+from elastune_contract.api import units
+from elastune_contract.api.common import ConditionStatus, set_condition
+from elastune_contract.api.loraadapter import AdapterPlacement, LoRAAdapterSpec, LoRAAdapterStatus
+from elastune_contract.api.warmpool import ServingSpec
+from elastune_contract.protocol import Bus, PlacedAdapter, ServingPoolRecord, WorkerRecord, WorkerState
+from elastune_contract.vocabulary import ConditionType, Reason
+from elastune_operator.control import artifacts
+from elastune_operator.scheduling.placement import AdapterDemand, PlacementConfig, PodView, place
+
+log = logging.getLogger("elastune.operator")
+
+DEFAULT_SERVING = ServingSpec()
+
+
+@dataclass
+class AdapterRecord:
+    """What the control plane keeps of one LoRAAdapter (or a published prompt)."""
+
+    namespace: str
+    name: str
+    """The served model name (metadata.name), unique among the models clients may name."""
+    spec: LoRAAdapterSpec
+    generation: int = 1
+    base_dir: Path | None = None
+    """Where a relative artifactURL is resolved (the manifest's folder in local mode)."""
+    status: LoRAAdapterStatus = field(default_factory=LoRAAdapterStatus)
+    url: str = ""
+    rank: int = 0
+    problem: artifacts.Problem | None = None
+    deleting: bool = False
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+
+@dataclass
+class _Pool:
+    name: str
+    model: str
+    spec: ServingSpec
+
+
+class ServingControl:
+    def __init__(
+        self,
+        bus: Bus,
+        on_status: Callable[[AdapterRecord], None] | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.bus = bus
+        self.on_status = on_status or (lambda _rec: None)
+        self.clock = clock
+        self.pools: dict[str, _Pool] = {}  # model -> pool
+        self.adapters: dict[str, AdapterRecord] = {}  # served name -> record
+        self._published: dict[str, str] = {}  # pool -> last record written
+        self._placed: dict[str, dict[str, PlacedAdapter]] = {}  # worker -> placement written
+        self._status_sent: dict[str, str] = {}
+        self._pods: dict[str, int] = {}  # model -> serving pods seen in the last round
+
+    # -- pools --------------------------------------------------------------------------------------
+    def add_pool(self, name: str, model: str, spec: ServingSpec | None) -> None:
+        self.pools[model] = _Pool(name, model, spec or DEFAULT_SERVING)
+        for rec in self.adapters.values():
+            if rec.spec.base_model == model:
+                self._validate(rec)
+
+    def remove_pool(self, model: str) -> None:
+        pool = self.pools.pop(model, None)
+        if pool is not None:
+            self.bus.forget_pool(pool.name)
+            self._published.pop(pool.name, None)
+        for rec in self.adapters.values():
+            if rec.spec.base_model == model:
+                self._validate(rec)
+
+    def hold_model(self, model: str) -> ServingSpec:
+        pool = self.pools.get(model)
+        return pool.spec if pool is not None else DEFAULT_SERVING
+
+    # -- adapters -----------------------------------------------------------------------------------
+    def upsert_adapter(self, rec: AdapterRecord) -> None:
+        """A LoRAAdapter was created, changed or seen again after a restart (idempotent per generation)."""
+        known = self.adapters.get(rec.name)
+        if known is not None and known.namespace != rec.namespace:
+            rec.problem = artifacts.Problem(
+                Reason.DUPLICATE_ADAPTER_NAME,
+                f"the name {rec.name} is already served for LoRAAdapter {known.key}; clients name adapters "
+                "by metadata.name alone, so it must be unique across namespaces",
+            )
+            self._set_status(rec, [], rec.problem)
+            return
+        if known is not None and known.generation == rec.generation and not known.deleting:
+            return
+        if known is not None:
+            rec.status = known.status
+        self.adapters[rec.name] = rec
+        self._validate(rec)
+
+    def delete_adapter(self, namespace: str, name: str, workers: dict[str, WorkerRecord]) -> bool:
+        """Unload it everywhere; True once no worker holds it any more (the finalizer may go)."""
+        rec = self.adapters.get(name)
+        if rec is None or rec.namespace != namespace:
+            return True
+        rec.deleting = True
+        holders = [
+            w for w in workers.values() if w.serving and any(a.name == name for a in w.serving.adapters)
+        ]
+        if holders:
+            return False
+        del self.adapters[name]
+        self._status_sent.pop(rec.key, None)
+        return True
+
+    def _validate(self, rec: AdapterRecord) -> None:
+        pool = self.pools.get(rec.spec.base_model)
+        rec.problem = None
+        rec.url, rec.rank = "", 0
+        if rec.name in self.pools:
+            rec.problem = artifacts.Problem(
+                Reason.NAME_CLASHES_WITH_MODEL,
+                f"{rec.name} is the name of a base model a WarmPool serves; rename the adapter",
+            )
+        elif pool is None:
+            known = ", ".join(sorted(self.pools)) or "none"
+            rec.problem = artifacts.Problem(
+                Reason.UNKNOWN_MODEL,
+                f"no WarmPool serves baseModel {rec.spec.base_model!r} (pools serve: {known})",
+            )
+        else:
+            found = artifacts.inspect(rec.spec, pool.spec.max_lora_rank, rec.base_dir)
+            if isinstance(found, artifacts.Problem):
+                rec.problem = found
+            elif rec.spec.type == "lora" and pool.spec.max_loras == 0:
+                rec.problem = artifacts.Problem(
+                    Reason.INVALID_SPEC,
+                    f"the WarmPool {pool.name} serves no LoRA adapters (serving.maxLoras 0)",
+                )
+            else:
+                rec.url, rec.rank = found.url, found.rank or rec.spec.rank or 0
+                rec.status.rank = found.rank
+        rec.status.observed_generation = rec.generation
+
+    # -- the round ----------------------------------------------------------------------------------
+    def serving_need(self, model: str) -> int:
+        """Pods the pool must keep for serving: its minimum, one while requests for it wait."""
+        pool = self.pools.get(model)
+        if pool is None:
+            return 0
+        need = pool.spec.min_replicas
+        names = [model] + [r.name for r in self.adapters.values() if r.spec.base_model == model and r.url]
+        if any(self.bus.demand(name) is not None for name in names):
+            need = max(need, 1)
+        return need
+
+    def tick(self, workers: dict[str, WorkerRecord]) -> None:
+        for model, pool in self.pools.items():
+            self._publish_pool(pool)
+            serving = {
+                wid: w
+                for wid, w in workers.items()
+                if w.model == model
+                and w.serving is not None
+                and w.state in (WorkerState.READY, WorkerState.BUSY)
+            }
+            self._pods[model] = len(serving)
+            self._place(pool, serving)
+        for rec in list(self.adapters.values()):
+            self._report(rec, workers)
+
+    def _publish_pool(self, pool: _Pool) -> None:
+        s = pool.spec
+        record = ServingPoolRecord(
+            pool=pool.name,
+            model=pool.model,
+            routing_policy=s.routing_policy,
+            hold_timeout_s=float(s.hold_timeout_seconds),
+            ttft_slo_s=s.slo.ttft_milliseconds / 1000 if s.slo and s.slo.ttft_milliseconds else None,
+            tpot_slo_s=s.slo.tpot_milliseconds / 1000 if s.slo and s.slo.tpot_milliseconds else None,
+            adapters={
+                r.name: r.rank
+                for r in sorted(self.adapters.values(), key=lambda r: r.name)
+                if r.spec.base_model == pool.model and r.url and not r.deleting
+            },
+        )
+        text = record.dumps()
+        if self._published.get(pool.name) != text:
+            self.bus.publish_pool(record)
+            self._published[pool.name] = text
+
+    def _place(self, pool: _Pool, serving: dict[str, WorkerRecord]) -> None:
+        wanted = [
+            r for r in self.adapters.values() if r.spec.base_model == pool.model and r.url and not r.deleting
+        ]
+        pods = [
+            PodView(
+                name=wid,
+                max_loras=max(w.serving.max_loras, 0) if w.serving else 0,
+                max_cpu_loras=max(pool.spec.max_cpu_loras, pool.spec.max_loras),
+                max_lora_rank=pool.spec.max_lora_rank,
+                device=frozenset(
+                    a.name for a in (w.serving.adapters if w.serving else []) if a.tier == "device"
+                ),
+                host=frozenset(
+                    a.name for a in (w.serving.adapters if w.serving else []) if a.tier != "device"
+                ),
+                in_use=frozenset(),
+                ready=True,
+            )
+            for wid, w in sorted(serving.items())
+        ]
+        demands = [
+            AdapterDemand(
+                name=r.name,
+                rank=r.rank,
+                replicas=r.spec.replicas,
+                pinned=r.spec.pinned,
+                requests_per_window=0.0,
+            )
+            for r in sorted(wanted, key=lambda r: r.name)
+        ]
+        by_name = {r.name: r for r in wanted}
+        placement = place(pods, demands, PlacementConfig()) if pods else None
+        for wid in serving:
+            share: dict[str, PlacedAdapter] = {}
+            if placement is not None:
+                for name in sorted(placement.device.get(wid, frozenset())):
+                    share[name] = PlacedAdapter(url=by_name[name].url, tier="device")
+                for name in sorted(placement.host.get(wid, frozenset())):
+                    share.setdefault(name, PlacedAdapter(url=by_name[name].url, tier="host"))
+            if self._placed.get(wid) != share:
+                self.bus.set_placement(wid, share)
+                self._placed[wid] = share
+
+    # -- status -------------------------------------------------------------------------------------
+    def _report(self, rec: AdapterRecord, workers: dict[str, WorkerRecord]) -> None:
+        holders: list[Holder] = []
+        errors: list[str] = []
+        for wid, w in sorted(workers.items()):
+            if w.serving is None:
+                continue
+            for a in w.serving.adapters:
+                if a.name == rec.name:
+                    holders.append(Holder(wid, "device" if a.tier == "device" else "host", a.load_seconds))
+            if rec.name in w.serving.placement_errors:
+                errors.append(f"{wid}: {w.serving.placement_errors[rec.name]}")
+        problem = rec.problem
+        if problem is None and errors and not holders:
+            # The worker's load is the check the control plane could not make (a claim only pods mount,
+            # another base model's shapes): the same kind of condition, in the worker's words.
+            problem = artifacts.Problem(Reason.ADAPTER_LOAD_FAILED, "; ".join(errors))
+        self._set_status(rec, holders, problem)
+
+    def _set_status(
+        self, rec: AdapterRecord, holders: list[Holder], problem: artifacts.Problem | None
+    ) -> None:
+        st, gen = rec.status, rec.generation
+        ready: tuple[ConditionStatus, str, str]
+        loaded: tuple[ConditionStatus, str, str]
+        now = self.clock()
+        stamp = units.format_timestamp(datetime.fromtimestamp(now, UTC))
+        since = {p.pod: p.since for p in st.loaded_on}
+        st.loaded_on = [
+            AdapterPlacement(pod=h.pod, tier=h.tier, since=since.get(h.pod) or stamp) for h in holders
+        ]
+        st.ready_replicas = sum(1 for h in holders if h.tier == "device")
+        loads = [h.load_seconds for h in holders if h.load_seconds is not None]
+        if loads:
+            st.load_seconds = f"{max(loads):.3f}"
+        if problem is not None:
+            ready = ("False", problem.reason, problem.message)
+        else:
+            ready = (
+                "True",
+                Reason.SERVABLE,
+                f"served as model {rec.name} on the WarmPool of {rec.spec.base_model}",
+            )
+        if holders:
+            where = ", ".join(f"{h.pod} ({h.tier})" for h in holders)
+            loaded = ("True", Reason.ADAPTER_LOADED, f"held by {where}")
+        elif problem is not None:
+            loaded = ("False", problem.reason, "not loaded: " + problem.message)
+        elif not self._pods.get(rec.spec.base_model):
+            loaded = (
+                "False",
+                Reason.NO_WARM_POD,
+                "no warm pod in the pool; the first request for it scales the pool up and it loads there",
+            )
+        else:
+            loaded = ("False", Reason.LOADING, "placed on the pool's pods; loading")
+        for type_, (status, reason, message) in (
+            (ConditionType.READY, ready),
+            (ConditionType.LOADED, loaded),
+        ):
+            st.conditions = set_condition(
+                st.conditions,
+                type_,
+                status,
+                reason,
+                message,
+                observed_generation=gen,
+            )
+        st.observed_generation = gen
+        text = st.model_dump_json()
+        if self._status_sent.get(rec.key) != text:
+            self._status_sent[rec.key] = text
+            self.on_status(rec)
+
+
+@dataclass(frozen=True)
+class Holder:
+    pod: str
+    tier: Literal["device", "host"]
+    load_seconds: float | None

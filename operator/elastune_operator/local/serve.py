@@ -1,0 +1,208 @@
+"""`elastune serve -f manifests/...`: serving on one machine, no cluster, no GPU (issue 15).
+
+The same pieces as on Kubernetes, as local processes: an embedded redis-server (the registry), local
+CPU worker processes as each WarmPool (engine flags from its serving section), the control core (the
+PromptTuner scheduler, serving need, adapter placement and status) and the gateway on localhost. The
+LoRAAdapters in the files are validated and placed; TuningJobs are tuned, and those with
+``spec.output.publish`` are served under that name when they succeed (tune -> serve). It prints the
+OpenAI base URL and runs until Ctrl-C; status of every resource goes to <state-dir>/status/.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TextIO
+
+import yaml
+
+from elastune_contract.api import manifests
+from elastune_contract.api.loraadapter import LoRAAdapter
+from elastune_contract.api.tuningjob import TuningJob
+from elastune_contract.api.warmpool import WarmPool
+from elastune_contract.protocol import Bus, BusUnreachable
+from elastune_contract.servers import Server, ServerError, free_port, start_redis
+from elastune_operator.control.core import ControlCore
+from elastune_operator.control.records import CoreSettings, JobRecord
+from elastune_operator.control.resources import artifact_dir, job_record, pool_config, worker_serving_args
+from elastune_operator.control.serving import AdapterRecord
+from elastune_operator.local.backend import LocalBackend
+from elastune_operator.local.run import RunError, install_stop, resolve_dataset
+
+
+@dataclass
+class ServeOptions:
+    files: list[Path]
+    port: int = 8000
+    workers: int = 2
+    state_dir: Path = Path(".elastune")
+    redis_url: str | None = None
+    timeout: float | None = None
+    """Stop after this many seconds (tests, demos); None: until Ctrl-C."""
+
+
+def _manifest_files(paths: list[Path]) -> list[Path]:
+    files: list[Path] = []
+    for path in paths:
+        files += sorted(p for p in path.glob("*.yaml")) if path.is_dir() else [path]
+    return files
+
+
+def load(
+    opts: ServeOptions,
+) -> tuple[list[WarmPool], list[tuple[TuningJob, Path]], list[tuple[LoRAAdapter, Path]]]:
+    try:
+        found = manifests.load(_manifest_files(opts.files))
+    except (OSError, yaml.YAMLError) as exc:
+        raise RunError(f"cannot read manifests: {exc}") from exc
+    bad = [m for m in found if m.problems]
+    if bad:
+        raise RunError(
+            "\n".join(f"{m.file}: {m.name}: invalid" + "".join(f"\n  {p}" for p in m.problems) for m in bad)
+        )
+    pools = [m.resource for m in found if isinstance(m.resource, WarmPool)]
+    if not pools:
+        raise RunError(f"no WarmPool in {', '.join(map(str, opts.files))}: serving needs one per model")
+    jobs = [(m.resource, m.file.resolve().parent) for m in found if isinstance(m.resource, TuningJob)]
+    adapters = [(m.resource, m.file.resolve().parent) for m in found if isinstance(m.resource, LoRAAdapter)]
+    return pools, jobs, adapters
+
+
+class _StatusFiles:
+    """Each resource's status as the operator would write it, under <state-dir>/status/, and one line
+    on the terminal when an adapter's conditions change."""
+
+    def __init__(self, root: Path, err: TextIO) -> None:
+        self.root = root / "status"
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.err = err
+        self._lines: dict[str, str] = {}
+
+    def adapter(self, rec: AdapterRecord) -> None:
+        doc = {
+            "apiVersion": "elastune.dev/v1alpha1",
+            "kind": "LoRAAdapter",
+            "metadata": {"name": rec.name, "namespace": rec.namespace},
+            "spec": rec.spec.model_dump(mode="json", by_alias=True, exclude_none=True),
+            "status": rec.status.model_dump(mode="json", by_alias=True, exclude_none=True),
+        }
+        (self.root / f"loraadapter-{rec.namespace}-{rec.name}.yaml").write_text(
+            yaml.safe_dump(doc, sort_keys=False)
+        )
+        conds = {c.type: c for c in rec.status.conditions}
+        line = "  ".join(f"{t}={c.status} ({c.reason})" for t, c in sorted(conds.items()))
+        if self._lines.get(rec.key) != line:
+            self._lines[rec.key] = line
+            print(f"LoRAAdapter {rec.key}: {line}", file=self.err, flush=True)
+
+    def job(self, job: JobRecord) -> None:
+        doc = {
+            "kind": "TuningJob",
+            "metadata": {"name": job.key},
+            "status": job.status.model_dump(mode="json", by_alias=True, exclude_none=True),
+        }
+        (self.root / f"tuningjob-{job.key.replace('/', '-')}.yaml").write_text(
+            yaml.safe_dump(doc, sort_keys=False)
+        )
+
+
+def _wait_http(url: str, proc: subprocess.Popen[bytes], timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RunError(f"the gateway exited with code {proc.returncode}")
+        try:
+            with urllib.request.urlopen(url, timeout=2):
+                return
+        except OSError:
+            time.sleep(0.2)
+    raise RunError(f"the gateway did not answer on {url} within {timeout:g} s")
+
+
+def serve(opts: ServeOptions, out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> int:
+    pools, jobs, adapters = load(opts)
+    state_dir = opts.state_dir.resolve()
+    state_dir.mkdir(parents=True, exist_ok=True)
+    status = _StatusFiles(state_dir, err)
+    servers: list[Server] = []
+    backend: LocalBackend | None = None
+    gateway: subprocess.Popen[bytes] | None = None
+    tmp = Path(tempfile.mkdtemp(prefix="servers-", dir=state_dir))
+    try:
+        redis_url = opts.redis_url
+        if redis_url is None:
+            servers.append(start_redis(tmp / "redis"))
+            redis_url = servers[-1].url
+        bus = Bus(redis_url)
+        bus.ping()
+        backend = LocalBackend(state_dir, redis_url)
+        configs = [pool_config(wp, opts.workers) for wp in pools]
+        for wp, cfg in zip(pools, configs, strict=True):
+            backend.pool_args[cfg.name] = worker_serving_args(wp.spec.serving)
+        settings = CoreSettings(cold_capacity=opts.workers, channel_url=redis_url, work_dir=state_dir)
+        core = ControlCore(
+            backend, bus, settings, configs, on_status=status.job, on_adapter_status=status.adapter
+        )
+        for job, base in jobs:
+            rec = job_record(
+                job, created=time.time(), dataset=resolve_dataset(job.spec.dataset, base),
+                artifact=artifact_dir(job, state_dir).resolve(),
+            )  # fmt: skip
+            rec.generation = rec.generation or 1
+            core.submit(rec)
+        for adapter, base in adapters:
+            meta = adapter.metadata
+            core.serving.upsert_adapter(
+                AdapterRecord(
+                    meta.namespace or "default", meta.name or "", adapter.spec, meta.generation or 1, base
+                )
+            )
+        port = opts.port or free_port()
+        log = (state_dir / "logs" / "gateway.log").open("ab")
+        argv = [sys.executable, "-m", "elastune_gateway.server", "--redis-url", redis_url]
+        argv += ["--host", "127.0.0.1", "--port", str(port)]
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        gateway = subprocess.Popen(
+            argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        )
+        _wait_http(f"http://127.0.0.1:{port}/healthz", gateway)
+        models = [p.spec.model for p in pools] + [a.metadata.name or "" for a, _ in adapters]
+        published = [j.spec.output.publish for j, _ in jobs if j.spec.output and j.spec.output.publish]
+        print(f"OpenAI base URL: http://127.0.0.1:{port}/v1", file=out, flush=True)
+        print(
+            f"models: {', '.join(models + [f'{p} (once its TuningJob succeeds)' for p in published])}",
+            file=out,
+            flush=True,
+        )
+        print(f"state, logs and status in {state_dir}; Ctrl-C stops", file=err, flush=True)
+        stop = install_stop()
+        deadline = time.monotonic() + opts.timeout if opts.timeout else None
+        while not stop.requested and (deadline is None or time.monotonic() < deadline):
+            core.tick()
+            if gateway.poll() is not None:
+                raise RunError(
+                    f"the gateway exited with code {gateway.returncode}; see {state_dir}/logs/gateway.log"
+                )
+            time.sleep(settings.round_seconds)
+        return 0
+    except (ServerError, BusUnreachable) as exc:
+        raise RunError(str(exc)) from exc
+    finally:
+        if gateway is not None:
+            gateway.terminate()
+            try:
+                gateway.wait(10)
+            except subprocess.TimeoutExpired:
+                gateway.kill()
+        if backend is not None:
+            backend.close()
+        for server in servers:
+            server.stop()
+        shutil.rmtree(tmp, ignore_errors=True)
