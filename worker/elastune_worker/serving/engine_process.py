@@ -44,6 +44,9 @@ def _child(
         results.send(("failed", f"{type(exc).__name__}: {exc}"))
         return
     results.send(("ready", (engine.max_model_len, engine.vocab_size, cost)))
+    # The stats before any request (adapter slots, KV capacity): the registry record and the control
+    # plane's placement read them before the first request arrives.
+    results.send(("stats", engine.stats()))
     fresh = True  # the parent's stats reflect the engine's state
     while True:
         idle = not engine.has_unfinished()

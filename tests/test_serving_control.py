@@ -1,0 +1,147 @@
+"""The serving half of the control core against a real redis-server: LoRAAdapter validation with a
+reason for every bad input, placement written per worker, status from what workers report, the serving
+need (scale from zero while the gateway holds requests), delete waiting for the unload, tune -> serve."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from elastune_contract.api.loraadapter import LoRAAdapterSpec
+from elastune_contract.api.warmpool import ServingSpec
+from elastune_contract.protocol import (
+    AdapterState,
+    Bus,
+    ServingDemand,
+    ServingState,
+    WorkerRecord,
+    WorkerState,
+)
+from elastune_contract.servers import Server
+from elastune_contract.vocabulary import Reason
+from elastune_operator.control.serving import AdapterRecord, ServingControl
+
+MODEL = "elastune/tiny-llama"
+
+
+@pytest.fixture
+def bus(redis_server: Server) -> Iterator[Bus]:
+    b = Bus(redis_server.url, namespace=f"t{time.monotonic_ns()}")
+    yield b
+    b.close()
+
+
+def peft_dir(root: Path, name: str, **config: object) -> Path:
+    path = root / name
+    path.mkdir()
+    (path / "adapter_config.json").write_text(
+        json.dumps({"peft_type": "LORA", "r": 8, "lora_alpha": 16, **config})
+    )
+    return path
+
+
+def adapter(name: str, url: str, **spec: object) -> AdapterRecord:
+    return AdapterRecord(
+        "default", name, LoRAAdapterSpec.model_validate({"baseModel": MODEL, "artifactURL": url, **spec})
+    )
+
+
+def worker(
+    wid: str, adapters: list[AdapterState] | None = None, errors: dict[str, str] | None = None
+) -> WorkerRecord:
+    serving = ServingState(
+        model=MODEL, max_model_len=2048, max_loras=2, adapters=adapters or [], placement_errors=errors or {}
+    )
+    return WorkerRecord(
+        id=wid, pool="tiny-llama", model=MODEL, state=WorkerState.READY, started_at=0, serving=serving
+    )
+
+
+def ready(rec: AdapterRecord) -> tuple[str, str]:
+    c = next(c for c in rec.status.conditions if c.type == "Ready")
+    return c.status, c.reason
+
+
+def test_every_bad_adapter_gets_a_reason_and_the_good_one_is_placed(bus: Bus, tmp_path: Path) -> None:
+    control = ServingControl(bus)
+    control.add_pool("tiny-llama", MODEL, ServingSpec(max_lora_rank=32))
+    (tmp_path / "plain").mkdir()
+    cases = {
+        "good": adapter("good", str(peft_dir(tmp_path, "g"))),
+        "missing": adapter("missing", str(tmp_path / "nowhere")),
+        "not-peft": adapter("not-peft", str(tmp_path / "plain")),
+        "too-big": adapter("too-big", str(peft_dir(tmp_path, "b", r=64, lora_alpha=128))),
+        "mismatch": adapter("mismatch", str(peft_dir(tmp_path, "m")), rank=16),
+        "wrong-type": adapter("wrong-type", str(peft_dir(tmp_path, "w")), type="promptTuning"),
+        "s3": adapter("s3", "s3://bucket/adapter"),
+        MODEL: adapter(MODEL, str(peft_dir(tmp_path, "c"))),
+    }
+    other = AdapterRecord(
+        "default", "other-base", LoRAAdapterSpec.model_validate({"baseModel": "gpt2", "artifactURL": "/x"})
+    )
+    for rec in [*cases.values(), other]:
+        control.upsert_adapter(rec)
+    control.tick({"w1": worker("w1")})
+    assert ready(cases["good"]) == ("True", Reason.SERVABLE)
+    expected = {
+        "missing": Reason.ARTIFACT_NOT_FOUND,
+        "not-peft": Reason.NOT_A_PEFT_ADAPTER,
+        "too-big": Reason.RANK_ABOVE_MAXIMUM,
+        "mismatch": Reason.ARTIFACT_MISMATCH,
+        "wrong-type": Reason.ARTIFACT_MISMATCH,
+        "s3": Reason.ARTIFACT_UNSUPPORTED_SCHEME,
+        MODEL: Reason.NAME_CLASHES_WITH_MODEL,
+    }
+    assert {name: ready(cases[name])[1] for name in expected} == expected
+    assert ready(other) == ("False", Reason.UNKNOWN_MODEL)
+    # Only the good one reaches the worker and the gateway's pool record.
+    assert set(bus.placement("w1")) == {"good"}
+    assert bus.serving_pools()["tiny-llama"].adapters == {"good": 8}
+
+
+def test_status_follows_the_workers_and_their_load_errors(bus: Bus, tmp_path: Path) -> None:
+    sent: list[str] = []
+    control = ServingControl(bus, on_status=lambda rec: sent.append(rec.name))
+    control.add_pool("tiny-llama", MODEL, None)
+    good = adapter("good", str(peft_dir(tmp_path, "g")))
+    control.upsert_adapter(good)
+    control.tick({})
+    assert [c.reason for c in good.status.conditions] == [Reason.SERVABLE, Reason.NO_WARM_POD]
+    control.tick({"w1": worker("w1", [AdapterState(name="good", rank=8, tier="device", load_seconds=0.25)])})
+    assert [(p.pod, p.tier) for p in good.status.loaded_on] == [("w1", "device")]
+    assert good.status.ready_replicas == 1 and good.status.load_seconds == "0.250"
+    control.tick({"w1": worker("w1", errors={"good": "shapes of another base model"})})
+    assert ready(good) == ("False", Reason.ADAPTER_LOAD_FAILED)
+    assert "another base model" in good.status.conditions[0].message
+    n = len(sent)
+    control.tick({"w1": worker("w1", errors={"good": "shapes of another base model"})})
+    assert len(sent) == n  # unchanged status: not written again
+
+
+def test_serving_need_scales_from_zero_while_requests_wait(bus: Bus, tmp_path: Path) -> None:
+    control = ServingControl(bus)
+    control.add_pool("tiny-llama", MODEL, ServingSpec(min_replicas=0))
+    control.upsert_adapter(adapter("good", str(peft_dir(tmp_path, "g"))))
+    assert control.serving_need(MODEL) == 0
+    bus.post_demand(ServingDemand(model="good", waiting=1, oldest_since=time.time(), updated_at=time.time()))
+    assert control.serving_need(MODEL) == 1  # a request for its adapter counts for the pool
+    control.add_pool("tiny-llama", MODEL, ServingSpec(min_replicas=3))
+    assert control.serving_need(MODEL) == 3
+
+
+def test_delete_waits_until_no_worker_holds_it(bus: Bus, tmp_path: Path) -> None:
+    control = ServingControl(bus)
+    control.add_pool("tiny-llama", MODEL, None)
+    control.upsert_adapter(adapter("good", str(peft_dir(tmp_path, "g"))))
+    holding = {"w1": worker("w1", [AdapterState(name="good", rank=8, tier="host")])}
+    control.tick(holding)
+    assert "good" in bus.placement("w1")
+    assert control.delete_adapter("default", "good", holding) is False
+    control.tick(holding)
+    assert bus.placement("w1") == {}  # the worker is told to unload it
+    assert control.delete_adapter("default", "good", {"w1": worker("w1")}) is True
+    assert "good" not in control.adapters
