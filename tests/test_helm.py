@@ -754,7 +754,7 @@ def test_example_warm_pool_matches_the_manifest() -> None:
 
 def test_dashboards_ship_as_sidecar_configmaps() -> None:
     files = {p.name: p.read_text(encoding="utf-8") for p in sorted((CHART / "dashboards").glob("*.json"))}
-    assert sorted(files) == ["jobs-and-slos.json", "pools-and-cost.json", "workers.json"]
+    assert sorted(files) == ["jobs-and-slos.json", "pools-and-cost.json", "serving.json", "workers.json"]
     maps = of_kind(render(), "ConfigMap")
     shipped = {}
     for config_map in maps:
