@@ -2,8 +2,9 @@
 # Not built or tested here: the development machines and CI have no container engine. Build from the
 # repository root:  docker build -f docker/operator.Dockerfile -t ghcr.io/elastune/operator:0.1.0 .
 #
-# The control plane: `elastune operator` (kopf). It never imports torch, transformers or peft (an
-# import-linter contract), so the image installs the package without the `worker` extra.
+# The control plane: `elastune operator` (kopf), and the OpenAI gateway (`elastune gateway`, the chart's
+# default gateway image). Neither imports torch, transformers or peft (import-linter contracts), so the
+# image installs the package with the `gateway` extra and without the `worker` one.
 
 FROM python:3.11-slim-bookworm AS build
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1
@@ -12,16 +13,17 @@ COPY pyproject.toml README.md ./
 COPY contract/ contract/
 COPY operator/ operator/
 COPY worker/ worker/
+COPY gateway/ gateway/
 COPY testing/ testing/
-# A wheel of the one distribution (both import packages; the worker's is inert without its extra).
+# A wheel of the one distribution (all its import packages; the worker's is inert without its extra).
 RUN pip wheel --no-deps --wheel-dir /wheels .
 
 FROM python:3.11-slim-bookworm
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1 \
     PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1
 COPY --from=build /wheels /wheels
-# Base dependencies only: no `[worker]`, so no torch in this image.
-RUN pip install /wheels/*.whl && rm -rf /wheels \
+# Base dependencies plus `[gateway]` (FastAPI, uvicorn, httpx); no `[worker]`, so no torch in this image.
+RUN pip install "$(ls /wheels/*.whl)[gateway]" && rm -rf /wheels \
  && python -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('torch') is not None)"
 # Numeric non-root user: the chart's runAsNonRoot check needs a UID, not a name.
 RUN groupadd --system --gid 10001 elastune \
@@ -29,6 +31,6 @@ RUN groupadd --system --gid 10001 elastune \
 USER 10001:10001
 # The chart mounts an emptyDir on /tmp and keeps the root filesystem read-only.
 ENV HOME=/tmp
-EXPOSE 9090 8080
+EXPOSE 9090 8080 8000
 ENTRYPOINT ["elastune"]
 CMD ["operator"]

@@ -90,9 +90,27 @@ COMBINATIONS = {
     "monitoring": ("metrics.serviceMonitor.enabled=true", "metrics.podMonitor.enabled=true"),
     "example-warmpool": ("examples.warmPool.enabled=true",),
     "namespaced": ("operator.watchNamespaces={team-a,team-b}", "metrics.podMonitor.enabled=true"),
-    "standalone": ("operator.peering.enabled=false", "dashboards.enabled=false"),
+    "standalone": ("operator.peering.enabled=false", "dashboards.enabled=false", "gateway.enabled=false"),
     "kind-e2e": ("@e2e/values-kind.yaml",),
-    "platform-uids": ("operator.runAsUser=null", "operator.runAsGroup=null", "redis.bundled.runAsUser=null"),
+    "platform-uids": (
+        "operator.runAsUser=null",
+        "operator.runAsGroup=null",
+        "redis.bundled.runAsUser=null",
+        "gateway.runAsUser=null",
+        "gateway.runAsGroup=null",
+    ),
+    "gateway-options": (
+        "gateway.replicas=2",
+        "gateway.routing.policy=rankAware",
+        "gateway.routing.poolPolicies.tiny-gpt2=combined",
+        "gateway.holdTimeoutSeconds=90",
+        "gateway.maxWaiting=64",
+        "gateway.lengthPredictor.enabled=true",
+        "gateway.lengthPredictor.url=http://ssjf.elastune-system.svc:8080",
+        "gateway.image.repository=registry.example/elastune-gateway",
+        "gateway.service.port=80",
+        "gateway.port=8080",
+    ),
 }
 combination = pytest.mark.parametrize("sets", list(COMBINATIONS.values()), ids=list(COMBINATIONS))
 
@@ -141,6 +159,10 @@ def test_helm_lint_is_clean(sets: tuple[str, ...]) -> None:
         (('redis.auth.password=with"quote',), "/redis/auth/password"),
         (("metrics.serviceMonitor.enabled=true", "metrics.service.enabled=false"), "needs metrics.service"),
         (("serviceAccount.create=false",), "serviceAccount.name is required"),
+        (("gateway.lengthPredictor.enabled=true",), "gateway.lengthPredictor.url is required"),
+        (("gateway.routing.policy=fastest",), "/gateway/routing/policy"),
+        (("gateway.routing.poolPolicies.tiny=fastest",), "/gateway/routing/poolPolicies/tiny"),
+        (("gateway.holdTimeoutSeconds=-1",), "/gateway/holdTimeoutSeconds"),
     ],
     ids=[
         "external-redis-without-url",
@@ -149,6 +171,10 @@ def test_helm_lint_is_clean(sets: tuple[str, ...]) -> None:
         "bad-password",
         "servicemonitor-without-service",
         "no-serviceaccount-name",
+        "length-predictor-without-url",
+        "unknown-routing-policy",
+        "unknown-pool-routing-policy",
+        "negative-hold-timeout",
     ],
 )
 def test_invalid_values_are_refused_with_a_message(sets: tuple[str, ...], message: str) -> None:
@@ -232,6 +258,9 @@ REQUIRED_PERMISSIONS = [
         )
         for verb in verbs
     ],
+    # Issue 15: the operator publishes tuned prompts as LoRAAdapters and manages them.
+    *[("elastune.dev", "loraadapters", v) for v in ("update", "create", "delete")],
+    ("elastune.dev", "loraadapters/status", "update"),
     *[("serving.knative.dev", "services", v) for v in ("get", "list", "watch", "create", "patch", "delete")],
     *[("", "pods", v) for v in ("get", "list", "watch", "patch")],
     ("", "events", "create"),
@@ -243,13 +272,57 @@ def test_cluster_wide_rbac_covers_what_the_operator_does() -> None:
     rules = named(docs, "ClusterRole", f"{RELEASE}-operator")["rules"]
     for permission in [*REQUIRED_PERMISSIONS, ("kopf.dev", "clusterkopfpeerings", "patch")]:
         assert grants(rules, *permission), permission
-    # Least privilege: nothing on Secrets (the password arrives as an env var) or on other workloads.
-    assert not any("secrets" in rule["resources"] for rule in rules)
+    # Least privilege: nothing on other workloads; Secrets only as below.
     assert not any(grants(rules, "", "pods", verb) for verb in ("create", "delete", "update"))
+    assert secret_rules(rules) == REDIS_SECRET_RULES
     binding = named(docs, "ClusterRoleBinding", f"{RELEASE}-operator")
     assert binding["roleRef"]["name"] == f"{RELEASE}-operator"
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": RELEASE, "namespace": NAMESPACE}]
     assert named(docs, "ServiceAccount", RELEASE)
+
+
+# The operator copies the Redis password Secret into the namespaces of its WarmPools' workers: create
+# (which RBAC cannot restrict by name) and get/patch of that one name, nothing else on Secrets.
+REDIS_SECRET_RULES = [
+    {"apiGroups": [""], "resources": ["secrets"], "verbs": ["create"]},
+    {
+        "apiGroups": [""],
+        "resources": ["secrets"],
+        "resourceNames": [f"{RELEASE}-redis"],
+        "verbs": ["get", "patch"],
+    },
+]
+
+
+def secret_rules(rules: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [rule for rule in rules if "secrets" in rule["resources"]]
+
+
+def test_operator_may_manage_lora_adapters_and_copy_only_the_redis_secret() -> None:
+    rules = named(render(), "ClusterRole", f"{RELEASE}-operator")["rules"]
+    adapters = [r for r in rules if r["resources"] == ["loraadapters"]]
+    assert adapters == [
+        {
+            "apiGroups": ["elastune.dev"],
+            "resources": ["loraadapters"],
+            "verbs": ["get", "list", "watch", "create", "update", "patch", "delete"],
+        }
+    ]
+    for resource, verbs in (
+        ("loraadapters/status", ("get", "patch", "update")),
+        ("loraadapters/finalizers", ("update",)),
+    ):
+        for verb in verbs:
+            assert grants(rules, "elastune.dev", resource, verb), (resource, verb)
+    # Secrets: no list/watch (which would read every Secret), update or delete anywhere.
+    for verb in ("list", "watch", "update", "delete", "deletecollection"):
+        assert not grants(rules, "", "secrets", verb), verb
+    assert secret_rules(rules) == REDIS_SECRET_RULES
+    # The name follows an existing Secret; without Redis auth there is nothing to copy.
+    existing = named(render(*EXTERNAL_REDIS), "ClusterRole", f"{RELEASE}-operator")["rules"]
+    assert secret_rules(existing)[1]["resourceNames"] == ["managed-redis"]
+    no_auth = named(render(*COMBINATIONS["external-redis-no-auth"]), "ClusterRole", f"{RELEASE}-operator")
+    assert secret_rules(no_auth["rules"]) == []
 
 
 def test_namespaced_rbac_binds_only_the_watched_namespaces() -> None:
@@ -443,6 +516,14 @@ def test_service_monitor_scrapes_the_metrics_service() -> None:
     (endpoint,) = monitor["spec"]["endpoints"]
     assert endpoint["port"] in {p["name"] for p in service["spec"]["ports"]}
     assert endpoint["path"] == "/metrics"
+    gateway_monitor = named(docs, "ServiceMonitor", f"{RELEASE}-gateway")
+    gateway_service = named(docs, "Service", f"{RELEASE}-gateway")
+    selector = gateway_monitor["spec"]["selector"]["matchLabels"]
+    assert selector.items() <= gateway_service["metadata"]["labels"].items()
+    assert not selector.items() <= service["metadata"]["labels"].items()
+    assert gateway_monitor["spec"]["endpoints"] == [
+        {"port": "http", "path": "/metrics", "honorLabels": True, "interval": "30s", "scrapeTimeout": "10s"}
+    ]
     pod_monitor = named(docs, "PodMonitor", f"{RELEASE}-workers")
     assert pod_monitor["spec"]["namespaceSelector"] == {"any": True}
     assert pod_monitor["spec"]["selector"]["matchExpressions"] == [
@@ -492,6 +573,109 @@ def test_every_templated_resource_carries_the_recommended_labels() -> None:
                 "helm.sh/chart",
             ):
                 assert key in labels, f"{doc['kind']}/{doc['metadata']['name']} lacks {key}"
+
+
+# -- the gateway ---------------------------------------------------------------------------------
+
+
+def gateway_pod(docs: tuple[dict[str, Any], ...]) -> dict[str, Any]:
+    pod: dict[str, Any] = named(docs, "Deployment", f"{RELEASE}-gateway")["spec"]["template"]["spec"]
+    return pod
+
+
+def gateway_settings(container: dict[str, Any]) -> Any:
+    """The settings the gateway builds from the rendered command line, through its own parser."""
+    from elastune_gateway.server.__main__ import build_parser, settings_from
+
+    assert container["command"] == ["elastune", "gateway"]
+    args = build_parser().parse_args(container["args"])
+    return args, settings_from(args)
+
+
+def test_gateway_serves_the_openai_api_on_a_cluster_ip_service() -> None:
+    docs = render()
+    deployment = named(docs, "Deployment", f"{RELEASE}-gateway")
+    assert deployment["spec"]["replicas"] == 1
+    pod = gateway_pod(docs)
+    assert pod["automountServiceAccountToken"] is False
+    (container,) = pod["containers"]
+    # The operator's image (docker/operator.Dockerfile installs the gateway extra).
+    assert container["image"] == operator_container(docs)["image"] == "ghcr.io/elastune/operator:0.1.0"
+    assert container["ports"] == [{"name": "http", "containerPort": 8000, "protocol": "TCP"}]
+    service = named(docs, "Service", f"{RELEASE}-gateway")
+    assert service["spec"]["type"] == "ClusterIP"
+    assert service["spec"]["ports"] == [
+        {"name": "http", "port": 8000, "targetPort": "http", "protocol": "TCP"}
+    ]
+    assert service["spec"]["selector"].items() <= deployment["spec"]["template"]["metadata"]["labels"].items()
+    # Only the gateway's pods: the operator's and Redis' differ in their component label.
+    for other in ("operator", "redis"):
+        labels = named(docs, "Deployment", f"{RELEASE}-{other}")["spec"]["template"]["metadata"]["labels"]
+        assert not service["spec"]["selector"].items() <= labels.items()
+    args, settings = gateway_settings(container)
+    assert (args.host, args.port) == ("0.0.0.0", 8000)
+    assert settings.redis_url == f"redis://{RELEASE}-redis.{NAMESPACE}.svc:6379/0"
+    assert settings.default_policy == "preble" and settings.pool_policies == {}
+    assert settings.hold_timeout_s == 30 and settings.max_waiting == 1024
+    assert settings.length_predictor_url is None
+    assert not [d for d in render("gateway.enabled=false") if d["metadata"]["name"] == f"{RELEASE}-gateway"]
+
+
+def test_gateway_values_reach_its_command_line() -> None:
+    docs = render(*COMBINATIONS["gateway-options"])
+    assert named(docs, "Deployment", f"{RELEASE}-gateway")["spec"]["replicas"] == 2
+    (container,) = gateway_pod(docs)["containers"]
+    assert container["image"] == "registry.example/elastune-gateway:0.1.0"
+    args, settings = gateway_settings(container)
+    assert args.port == 8080 and container["ports"][0]["containerPort"] == 8080
+    assert settings.default_policy == "rankAware"
+    assert settings.pool_policies == {"tiny-gpt2": "combined"}
+    assert settings.policy_for("tiny-gpt2", None) == "combined"
+    assert settings.hold_timeout_s == 90 and settings.max_waiting == 64
+    assert settings.length_predictor_url == "http://ssjf.elastune-system.svc:8080"
+    assert named(docs, "Service", f"{RELEASE}-gateway")["spec"]["ports"][0]["port"] == 80
+    # An unset repository follows the operator's image, tag included.
+    tagged = render("operator.image.tag=1.2.3", "operator.image.pullPolicy=Always")
+    (container,) = gateway_pod(tagged)["containers"]
+    assert (container["image"], container["imagePullPolicy"]) == ("ghcr.io/elastune/operator:1.2.3", "Always")
+
+
+def test_gateway_probes_hit_routes_the_gateway_serves() -> None:
+    from fastapi.testclient import TestClient
+
+    from elastune_gateway.server.app import create_app
+    from elastune_gateway.server.service import Gateway
+
+    (container,) = gateway_pod(render())["containers"]
+    probes = {
+        name: container[name]["httpGet"] for name in ("startupProbe", "livenessProbe", "readinessProbe")
+    }
+    assert {p["port"] for p in probes.values()} == {"http"}
+    _, settings = gateway_settings(container)
+    # Without its lifespan the app never reads the registry: alive, not ready.
+    client = TestClient(create_app(Gateway(settings)))
+    expected = {"startupProbe": 200, "livenessProbe": 200, "readinessProbe": 503}
+    for name, probe in probes.items():
+        assert client.get(probe["path"]).status_code == expected[name], (name, probe["path"])
+    assert probes["readinessProbe"]["path"] == "/readyz"
+
+
+def test_gateway_reads_the_redis_password_from_the_secret() -> None:
+    from elastune_contract.protocol import PASSWORD_ENV
+
+    docs = render()
+    (container,) = gateway_pod(docs)["containers"]
+    assert (
+        env_of(container)[PASSWORD_ENV]["valueFrom"]
+        == env_of(operator_container(docs))[PASSWORD_ENV]["valueFrom"]
+    )
+    assert all("password" not in arg.lower() for arg in container["args"])
+    (container,) = gateway_pod(render(*EXTERNAL_REDIS))["containers"]
+    assert env_of(container)[PASSWORD_ENV]["valueFrom"]["secretKeyRef"]["name"] == "managed-redis"
+    (container,) = gateway_pod(render(*COMBINATIONS["external-redis-no-auth"]))["containers"]
+    assert PASSWORD_ENV not in env_of(container)
+    _, settings = gateway_settings(container)
+    assert settings.redis_url == "redis://redis.data.svc:6379/0"
 
 
 # -- Redis ---------------------------------------------------------------------------------------
@@ -570,7 +754,7 @@ def test_example_warm_pool_matches_the_manifest() -> None:
 
 def test_dashboards_ship_as_sidecar_configmaps() -> None:
     files = {p.name: p.read_text(encoding="utf-8") for p in sorted((CHART / "dashboards").glob("*.json"))}
-    assert sorted(files) == ["jobs-and-slos.json", "pools-and-cost.json", "workers.json"]
+    assert sorted(files) == ["jobs-and-slos.json", "pools-and-cost.json", "serving.json", "workers.json"]
     maps = of_kind(render(), "ConfigMap")
     shipped = {}
     for config_map in maps:

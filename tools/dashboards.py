@@ -1,10 +1,12 @@
 """Generate Elastune's Grafana dashboards with grafana-foundation-sdk (Grafana 11.x dashboard schema).
 
-Writes ``helm/elastune/dashboards/{jobs-and-slos,pools-and-cost,workers}.json``; the chart wraps each file
-in a ConfigMap for the Grafana sidecar. Every query names metrics exactly as ``ControlMetrics``
-(operator/elastune_operator/metrics.py) and ``WorkerMetrics`` (worker/elastune_worker/server/metrics.py)
-expose them — counters with ``_total``, histograms as ``_bucket``/``_sum``/``_count`` — and
-tests/test_dashboards.py checks both that and that the files equal this script's output.
+Writes ``helm/elastune/dashboards/{jobs-and-slos,pools-and-cost,workers,serving}.json``; the chart wraps
+each file in a ConfigMap for the Grafana sidecar. Every query names metrics exactly as ``ControlMetrics``
+(operator/elastune_operator/metrics.py), ``WorkerMetrics`` (worker/elastune_worker/server/metrics.py),
+``ServingMetrics`` (worker/elastune_worker/serving/api/metrics.py: the ``vllm:`` names and the engine's
+``elastune_`` counters) and ``GatewayMetrics`` (gateway/elastune_gateway/server/metrics.py) expose them —
+counters with ``_total``, histograms as ``_bucket``/``_sum``/``_count`` — and tests/test_dashboards.py
+checks both that and that the files equal this script's output.
 
     python tools/dashboards.py           # (re)write the JSON files
     python tools/dashboards.py --check   # exit 1 when a file differs from what would be written
@@ -33,6 +35,16 @@ DATASOURCE: Final = models.DataSourceRef(type_val="prometheus", uid="${datasourc
 DEFAULT_GPU_PRICE: Final = "5.12"
 MODEL: Final = 'model=~"$model"'
 NAMESPACE: Final = 'namespace=~"$namespace"'
+# The workers' serving metrics name the base model they serve in `model_name` (vLLM's label); the
+# gateway's name what the request asked for in `model` (a base model or a LoRAAdapter).
+BASE_MODEL: Final = 'model_name=~"$model_name"'
+# SLO thresholds of the serving dashboard: bucket bounds of the workers' TTFT and TPOT histograms
+# (ServingMetrics' _LATENCY_BUCKETS and _TOKEN_BUCKETS, written as the `le` label prints them), so the
+# attainment is the exact count of requests within the bound, not an interpolation between buckets.
+TTFT_SLO_CHOICES: Final = ("0.1", "0.25", "0.5", "1.0", "2.5", "5.0", "10.0")
+TTFT_SLO_DEFAULT: Final = "1.0"
+TPOT_SLO_CHOICES: Final = ("0.01", "0.025", "0.05", "0.1", "0.25", "0.5")
+TPOT_SLO_DEFAULT: Final = "0.1"
 
 
 # -- building blocks -----------------------------------------------------------------------------
@@ -134,12 +146,14 @@ def base(uid: str, title: str, description: str) -> dashboard_builders.Dashboard
     )
 
 
-def model_variable(metric: str) -> dashboard_builders.QueryVariable:
+def model_variable(
+    metric: str, name: str = "model", label: str = "Model"
+) -> dashboard_builders.QueryVariable:
     return (
-        dashboard_builders.QueryVariable("model")
-        .label("Model")
+        dashboard_builders.QueryVariable(name)
+        .label(label)
         .datasource(DATASOURCE)
-        .query(f"label_values({metric}, model)")
+        .query(f"label_values({metric}, {name})")
         .refresh(models.VariableRefresh.ON_TIME_RANGE_CHANGED)
         .sort(models.VariableSort.ALPHABETICAL_ASC)
         .multi(True)
@@ -156,6 +170,20 @@ def window_variable() -> dashboard_builders.CustomVariable:
         .description("Look-back window of SLO ratios, latency quantiles and outcome counts.")
         .values("15m,1h,6h,1d")
         .current(models.VariableOption(selected=True, text="1h", value="1h"))
+    )
+
+
+def threshold_variable(
+    name: str, label: str, description: str, choices: Sequence[str], default: str
+) -> dashboard_builders.CustomVariable:
+    return (
+        dashboard_builders.CustomVariable(name)
+        .label(label)
+        .description(description)
+        .values(",".join(choices))
+        .current(models.VariableOption(selected=True, text=default, value=default))
+        # A typed value between two bounds would match no bucket and show an empty ratio.
+        .allow_custom_value(False)
     )
 
 
@@ -544,10 +572,375 @@ def workers() -> dashboard_builders.Dashboard:
     return with_panels(dashboard, rows)
 
 
+def attainment(metric: str, threshold: str, by: str = "") -> str:
+    """Share of the histogram's observations over the window at or below the `le` bucket `threshold`."""
+    return ratio(
+        increase(f"{metric}_bucket", f'le="{threshold}"', BASE_MODEL),
+        increase(f"{metric}_count", BASE_MODEL),
+        by=by,
+    )
+
+
+def serving() -> dashboard_builders.Dashboard:
+    requests = "elastune_gateway_requests_total"
+    routed = "elastune_gateway_routed_requests_total"
+    waiting = "elastune_gateway_waiting_requests"
+    ttft = "vllm:time_to_first_token_seconds"
+    tpot = "vllm:time_per_output_token_seconds"
+    e2e = "vllm:e2e_request_latency_seconds"
+    hits, queried = "elastune_prefix_cache_hit_tokens_total", "elastune_prefix_cache_queried_tokens_total"
+    by_model = "sum by (model_name) "
+    rows = [
+        (
+            "Requests (gateway)",
+            [
+                single(
+                    "Requests per second",
+                    "Requests the gateway answered, all models and adapters.",
+                    "reqps",
+                    f"sum({rate(requests, MODEL)})",
+                ),
+                single(
+                    "Error share",
+                    "Answers that were not 2xx (the gateway's own 4xx/5xx and the workers' errors).",
+                    "percentunit",
+                    ratio(rate(requests, 'code!~"2.."', MODEL), rate(requests, MODEL)),
+                ),
+                single(
+                    "In flight",
+                    "Requests being served by a worker now.",
+                    "short",
+                    "sum(elastune_gateway_inflight_requests)",
+                ),
+                single(
+                    "Waiting for scale-up",
+                    "Requests held because their pool has no warm endpoint (scale from zero).",
+                    "short",
+                    f"sum({series(waiting, MODEL)})",
+                ),
+                graph(
+                    "Request rate by model / adapter",
+                    "Requests per second by the OpenAI `model` field: a base LLM or a LoRAAdapter ('-': the "
+                    "request named no known model).",
+                    "reqps",
+                    [(f"sum by (model) ({rate(requests, MODEL)})", "{{model}}")],
+                    stacked=True,
+                ),
+                graph(
+                    "Answers by status",
+                    "Requests per second by HTTP status code.",
+                    "reqps",
+                    [(f"sum by (code) ({rate(requests, MODEL)})", "{{code}}")],
+                    stacked=True,
+                ),
+            ],
+        ),
+        (
+            "Latency and SLOs (workers)",
+            [
+                single(
+                    "TTFT SLO attainment",
+                    "Share of requests over the window whose time to first token was at most $ttft_slo s "
+                    "(the histogram bucket of that bound).",
+                    "percentunit",
+                    attainment(ttft, "$ttft_slo"),
+                ),
+                single(
+                    "TPOT SLO attainment",
+                    "Share of requests (with more than one output token) over the window whose time per "
+                    "output token was at most $tpot_slo s.",
+                    "percentunit",
+                    attainment(tpot, "$tpot_slo"),
+                ),
+                single(
+                    "TTFT p99",
+                    "99th percentile of the time to first token over the window.",
+                    "s",
+                    quantiles(ttft, "", BASE_MODEL, "$window", (0.99,))[0][0],
+                ),
+                single(
+                    "TPOT p99",
+                    "99th percentile of the time per output token over the window.",
+                    "s",
+                    quantiles(tpot, "", BASE_MODEL, "$window", (0.99,))[0][0],
+                ),
+                graph(
+                    "Time to first token",
+                    "p50 and p99 per base model (vllm:time_to_first_token_seconds).",
+                    "s",
+                    quantiles(ttft, "model_name", BASE_MODEL, "$__rate_interval", (0.5, 0.99)),
+                ),
+                graph(
+                    "Time per output token",
+                    "p50 and p99 per base model (vllm:time_per_output_token_seconds).",
+                    "s",
+                    quantiles(tpot, "model_name", BASE_MODEL, "$__rate_interval", (0.5, 0.99)),
+                ),
+                graph(
+                    "SLO attainment by model",
+                    "Per base model over the sliding window: share of requests within the TTFT threshold "
+                    "($ttft_slo s) and within the TPOT threshold ($tpot_slo s), each from its histogram.",
+                    "percentunit",
+                    [
+                        (attainment(ttft, "$ttft_slo", by="model_name"), "{{model_name}} TTFT"),
+                        (attainment(tpot, "$tpot_slo", by="model_name"), "{{model_name}} TPOT"),
+                    ],
+                ),
+                graph(
+                    "End-to-end latency",
+                    "p50 and p99 per base model on the worker (vllm:e2e_request_latency_seconds).",
+                    "s",
+                    quantiles(e2e, "model_name", BASE_MODEL, "$__rate_interval", (0.5, 0.99)),
+                ),
+            ],
+        ),
+        (
+            "Adapters and prefix cache (workers)",
+            [
+                graph(
+                    "Prefix-cache hit rate",
+                    "Prompt tokens served from the prefix cache / prompt tokens looked up, per base model.",
+                    "percentunit",
+                    [
+                        (
+                            ratio(rate(hits, BASE_MODEL), rate(queried, BASE_MODEL), by="model_name"),
+                            "{{model_name}}",
+                        )
+                    ],
+                    span=8,
+                ),
+                graph(
+                    "Adapter loads",
+                    "load_lora_adapter calls over the window by outcome. The workers export no adapter "
+                    "residency by tier or cold-start metric yet; their tiers are in the registry.",
+                    "short",
+                    [
+                        (
+                            f"sum by (model_name, outcome) "
+                            f"({increase('elastune_lora_adapter_loads_total', BASE_MODEL)})",
+                            "{{model_name}} {{outcome}}",
+                        )
+                    ],
+                    span=8,
+                    bars=True,
+                ),
+                graph(
+                    "Preemptions",
+                    "Requests preempted (recomputed later) per second when KV blocks ran out.",
+                    "short",
+                    [(f"{by_model}({rate('elastune_preemptions_total', BASE_MODEL)})", "{{model_name}}")],
+                    span=8,
+                ),
+            ],
+        ),
+        (
+            "Engine (workers)",
+            [
+                graph(
+                    "Running and waiting requests",
+                    "Requests in the running batch and in the engine's waiting queue, per base model.",
+                    "short",
+                    [
+                        (
+                            f"{by_model}({series('vllm:num_requests_running', BASE_MODEL)})",
+                            "{{model_name}} running",
+                        ),
+                        (
+                            f"{by_model}({series('vllm:num_requests_waiting', BASE_MODEL)})",
+                            "{{model_name}} waiting",
+                        ),
+                    ],
+                    span=8,
+                ),
+                graph(
+                    "KV-cache usage",
+                    "Share of KV blocks in use per worker pod (1 = full).",
+                    "percentunit",
+                    [(f"max by (pod) ({series('vllm:kv_cache_usage_perc', BASE_MODEL)})", "{{pod}}")],
+                    span=8,
+                ),
+                graph(
+                    "Token throughput",
+                    "Prompt tokens processed and tokens generated per second, per base model.",
+                    "short",
+                    [
+                        (
+                            f"{by_model}({rate('vllm:prompt_tokens_total', BASE_MODEL)})",
+                            "{{model_name}} prompt",
+                        ),
+                        (
+                            f"{by_model}({rate('vllm:generation_tokens_total', BASE_MODEL)})",
+                            "{{model_name}} generated",
+                        ),
+                    ],
+                    span=8,
+                ),
+                graph(
+                    "Finished requests by reason",
+                    "Requests the workers finished per second: stop, length or abort.",
+                    "reqps",
+                    [
+                        (
+                            f"sum by (finished_reason) ({rate('vllm:request_success_total', BASE_MODEL)})",
+                            "{{finished_reason}}",
+                        )
+                    ],
+                    stacked=True,
+                ),
+                graph(
+                    "Worker errors by status",
+                    "Requests a worker answered with an error per second, by HTTP status.",
+                    "reqps",
+                    [(f"sum by (code) ({rate('elastune_serving_errors_total', BASE_MODEL)})", "{{code}}")],
+                    stacked=True,
+                ),
+            ],
+        ),
+        (
+            "Routing (gateway)",
+            [
+                graph(
+                    "Routing decisions by policy",
+                    "Requests sent to an endpoint per second, by the routing policy that chose it.",
+                    "reqps",
+                    [(f"sum by (policy) ({rate(routed, MODEL)})", "{{policy}}")],
+                    span=8,
+                    stacked=True,
+                ),
+                graph(
+                    "Requests per endpoint",
+                    "Requests sent to each worker endpoint per second (the routing's load balance).",
+                    "reqps",
+                    [(f"sum by (endpoint) ({rate(routed, MODEL)})", "{{endpoint}}")],
+                    span=8,
+                ),
+                graph(
+                    "Endpoints per model",
+                    "Worker endpoints the gateway knows per model: up, or down (set aside after a failure).",
+                    "short",
+                    [
+                        (
+                            f"sum by (model, state) ({series('elastune_gateway_endpoints', MODEL)})",
+                            "{{model}} {{state}}",
+                        )
+                    ],
+                    span=8,
+                ),
+                graph(
+                    "Requests waiting for scale-up",
+                    "Requests held per model while its pool has no warm endpoint.",
+                    "short",
+                    [(f"sum by (model) ({series(waiting, MODEL)})", "{{model}}")],
+                    span=8,
+                ),
+                graph(
+                    "Hold time",
+                    "p50 and p99 of how long requests waited for a warm endpoint (scale from zero).",
+                    "s",
+                    quantiles(
+                        "elastune_gateway_hold_seconds", "model", MODEL, "$__rate_interval", (0.5, 0.99)
+                    ),
+                    span=8,
+                ),
+                graph(
+                    "Rejected requests",
+                    "Requests refused by the gateway per second, by reason (unknown_model, invalid, context, "
+                    "no_endpoint: 503 after the hold timeout, waiting_room_full: 429).",
+                    "reqps",
+                    [
+                        (
+                            f"sum by (reason) ({rate('elastune_gateway_rejected_requests_total')})",
+                            "{{reason}}",
+                        )
+                    ],
+                    span=8,
+                    stacked=True,
+                ),
+                graph(
+                    "Upstream failures and retries",
+                    "Requests an endpoint failed per second, by kind, and requests retried on another "
+                    "endpoint.",
+                    "reqps",
+                    [
+                        (
+                            f"sum by (kind) ({rate('elastune_gateway_upstream_failures_total')})",
+                            "{{kind}}",
+                        ),
+                        (f"sum({rate('elastune_gateway_retried_requests_total')})", "retried"),
+                    ],
+                    span=8,
+                ),
+                graph(
+                    "Latency seen by clients",
+                    "p50 and p99 at the gateway: arrival to the first streamed byte, and to the last byte.",
+                    "s",
+                    [
+                        (expr, f"{label} {legend}")
+                        for label, metric in (
+                            ("first byte", "elastune_gateway_time_to_first_byte_seconds"),
+                            ("complete", "elastune_gateway_request_duration_seconds"),
+                        )
+                        for expr, legend in quantiles(metric, "", MODEL, "$__rate_interval", (0.5, 0.99))
+                    ],
+                    span=8,
+                ),
+                graph(
+                    "SSJF length predictions",
+                    "Output-length predictions per second by outcome; 'configured' is 1 when the gateway has "
+                    "a predictor (gateway.lengthPredictor), else requests queue FCFS.",
+                    "short",
+                    [
+                        (
+                            f"sum by (outcome) ({rate('elastune_gateway_length_predictions_total')})",
+                            "{{outcome}}",
+                        ),
+                        ("max(elastune_gateway_length_predictor_configured)", "configured"),
+                    ],
+                    span=8,
+                ),
+            ],
+        ),
+    ]
+    dashboard = base(
+        "elastune-serving",
+        "Elastune / Serving",
+        "Inference through the gateway and the warm workers: request rates by model and adapter, TTFT and "
+        "TPOT against SLO thresholds, prefix-cache reuse, adapter loads, routing decisions and scale from "
+        "zero.",
+    )
+    dashboard = (
+        dashboard.with_variable(model_variable("elastune_gateway_requests_total", "model", "Model / adapter"))
+        .with_variable(model_variable("vllm:num_requests_running", "model_name", "Base model"))
+        .with_variable(window_variable())
+        .with_variable(
+            threshold_variable(
+                "ttft_slo",
+                "TTFT SLO (s)",
+                "Time-to-first-token threshold of the attainment panels: a bucket bound of the workers' "
+                "TTFT histogram, so the share is exact.",
+                TTFT_SLO_CHOICES,
+                TTFT_SLO_DEFAULT,
+            )
+        )
+        .with_variable(
+            threshold_variable(
+                "tpot_slo",
+                "TPOT SLO (s)",
+                "Time-per-output-token threshold of the attainment panels: a bucket bound of the workers' "
+                "TPOT histogram, so the share is exact.",
+                TPOT_SLO_CHOICES,
+                TPOT_SLO_DEFAULT,
+            )
+        )
+    )
+    return with_panels(dashboard, rows)
+
+
 DASHBOARDS: Final[dict[str, Callable[[], dashboard_builders.Dashboard]]] = {
     "jobs-and-slos": jobs_and_slos,
     "pools-and-cost": pools_and_cost,
     "workers": workers,
+    "serving": serving,
 }
 
 

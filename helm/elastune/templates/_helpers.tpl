@@ -53,6 +53,18 @@ app.kubernetes.io/managed-by: {{ .root.Release.Service }}
 {{- printf "%s:%s" .Values.operator.image.repository (default .Chart.AppVersion .Values.operator.image.tag) }}
 {{- end }}
 
+{{/* The gateway runs from the operator's image unless gateway.image names another; an unset tag follows
+the operator's only when the repository does too. */}}
+{{- define "elastune.gatewayImage" -}}
+{{- $image := .Values.gateway.image }}
+{{- $repository := default .Values.operator.image.repository $image.repository }}
+{{- $tag := $image.tag }}
+{{- if and (not $tag) (not $image.repository) }}
+{{- $tag = .Values.operator.image.tag }}
+{{- end }}
+{{- printf "%s:%s" $repository (default .Chart.AppVersion $tag) }}
+{{- end }}
+
 {{- define "elastune.workerImage" -}}
 {{- printf "%s:%s" .Values.worker.image.repository (default .Chart.AppVersion .Values.worker.image.tag) }}
 {{- end }}
