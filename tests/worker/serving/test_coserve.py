@@ -69,3 +69,28 @@ def test_the_latency_model_is_refitted_online():
         LatencyModel(base=0.0, per_token=0.0)
     with pytest.raises(ValueError):
         CoServeConfig(tpot_slo_s=0.01, headroom=1.5)
+
+
+def test_plans_report_their_finetuning_cost_in_token_equivalents():
+    p = planner(backward_factor=2.0)
+    forward = p.plan(100, FinetuneState(sequence_tokens=50, num_layers=4))
+    assert (forward.finetune_forward_tokens, forward.finetune_cost_tokens) == (50, 50)
+    backward = p.plan(0, FinetuneState(sequence_tokens=400, num_layers=4, forward_done=400))
+    assert backward.finetune_backward_layers == (3, 2, 1, 0) and backward.finetune_cost_tokens == 800
+    assert p.plan(100, None).finetune_cost_tokens == 0
+
+
+def test_coservable_refuses_another_model_with_a_reason():
+    from elastune_contract.api import TuningJobSpec
+    from elastune_contract.coserve import coservable
+
+    def spec(method: str) -> TuningJobSpec:
+        return TuningJobSpec.model_validate(
+            {"model": "tiny-llama", "dataset": "/d.jsonl", "method": method,
+             "termination": {"maxIterations": 5}, "deadline": "10m"}
+        )  # fmt: skip
+
+    for method in ("promptTuning", "prefixTuning", "pTuning"):
+        assert coservable(spec(method), "tiny-llama") is None
+    reason = coservable(spec("promptTuning"), "tiny-gpt2")
+    assert reason is not None and "'tiny-llama'" in reason and "'tiny-gpt2'" in reason

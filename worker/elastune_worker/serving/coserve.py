@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
+from typing import Protocol
 
 
 @dataclass
@@ -101,6 +102,8 @@ class IterationPlan:
     finetune_backward_layers: tuple[int, ...] = ()
     """Layer indices whose backward runs this iteration, last layer first."""
     predicted_s: float = 0.0
+    finetune_cost_tokens: int = 0
+    """The finetuning share in forward-token equivalents (what the latency model is fed with)."""
 
 
 @dataclass(frozen=True)
@@ -149,7 +152,7 @@ class CoServePlanner:
             window = min(spare, self.config.max_window, job.sequence_tokens - job.forward_done)
             return IterationPlan(
                 target, inference_tokens, finetune_forward_tokens=window,
-                predicted_s=self.model.predict(inference_tokens + window),
+                predicted_s=self.model.predict(inference_tokens + window), finetune_cost_tokens=window,
             )  # fmt: skip
         # Backward: whole layers, each worth backward_factor x (sequence / layers) forward tokens.
         per_layer = self.config.backward_factor * job.sequence_tokens / job.num_layers
@@ -165,7 +168,7 @@ class CoServePlanner:
         cost = round(n * per_layer)
         return IterationPlan(
             target, inference_tokens, finetune_backward_layers=layers,
-            predicted_s=self.model.predict(inference_tokens + cost),
+            predicted_s=self.model.predict(inference_tokens + cost), finetune_cost_tokens=cost,
         )  # fmt: skip
 
     @staticmethod
@@ -173,3 +176,19 @@ class CoServePlanner:
         """Record what the iteration ran of ``job``."""
         job.forward_done += plan.finetune_forward_tokens
         job.backward_done += len(plan.finetune_backward_layers)
+
+
+class FinetuneJob(Protocol):
+    """What the engine needs of a co-served job (coserve_runner.CoServedJob is the torch one)."""
+
+    def state(self) -> FinetuneState | None:
+        """The sequence in progress, None when the job has nothing left to run."""
+        ...
+
+    def run(self, plan: IterationPlan) -> None:
+        """Run the plan's finetuning share and advance ``state()`` accordingly."""
+        ...
+
+    def drop(self, reason: str) -> None:
+        """Give the job up after a failure; the engine serves on without it."""
+        ...

@@ -1,0 +1,233 @@
+"""FlexLLM's token-level finetuning (§6.1), the torch half: a prompt-learning TuningJob co-served beside
+the engine's inference, run in the pieces the planner (coserve.py) hands each iteration.
+
+One optimizer step of the job is the dedicated trainer's step (same global batch of (seed, step), same
+loss scaling, same optimizer): its samples are finetuned one sequence at a time, each as
+
+* forward windows: consecutive token windows through the frozen base with a KV cache of the virtual
+  tokens (or the prefix) and the earlier windows, keeping the autograd graph; each decoder layer's output
+  is cut from the next layer by a leaf tensor (a forward hook), so the graph is one segment per layer;
+* backward layer by layer, last first: the loss is back-propagated into the last layer's output leaves,
+  then each layer's segment (all windows at once, so the gradients that later windows send to earlier
+  tokens' keys and values are included: FlexLLM's KV-gradient accumulation) into the layer below, and the
+  prompt segment (virtual-token embeddings, p-tuning's encoder, or the prefix) last. The gradient equals
+  the ordinary full backward.
+
+When a step's last sample finishes its backward, the optimizer steps as in ``Trainer.step``. The job uses
+the trainer's own PEFT model (its own copy of the base weights: sharing the engine's weights is not done,
+the engine runs its own model implementation).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from elastune_worker.serving.coserve import FinetuneState, IterationPlan
+from elastune_worker.tuning.trainer import IGNORE_INDEX, Trainer, global_batch_indices, training_rows
+
+
+def decoder_layers(base: Any) -> torch.nn.ModuleList:
+    """The decoder blocks of a Llama-family (``model.layers``) or GPT-2 (``transformer.h``) model."""
+    inner = getattr(base, base.base_model_prefix)
+    layers = getattr(inner, "layers", None) or getattr(inner, "h", None)
+    if not isinstance(layers, torch.nn.ModuleList):
+        raise TypeError(f"{type(base).__name__}: no decoder layer list found")
+    return layers
+
+
+@dataclass
+class _Sequence:
+    """One sample in flight: its forward windows' graph segments, then their gradients."""
+
+    tokens: list[int]
+    labels: list[int]
+    state: FinetuneState
+    inputs: torch.Tensor
+    """(1, T, hidden) leaf the windows slice: virtual-token embeddings (prompt methods) + token embeddings."""
+    prompt_outputs: list[torch.Tensor]
+    """Outputs of the prompt segment (the virtual-token embeddings, or each layer's prefix K and V)."""
+    prompt_leaves: list[torch.Tensor]
+    """Their detached leaves the forward used, in the same order."""
+    cache: Any
+    layer_outputs: list[list[torch.Tensor]] = field(default_factory=list)
+    """Per layer, per window: the layer's output (graph of this layer only)."""
+    layer_leaves: list[list[torch.Tensor]] = field(default_factory=list)
+    """Per layer, per window: the leaf the next layer (or the head) read instead."""
+    logits: list[torch.Tensor] = field(default_factory=list)
+    loss: torch.Tensor | None = None
+
+
+class CoServedJob:
+    """A prompt-learning job run piecewise inside engine iterations (``coserve.FinetuneJob``)."""
+
+    def __init__(
+        self, trainer: Trainer, max_steps: int | None = None, served_model_dir: str | Path | None = None
+    ) -> None:
+        """``served_model_dir``: the engine's model; a job of another model is refused (ValueError)."""
+        if trainer.world != 1:
+            raise ValueError("a co-served job runs on one worker")
+        if served_model_dir is not None and Path(served_model_dir).resolve() != trainer.model_dir.resolve():
+            raise ValueError(
+                f"the job tunes {trainer.model_dir} but the engine serves {served_model_dir}: a co-served "
+                "job runs on the engine's own base model"
+            )
+        self.trainer = trainer
+        self.model: Any = trainer.model  # a PeftModel (untyped: PEFT's prompt methods are dynamic)
+        self.base = trainer.model.get_base_model()
+        self.layers = decoder_layers(self.base)
+        self.num_layers = len(self.layers)
+        self.prefix = trainer.cfg.method == "prefixTuning"
+        self.max_steps = trainer.cfg.max_iterations if max_steps is None else max_steps
+        self._batch: list[int] = []
+        self._losses: list[float] = []
+        self._seq: _Sequence | None = None
+        self.tokens_trained = 0
+        """Sample tokens of finished optimizer steps (virtual tokens not counted)."""
+        self.reason: str | None = None
+        """Why the job was dropped (set by ``drop``), None while it runs."""
+
+    # -- the planner's view
+    @property
+    def done(self) -> bool:
+        return self.reason is not None or self.trainer.iterations >= self.max_steps
+
+    def state(self) -> FinetuneState | None:
+        """The sequence to work on (a new one is prepared when the last finished), None when done."""
+        if self.done:
+            return None
+        if self._seq is None:
+            self._seq = self._start_sequence()
+        return self._seq.state
+
+    def run(self, plan: IterationPlan) -> None:
+        """Execute the plan's finetuning share on the current sequence."""
+        seq = self._seq
+        if seq is None or (not plan.finetune_forward_tokens and not plan.finetune_backward_layers):
+            return
+        with torch.enable_grad():
+            if plan.finetune_forward_tokens:
+                self._forward(seq, plan.finetune_forward_tokens)
+            for layer in plan.finetune_backward_layers:
+                self._backward_layer(seq, layer)
+        if seq.state.done:
+            self._finish_sequence(seq)
+
+    def drop(self, reason: str) -> None:
+        """Give the job up (its partial graph and gradients are released); the engine goes on."""
+        self.reason = reason
+        self._seq = None
+        self.trainer.optimizer.zero_grad(set_to_none=True)
+
+    # -- one sequence
+    def _start_sequence(self) -> _Sequence:
+        t = self.trainer
+        if not self._batch:
+            step = t.iterations
+            batch = global_batch_indices(len(t._train_enc), t.cfg.batch_size, t.cfg.seed, step)
+            self._batch, self._losses = [int(i) for i in batch], []
+            t.optimizer.zero_grad(set_to_none=True)
+        tokens, labels = training_rows([t._train_enc[self._batch[0]]])[0]
+        ids = torch.tensor([tokens], device=t.device)
+        with torch.enable_grad():
+            embeds = self.model.word_embeddings(ids).detach()
+            if self.prefix:
+                cache = self.model.get_prompt(batch_size=1, max_cache_len=len(tokens) + t.cfg.virtual_tokens)
+                outputs = [x for layer in cache.layers for x in (layer.keys, layer.values)]
+                leaves = [x.detach().requires_grad_() for x in outputs]
+                cache = type(cache)(config=self.base.config)
+                for i in range(self.num_layers):
+                    cache.update(leaves[2 * i], leaves[2 * i + 1], i)
+                inputs = embeds
+            else:
+                prompt = self.model.get_prompt(batch_size=1).to(embeds.dtype)
+                outputs, leaves = [prompt], [prompt.detach().requires_grad_()]
+                inputs = torch.cat([leaves[0], embeds], dim=1)
+                cache = None
+        state = FinetuneState(sequence_tokens=inputs.shape[1], num_layers=self.num_layers)
+        return _Sequence(
+            tokens, labels, state, inputs, outputs, leaves, cache,
+            [[] for _ in range(self.num_layers)], [[] for _ in range(self.num_layers)],
+        )  # fmt: skip
+
+    def _forward(self, seq: _Sequence, n: int) -> None:
+        start = seq.state.forward_done
+        window = seq.inputs[:, start : start + n]
+
+        def cut(layer: int) -> Any:
+            def hook(_module: Any, _args: Any, output: Any) -> Any:
+                out = output[0] if isinstance(output, tuple) else output
+                leaf = out.detach().requires_grad_()
+                seq.layer_outputs[layer].append(out)
+                seq.layer_leaves[layer].append(leaf)
+                return (leaf, *output[1:]) if isinstance(output, tuple) else leaf
+
+            return hook
+
+        handles = [m.register_forward_hook(cut(i)) for i, m in enumerate(self.layers)]
+        try:
+            out = self.base(inputs_embeds=window, cache=seq.cache, use_cache=True)
+        finally:
+            for h in handles:
+                h.remove()
+        seq.cache = out.cache if hasattr(out, "cache") else out.past_key_values
+        seq.logits.append(out.logits)
+        seq.state.forward_done += n
+        if not seq.state.in_forward:
+            seq.loss = self._loss(seq)
+
+    def _loss(self, seq: _Sequence) -> torch.Tensor:
+        """``per_sample_loss`` of this one sample, scaled as ``Trainer.step`` scales it (÷ batch size)."""
+        n = len(seq.tokens)
+        logits = torch.cat(seq.logits, dim=1)[:, -n:, :]
+        labels = torch.tensor([seq.labels], device=logits.device)
+        shift_logits, shift_labels = logits[:, :-1, :].float(), labels[:, 1:]
+        ce = F.cross_entropy(
+            shift_logits.reshape(-1, shift_logits.shape[-1]),
+            shift_labels.reshape(-1),
+            ignore_index=IGNORE_INDEX,
+            reduction="sum",
+        )
+        loss = ce / (shift_labels != IGNORE_INDEX).sum()
+        self._losses.append(float(loss.detach()))
+        return loss * (self.trainer.world / self.trainer.cfg.batch_size)
+
+    def _backward_layer(self, seq: _Sequence, layer: int) -> None:
+        if layer == self.num_layers - 1:
+            assert seq.loss is not None, "backward before the forward finished"
+            seq.loss.backward()
+            seq.loss, seq.logits = None, []
+        grads = [
+            leaf.grad if leaf.grad is not None else torch.zeros_like(leaf) for leaf in seq.layer_leaves[layer]
+        ]
+        torch.autograd.backward(seq.layer_outputs[layer], grads)
+        seq.layer_outputs[layer], seq.layer_leaves[layer] = [], []
+        if layer == 0:  # the prompt segment: into the trainable parameters
+            pairs = [(o, leaf.grad) for o, leaf in zip(seq.prompt_outputs, seq.prompt_leaves, strict=True)]
+            pairs = [(o, g) for o, g in pairs if g is not None]
+            torch.autograd.backward([o for o, _ in pairs], [g for _, g in pairs])
+            seq.prompt_outputs = []
+        seq.state.backward_done += 1
+
+    def _finish_sequence(self, seq: _Sequence) -> None:
+        self._seq = None
+        self._batch.pop(0)
+        self.tokens_trained += len(seq.tokens)
+        if not self._batch:
+            self._optimizer_step()
+
+    def _optimizer_step(self) -> None:
+        """``Trainer.step``'s tail for world = 1 (no all-reduce): step, zero, history entry."""
+        t = self.trainer
+        t.optimizer.step()
+        t.optimizer.zero_grad(set_to_none=True)
+        loss = float(np.sum(self._losses)) * (t.world / t.cfg.batch_size)
+        t.history.append(
+            {"step": t.iterations, "loss": loss, "seconds": 0.0, "sync_seconds": 0.0, "run": t.run_index}
+        )
+        t.iterations += 1
