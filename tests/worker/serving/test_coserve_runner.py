@@ -127,16 +127,17 @@ def test_a_coserved_job_ends_with_the_dedicated_prompt_and_leaves_inference_unch
     assert_same_prompt(job.trainer.trainable_state(), dedicated(llama, c, task))
 
 
-def drive(job: CoServedJob) -> int:
-    """Run the job to its end on the uneven schedule; the number of iterations."""
+def drive(job: CoServedJob, rows: int) -> int:
+    """Run the job to its end on uneven windows (1, 5, 3, 7 positions of every row) and one backward
+    layer per iteration, beside a decode; the number of iterations."""
     sizes = itertools.cycle([1, 5, 3, 7])
     n = 0
     while (state := job.state()) is not None:
         if state.in_forward:
-            plan = IterationPlan(0.0, 0, finetune_forward_tokens=min(next(sizes), _left(state)))
+            plan = IterationPlan(0.0, 1, finetune_forward_tokens=min(next(sizes) * rows, _left(state)))
         else:
             plan = IterationPlan(
-                0.0, 0, finetune_backward_layers=(state.num_layers - 1 - state.backward_done,)
+                0.0, 1, finetune_backward_layers=(state.num_layers - 1 - state.backward_done,)
             )
         job.run(plan)
         n += 1
@@ -167,9 +168,8 @@ def test_token_windows_and_layerwise_backward_give_the_dedicated_gradient(
     model = llama if arch == "llama" else B.ensure_tiny_model(spec=GPT2_SPEC)
     c = cfg(method, optimizer, steps=2)
     job = CoServedJob(Trainer(model, c, task.train, task.eval, device="cpu"))
-    iterations = drive(job)
-    layers = job.num_layers
-    assert iterations > c.max_iterations * c.batch_size * (layers + 2)  # windows and layers were spread
+    iterations = drive(job, c.batch_size)
+    assert iterations > c.max_iterations * (job.num_layers + 3)  # windows and layers were spread
     assert job.trainer.iterations == c.max_iterations
     assert [h["step"] for h in job.trainer.history] == list(range(c.max_iterations))
     assert_same_prompt(job.trainer.trainable_state(), dedicated(model, c, task))

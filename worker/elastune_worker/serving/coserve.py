@@ -185,8 +185,9 @@ class FinetuneJob(Protocol):
         """The sequence in progress, None when the job has nothing left to run."""
         ...
 
-    def run(self, plan: IterationPlan) -> None:
-        """Run the plan's finetuning share and advance ``state()`` accordingly."""
+    def run(self, plan: IterationPlan) -> int:
+        """Run the plan's finetuning share (or less, never more), advance ``state()`` accordingly, and
+        return what ran in forward-token equivalents."""
         ...
 
     def drop(self, reason: str) -> None:

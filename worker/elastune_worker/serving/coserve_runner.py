@@ -2,7 +2,8 @@
 the engine's inference, run in the pieces the planner (coserve.py) hands each iteration.
 
 One optimizer step of the job is the dedicated trainer's step (same global batch of (seed, step), same
-loss scaling, same optimizer): its samples are finetuned one sequence at a time, each as
+loss scaling, same optimizer): its global batch, right-padded as the trainer pads it, is finetuned as
+one sequence of rows x positions (batched like the trainer; a window is whole positions of every row):
 
 * forward windows: consecutive token windows through the frozen base with a KV cache of the virtual
   tokens (or the prefix) and the earlier windows, keeping the autograd graph; each decoder layer's output
@@ -24,12 +25,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 
 from elastune_worker.serving.coserve import FinetuneState, IterationPlan
-from elastune_worker.tuning.trainer import IGNORE_INDEX, Trainer, global_batch_indices, training_rows
+from elastune_worker.tuning.trainer import (
+    IGNORE_INDEX,
+    Trainer,
+    collate,
+    global_batch_indices,
+    training_rows,
+)
 
 
 def decoder_layers(base: Any) -> torch.nn.ModuleList:
@@ -45,11 +51,15 @@ def decoder_layers(base: Any) -> torch.nn.ModuleList:
 class _Sequence:
     """One sample in flight: its forward windows' graph segments, then their gradients."""
 
-    tokens: list[int]
-    labels: list[int]
+    tokens: int
+    """Sample tokens of the batch (pads and virtual tokens not counted)."""
+    labels: torch.Tensor
+    """(rows, width) as ``collate`` makes them."""
     state: FinetuneState
+    """In tokens: rows x positions (a window is whole positions of every row)."""
     inputs: torch.Tensor
-    """(1, T, hidden) leaf the windows slice: virtual-token embeddings (prompt methods) + token embeddings."""
+    """(rows, T, hidden) the windows slice: the virtual-token embeddings' leaf (prompt methods) + the
+    token embeddings."""
     prompt_outputs: list[torch.Tensor]
     """Outputs of the prompt segment (the virtual-token embeddings, or each layer's prefix K and V)."""
     prompt_leaves: list[torch.Tensor]
@@ -84,11 +94,10 @@ class CoServedJob:
         self.num_layers = len(self.layers)
         self.prefix = trainer.cfg.method == "prefixTuning"
         self.max_steps = trainer.cfg.max_iterations if max_steps is None else max_steps
-        self._batch: list[int] = []
-        self._losses: list[float] = []
         self._seq: _Sequence | None = None
+        self._loss_value = 0.0
         self.tokens_trained = 0
-        """Sample tokens of finished optimizer steps (virtual tokens not counted)."""
+        """Sample tokens of finished optimizer steps (pads and virtual tokens not counted)."""
         self.reason: str | None = None
         """Why the job was dropped (set by ``drop``), None while it runs."""
 
@@ -105,18 +114,30 @@ class CoServedJob:
             self._seq = self._start_sequence()
         return self._seq.state
 
-    def run(self, plan: IterationPlan) -> None:
-        """Execute the plan's finetuning share on the current sequence."""
+    def run(self, plan: IterationPlan) -> int:
+        """Execute the plan's finetuning share on the current batch; its cost in token equivalents.
+
+        A forward window covers whole positions of every row (``tokens // rows`` positions): a share
+        smaller than one position of the batch waits, except in an idle iteration, which always runs one.
+        """
         seq = self._seq
-        if seq is None or (not plan.finetune_forward_tokens and not plan.finetune_backward_layers):
-            return
+        if seq is None:
+            return 0
+        cost = 0
         with torch.enable_grad():
             if plan.finetune_forward_tokens:
-                self._forward(seq, plan.finetune_forward_tokens)
+                rows = seq.inputs.shape[0]
+                positions = plan.finetune_forward_tokens // rows or int(plan.inference_tokens == 0)
+                positions = min(positions, (seq.state.sequence_tokens - seq.state.forward_done) // rows)
+                if positions:
+                    self._forward(seq, positions)
+                    cost = positions * rows
             for layer in plan.finetune_backward_layers:
                 self._backward_layer(seq, layer)
+            cost += plan.finetune_cost_tokens if plan.finetune_backward_layers else 0
         if seq.state.done:
             self._finish_sequence(seq)
+        return cost
 
     def drop(self, reason: str) -> None:
         """Give the job up (its partial graph and gradients are released); the engine goes on."""
@@ -126,18 +147,18 @@ class CoServedJob:
 
     # -- one sequence
     def _start_sequence(self) -> _Sequence:
+        """The global batch of the next optimizer step, right-padded as ``collate`` pads it: with causal
+        attention no real token sees a pad, and pads carry no loss, so no attention mask is needed."""
         t = self.trainer
-        if not self._batch:
-            step = t.iterations
-            batch = global_batch_indices(len(t._train_enc), t.cfg.batch_size, t.cfg.seed, step)
-            self._batch, self._losses = [int(i) for i in batch], []
-            t.optimizer.zero_grad(set_to_none=True)
-        tokens, labels = training_rows([t._train_enc[self._batch[0]]])[0]
-        ids = torch.tensor([tokens], device=t.device)
+        batch = global_batch_indices(len(t._train_enc), t.cfg.batch_size, t.cfg.seed, t.iterations)
+        rows = training_rows([t._train_enc[int(i)] for i in batch])
+        ids, _, labels = collate(rows, t._pad_id, t.device)
+        t.optimizer.zero_grad(set_to_none=True)
+        b = ids.shape[0]
         with torch.enable_grad():
             embeds = self.model.word_embeddings(ids).detach()
             if self.prefix:
-                cache = self.model.get_prompt(batch_size=1, max_cache_len=len(tokens) + t.cfg.virtual_tokens)
+                cache = self.model.get_prompt(batch_size=b, max_cache_len=ids.shape[1] + t.cfg.virtual_tokens)
                 outputs = [x for layer in cache.layers for x in (layer.keys, layer.values)]
                 leaves = [x.detach().requires_grad_() for x in outputs]
                 cache = type(cache)(config=self.base.config)
@@ -145,18 +166,20 @@ class CoServedJob:
                     cache.update(leaves[2 * i], leaves[2 * i + 1], i)
                 inputs = embeds
             else:
-                prompt = self.model.get_prompt(batch_size=1).to(embeds.dtype)
+                prompt = self.model.get_prompt(batch_size=b).to(embeds.dtype)
                 outputs, leaves = [prompt], [prompt.detach().requires_grad_()]
                 inputs = torch.cat([leaves[0], embeds], dim=1)
                 cache = None
-        state = FinetuneState(sequence_tokens=inputs.shape[1], num_layers=self.num_layers)
+        state = FinetuneState(sequence_tokens=b * inputs.shape[1], num_layers=self.num_layers)
         return _Sequence(
-            tokens, labels, state, inputs, outputs, leaves, cache,
+            sum(len(r[0]) for r in rows), labels, state, inputs, outputs, leaves, cache,
             [[] for _ in range(self.num_layers)], [[] for _ in range(self.num_layers)],
         )  # fmt: skip
 
     def _forward(self, seq: _Sequence, n: int) -> None:
-        start = seq.state.forward_done
+        """Positions ``[done, done + n)`` of every row through the frozen base, the graph kept."""
+        rows = seq.inputs.shape[0]
+        start = seq.state.forward_done // rows
         window = seq.inputs[:, start : start + n]
 
         def cut(layer: int) -> Any:
@@ -177,25 +200,25 @@ class CoServedJob:
                 h.remove()
         seq.cache = out.cache if hasattr(out, "cache") else out.past_key_values
         seq.logits.append(out.logits)
-        seq.state.forward_done += n
+        seq.state.forward_done += n * rows
         if not seq.state.in_forward:
             seq.loss = self._loss(seq)
 
     def _loss(self, seq: _Sequence) -> torch.Tensor:
-        """``per_sample_loss`` of this one sample, scaled as ``Trainer.step`` scales it (÷ batch size)."""
-        n = len(seq.tokens)
-        logits = torch.cat(seq.logits, dim=1)[:, -n:, :]
-        labels = torch.tensor([seq.labels], device=logits.device)
+        """``per_sample_loss`` summed and scaled as ``Trainer.step`` does (÷ batch size)."""
+        labels = seq.labels
+        logits = torch.cat(seq.logits, dim=1)[:, -labels.shape[1] :, :]  # drop the virtual positions
         shift_logits, shift_labels = logits[:, :-1, :].float(), labels[:, 1:]
         ce = F.cross_entropy(
             shift_logits.reshape(-1, shift_logits.shape[-1]),
             shift_labels.reshape(-1),
             ignore_index=IGNORE_INDEX,
-            reduction="sum",
-        )
-        loss = ce / (shift_labels != IGNORE_INDEX).sum()
-        self._losses.append(float(loss.detach()))
-        return loss * (self.trainer.world / self.trainer.cfg.batch_size)
+            reduction="none",
+        ).view(shift_labels.shape)
+        losses = ce.sum(dim=1) / (shift_labels != IGNORE_INDEX).sum(dim=1)
+        loss = losses.sum() * (self.trainer.world / self.trainer.cfg.batch_size)
+        self._loss_value = float(loss.detach())
+        return loss
 
     def _backward_layer(self, seq: _Sequence, layer: int) -> None:
         if layer == self.num_layers - 1:
@@ -215,19 +238,12 @@ class CoServedJob:
         seq.state.backward_done += 1
 
     def _finish_sequence(self, seq: _Sequence) -> None:
-        self._seq = None
-        self._batch.pop(0)
-        self.tokens_trained += len(seq.tokens)
-        if not self._batch:
-            self._optimizer_step()
-
-    def _optimizer_step(self) -> None:
         """``Trainer.step``'s tail for world = 1 (no all-reduce): step, zero, history entry."""
+        self._seq = None
         t = self.trainer
         t.optimizer.step()
         t.optimizer.zero_grad(set_to_none=True)
-        loss = float(np.sum(self._losses)) * (t.world / t.cfg.batch_size)
-        t.history.append(
-            {"step": t.iterations, "loss": loss, "seconds": 0.0, "sync_seconds": 0.0, "run": t.run_index}
-        )
+        entry = {"step": t.iterations, "loss": self._loss_value, "seconds": 0.0, "sync_seconds": 0.0}
+        t.history.append({**entry, "run": t.run_index})
         t.iterations += 1
+        self.tokens_trained += seq.tokens

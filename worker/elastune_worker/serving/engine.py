@@ -210,9 +210,7 @@ class LLMEngine:
         assert self._coserve is not None
         job, planner = self._coserve
         try:
-            plan = planner.plan(inference_tokens, job.state())
-            job.run(plan)
-            return plan.finetune_cost_tokens
+            return job.run(planner.plan(inference_tokens, job.state()))
         except Exception as exc:
             reason = f"co-served finetuning failed: {type(exc).__name__}: {exc}"
             log.warning("dropping the co-served job: %s", reason)
