@@ -127,12 +127,13 @@ def test_a_coserved_job_ends_with_the_dedicated_prompt_and_leaves_inference_unch
     assert_same_prompt(job.trainer.trainable_state(), dedicated(llama, c, task))
 
 
-def drive(job: CoServedJob, rows: int) -> int:
+def drive(job: CoServedJob) -> int:
     """Run the job to its end on uneven windows (1, 5, 3, 7 positions of every row) and one backward
     layer per iteration, beside a decode; the number of iterations."""
     sizes = itertools.cycle([1, 5, 3, 7])
     n = 0
     while (state := job.state()) is not None:
+        rows = job._seq.inputs.shape[0] if job._seq is not None else 1
         if state.in_forward:
             plan = IterationPlan(0.0, 1, finetune_forward_tokens=min(next(sizes) * rows, _left(state)))
         else:
@@ -149,26 +150,27 @@ def _left(state: FinetuneState) -> int:
 
 
 @pytest.mark.parametrize(
-    ("arch", "method", "optimizer"),
+    ("arch", "method", "optimizer", "micro_batch"),
     [
-        ("llama", "promptTuning", "adamw"),
-        ("llama", "prefixTuning", "adamw"),
+        ("llama", "promptTuning", "adamw", None),
+        ("llama", "promptTuning", "adamw", 3),  # micro-batches of 3, 1 rows: gradient accumulation
+        ("llama", "prefixTuning", "adamw", None),
         # Adam divides by sqrt(v): on the p-tuning encoder's near-zero gradient components it turns the
         # float summation-order difference into ~1e-3 parameter differences; SGD shows the gradient is
         # the same (observed max |Δ| 6e-8).
-        ("llama", "pTuning", "sgd"),
-        ("gpt2", "promptTuning", "adamw"),
-        ("gpt2", "prefixTuning", "adamw"),
-        ("gpt2", "pTuning", "sgd"),
+        ("llama", "pTuning", "sgd", None),
+        ("gpt2", "promptTuning", "adamw", None),
+        ("gpt2", "prefixTuning", "adamw", 2),
+        ("gpt2", "pTuning", "sgd", None),
     ],
 )
 def test_token_windows_and_layerwise_backward_give_the_dedicated_gradient(
-    arch: str, method: str, optimizer: str, llama: Path, task: T.Task
+    arch: str, method: str, optimizer: str, micro_batch: int | None, llama: Path, task: T.Task
 ) -> None:
     model = llama if arch == "llama" else B.ensure_tiny_model(spec=GPT2_SPEC)
     c = cfg(method, optimizer, steps=2)
-    job = CoServedJob(Trainer(model, c, task.train, task.eval, device="cpu"))
-    iterations = drive(job, c.batch_size)
+    job = CoServedJob(Trainer(model, c, task.train, task.eval, device="cpu"), micro_batch=micro_batch)
+    iterations = drive(job)
     assert iterations > c.max_iterations * (job.num_layers + 3)  # windows and layers were spread
     assert job.trainer.iterations == c.max_iterations
     assert [h["step"] for h in job.trainer.history] == list(range(c.max_iterations))

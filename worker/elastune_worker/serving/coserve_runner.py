@@ -77,9 +77,16 @@ class CoServedJob:
     """A prompt-learning job run piecewise inside engine iterations (``coserve.FinetuneJob``)."""
 
     def __init__(
-        self, trainer: Trainer, max_steps: int | None = None, served_model_dir: str | Path | None = None
+        self,
+        trainer: Trainer,
+        max_steps: int | None = None,
+        served_model_dir: str | Path | None = None,
+        micro_batch: int | None = None,
     ) -> None:
-        """``served_model_dir``: the engine's model; a job of another model is refused (ValueError)."""
+        """``served_model_dir``: the engine's model; a job of another model is refused (ValueError).
+        ``micro_batch``: rows of one co-served sequence (default: the whole global batch); smaller ones
+        make smaller backward units, which fit beside heavier inference. The gradients of a step's
+        micro-batches add up to the batch's (gradient accumulation), the optimizer steps after the last."""
         if trainer.world != 1:
             raise ValueError("a co-served job runs on one worker")
         if served_model_dir is not None and Path(served_model_dir).resolve() != trainer.model_dir.resolve():
@@ -91,11 +98,20 @@ class CoServedJob:
         self.model: Any = trainer.model  # a PeftModel (untyped: PEFT's prompt methods are dynamic)
         self.base = trainer.model.get_base_model()
         self.layers = decoder_layers(self.base)
-        self.num_layers = len(self.layers)
+        self.depth = len(self.layers)
+        self.num_layers = self.depth + 1
+        """Backward units for the planner: the head (final norm, LM head, loss) on top of the layers —
+        its own unit, since the LM head alone outweighs a small model's decoder layer."""
         self.prefix = trainer.cfg.method == "prefixTuning"
         self.max_steps = trainer.cfg.max_iterations if max_steps is None else max_steps
+        self.micro_batch = micro_batch or trainer.cfg.batch_size
+        if self.micro_batch < 1:
+            raise ValueError("micro_batch must be >= 1")
         self._seq: _Sequence | None = None
+        self._pending: list[int] = []
+        """Global-batch rows of the current optimizer step not started yet."""
         self._loss_value = 0.0
+        self._step_loss = 0.0
         self.tokens_trained = 0
         """Sample tokens of finished optimizer steps (pads and virtual tokens not counted)."""
         self.reason: str | None = None
@@ -142,7 +158,7 @@ class CoServedJob:
     def drop(self, reason: str) -> None:
         """Give the job up (its partial graph and gradients are released); the engine goes on."""
         self.reason = reason
-        self._seq = None
+        self._seq, self._pending = None, []
         self.trainer.optimizer.zero_grad(set_to_none=True)
 
     # -- one sequence
@@ -150,10 +166,13 @@ class CoServedJob:
         """The global batch of the next optimizer step, right-padded as ``collate`` pads it: with causal
         attention no real token sees a pad, and pads carry no loss, so no attention mask is needed."""
         t = self.trainer
-        batch = global_batch_indices(len(t._train_enc), t.cfg.batch_size, t.cfg.seed, t.iterations)
-        rows = training_rows([t._train_enc[int(i)] for i in batch])
+        if not self._pending:
+            batch = global_batch_indices(len(t._train_enc), t.cfg.batch_size, t.cfg.seed, t.iterations)
+            self._pending, self._step_loss = [int(i) for i in batch], 0.0
+            t.optimizer.zero_grad(set_to_none=True)
+        take, self._pending = self._pending[: self.micro_batch], self._pending[self.micro_batch :]
+        rows = training_rows([t._train_enc[i] for i in take])
         ids, _, labels = collate(rows, t._pad_id, t.device)
-        t.optimizer.zero_grad(set_to_none=True)
         b = ids.shape[0]
         with torch.enable_grad():
             embeds = self.model.word_embeddings(ids).detach()
@@ -162,7 +181,7 @@ class CoServedJob:
                 outputs = [x for layer in cache.layers for x in (layer.keys, layer.values)]
                 leaves = [x.detach().requires_grad_() for x in outputs]
                 cache = type(cache)(config=self.base.config)
-                for i in range(self.num_layers):
+                for i in range(self.depth):
                     cache.update(leaves[2 * i], leaves[2 * i + 1], i)
                 inputs = embeds
             else:
@@ -173,7 +192,7 @@ class CoServedJob:
         state = FinetuneState(sequence_tokens=b * inputs.shape[1], num_layers=self.num_layers)
         return _Sequence(
             sum(len(r[0]) for r in rows), labels, state, inputs, outputs, leaves, cache,
-            [[] for _ in range(self.num_layers)], [[] for _ in range(self.num_layers)],
+            [[] for _ in range(self.depth)], [[] for _ in range(self.depth)],
         )  # fmt: skip
 
     def _forward(self, seq: _Sequence, n: int) -> None:
@@ -205,7 +224,7 @@ class CoServedJob:
             seq.loss = self._loss(seq)
 
     def _loss(self, seq: _Sequence) -> torch.Tensor:
-        """``per_sample_loss`` summed and scaled as ``Trainer.step`` does (÷ batch size)."""
+        """``per_sample_loss`` summed and scaled as ``Trainer.step`` does (÷ the global batch size)."""
         labels = seq.labels
         logits = torch.cat(seq.logits, dim=1)[:, -labels.shape[1] :, :]  # drop the virtual positions
         shift_logits, shift_labels = logits[:, :-1, :].float(), labels[:, 1:]
@@ -220,17 +239,20 @@ class CoServedJob:
         self._loss_value = float(loss.detach())
         return loss
 
-    def _backward_layer(self, seq: _Sequence, layer: int) -> None:
-        if layer == self.num_layers - 1:
+    def _backward_layer(self, seq: _Sequence, unit: int) -> None:
+        """Backward unit ``unit``: the head (``unit == depth``) or decoder layer ``unit``; layer 0 also
+        back-propagates the prompt segment into the trainable parameters."""
+        if unit == self.depth:
             assert seq.loss is not None, "backward before the forward finished"
-            seq.loss.backward()
+            seq.loss.backward()  # into the last layer's output leaves
             seq.loss, seq.logits = None, []
-        grads = [
-            leaf.grad if leaf.grad is not None else torch.zeros_like(leaf) for leaf in seq.layer_leaves[layer]
-        ]
-        torch.autograd.backward(seq.layer_outputs[layer], grads)
-        seq.layer_outputs[layer], seq.layer_leaves[layer] = [], []
-        if layer == 0:  # the prompt segment: into the trainable parameters
+            seq.state.backward_done += 1
+            return
+        leaves = seq.layer_leaves[unit]
+        grads = [leaf.grad if leaf.grad is not None else torch.zeros_like(leaf) for leaf in leaves]
+        torch.autograd.backward(seq.layer_outputs[unit], grads)
+        seq.layer_outputs[unit], seq.layer_leaves[unit] = [], []
+        if unit == 0:
             pairs = [(o, leaf.grad) for o, leaf in zip(seq.prompt_outputs, seq.prompt_leaves, strict=True)]
             pairs = [(o, g) for o, g in pairs if g is not None]
             torch.autograd.backward([o for o, _ in pairs], [g for _, g in pairs])
@@ -240,10 +262,13 @@ class CoServedJob:
     def _finish_sequence(self, seq: _Sequence) -> None:
         """``Trainer.step``'s tail for world = 1 (no all-reduce): step, zero, history entry."""
         self._seq = None
+        self.tokens_trained += seq.tokens
+        self._step_loss += self._loss_value
+        if self._pending:
+            return
         t = self.trainer
         t.optimizer.step()
         t.optimizer.zero_grad(set_to_none=True)
-        entry = {"step": t.iterations, "loss": self._loss_value, "seconds": 0.0, "sync_seconds": 0.0}
+        entry = {"step": t.iterations, "loss": self._step_loss, "seconds": 0.0, "sync_seconds": 0.0}
         t.history.append({**entry, "run": t.run_index})
         t.iterations += 1
-        self.tokens_trained += seq.tokens

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from elastune_worker.serving.config import EngineConfig
-from elastune_worker.serving.coserve import CoServePlanner, FinetuneJob
+from elastune_worker.serving.coserve import CoServePlanner, FinetuneJob, IterationPlan
 from elastune_worker.serving.detokenizer import IncrementalDetokenizer
 from elastune_worker.serving.lora.cpu_workers import CpuLoRAPool
 from elastune_worker.serving.lora.manager import AdapterInfo, LoRAManager
@@ -181,7 +181,9 @@ class LLMEngine:
                     slots = self.loras.activate(names, busy)
                     host = self._cold_adapters(names)
             sampled = self.runner.execute(out, slots, self.soft_prompts or None, host)
-        finetune = self._coserve_share(out.num_tokens) if coserve is not None else 0
+        ft_start = time.perf_counter()
+        plan, finetune = self._coserve_share(out.num_tokens) if coserve is not None else (None, 0)
+        ft_s = time.perf_counter() - ft_start  # the finetuning share alone, for its latency model
         if not out.chunks and not finetune:
             return []
         outputs = []
@@ -190,8 +192,8 @@ class LLMEngine:
         self._steps += 1
         elapsed = time.perf_counter() - t0
         self._step_seconds += elapsed
-        if coserve is not None:  # the online refit of the iteration latency model (FlexLLM §6.2)
-            coserve[1].model.observe(out.num_tokens + finetune, elapsed)
+        if coserve is not None and plan is not None:  # the online refit (FlexLLM §6.2)
+            coserve[1].observe(plan, finetune, elapsed - ft_s, ft_s)
         return outputs
 
     # -- co-serving ---------------------------------------------------------------------------------
@@ -204,13 +206,14 @@ class LLMEngine:
         self._coserve = None
         return job
 
-    def _coserve_share(self, inference_tokens: int) -> int:
-        """Run this iteration's finetuning share; its cost in token equivalents. A failing job is
-        dropped with its reason and detached: inference never fails because of it."""
+    def _coserve_share(self, inference_tokens: int) -> tuple[IterationPlan | None, int]:
+        """Run this iteration's finetuning share: the plan and what ran of it in token equivalents. A
+        failing job is dropped with its reason and detached: inference never fails because of it."""
         assert self._coserve is not None
         job, planner = self._coserve
         try:
-            return job.run(planner.plan(inference_tokens, job.state()))
+            plan = planner.plan(inference_tokens, job.state())
+            return plan, job.run(plan)
         except Exception as exc:
             reason = f"co-served finetuning failed: {type(exc).__name__}: {exc}"
             log.warning("dropping the co-served job: %s", reason)
@@ -220,7 +223,7 @@ class LLMEngine:
                 job.drop(reason)
             except Exception:  # its cleanup failing must not fail the step either
                 log.exception("dropping the co-served job failed")
-            return 0
+            return None, 0
 
     def _emit(self, seq: Sequence) -> RequestOutput:
         tok, p = seq.output_token_ids[-1], seq.params
