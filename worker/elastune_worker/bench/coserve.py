@@ -12,8 +12,10 @@ duration. Modes:
 * ``temporal_<n>``: n inference iterations, then one whole finetuning step (forward, backward,
   optimizer) that blocks the engine; an idle engine runs finetuning steps back to back;
 * ``spatial``: one worker serves, another tunes. On the 2-core machine this is emulated by two
-  processes each pinned to 1 torch thread (serving here, the trainer in a spawned process); the other
-  modes run in one process with 2 torch threads, so every mode has the same 2 cores.
+  processes each pinned to 1 torch thread (serving here, the trainer in a spawned process). The other
+  modes run in one process with ``--threads`` torch threads (default 1: on the shared 2-core machine a
+  second intra-op thread made the tiny model's iterations slower and noisier, not faster), so spatial
+  has twice their cores by default — it stands for a second GPU.
 
 Per mode and load: finetuning tokens/s (sample tokens of completed optimizer steps, virtual tokens not
 counted, over the trace's wall time), SLO attainment (% of requests whose TPOT is within the TPOT SLO),
@@ -293,6 +295,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch-size", type=int, default=8, help="the tuning job's batch size")
     p.add_argument("--max-window", type=int, default=512, help="finetuning tokens per iteration at most")
     p.add_argument("--micro-batch", type=int, default=2, help="rows of one co-served sequence")
+    p.add_argument("--threads", type=int, default=1, help="torch threads of the one-process modes")
     args = p.parse_args(argv)
     n = args.requests or (80 if args.quick else 200)
     max_out = args.max_output or (32 if args.quick else 64)
@@ -312,7 +315,7 @@ def main(argv: list[str] | None = None) -> int:
     from elastune_worker.tiny.build import TINY_LLAMA_SPEC, ensure_tiny_model
     from elastune_worker.tuning.trainer import Trainer
 
-    threads = min(2, os.cpu_count() or 1)
+    threads = args.threads
     torch.set_num_threads(threads)
     model = ensure_tiny_model(spec=TINY_LLAMA_SPEC)
     tok = AutoTokenizer.from_pretrained(model, local_files_only=True)
