@@ -235,6 +235,11 @@ def build_parser() -> argparse.ArgumentParser:
             "elastune_worker.bench.ssjf",
             "FCFS vs SJF (predicted, oracle lengths) job completion times on the engine, 3 batching settings",
         ),
+        (
+            "coserve",
+            "elastune_worker.bench.coserve",
+            "FlexLLM co-serving vs temporal sharing vs spatial split: finetune tok/s, TPOT SLO attainment",
+        ),
     ):
         bsub.add_parser(name, help=f"{text} (runs {module}; see its --help)")
 
@@ -314,6 +319,7 @@ WORKER_COMMANDS: dict[tuple[str, ...], list[str]] = {
     ("bench", "route"): ["elastune_gateway.bench.route"],
     ("bench", "lora"): ["elastune_worker.bench.lora"],
     ("bench", "ssjf"): ["elastune_worker.bench.ssjf"],
+    ("bench", "coserve"): ["elastune_worker.bench.coserve"],
 }
 
 

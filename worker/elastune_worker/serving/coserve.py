@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
+from typing import Protocol
 
 
 @dataclass
@@ -101,6 +102,8 @@ class IterationPlan:
     finetune_backward_layers: tuple[int, ...] = ()
     """Layer indices whose backward runs this iteration, last layer first."""
     predicted_s: float = 0.0
+    finetune_cost_tokens: int = 0
+    """The finetuning share in forward-token equivalents (what the latency model is fed with)."""
 
 
 @dataclass(frozen=True)
@@ -125,51 +128,108 @@ class CoServeConfig:
 
 
 class CoServePlanner:
-    def __init__(self, config: CoServeConfig, model: LatencyModel) -> None:
+    """``model`` predicts the inference part of an iteration. With ``forward`` and ``backward`` models
+    the finetuning share is predicted by its own lines (seconds vs token equivalents), fitted online
+    from the time the share itself took: a separable f(c, s) = f_inf(c) + f_ft(s), where FlexLLM
+    profiles f(c, s) offline. Without them one line covers inference and finetuning tokens alike — on
+    a CPU that underestimates a finetuning window, which pays a per-call cost the engine's tokens do
+    not."""
+
+    def __init__(
+        self,
+        config: CoServeConfig,
+        model: LatencyModel,
+        forward: LatencyModel | None = None,
+        backward: LatencyModel | None = None,
+    ) -> None:
+        if (forward is None) != (backward is None):
+            raise ValueError("give both finetuning models (forward and backward) or neither")
         self.config, self.model = config, model
+        self.forward, self.backward = forward, backward
 
     @property
     def target_s(self) -> float:
         return self.config.tpot_slo_s * self.config.headroom
 
+    def _fit(self, share: LatencyModel | None, inference_tokens: int) -> int:
+        if share is None:
+            return max(0, self.model.max_tokens_within(self.target_s) - inference_tokens)
+        return share.max_tokens_within(self.target_s - self.model.predict(inference_tokens))
+
+    def _predict(self, share: LatencyModel | None, inference_tokens: int, cost: int) -> float:
+        if share is None:
+            return self.model.predict(inference_tokens + cost)
+        return self.model.predict(inference_tokens) + share.predict(cost)
+
     def spare_tokens(self, inference_tokens: int) -> int:
         """Token budget left for finetuning beside ``inference_tokens`` (what a serving pod reports as
         its co-serving capacity)."""
-        return max(0, self.model.max_tokens_within(self.target_s) - inference_tokens)
+        return self._fit(self.forward, inference_tokens)
 
     def plan(self, inference_tokens: int, job: FinetuneState | None) -> IterationPlan:
         """This iteration's finetuning share. Inference is never cut: when its own tokens already
-        exceed the target, finetuning gets nothing."""
-        spare = self.spare_tokens(inference_tokens)
+        exceed the target, finetuning gets nothing; an idle iteration (no inference) always makes
+        progress."""
         target = self.target_s
-        idle_backward = job is not None and not job.in_forward and inference_tokens == 0
-        if job is None or job.done or (spare == 0 and not idle_backward):
-            return IterationPlan(target, inference_tokens, predicted_s=self.model.predict(inference_tokens))
+        idle = inference_tokens == 0
+        nothing = IterationPlan(target, inference_tokens, predicted_s=self.model.predict(inference_tokens))
+        if job is None or job.done:
+            return nothing
         if job.in_forward:
+            spare = max(self.spare_tokens(inference_tokens), int(idle))
             window = min(spare, self.config.max_window, job.sequence_tokens - job.forward_done)
+            if window == 0:
+                return nothing
             return IterationPlan(
-                target, inference_tokens, finetune_forward_tokens=window,
-                predicted_s=self.model.predict(inference_tokens + window),
+                target, inference_tokens, finetune_forward_tokens=window, finetune_cost_tokens=window,
+                predicted_s=self._predict(self.forward, inference_tokens, window),
             )  # fmt: skip
         # Backward: whole layers, each worth backward_factor x (sequence / layers) forward tokens.
+        spare = self._fit(self.backward, inference_tokens)
         per_layer = self.config.backward_factor * job.sequence_tokens / job.num_layers
         fit = int(spare // per_layer) if per_layer > 0 else 0
-        left = job.num_layers - job.backward_done
-        n = min(fit, left)
-        if n == 0 and inference_tokens == 0:
-            n = 1  # a layer too big for any target still progresses when no decode is at stake
+        n = min(max(fit, int(idle)), job.num_layers - job.backward_done)
         if n == 0:
-            return IterationPlan(target, inference_tokens, predicted_s=self.model.predict(inference_tokens))
+            return nothing
         first = job.num_layers - 1 - job.backward_done
         layers = tuple(range(first, first - n, -1))
         cost = round(n * per_layer)
         return IterationPlan(
             target, inference_tokens, finetune_backward_layers=layers,
-            predicted_s=self.model.predict(inference_tokens + cost),
+            predicted_s=self._predict(self.backward, inference_tokens, cost), finetune_cost_tokens=cost,
         )  # fmt: skip
+
+    def observe(self, plan: IterationPlan, ran: int, inference_s: float, finetune_s: float) -> None:
+        """Refit from an iteration that ran ``plan`` (``ran`` token equivalents of finetuning) in
+        ``inference_s`` + ``finetune_s`` seconds."""
+        if self.forward is None or self.backward is None:
+            self.model.observe(plan.inference_tokens + ran, inference_s + finetune_s)
+            return
+        if plan.inference_tokens:
+            self.model.observe(plan.inference_tokens, inference_s)
+        if ran:
+            share = self.forward if plan.finetune_forward_tokens else self.backward
+            share.observe(ran, finetune_s)
 
     @staticmethod
     def advance(job: FinetuneState, plan: IterationPlan) -> None:
         """Record what the iteration ran of ``job``."""
         job.forward_done += plan.finetune_forward_tokens
         job.backward_done += len(plan.finetune_backward_layers)
+
+
+class FinetuneJob(Protocol):
+    """What the engine needs of a co-served job (coserve_runner.CoServedJob is the torch one)."""
+
+    def state(self) -> FinetuneState | None:
+        """The sequence in progress, None when the job has nothing left to run."""
+        ...
+
+    def run(self, plan: IterationPlan) -> int:
+        """Run the plan's finetuning share (or less, never more), advance ``state()`` accordingly, and
+        return what ran in forward-token equivalents."""
+        ...
+
+    def drop(self, reason: str) -> None:
+        """Give the job up after a failure; the engine serves on without it."""
+        ...

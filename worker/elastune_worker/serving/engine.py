@@ -5,12 +5,14 @@ sampled tokens, detokenizes and decides which requests finished."""
 from __future__ import annotations
 
 import itertools
+import logging
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from elastune_worker.serving.config import EngineConfig
+from elastune_worker.serving.coserve import CoServePlanner, FinetuneJob, IterationPlan
 from elastune_worker.serving.detokenizer import IncrementalDetokenizer
 from elastune_worker.serving.lora.cpu_workers import CpuLoRAPool
 from elastune_worker.serving.lora.manager import AdapterInfo, LoRAManager
@@ -26,6 +28,8 @@ from elastune_worker.serving.soft_prompts import (
     is_prompt_learning,
     load_soft_prompt,
 )
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(slots=True)
@@ -93,6 +97,9 @@ class LLMEngine:
         self._detok: dict[str, IncrementalDetokenizer] = {}
         self._steps = 0
         self._step_seconds = 0.0
+        self._coserve: tuple[FinetuneJob, CoServePlanner] | None = None
+        self.coserve_dropped: list[tuple[FinetuneJob, str]] = []
+        """Co-served jobs given up after a failure, with the reason."""
 
     # -- requests -----------------------------------------------------------------------------------
     def encode(self, prompt: str) -> list[int]:
@@ -161,22 +168,62 @@ class LLMEngine:
         if self.loras is not None:
             self._prepare_loras()
         out = self.scheduler.schedule()
-        if not out.chunks:
+        coserve = self._coserve
+        if not out.chunks and coserve is None:
             return []
-        slots, host = None, None
-        if self.loras is not None:
-            names = {c.seq.lora for c in out.chunks if c.seq.lora is not None}
-            if names:
-                busy = {s.lora for s in self.scheduler.running if s.lora is not None}
-                slots = self.loras.activate(names, busy)
-                host = self._cold_adapters(names)
-        sampled = self.runner.execute(out, slots, self.soft_prompts or None, host)
+        sampled: dict[str, int] = {}
+        if out.chunks:
+            slots, host = None, None
+            if self.loras is not None:
+                names = {c.seq.lora for c in out.chunks if c.seq.lora is not None}
+                if names:
+                    busy = {s.lora for s in self.scheduler.running if s.lora is not None}
+                    slots = self.loras.activate(names, busy)
+                    host = self._cold_adapters(names)
+            sampled = self.runner.execute(out, slots, self.soft_prompts or None, host)
+        ft_start = time.perf_counter()
+        plan, finetune = self._coserve_share(out.num_tokens) if coserve is not None else (None, 0)
+        ft_s = time.perf_counter() - ft_start  # the finetuning share alone, for its latency model
+        if not out.chunks and not finetune:
+            return []
         outputs = []
         for seq in self.scheduler.update(out, sampled):
             outputs.append(self._emit(seq))
         self._steps += 1
-        self._step_seconds += time.perf_counter() - t0
+        elapsed = time.perf_counter() - t0
+        self._step_seconds += elapsed
+        if coserve is not None and plan is not None:  # the online refit (FlexLLM §6.2)
+            coserve[1].observe(plan, finetune, elapsed - ft_s, ft_s)
         return outputs
+
+    # -- co-serving ---------------------------------------------------------------------------------
+    def attach_coserve(self, job: FinetuneJob, planner: CoServePlanner) -> None:
+        """Co-serve ``job``: every step gives it what ``planner`` leaves beside the inference tokens."""
+        self._coserve = (job, planner)
+
+    def detach_coserve(self) -> FinetuneJob | None:
+        job = self._coserve[0] if self._coserve is not None else None
+        self._coserve = None
+        return job
+
+    def _coserve_share(self, inference_tokens: int) -> tuple[IterationPlan | None, int]:
+        """Run this iteration's finetuning share: the plan and what ran of it in token equivalents. A
+        failing job is dropped with its reason and detached: inference never fails because of it."""
+        assert self._coserve is not None
+        job, planner = self._coserve
+        try:
+            plan = planner.plan(inference_tokens, job.state())
+            return plan, job.run(plan)
+        except Exception as exc:
+            reason = f"co-served finetuning failed: {type(exc).__name__}: {exc}"
+            log.warning("dropping the co-served job: %s", reason)
+            self._coserve = None
+            self.coserve_dropped.append((job, reason))
+            try:
+                job.drop(reason)
+            except Exception:  # its cleanup failing must not fail the step either
+                log.exception("dropping the co-served job failed")
+            return None, 0
 
     def _emit(self, seq: Sequence) -> RequestOutput:
         tok, p = seq.output_token_ids[-1], seq.params
