@@ -97,3 +97,68 @@ def test_status_patch_removes_stale_fields_without_nulls_inside_lists() -> None:
     assert patch["iterations"] == 5
     assert patch["predictedCompletionTime"] is None  # merge patch: null deletes a stale value
     assert "observedGeneration" not in patch["conditions"][0]  # no nulls inside list items
+
+
+def test_serving_section_becomes_engine_flags_and_claims_become_mounts() -> None:
+    doc = yaml.safe_load((REPO / "manifests" / "serving" / "warmpool.yaml").read_text())
+    doc["spec"]["volumes"] = [
+        {"claimName": "adapters", "readOnly": True},
+        {"claimName": "checkpoints", "mountPath": "/tmp/elastune"},
+    ]
+    pool = parse_resource(doc)
+    pod = service_manifest(pool, 0, "redis://r:6379/0", None)["spec"]["template"]["spec"]
+    container = pod["containers"][0]
+    args = container["args"]
+    assert args[0] == "serve"
+    assert args[args.index("--max-loras") + 1] == "4" and args[args.index("--max-cpu-loras") + 1] == "16"
+    assert args[args.index("--max-lora-rank") + 1] == "64" and "--enable-lora" in args
+    assert pod["volumes"] == [
+        {"name": "pvc-0", "persistentVolumeClaim": {"claimName": "adapters", "readOnly": True}},
+        {"name": "pvc-1", "persistentVolumeClaim": {"claimName": "checkpoints", "readOnly": False}},
+    ]
+    # pvc://adapters/<path> resolves under /mnt/pvc/adapters in the worker.
+    assert container["volumeMounts"] == [
+        {"name": "pvc-0", "mountPath": "/mnt/pvc/adapters", "readOnly": True},
+        {"name": "pvc-1", "mountPath": "/tmp/elastune", "readOnly": False},
+    ]
+    plain = yaml.safe_load((REPO / "manifests" / "warmpool.yaml").read_text())
+    bare = service_manifest(parse_resource(plain), 0, "redis://r:6379/0", None)["spec"]["template"]["spec"]
+    assert bare["containers"][0]["args"] == ["serve"] and "volumes" not in bare
+
+
+def test_the_redis_secret_is_copied_into_each_pool_namespace(tmp_path: Path) -> None:
+    """Against the API emulator over HTTP: a pod can only read a Secret of its own namespace."""
+    pytest.importorskip("kmock")
+    import base64
+
+    from kubernetes import client, config
+
+    from elastune_operator.k8s.knative import KnativeBackend
+    from elastune_testing.emulator import start_emulator
+
+    emu = start_emulator(tmp_path / "emulator")
+    try:
+        api = config.new_client_from_config(config_file=str(emu.kubeconfig_path))
+        core = client.CoreV1Api(api)
+        doc = yaml.safe_load((REPO / "manifests" / "warmpool.yaml").read_text())
+        doc["metadata"].update(namespace="team-a", uid="u-1")
+        pool = parse_resource(doc)
+        url, name = "redis://r:6379/0", "elastune-redis"
+        KnativeBackend(api, url, name, "password", redis_password="s3cret").register(pool, 0)
+        secret = core.read_namespaced_secret("elastune-redis", "team-a")
+        assert base64.b64decode(secret.data["password"]).decode() == "s3cret"
+        # A secret of that name already there (e.g. a stale copy) is brought up to date, not duplicated.
+        core.patch_namespaced_secret(
+            "elastune-redis", "team-a", {"data": {"password": base64.b64encode(b"old").decode()}}
+        )
+        KnativeBackend(api, url, name, "password", redis_password="s3cret").register(pool, 0)
+        secret = core.read_namespaced_secret("elastune-redis", "team-a")
+        assert base64.b64decode(secret.data["password"]).decode() == "s3cret"
+        # Without a password (Redis without auth) nothing is written.
+        doc["metadata"]["namespace"] = "team-b"
+        KnativeBackend(api, "redis://r:6379/0", "elastune-redis").register(parse_resource(doc), 0)
+        assert not [
+            s for s in core.list_namespaced_secret("team-b").items if s.metadata.name == "elastune-redis"
+        ]
+    finally:
+        emu.stop()

@@ -84,7 +84,11 @@ class KnativeStandIn:
         ns, name = meta.get("namespace", "default"), meta["name"]
         want = int((template.get("metadata") or {}).get("annotations", {}).get(MIN_SCALE, "0"))
         mine = [p for p in self.pods.values() if p.service == name and p.namespace == ns and not p.removed]
-        env = {e["name"]: e.get("value") for e in template["spec"]["containers"][0].get("env", [])}
+        container = template["spec"]["containers"][0]
+        env = {e["name"]: e.get("value") for e in container.get("env", [])}
+        pool = env.get("ELASTUNE_POOL") or name
+        # The container's args after the `serve` subcommand: the pool's engine flags, as a pod gets them.
+        self.backend.pool_args[pool] = list(container.get("args") or [])[1:]
         for _ in range(want - len(mine)):
             self._order += 1
             pod = f"{name}-{secrets.token_hex(3)}"
@@ -102,7 +106,7 @@ class KnativeStandIn:
             }
             core.create_namespaced_pod(ns, body)
             self.pods[pod] = _Pod(pod, ns, name, self._order)
-            self.backend.start_worker(pod, env.get("ELASTUNE_POOL") or name, env["ELASTUNE_MODEL"])
+            self.backend.start_worker(pod, pool, env["ELASTUNE_MODEL"])
         if len(mine) > want:
             costs = {p.name: self._cost(core, p) for p in mine}
             # ReplicaSet controller: lower deletion cost first, then the newest pod.

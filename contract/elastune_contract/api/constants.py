@@ -39,3 +39,8 @@ LABEL_WARM_POOL: Final = f"{GROUP}/warmpool"
 LABEL_ADAPTER: Final = f"{GROUP}/adapter"
 # Value of LABEL_POOL on GPU nodes that have nothing loaded yet.
 POOL_COLD: Final = "cold"
+
+# Where a WarmPool's PersistentVolumeClaims are mounted in worker pods unless mountPath says otherwise:
+# pvc://<claim>/<path> resolves to $ELASTUNE_PVC_ROOT/<claim>/<path>.
+PVC_ROOT_ENV: Final = "ELASTUNE_PVC_ROOT"
+DEFAULT_PVC_ROOT: Final = "/mnt/pvc"

@@ -108,7 +108,9 @@ class Directory:
             ep = endpoints.get(eid)
             if ep is None or ep.started_at != started:
                 del self._down[eid]  # gone, or a new process under the same id: forget the failure
-        models = dict(self._models)  # a model served before stays known: its pool may be at zero
+        # A base model served before stays known (its pool may be at zero); adapters are known only
+        # while a pod holds one or its pool lists it, so a deleted adapter is a 404 again.
+        models = {name: m for name, m in self._models.items() if m.parent is None}
         for rec in pools.values():
             prev = models.get(rec.model)
             models[rec.model] = KnownModel(

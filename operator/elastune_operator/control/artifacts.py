@@ -18,11 +18,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from elastune_contract.api.constants import DEFAULT_PVC_ROOT, PVC_ROOT_ENV
 from elastune_contract.api.loraadapter import LoRAAdapterSpec
 from elastune_contract.vocabulary import Reason
 
-PVC_ROOT_ENV = "ELASTUNE_PVC_ROOT"
-DEFAULT_PVC_ROOT = "/mnt/pvc"
 # PEFT's peft_type values by the LoRAAdapter type they serve as.
 _PEFT_TYPES = {"lora": {"LORA"}, "promptTuning": {"PROMPT_TUNING", "P_TUNING"}}
 

@@ -30,7 +30,7 @@ from elastune_contract.protocol import Assignment, Bus, Event, WorkerRecord, Wor
 from elastune_contract.vocabulary import PERMANENT_FAILURE_REASONS, Reason
 from elastune_operator.control.backend import ClusterBackend
 from elastune_operator.control.fleet import Fleet
-from elastune_operator.control.lifecycle import JobLifecycle, is_terminal
+from elastune_operator.control.lifecycle import JobLifecycle, is_terminal, succeeded
 from elastune_operator.control.records import CoreSettings, JobRecord, PoolConfig
 from elastune_operator.control.serving import AdapterRecord, ServingControl
 from elastune_operator.metrics import ControlMetrics
@@ -127,6 +127,8 @@ class ControlCore:
         now = self.clock()
         if is_terminal(job):
             job.terminal = True
+            # The operator may have stopped between the job's success and its LoRAAdapter's creation.
+            self.publish(job)
             return
         pool = self.pools.get(job.llm)
         if pool is None:
@@ -234,7 +236,7 @@ class ControlCore:
         """Tune -> serve: a succeeded job with spec.output.publish becomes a promptTuning LoRAAdapter."""
         name = job.spec.output.publish if job.spec.output else None
         uri = job.status.artifact_uri
-        if not name or not uri or job.status.published_adapter == name:
+        if not name or not uri or job.status.published_adapter == name or not succeeded(job):
             return
         ns = job.key.split("/", 1)[0]
         spec = LoRAAdapterSpec.model_validate(

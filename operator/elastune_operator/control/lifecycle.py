@@ -212,6 +212,11 @@ def is_terminal(job: JobRecord) -> bool:
     return done is not None and done.status != "Unknown"
 
 
+def succeeded(job: JobRecord) -> bool:
+    """A job whose status says it succeeded."""
+    return any(c.type == C.SUCCEEDED and c.status == "True" for c in job.status.conditions)
+
+
 def _dec(value: float, places: int = 4) -> str:
     return units.format_decimal(round(float(value), places))
 

@@ -10,6 +10,9 @@ Run with ``elastune operator [kopf run flags]`` (e.g. ``--all-namespaces --liven
   running with the spec it was accepted with. Delete and re-create it to change the spec.
 - WarmPool create/resume/update → the pool is (re)configured and its Knative Service applied; delete →
   jobs that still need it fail with WarmPoolDeleted (the Service goes with its owner reference).
+- LoRAAdapter create/resume/update → validated against its artifact and placed on the pool's pods
+  (status follows what the workers really hold); delete → unloaded from every pod, and only then does
+  kopf remove our finalizer (retried every 2 s while a pod still holds it).
 """
 
 from __future__ import annotations
@@ -20,7 +23,14 @@ from typing import Any
 import kopf
 from kubernetes import client, config
 
-from elastune_contract.api.constants import FINALIZER, GROUP, PLURAL_TUNING_JOBS, PLURAL_WARM_POOLS, VERSION
+from elastune_contract.api.constants import (
+    FINALIZER,
+    GROUP,
+    PLURAL_LORA_ADAPTERS,
+    PLURAL_TUNING_JOBS,
+    PLURAL_WARM_POOLS,
+    VERSION,
+)
 from elastune_contract.vocabulary import Reason
 from elastune_operator.k8s.runtime import Runtime
 from elastune_operator.k8s.settings import OperatorSettings
@@ -124,3 +134,17 @@ def tuning_job_spec_changed(body: kopf.Body, **_: Any) -> None:
 @kopf.on.delete(GROUP, VERSION, PLURAL_TUNING_JOBS)
 def tuning_job_deleted(namespace: str, name: str, **_: Any) -> None:
     _counted("tuningjob_delete", _runtime().cancel_job, f"{namespace}/{name}")
+
+
+@kopf.on.resume(GROUP, VERSION, PLURAL_LORA_ADAPTERS)
+@kopf.on.create(GROUP, VERSION, PLURAL_LORA_ADAPTERS)
+@kopf.on.update(GROUP, VERSION, PLURAL_LORA_ADAPTERS, field="spec")
+def lora_adapter_changed(body: kopf.Body, **_: Any) -> None:
+    _counted("loraadapter", _runtime().upsert_adapter, _plain(body))
+
+
+@kopf.on.delete(GROUP, VERSION, PLURAL_LORA_ADAPTERS)
+def lora_adapter_deleted(namespace: str, name: str, **_: Any) -> None:
+    held = _counted("loraadapter_delete", _runtime().delete_adapter, namespace, name)
+    if held:
+        raise kopf.TemporaryError(f"still loaded on {', '.join(held)}; unloading", delay=2)

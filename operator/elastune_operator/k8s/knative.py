@@ -16,6 +16,7 @@ objects (there is no maintained Knative Python client).
 
 from __future__ import annotations
 
+import base64
 import logging
 from dataclasses import dataclass, field
 from typing import Any
@@ -23,8 +24,9 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from elastune_contract.api.constants import GROUP, LABEL_MODEL, LABEL_WARM_POOL
+from elastune_contract.api.constants import DEFAULT_PVC_ROOT, GROUP, LABEL_MODEL, LABEL_WARM_POOL
 from elastune_contract.api.warmpool import WarmPool
+from elastune_operator.control.resources import worker_serving_args
 
 log = logging.getLogger("elastune.knative")
 
@@ -82,12 +84,14 @@ def service_manifest(
         e.model_dump(by_alias=True, exclude_none=True) for e in spec.worker.env or [] if e.name not in names
     ]
     labels = {LABEL_WARM_POOL: name, LABEL_MODEL: _label_value(spec.model)}
+    volumes, mounts = pod_volumes(pool)
     pod_spec: dict[str, Any] = {
         "containers": [
             {
                 "name": "worker",
                 "image": spec.worker.image,
-                "args": ["serve"],
+                # The serving section as the engine's flags (vLLM's names), the same as `elastune serve`.
+                "args": ["serve", *worker_serving_args(spec.serving)],
                 "ports": [{"containerPort": WORKER_PORT}],
                 "env": env,
                 "resources": resources,
@@ -104,6 +108,9 @@ def service_manifest(
         # Busy workers finish their step and report before they go; long grace for checkpoints.
         "timeoutSeconds": 3600,
     }
+    if volumes:
+        pod_spec["volumes"] = volumes
+        pod_spec["containers"][0]["volumeMounts"] = mounts
     if spec.node_selector:
         pod_spec["nodeSelector"] = dict(spec.node_selector)
     if spec.tolerations:
@@ -142,6 +149,21 @@ def service_manifest(
     }
 
 
+def pod_volumes(pool: WarmPool) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The WarmPool's PersistentVolumeClaims as pod volumes and the worker container's mounts."""
+    volumes: list[dict[str, Any]] = []
+    mounts: list[dict[str, Any]] = []
+    for i, v in enumerate(pool.spec.volumes or []):
+        # Volume names are DNS labels of at most 63 characters; a claim name may be longer.
+        vol = f"pvc-{i}"
+        volumes.append(
+            {"name": vol, "persistentVolumeClaim": {"claimName": v.claim_name, "readOnly": v.read_only}}
+        )
+        path = v.mount_path or f"{DEFAULT_PVC_ROOT}/{v.claim_name}"
+        mounts.append({"name": vol, "mountPath": path, "readOnly": v.read_only})
+    return volumes, mounts
+
+
 def _label_value(model: str) -> str:
     """A model name as a label value (63 chars of [A-Za-z0-9-_.])."""
     out = "".join(c if c.isalnum() or c in "-_." else "-" for c in model)[:63].strip("-_.")
@@ -157,12 +179,15 @@ class KnativeBackend:
         redis_url: str,
         redis_secret: str | None = None,
         secret_key: str = "password",
+        redis_password: str | None = None,
     ) -> None:
         self.custom = client.CustomObjectsApi(api_client)
         self.core = client.CoreV1Api(api_client)
         self.redis_url = redis_url
         self.redis_secret = redis_secret
         self.secret_key = secret_key
+        self.redis_password = redis_password
+        self._secret_in: set[str] = set()  # namespaces whose Secret copy is written
         self.pools: dict[str, tuple[WarmPool, int]] = {}  # pool name -> (resource, desired size)
 
     def register(self, pool: WarmPool, desired: int | None = None) -> int:
@@ -173,8 +198,37 @@ class KnativeBackend:
             desired = self._current_min_scale(name, ns)
         desired = max(desired, pool.spec.min_warm_gpus)
         self.pools[name] = (pool, desired)
+        self.copy_redis_secret(ns)
         self._apply(name)
         return desired
+
+    def copy_redis_secret(self, ns: str) -> None:
+        """Worker pods read the Redis password from a Secret in their own namespace (a pod cannot
+        reference another namespace's Secret): write the operator's password under the Secret name the
+        pods reference. Create, or patch when it exists (the chart's RBAC grants exactly create and
+        get/patch of that one name); written once per namespace per operator run."""
+        if not self.redis_secret or not self.redis_password or ns in self._secret_in:
+            return
+        data = {self.secret_key: base64.b64encode(self.redis_password.encode()).decode()}
+        body = {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {
+                "name": self.redis_secret,
+                "namespace": ns,
+                "labels": {"app.kubernetes.io/managed-by": "elastune-operator"},
+            },
+            "type": "Opaque",
+            "data": data,
+        }
+        try:
+            self.core.create_namespaced_secret(ns, body)
+            log.info("copied the Redis Secret %s into namespace %s", self.redis_secret, ns)
+        except ApiException as exc:
+            if exc.status != 409:
+                raise
+            self.core.patch_namespaced_secret(self.redis_secret, ns, {"data": data})
+        self._secret_in.add(ns)
 
     def unregister(self, name: str) -> None:
         """The WarmPool is gone; its Service goes with it through the owner reference."""

@@ -11,6 +11,7 @@ kopf handlers must never sleep.
 from __future__ import annotations
 
 import logging
+import os
 import queue
 import threading
 import time
@@ -19,20 +20,33 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from typing import Any
+from urllib.parse import urlsplit
 
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from elastune_contract.api import units
-from elastune_contract.api.constants import GROUP, PLURAL_TUNING_JOBS, PLURAL_WARM_POOLS, VERSION
+from elastune_contract.api.constants import (
+    API_VERSION,
+    GROUP,
+    KIND_LORA_ADAPTER,
+    KIND_TUNING_JOB,
+    LABEL_JOB,
+    PLURAL_LORA_ADAPTERS,
+    PLURAL_TUNING_JOBS,
+    PLURAL_WARM_POOLS,
+    VERSION,
+)
+from elastune_contract.api.loraadapter import LoRAAdapter, LoRAAdapterStatus
 from elastune_contract.api.resources import InvalidResource, parse_resource
 from elastune_contract.api.tuningjob import TuningJob
 from elastune_contract.api.warmpool import WarmPool, WarmPoolStatus
-from elastune_contract.protocol import Bus
+from elastune_contract.protocol import PASSWORD_ENV, Bus
 from elastune_contract.vocabulary import ConditionType, Reason
 from elastune_operator.control.core import ControlCore
 from elastune_operator.control.records import CoreSettings, JobRecord
 from elastune_operator.control.resources import artifact_dir, job_record, pool_config
+from elastune_operator.control.serving import AdapterRecord
 from elastune_operator.k8s.knative import KnativeBackend
 from elastune_operator.k8s.settings import OperatorSettings
 from elastune_operator.metrics import ControlMetrics
@@ -69,7 +83,11 @@ class Runtime:
         self.bus = bus or Bus(settings.redis_url, settings.namespace)
         self.metrics = metrics or ControlMetrics()
         self.backend = KnativeBackend(
-            api_client, settings.redis_url, settings.redis_secret, settings.redis_secret_key
+            api_client,
+            settings.redis_url,
+            settings.redis_secret,
+            settings.redis_secret_key,
+            redis_password=os.environ.get(PASSWORD_ENV) or urlsplit(settings.redis_url).password,
         )
         core_settings = CoreSettings(
             cold_capacity=settings.cold_pool_gpus,
@@ -79,12 +97,21 @@ class Runtime:
             policy=settings.scheduling_policy,
         )
         self.core = ControlCore(
-            self.backend, self.bus, core_settings, [], on_status=self._on_status, metrics=self.metrics
+            self.backend,
+            self.bus,
+            core_settings,
+            [],
+            on_status=self._on_status,
+            metrics=self.metrics,
+            on_adapter_status=self._on_adapter_status,
+            on_publish=self._on_publish,
         )
         self._commands: queue.Queue[tuple[Callable[[], Any], threading.Event | None, list[Any]]] = (
             queue.Queue()
         )
         self._dirty: dict[str, JobRecord] = {}
+        self._adapters_dirty: dict[str, AdapterRecord] = {}
+        self._to_publish: dict[str, dict[str, Any]] = {}  # "ns/name" -> LoRAAdapter body to create
         self._posted: dict[str, set[tuple[str, str, str]]] = {}  # job key -> conditions already evented
         self._pools: dict[str, WarmPool] = {}  # "ns/name" -> resource
         self._pool_status: dict[str, dict[str, Any]] = {}
@@ -195,6 +222,44 @@ class Runtime:
         self.call(lambda: self.core.cancel(key), wait=30)
         self._posted.pop(key, None)
 
+    def upsert_adapter(self, body: dict[str, Any]) -> None:
+        """A LoRAAdapter was created, changed, or seen again after a restart."""
+        meta = body.get("metadata", {})
+        try:
+            res = parse_resource(body)
+            assert isinstance(res, LoRAAdapter)
+        except InvalidResource as exc:
+            self._adapter_invalid(meta, "; ".join(exc.errors))
+            return
+        rec = AdapterRecord(
+            namespace=res.metadata.namespace or "default",
+            name=res.metadata.name or "",
+            spec=res.spec,
+            generation=res.metadata.generation or 1,
+            # Seeded from the stored status so `loadedOn[].since` survives an operator restart.
+            status=res.status or LoRAAdapterStatus(),
+        )
+        if res.spec.base_model not in self.core.pools:
+            self._refresh_pools()  # a WarmPool applied together with the adapter may not be handled yet
+        self.call(lambda: self.core.serving.upsert_adapter(rec), wait=30)
+
+    def delete_adapter(self, namespace: str, name: str) -> list[str]:
+        """Unload it from every pod; returns the pods still holding it (empty: the finalizer may go)."""
+
+        def apply() -> list[str]:
+            workers = self.bus.workers()
+            if self.core.serving.delete_adapter(namespace, name, workers):
+                self._adapters_dirty.pop(f"{namespace}/{name}", None)
+                return []
+            return sorted(
+                wid
+                for wid, w in workers.items()
+                if w.serving and any(a.name == name for a in w.serving.adapters)
+            )
+
+        held: list[str] = self.call(apply, wait=30)
+        return held
+
     def _refresh_pools(self) -> None:
         try:
             items = self.api.list_cluster_custom_object(GROUP, VERSION, PLURAL_WARM_POOLS).get("items", [])
@@ -211,6 +276,34 @@ class Runtime:
     def _on_status(self, job: JobRecord) -> None:
         self._dirty[job.key] = job
 
+    def _on_adapter_status(self, rec: AdapterRecord) -> None:
+        self._adapters_dirty[rec.key] = rec
+
+    def _on_publish(self, job: JobRecord, rec: AdapterRecord) -> None:
+        """Tune -> serve: the job's LoRAAdapter, owned by the job (it goes when the job goes) and
+        labelled back to it. Created by _flush (retried until the API takes it); the kopf handler then
+        registers it like any LoRAAdapter."""
+        _, job_name = job.key.split("/", 1)
+        self._to_publish[rec.key] = {
+            "apiVersion": API_VERSION,
+            "kind": KIND_LORA_ADAPTER,
+            "metadata": {
+                "name": rec.name,
+                "namespace": rec.namespace,
+                "labels": {LABEL_JOB: job_name},
+                "ownerReferences": [
+                    {
+                        "apiVersion": API_VERSION,
+                        "kind": KIND_TUNING_JOB,
+                        "name": job_name,
+                        "uid": job.uid,
+                        "blockOwnerDeletion": False,
+                    }
+                ],
+            },
+            "spec": rec.spec.model_dump(by_alias=True, mode="json", exclude_none=True),
+        }
+
     def _flush(self) -> None:
         dirty = list(self._dirty.items())
         self._dirty.clear()
@@ -218,6 +311,12 @@ class Runtime:
             # In parallel: after a burst of creations every job has a status to write, and one round
             # trip at a time would make the last job wait for all the others.
             list(self._writers.map(lambda item: self._write_status(*item), dirty))
+        adapters = list(self._adapters_dirty.items())
+        self._adapters_dirty.clear()
+        if adapters:
+            list(self._writers.map(lambda item: self._write_adapter_status(*item), adapters))
+        for key, body in list(self._to_publish.items()):
+            self._create_published(key, body)
         now = time.monotonic()
         if now >= self._next_pool_status:
             self._next_pool_status = now + POOL_STATUS_SECONDS
@@ -235,6 +334,49 @@ class Runtime:
                 log.warning("status patch of %s failed: %s %s", key, exc.status, exc.reason)
             return
         self._post_transitions(job, ns, name)
+
+    def _write_adapter_status(self, key: str, rec: AdapterRecord) -> None:
+        patch = {"status": rec.status.model_dump(by_alias=True, mode="json", exclude_none=True)}
+        # Lists are replaced by a merge patch; an adapter unloaded everywhere must show an empty list.
+        patch["status"].setdefault("loadedOn", [])
+        try:
+            self.api.patch_namespaced_custom_object_status(
+                GROUP, VERSION, rec.namespace, PLURAL_LORA_ADAPTERS, rec.name, patch
+            )
+        except ApiException as exc:
+            if exc.status != 404:
+                self._adapters_dirty.setdefault(key, rec)
+                log.warning("status patch of LoRAAdapter %s failed: %s %s", key, exc.status, exc.reason)
+
+    def _create_published(self, key: str, body: dict[str, Any]) -> None:
+        ns = body["metadata"]["namespace"]
+        try:
+            self.api.create_namespaced_custom_object(GROUP, VERSION, ns, PLURAL_LORA_ADAPTERS, body)
+            log.info("published LoRAAdapter %s", key)
+        except ApiException as exc:
+            if exc.status != 409:  # 409: created before a restart, or a user's adapter of that name
+                log.warning("cannot create LoRAAdapter %s: %s %s (retrying)", key, exc.status, exc.reason)
+                return
+        del self._to_publish[key]
+
+    def _adapter_invalid(self, meta: dict[str, Any], message: str) -> None:
+        """Passed the CRD schema but not the model: Ready=False with the reason, nothing else touched."""
+        ns, name = meta.get("namespace"), meta.get("name")
+        stamp = units.format_timestamp(datetime.now(UTC))
+        conditions = [
+            {
+                "type": ctype,
+                "status": "False",
+                "reason": Reason.INVALID_SPEC,
+                "message": message[:32768],
+                "lastTransitionTime": stamp,
+                "observedGeneration": meta.get("generation"),
+            }
+            for ctype in (ConditionType.READY, ConditionType.LOADED)
+        ]
+        body = {"status": {"conditions": conditions, "observedGeneration": meta.get("generation")}}
+        self.api.patch_namespaced_custom_object_status(GROUP, VERSION, ns, PLURAL_LORA_ADAPTERS, name, body)
+        self._event(ns, name, KIND_LORA_ADAPTER, Reason.INVALID_SPEC, message, True, meta.get("uid", ""))
 
     def _post_transitions(self, job: JobRecord, ns: str, name: str) -> None:
         seen = self._posted.setdefault(job.key, set())

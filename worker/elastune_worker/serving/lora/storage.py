@@ -12,10 +12,8 @@ import os
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from elastune_contract.api.constants import DEFAULT_PVC_ROOT, PVC_ROOT_ENV
 from elastune_worker.serving.lora.weights import AdapterError
-
-PVC_ROOT_ENV = "ELASTUNE_PVC_ROOT"
-DEFAULT_PVC_ROOT = "/mnt/pvc"
 
 
 def resolve_artifact(url: str) -> str:
