@@ -145,3 +145,19 @@ def test_delete_waits_until_no_worker_holds_it(bus: Bus, tmp_path: Path) -> None
     assert bus.placement("w1") == {}  # the worker is told to unload it
     assert control.delete_adapter("default", "good", {"w1": worker("w1")}) is True
     assert "good" not in control.adapters
+
+
+def test_a_cluster_operator_leaves_worker_paths_to_the_workers(bus: Bus, tmp_path: Path) -> None:
+    """On Kubernetes a file:// artifact is on the worker pods' filesystem (a published prompt under their
+    work dir): the operator places it unchecked and the worker's load error becomes the condition."""
+    control = ServingControl(bus, check_artifact_paths=False)
+    control.add_pool("tiny-llama", MODEL, ServingSpec(max_lora_rank=32))
+    remote = adapter("remote", "file:///tmp/elastune/artifacts/job/u1", rank=8)
+    cloud = adapter("cloud", "s3://bucket/adapter")
+    control.upsert_adapter(remote)
+    control.upsert_adapter(cloud)
+    control.tick({"w1": worker("w1")})
+    assert ready(remote) == ("True", Reason.SERVABLE) and set(bus.placement("w1")) == {"remote"}
+    assert ready(cloud) == ("False", Reason.ARTIFACT_UNSUPPORTED_SCHEME)  # still refused up front
+    control.tick({"w1": worker("w1", errors={"remote": "no adapter_config.json in /tmp/elastune/..."})})
+    assert ready(remote) == ("False", Reason.ADAPTER_LOAD_FAILED)

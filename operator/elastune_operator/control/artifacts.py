@@ -61,8 +61,13 @@ def _local_dir(url: str) -> Path | None:
     return None
 
 
-def inspect(spec: LoRAAdapterSpec, max_rank: int, base_dir: Path | None = None) -> ArtifactInfo | Problem:
-    """The artifact as far as the control plane can see it, or the first problem with a reason."""
+def inspect(
+    spec: LoRAAdapterSpec, max_rank: int, base_dir: Path | None = None, *, check_paths: bool = True
+) -> ArtifactInfo | Problem:
+    """The artifact as far as the control plane can see it, or the first problem with a reason.
+
+    ``check_paths=False``: file:// and plain paths name the worker pods' filesystem, which the operator
+    does not see (a pod of its own on Kubernetes); the workers' load checks them instead."""
     url = resolve_url(spec.artifact_url, base_dir)
     scheme = urlsplit(url).scheme
     if scheme in ("s3", "http", "https"):
@@ -72,6 +77,8 @@ def inspect(spec: LoRAAdapterSpec, max_rank: int, base_dir: Path | None = None) 
             "PersistentVolumeClaim the WarmPool mounts and use pvc://<claim>/<path>",
         )
     local = _local_dir(url)
+    if not check_paths and scheme in ("", "file"):
+        local = None
     if local is None:  # a claim mounted only in the worker pods: their load checks it
         return ArtifactInfo(url)
     if not local.is_dir():

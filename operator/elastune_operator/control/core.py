@@ -69,7 +69,9 @@ class ControlCore:
         self.recovering: dict[str, float] = {}  # job key -> give-up time (see CoreSettings.recovery_grace_s)
         self._touched: set[str] = set()  # jobs whose GPUs or state changed this round
         self._last_tick: float | None = None
-        self.serving = ServingControl(bus, on_adapter_status, clock)
+        self.serving = ServingControl(
+            bus, on_adapter_status, clock, check_artifact_paths=settings.check_artifact_paths
+        )
         self.on_publish = on_publish
         """Tune -> serve on Kubernetes: create the LoRAAdapter resource (None: register it here)."""
         self._serving_need: dict[str, int] = {}

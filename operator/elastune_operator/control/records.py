@@ -44,6 +44,9 @@ class CoreSettings:
     policy: PolicyName = "promptTuner"
     """The scheduling policy: PromptTuner's, or one of the paper's baselines (infless, elasticflow)
     for side-by-side runs on real workers."""
+    check_artifact_paths: bool = True
+    """Check file:// and path artifactURLs of LoRAAdapters on this process's filesystem (local mode; a
+    Kubernetes operator sees the workers' files only when it mounts the same volume)."""
     recovery_grace_s: float = WORKER_TTL_SECONDS + 5.0
     """After a control-plane restart, how long a job's in-flight attempt may take to show up (its busy
     workers in the registry, or its result in the event stream) before it is re-run from its checkpoint."""

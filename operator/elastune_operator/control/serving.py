@@ -73,8 +73,11 @@ class ServingControl:
         bus: Bus,
         on_status: Callable[[AdapterRecord], None] | None = None,
         clock: Callable[[], float] = time.time,
+        *,
+        check_artifact_paths: bool = True,
     ) -> None:
         self.bus = bus
+        self.check_artifact_paths = check_artifact_paths
         self.on_status = on_status or (lambda _rec: None)
         self.clock = clock
         self.pools: dict[str, _Pool] = {}  # model -> pool
@@ -154,7 +157,9 @@ class ServingControl:
                 f"no WarmPool serves baseModel {rec.spec.base_model!r} (pools serve: {known})",
             )
         else:
-            found = artifacts.inspect(rec.spec, pool.spec.max_lora_rank, rec.base_dir)
+            found = artifacts.inspect(
+                rec.spec, pool.spec.max_lora_rank, rec.base_dir, check_paths=self.check_artifact_paths
+            )
             if isinstance(found, artifacts.Problem):
                 rec.problem = found
             elif rec.spec.type == "lora" and pool.spec.max_loras == 0:

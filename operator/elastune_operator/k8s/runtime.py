@@ -95,6 +95,7 @@ class Runtime:
             work_dir=settings.work_dir,
             collective_timeout_s=settings.collective_timeout_s,
             policy=settings.scheduling_policy,
+            check_artifact_paths=settings.check_artifact_paths,
         )
         self.core = ControlCore(
             self.backend,

@@ -41,6 +41,11 @@ class OperatorSettings:
     """ELASTUNE_SCHEDULING_POLICY: promptTuner (default), or one of the paper's baselines (infless,
     elasticflow) to compare them on a real cluster."""
 
+    check_artifact_paths: bool = True
+    """ELASTUNE_CHECK_ARTIFACT_PATHS: check file:// and path artifactURLs of LoRAAdapters on the
+    operator's own filesystem. The chart sets false: those paths are the worker pods' (a published
+    prompt lives under their work dir), so the workers' load checks them and reports failures."""
+
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> OperatorSettings:
         env = dict(os.environ if env is None else env)
@@ -55,6 +60,7 @@ class OperatorSettings:
             "namespace": "ELASTUNE_NAMESPACE",
             "collective_timeout_s": "ELASTUNE_COLLECTIVE_TIMEOUT",
             "scheduling_policy": "ELASTUNE_SCHEDULING_POLICY",
+            "check_artifact_paths": "ELASTUNE_CHECK_ARTIFACT_PATHS",
         }
         values: dict[str, object] = {}
         for f in fields(cls):
@@ -69,6 +75,10 @@ class OperatorSettings:
                     values[f.name] = float(raw)
                 elif f.name == "work_dir":
                     values[f.name] = Path(raw)
+                elif f.name == "check_artifact_paths":
+                    if raw.lower() not in ("true", "false"):
+                        raise ValueError("must be true or false")
+                    values[f.name] = raw.lower() == "true"
                 elif f.name == "scheduling_policy":
                     if raw not in POLICY_NAMES:
                         raise ValueError(f"must be one of {', '.join(POLICY_NAMES)}")
