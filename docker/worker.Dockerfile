@@ -36,9 +36,12 @@ RUN pip install ".[worker]" && rm -rf /src
 # runs unchanged on a cluster.
 WORKDIR /app
 COPY manifests/data/ data/
-# The tiny GPT-2 and its tokenizer are built at image build time into $ELASTUNE_CACHE, so pods start
-# warm from local files and never reach a model hub (HF_HUB_OFFLINE below).
+# The tiny GPT-2 and Llama and the Llama's LoRA adapters (ranks 8-64) are built at image build time
+# into $ELASTUNE_CACHE, so pods start warm from local files and never reach a model hub (HF_HUB_OFFLINE
+# below); the adapters are linked as /app/adapters/<name> (LoRAAdapter artifactURLs in e2e/).
 RUN python -m elastune_worker.tiny.build \
+ && python -m elastune_worker.tiny.build --arch llama \
+ && python -m elastune_worker.tiny.adapters --link-into /app/adapters \
  && groupadd --system --gid 10001 elastune \
  && useradd --system --uid 10001 --gid 10001 --home-dir /tmp --shell /usr/sbin/nologin elastune \
  && chmod -R a+rX /opt/elastune /app

@@ -166,3 +166,116 @@ def test_tuning_job_end_to_end(cluster_ready: None) -> None:
         lambda: not (get_json("pods", "-n", NAMESPACE, "-l", selector) or {}).get("items") or None,
         timeout=180,
     )
+
+
+GATEWAY_SERVICE = os.environ.get("ELASTUNE_E2E_GATEWAY_SERVICE", "elastune-gateway")
+
+
+def serving_doc(name: str) -> dict[str, Any]:
+    doc = yaml.safe_load((REPO / "manifests" / "serving" / name).read_text(encoding="utf-8"))
+    doc["metadata"]["namespace"] = NAMESPACE
+    return doc
+
+
+def lora(name: str, path: str, rank: int | None) -> dict[str, Any]:
+    spec: dict[str, Any] = {"baseModel": "elastune/tiny-llama", "artifactURL": path}
+    if rank is not None:
+        spec["rank"] = rank
+    meta = {"name": name, "namespace": NAMESPACE}
+    return {"apiVersion": "elastune.dev/v1alpha1", "kind": "LoRAAdapter", "metadata": meta, "spec": spec}
+
+
+@pytest.fixture
+def gateway_url() -> Iterator[str]:
+    """The chart's gateway Service through kubectl port-forward."""
+    port = 18000 + os.getpid() % 1000
+    cmd = [_kubectl_binary(), "--kubeconfig", KUBECONFIG, "port-forward", "-n", NAMESPACE]
+    cmd += [f"svc/{GATEWAY_SERVICE}", f"{port}:http"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        time.sleep(3)
+        yield f"http://127.0.0.1:{port}/v1"
+    finally:
+        proc.terminate()
+
+
+def test_serving_end_to_end(cluster_ready: None, gateway_url: str) -> None:
+    """Issue 15 on a real cluster: a pool that scales from zero, LoRAAdapters of ranks 8 and 16 (built
+    into the worker image under /app/adapters), one whose artifact does not exist, tune -> serve, and
+    delete; requests through the chart's gateway with the openai client."""
+    openai = pytest.importorskip("openai")
+    pool, job = serving_doc("warmpool.yaml"), serving_doc("tuningjob.yaml")
+    worker = pool["spec"].setdefault("worker", {})
+    worker["resources"] = {"requests": {"cpu": "500m", "memory": "1536Mi"}, "limits": {"memory": "1536Mi"}}
+    if WORKER_IMAGE:
+        worker["image"] = WORKER_IMAGE
+    job["spec"]["dataset"] = "data/extract.jsonl"  # /app/data in the worker image
+    job["spec"]["termination"]["maxIterations"] = 10
+    adapters = [
+        lora("e2e-units", "/app/adapters/tiny-llama-lora-r8-units", 8),
+        lora("e2e-case", "/app/adapters/tiny-llama-lora-r16-case", 16),
+        lora("e2e-missing", "/app/adapters/no-such-adapter", None),
+    ]
+    names = [a["metadata"]["name"] for a in adapters]
+    published = job["spec"]["output"]["publish"]
+    try:
+        apply(pool)
+        for a in adapters:
+            apply(a)
+        client = openai.OpenAI(base_url=gateway_url, api_key="unused", timeout=600, max_retries=0)
+        wait_for(
+            "the gateway to list the adapters",
+            lambda: "e2e-case" in {m.id for m in client.models.list()},
+            120,
+        )
+        # Scaled to zero: the request waits in the gateway while the pool starts a pod.
+        answer = client.completions.create(model="e2e-units", prompt="12 km →", max_tokens=6, temperature=0)
+        assert answer.choices[0].text and answer.model == "e2e-units"
+
+        def loaded(name: str) -> list[dict[str, Any]] | None:
+            obj = get_json("loraadapter", name, "-n", NAMESPACE) or {}
+            return obj.get("status", {}).get("loadedOn") or None
+
+        for name in names[:2]:
+            holders = wait_for(f"{name} loaded on a pod", lambda n=name: loaded(n), 300)
+            assert all(h["tier"] in ("device", "host") for h in holders), holders
+        # The workers' load decides for paths only they see; the reason comes back on the resource.
+        missing = wait_for(
+            "the missing artifact's condition",
+            lambda: (
+                (condition(get_json("loraadapter", names[2], "-n", NAMESPACE) or {}, "Ready") or {}).get(
+                    "reason"
+                )
+                in ("AdapterLoadFailed", "ArtifactNotFound")
+                or None
+            ),
+            300,
+        )
+        assert missing
+
+        apply(job)
+        wait_for(
+            "the published LoRAAdapter",
+            lambda: get_json("loraadapter", published, "-n", NAMESPACE),
+            JOB_TIMEOUT_S,
+        )
+        wait_for(
+            "the published prompt listed", lambda: published in {m.id for m in client.models.list()}, 300
+        )
+        tuned = client.completions.create(model=published, prompt="title: Dune; author:", max_tokens=4)
+        assert tuned.model == published
+
+        kubectl("delete", "loraadapter", "e2e-case", "-n", NAMESPACE, "--timeout=180s")
+        with pytest.raises(openai.NotFoundError):
+            client.completions.create(model="e2e-case", prompt="x", max_tokens=2)
+    finally:
+        for name in names:
+            kubectl("delete", "loraadapter", name, "-n", NAMESPACE, "--ignore-not-found", "--timeout=180s")
+        kubectl("delete", "tuningjob", job["metadata"]["name"], "-n", NAMESPACE, "--ignore-not-found")
+        kubectl("delete", "warmpool", pool["metadata"]["name"], "-n", NAMESPACE, "--ignore-not-found")
+    # The published adapter goes with its job (owner reference).
+    wait_for(
+        "the published adapter to go with its job",
+        lambda: get_json("loraadapter", published, "-n", NAMESPACE) is None or None,
+        180,
+    )
