@@ -170,6 +170,16 @@ def resource_with_status(job: TuningJob, record: JobRecord) -> dict[str, Any]:
     return obj
 
 
+def connect_bus(redis_url: str | None, tmp: Path, servers: list[Server]) -> tuple[str, Bus]:
+    """The given Redis, or an embedded one started under ``tmp`` (appended to ``servers`` to stop)."""
+    if redis_url is None:
+        servers.append(start_redis(tmp / "redis"))
+        redis_url = servers[-1].url
+    bus = Bus(redis_url)
+    bus.ping()
+    return redis_url, bus
+
+
 def run(opts: RunOptions, out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> int:
     pools, jobs = plan(opts)
     state_dir = opts.state_dir.resolve()
@@ -191,12 +201,7 @@ def run(opts: RunOptions, out: TextIO = sys.stdout, err: TextIO = sys.stderr) ->
     backend: LocalBackend | None = None
     tmp = Path(tempfile.mkdtemp(prefix="servers-", dir=state_dir))
     try:
-        redis_url = opts.redis_url
-        if redis_url is None:
-            servers.append(start_redis(tmp / "redis"))
-            redis_url = servers[-1].url
-        bus = Bus(redis_url)
-        bus.ping()
+        redis_url, bus = connect_bus(opts.redis_url, tmp, servers)
         channel_url = opts.channel
         if channel_url == "redis":
             channel_url = redis_url

@@ -27,14 +27,14 @@ from elastune_contract.api import manifests
 from elastune_contract.api.loraadapter import LoRAAdapter
 from elastune_contract.api.tuningjob import TuningJob
 from elastune_contract.api.warmpool import WarmPool
-from elastune_contract.protocol import Bus, BusUnreachable
-from elastune_contract.servers import Server, ServerError, free_port, start_redis
+from elastune_contract.protocol import BusUnreachable
+from elastune_contract.servers import Server, ServerError, free_port
 from elastune_operator.control.core import ControlCore
 from elastune_operator.control.records import CoreSettings, JobRecord
 from elastune_operator.control.resources import artifact_dir, job_record, pool_config, worker_serving_args
 from elastune_operator.control.serving import AdapterRecord
 from elastune_operator.local.backend import LocalBackend
-from elastune_operator.local.run import RunError, install_stop, resolve_dataset
+from elastune_operator.local.run import RunError, connect_bus, install_stop, resolve_dataset
 
 
 @dataclass
@@ -136,12 +136,7 @@ def serve(opts: ServeOptions, out: TextIO = sys.stdout, err: TextIO = sys.stderr
     gateway: subprocess.Popen[bytes] | None = None
     tmp = Path(tempfile.mkdtemp(prefix="servers-", dir=state_dir))
     try:
-        redis_url = opts.redis_url
-        if redis_url is None:
-            servers.append(start_redis(tmp / "redis"))
-            redis_url = servers[-1].url
-        bus = Bus(redis_url)
-        bus.ping()
+        redis_url, bus = connect_bus(opts.redis_url, tmp, servers)
         backend = LocalBackend(state_dir, redis_url)
         configs = [pool_config(wp, opts.workers) for wp in pools]
         for wp, cfg in zip(pools, configs, strict=True):
