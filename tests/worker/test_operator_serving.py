@@ -108,6 +108,9 @@ def test_scale_from_zero_adapters_publish_delete_and_restart_through_the_operato
     cluster.create("loraadapters", adapter("units", str(r8), 8))
     cluster.create("loraadapters", adapter("case", str(r16), 16))
     cluster.create("loraadapters", adapter("missing", str(cluster.tmp / "no-such-adapter")))
+    orphan = adapter("orphan", str(r8))
+    orphan["spec"]["baseModel"] = "no/such-model"
+    cluster.create("loraadapters", orphan)
     wait_for("the Knative Service", lambda: cluster.service("tiny-llama") is not None, 60)
     svc = cluster.service("tiny-llama")
     args = svc["spec"]["template"]["spec"]["containers"][0]["args"]
@@ -120,6 +123,12 @@ def test_scale_from_zero_adapters_publish_delete_and_restart_through_the_operato
         60,
     )
     assert missing == "ArtifactNotFound"
+    orphaned = wait_for(
+        "the orphan's condition",
+        lambda: condition(cluster.get("loraadapters", "orphan"), "Ready").get("reason"),
+        60,
+    )
+    assert orphaned == "UnknownModel"
 
     client = openai.OpenAI(base_url=gateway, api_key="unused", timeout=240, max_retries=0)
     wait_for(
