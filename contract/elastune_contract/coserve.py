@@ -21,4 +21,7 @@ def coservable(spec: TuningJobSpec, served_model: str) -> str | None:
         )
     if spec.method not in COSERVABLE_METHODS:
         return f"method {spec.method!r} cannot be co-served (co-servable: {sorted(COSERVABLE_METHODS)})"
+    if spec.termination.target is not None:
+        # A co-served job evaluates only at its end: an evaluation between steps would stall inference.
+        return "a job with termination.target evaluates between steps, which co-serving does not do"
     return None

@@ -206,6 +206,12 @@ class Assignment(_Message):
     initial_prompt: str | None = None
     """Overrides spec.initialPrompt: a retry starts from the prompt the first attempt's lookup chose
     (its checkpoints were trained from it)."""
+    coserve: bool = False
+    """Run inside the worker's serving engine, in the token budget its inference leaves each iteration
+    (FlexLLM co-serving), instead of on the whole GPU; world must be 1. A worker without a serving engine
+    runs it dedicated."""
+    tpot_slo_s: float | None = None
+    """The serving pool's TPOT SLO: a co-served job's iterations stay within it."""
 
 
 class PromptBankReport(_Message):
@@ -261,6 +267,8 @@ class Event(_Message):
     artifact: str | None = None
     metrics: dict[str, float] | None = None
     prompt_bank: PromptBankReport | None = None
+    coserved: bool | None = None
+    """On ``started``: whether the attempt runs co-served in the worker's serving engine."""
     """The Prompt Bank decision of this attempt (first progress event)."""
 
 

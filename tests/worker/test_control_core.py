@@ -425,3 +425,65 @@ def test_an_unknown_policy_is_refused_with_the_variable_named() -> None:
         OperatorSettings.from_env(env)
     env["ELASTUNE_SCHEDULING_POLICY"] = "infless"
     assert OperatorSettings.from_env(env).scheduling_policy == "infless"
+
+
+def test_a_job_on_a_pod_that_serves_inference_is_co_served_and_others_say_why_not(
+    env: dict[str, Any],
+) -> None:
+    """FlexLLM co-serving in the control plane: a one-pod attempt whose pod served a request within the
+    last minute runs co-served (under the pool's TPOT SLO); a spec the engine cannot co-serve (a target
+    metric: co-served jobs evaluate only at the end) runs dedicated with the reason in status; a pod
+    that serves nobody gets a dedicated attempt."""
+    from elastune_contract.api.tuningjob import TuningJobSpec
+    from elastune_contract.api.warmpool import ServingSpec
+    from elastune_contract.protocol import ServingState
+
+    core, bus, clock = env["core"], env["bus"], env["clock"]
+    core.serving.add_pool("pool", MODEL, ServingSpec.model_validate({"slo": {"tpotMilliseconds": 40}}))
+
+    def serving(last: float | None, running: int = 0) -> ServingState:
+        return ServingState(model=MODEL, max_model_len=128, running=running, last_request_at=last)
+
+    co, target = job("co", iterations=5), job("target", iterations=5)
+    target.spec = TuningJobSpec.model_validate(
+        {
+            **target.spec.model_dump(by_alias=True),
+            "termination": {"maxIterations": 5, "target": {"metric": "loss", "value": "0.5"}},
+        }
+    )
+    core.submit(co)
+    core.tick()
+    worker(bus, "w1", clock, serving=serving(clock.t - 10))
+    clock.t += 5
+    core.tick()
+    a = pop(bus, "w1")
+    assert a.coserve is True and a.tpot_slo_s == pytest.approx(0.04)
+    assert co.status.co_served is True and co.status.pods == ["w1"]
+    # Its progress is not a dedicated iteration time: the estimator does not learn from it.
+    before = core.estimator.observed_iteration_seconds(MODEL)
+    post(bus, a, "progress", iterations=2, checkpointed=0, seconds_per_iteration=9.0)
+    clock.t += 1
+    core.tick()
+    assert core.estimator.observed_iteration_seconds(MODEL) == before
+    post(bus, a, "succeeded", iterations=5, artifact="/out/co", reason="MaxIterations")
+    clock.t += 1
+    core.tick()
+
+    worker(bus, "w1", clock, serving=serving(None, running=2))
+    core.submit(target)
+    clock.t += 1
+    core.tick()
+    b = pop(bus, "w1")
+    assert b.coserve is False and target.status.co_served is False
+    assert "termination.target" in (target.status.co_serving_reason or "")
+    post(bus, b, "succeeded", iterations=5, artifact="/out/target", reason="MaxIterations")
+    clock.t += 1
+    core.tick()
+
+    idle = job("idle", iterations=5)
+    worker(bus, "w1", clock, serving=serving(clock.t - 600))
+    core.submit(idle)
+    clock.t += 1
+    core.tick()
+    c = pop(bus, "w1")
+    assert c.coserve is False and idle.status.co_served is False and idle.status.co_serving_reason is None

@@ -209,6 +209,11 @@ class TuningJobStatus(ApiModel):
     """When the job reached a terminal condition."""
     published_adapter: ResourceName | None = None
     """The LoRAAdapter created from spec.output.publish (set once it exists)."""
+    co_served: bool | None = None
+    """Whether the current (or last) attempt runs co-served: inside the serving engine of pods that
+    serve inference (status.pods), in the token budget inference leaves each iteration."""
+    co_serving_reason: str | None = None
+    """Why the attempt runs on dedicated GPUs although its pod serves inference (unset otherwise)."""
 
 
 class TuningJob(Resource):

@@ -26,6 +26,7 @@ from pathlib import Path
 from elastune_contract.api import units
 from elastune_contract.api.loraadapter import LoRAAdapterSpec
 from elastune_contract.api.tuningjob import PromptBankMode
+from elastune_contract.coserve import coservable
 from elastune_contract.protocol import Assignment, Bus, Event, WorkerRecord, WorkerState
 from elastune_contract.vocabulary import PERMANENT_FAILURE_REASONS, Reason
 from elastune_operator.control.backend import ClusterBackend
@@ -75,6 +76,7 @@ class ControlCore:
         self.on_publish = on_publish
         """Tune -> serve on Kubernetes: create the LoRAAdapter resource (None: register it here)."""
         self._serving_need: dict[str, int] = {}
+        self._records: dict[str, WorkerRecord] = {}  # the workers' registry records of this round
         for pool in pools:
             self.add_pool(pool)
 
@@ -203,7 +205,7 @@ class ControlCore:
         self._last_tick = now
         self._touched = touched = set[str]()
         adoptable = set(self.jobs) - set(self.recovering)
-        records = self.fleet.sync(now, set(self.pools), adoptable, self)
+        records = self._records = self.fleet.sync(now, set(self.pools), adoptable, self)
         self._serve(records, now)
         if self.recovering:
             self._recover(records, now)
@@ -422,7 +424,8 @@ class ControlCore:
             if ev.checkpointed is not None:
                 job.checkpointed = ev.checkpointed
             predicted = None
-            if ev.seconds_per_iteration and sched.gpus:
+            # A co-served step shares its pod with inference: its time says nothing of a dedicated one.
+            if ev.seconds_per_iteration and sched.gpus and not job.status.co_served:
                 self.estimator.observe_iteration(job.llm, len(sched.gpus), ev.seconds_per_iteration)
                 remaining = self.estimator.t_warm(job.llm, sched.remaining_iterations, len(sched.gpus))
                 predicted = now + max(0.0, remaining - self.estimator.warm_overhead(job.llm))
@@ -494,6 +497,7 @@ class ControlCore:
         if sched.use_bank and pb is None:
             bank_mode = "always" if job.spec.prompt_bank == "always" else "auto"
         chosen = pb.prompt if pb is not None and pb.used else None
+        coserve, tpot_slo_s = self._coserve_decision(job, workers, now)
         for rank, wid in enumerate(workers):
             self.bus.assign(
                 wid,
@@ -516,6 +520,8 @@ class ControlCore:
                     prompt_bank=bank_mode,
                     bank_budget_s=self.policy.bank_budget_seconds(sched.slo),
                     initial_prompt=chosen,
+                    coserve=coserve,
+                    tpot_slo_s=tpot_slo_s,
                 ),
             )
         predicted = now + self.estimator.t_warm(job.llm, sched.remaining_iterations, world)
@@ -523,6 +529,25 @@ class ControlCore:
         job.started = now
         self.backend.mark_busy(job.pool, workers, True)
         self.lifecycle.running(job, now, predicted)
+
+    def _coserve_decision(self, job: JobRecord, workers: list[str], now: float) -> tuple[bool, float | None]:
+        """Co-serve the attempt (FlexLLM) when its one pod serves inference right now: the job then runs in
+        the token budget inference leaves each iteration, under the pool's TPOT SLO, instead of competing
+        with inference for the whole device. Records the decision (and why not) in the job's status."""
+        job.status.co_served, job.status.co_serving_reason = False, None
+        serving = [w for w in workers if _serves_inference(self._records.get(w), now)]
+        if not serving:
+            return False, None
+        why = coservable(job.spec, job.llm)
+        if why is None and len(workers) > 1:
+            why = "a co-served job runs on one pod; this attempt has several"
+        if why is not None:
+            job.status.co_serving_reason = why
+            return False, None
+        job.status.co_served = True
+        slo = self.serving.hold_model(job.llm).slo
+        tpot_ms = slo.tpot_milliseconds if slo is not None else None
+        return True, tpot_ms / 1000 if tpot_ms else None
 
     # -- endings ------------------------------------------------------------------------------------
     def _settle(self, job: JobRecord, sched: Job, now: float) -> None:
@@ -545,3 +570,15 @@ class ControlCore:
         if sched is not None:
             self._settle(job, sched, now)
         self.lifecycle.failed(job, reason, message, now)
+
+
+COSERVE_RECENT_S = 60.0
+"""A pod that answered a request this recently counts as serving inference (co-serve its jobs)."""
+
+
+def _serves_inference(rec: WorkerRecord | None, now: float) -> bool:
+    if rec is None or rec.serving is None:
+        return False
+    s = rec.serving
+    recent = s.last_request_at is not None and now - s.last_request_at < COSERVE_RECENT_S
+    return bool(s.running or s.waiting or recent)

@@ -303,7 +303,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"bench coserve: skipped, dataset {args.dataset} not found (it lives in ../shared/datasets)")
         if args.json:
             args.json.parent.mkdir(parents=True, exist_ok=True)
-            args.json.write_text(json.dumps({"skipped": True, "reason": "dataset missing"}, indent=2) + "\n")
+            skipped = {"skipped": f"dataset {args.dataset} not found"}
+            args.json.write_text(json.dumps(skipped, indent=2) + "\n")
         return 0
     import torch
     from transformers import AutoTokenizer

@@ -70,6 +70,9 @@ class AgentConfig:
     """What the worker serves right now, published with every heartbeat."""
     on_heartbeat: Callable[[], None] | None = None
     """Runs before each heartbeat's publish (applies the control plane's adapter placement)."""
+    engine_call: Callable[[], Callable[[str, Any], Any] | None] | None = None
+    """A call into the serving engine (run between its steps), or None while no engine serves:
+    co-served assignments run through it."""
 
 
 class Agent:
@@ -182,8 +185,11 @@ class Agent:
         try:
             if self.bus.cancelled(a.job, a.attempt):
                 raise Cancelled()
-            self._post(self._event(a, "started"))
-            self._train(a)
+            coserve = a.coserve and a.world == 1 and self._engine_call() is not None
+            if a.coserve and not coserve:
+                log.warning("job %s: co-serving needs a serving engine and world 1; running dedicated", a.job)
+            self._post(self._event(a, "started", coserved=coserve))
+            self._train(a, coserve)
             outcome = "succeeded"
         except Cancelled:
             outcome = "cancelled"
@@ -201,7 +207,10 @@ class Agent:
             self._set(state=WorkerState.READY, job=None, attempt=None, rank=None, world=None)
         return outcome
 
-    def _train(self, a: Assignment) -> None:
+    def _engine_call(self) -> Callable[[str, Any], Any] | None:
+        return self.cfg.engine_call() if self.cfg.engine_call is not None else None
+
+    def _train(self, a: Assignment, coserve: bool = False) -> None:
         assert self.loaded is not None
         if a.model != self.cfg.model:
             raise _Fail(
@@ -230,6 +239,11 @@ class Agent:
             init_text=init_text,
         )
         cancelled = _CancelCheck(self.bus, a.job, a.attempt)
+        if coserve:
+            call = self._engine_call()
+            assert call is not None
+            self._coserve(a, call, cfg, train, evals, bank_report, cancelled)
+            return
         allreduce = None
         if a.world > 1:
             allreduce = StorageAllReduce(
@@ -316,6 +330,57 @@ class Agent:
                 artifact=str(Path(a.artifact_dir).resolve()),
             )
         )
+
+    def _coserve(
+        self,
+        a: Assignment,
+        call: Callable[[str, Any], Any],
+        cfg: TuningConfig,
+        train: list,
+        evals: list,
+        bank_report: Any,
+        cancelled: Callable[[], bool],
+    ) -> None:
+        """The assignment inside the serving engine's iterations (serving.coserve_task): started, polled
+        for progress, checkpoints and cancellation every poll, finished with the artifact."""
+        from elastune_worker.serving.coserve_task import DEFAULT_TPOT_SLO_S, CoServeRequest
+
+        req = CoServeRequest(a.job, cfg, train, evals, a.checkpoint_dir, a.tpot_slo_s or DEFAULT_TPOT_SLO_S)
+        p = call("coserve_start", req)
+        self._post(
+            self._event(
+                a, "progress", iterations=p.iterations, checkpointed=p.iterations,
+                resumed_from=p.iterations, metric=cfg.metric, prompt_bank=bank_report,
+            )
+        )  # fmt: skip
+        reported, t_reported = p.iterations, time.monotonic()
+        while not p.done:
+            if cancelled() or self._stop.is_set():
+                call("coserve_stop", None)
+                raise Cancelled()
+            time.sleep(min(self.cfg.poll_seconds, 0.5))
+            p = call("coserve_poll", None)
+            if p.iterations - reported >= a.progress_every or (p.done and p.iterations > reported):
+                now = time.monotonic()
+                self.metrics.steps.inc(p.iterations - reported)
+                self._post(
+                    self._event(
+                        a, "progress", iterations=p.iterations, checkpointed=p.checkpointed, loss=p.loss,
+                        seconds_per_iteration=(now - t_reported) / (p.iterations - reported),
+                    )
+                )  # fmt: skip
+                reported, t_reported = p.iterations, now
+        if p.dropped is not None:
+            call("coserve_stop", None)
+            raise RuntimeError(f"the serving engine gave the co-served job up: {p.dropped}")
+        r = call("coserve_finish", a.artifact_dir)
+        self._post(
+            self._event(
+                a, "succeeded", iterations=r.iterations, checkpointed=r.iterations, metric=r.metric,
+                value=r.value, metrics=r.metrics, reason=r.termination_reason, prompt=r.prompt,
+                artifact=r.artifact,
+            )
+        )  # fmt: skip
 
     def _select_prompt(self, a: Assignment, spec: TuningJobSpec, evals: list, max_length: int) -> Any:
         """The Prompt Bank's pick for this job, or its own initial prompt with the reason (never raises

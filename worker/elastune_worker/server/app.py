@@ -14,6 +14,7 @@ Tuning jobs arrive by pull (the agent pops its Redis queue), not over HTTP.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import functools
 import logging
 import os
@@ -21,6 +22,8 @@ import signal
 import socket
 import sys
 import threading
+from collections.abc import Callable
+from typing import Any
 
 import uvicorn
 from fastapi import APIRouter, FastAPI
@@ -199,6 +202,12 @@ def main(argv: list[str] | None = None) -> int:
             adapter.load_seconds = placement.load_seconds.get(adapter.name)
         return state
 
+    def engine_call() -> Callable[[str, Any], Any] | None:
+        client = serving.get("client")
+        if client is None:
+            return None
+        return lambda op, arg: asyncio.run(client.engine.call(op, arg))
+
     agent = Agent(
         AgentConfig(
             worker_id=worker_id,
@@ -207,6 +216,7 @@ def main(argv: list[str] | None = None) -> int:
             on_loaded=on_loaded,
             serving_state=serving_state,
             on_heartbeat=placement.sync,
+            engine_call=engine_call,
         ),
         bus,
         metrics,

@@ -25,7 +25,7 @@ class AsyncEngine(RequestStreams):
         super().__init__()
         self.engine = engine
         self.config = engine.config
-        self.cost = profile_costs(engine)
+        self.cost = engine.cost = profile_costs(engine)
         self._commands: queue.Queue[Command] = queue.Queue()
         self._stats = engine.stats()
         self._stop = threading.Event()
@@ -84,7 +84,7 @@ class AsyncEngine(RequestStreams):
     def _loop(self) -> None:
         eng = self.engine
         while not self._stop.is_set():
-            block = not eng.has_unfinished()
+            block = not eng.has_work()
             try:
                 cmd = self._commands.get(block=block, timeout=None if block else 0)
                 self._apply(cmd)
@@ -92,7 +92,7 @@ class AsyncEngine(RequestStreams):
                     self._apply(self._commands.get_nowait())
             except queue.Empty:
                 pass
-            if not eng.has_unfinished():
+            if not eng.has_work():
                 self._stats = eng.stats()
                 continue
             try:

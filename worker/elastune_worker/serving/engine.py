@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from elastune_contract.protocol import ServingCost
 from elastune_worker.serving.config import EngineConfig
 from elastune_worker.serving.coserve import CoServePlanner, FinetuneJob, IterationPlan
 from elastune_worker.serving.detokenizer import IncrementalDetokenizer
@@ -98,6 +99,10 @@ class LLMEngine:
         self._steps = 0
         self._step_seconds = 0.0
         self._coserve: tuple[FinetuneJob, CoServePlanner] | None = None
+        self.coserve_task: Any = None
+        """The co-served assignment running here (serving.coserve_task.CoServeTask), if any."""
+        self.cost: ServingCost | None = None
+        """The profiled cost lines (set by the process that profiled it): the co-serving planner's start."""
         self.coserve_dropped: list[tuple[FinetuneJob, str]] = []
         """Co-served jobs given up after a failure, with the reason."""
 
@@ -161,6 +166,13 @@ class LLMEngine:
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()
+
+    def has_work(self) -> bool:
+        """Requests to run, or a co-served job with steps left (it runs in otherwise idle iterations)."""
+        return self.has_unfinished() or self.coserving()
+
+    def coserving(self) -> bool:
+        return self._coserve is not None and self._coserve[0].state() is not None
 
     # -- the step -----------------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:

@@ -39,7 +39,7 @@ def _child(
         torch.set_num_threads(threads)
     try:
         engine = LLMEngine(Path(path), config)
-        cost = profile_costs(engine)
+        cost = engine.cost = profile_costs(engine)
     except Exception as exc:
         results.send(("failed", f"{type(exc).__name__}: {exc}"))
         return
@@ -49,7 +49,7 @@ def _child(
     results.send(("stats", engine.stats()))
     fresh = True  # the parent's stats reflect the engine's state
     while True:
-        idle = not engine.has_unfinished()
+        idle = not engine.has_work()
         if idle and not fresh:  # about to block: the last aborts/finishes must show in the metrics
             results.send(("stats", engine.stats()))
             fresh = True

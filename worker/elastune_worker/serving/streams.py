@@ -133,6 +133,29 @@ def engine_call(engine: Any, op: str, arg: Any) -> Any:
         return engine.load_lora(name, path)
     if op == "unload_lora":
         return engine.unload_lora(arg)
+    if op.startswith("coserve_"):
+        return _coserve_call(engine, op, arg)
+    raise ValueError(f"unknown engine call {op!r}")
+
+
+def _coserve_call(engine: Any, op: str, arg: Any) -> Any:
+    """A co-served tuning assignment (serving.coserve_task): start, poll, finish, stop."""
+    from elastune_worker.serving.coserve_task import CoServeTask
+
+    if op == "coserve_start":
+        engine.coserve_task = CoServeTask(engine, arg)
+        return engine.coserve_task.poll()
+    task = engine.coserve_task
+    if task is None:
+        raise RuntimeError("no co-served job on this engine")
+    if op == "coserve_poll":
+        return task.poll()
+    engine.coserve_task = None
+    if op == "coserve_finish":
+        return task.finish(arg)
+    if op == "coserve_stop":
+        task.stop()
+        return None
     raise ValueError(f"unknown engine call {op!r}")
 
 

@@ -682,6 +682,12 @@ class Trainer:
             if done:
                 reason = TARGET_REACHED
                 break
+        return self.finish(reason)
+
+    def finish(self, reason: str) -> TuningResult:
+        """The result after the last step (final evaluation on the eval split); ``save_artifact`` needs it.
+        Also the end of a co-served run, whose steps ran inside engine iterations."""
+        cfg = self.cfg
         final: dict[str, float] = {}
         if self.records_eval:
             # Reuse an evaluation of exactly these parameters (same code, same inputs: same value).
@@ -714,6 +720,10 @@ class Trainer:
             "train_sha256": _records_digest(self.records_train),
             "trainable": {n: list(p.shape) for n, p in self.params},
         }
+
+    def save_checkpoint(self) -> None:
+        """Write a checkpoint of the current state now (co-served runs checkpoint between steps)."""
+        self._save_checkpoint()
 
     def _save_checkpoint(self) -> None:
         if self.checkpoint_dir is None or not self.write_checkpoints:

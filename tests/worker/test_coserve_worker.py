@@ -1,0 +1,168 @@
+"""A co-served assignment on a real serving worker process (issue 13): the tuning job runs inside the
+engine's iterations while the worker answers completions with the real `openai` client; the job ends
+with its artifact and a checkpoint, and the same job resumed from that checkpoint on a fresh worker
+does no steps twice. Cancelling a co-served job detaches it and the worker keeps serving."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+openai = pytest.importorskip("openai")
+
+from test_tuning import TASK, TEST_SPEC  # noqa: E402 - the small model and task of the tuning tests
+
+from elastune_contract.protocol import Assignment, Bus, Event  # noqa: E402
+from elastune_worker.tiny import build as tiny_build  # noqa: E402
+from elastune_worker.tiny import tasks as tiny_tasks  # noqa: E402
+
+
+class Worker:
+    def __init__(self, model: Path, redis_url: str, tmp: Path, wid: str) -> None:
+        self.ns = f"co{time.time_ns()}"
+        self.wid = wid
+        self.bus = Bus(redis_url, self.ns)
+        self.log = tmp / f"{wid}.log"
+        cmd = [sys.executable, "-m", "elastune_worker", "serve", "--pool", "p", "--model", str(model)]
+        cmd += ["--redis-url", redis_url, "--namespace", self.ns, "--worker-id", wid, "--port", "0"]
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "OMP_WAIT_POLICY": "PASSIVE"}
+        self.proc = subprocess.Popen(cmd, stdout=self.log.open("wb"), stderr=subprocess.STDOUT, env=env)
+        deadline = time.monotonic() + 120
+        while True:
+            rec = self.bus.workers().get(wid)
+            if rec is not None and rec.serving is not None and rec.url:
+                self.url = rec.url
+                return
+            assert self.proc.poll() is None, self.log.read_text()[-3000:]
+            assert time.monotonic() < deadline, "the worker never served"
+            time.sleep(0.2)
+
+    def close(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(30)
+        self.bus.close()
+
+    def events(self, job: str) -> list[Event]:
+        return [e for _, e in self.bus.events(job)]
+
+    def wait(self, job: str, kinds: set[str], timeout: float = 180) -> Event:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            done = [e for e in self.events(job) if e.type in kinds]
+            if done:
+                return done[-1]
+            assert self.proc.poll() is None, self.log.read_text()[-3000:]
+            time.sleep(0.2)
+        raise AssertionError(f"no {kinds} event for {job}: {self.log.read_text()[-3000:]}")
+
+
+@pytest.fixture(scope="module")
+def model() -> Path:
+    return tiny_build.ensure_tiny_model(spec=TEST_SPEC)
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    task = tiny_tasks.make_task(TASK, n_train=40, n_eval=8, seed=1)
+    return tiny_tasks.write_jsonl(
+        list(task.train) + list(task.eval), tmp_path_factory.mktemp("data") / "d.jsonl"
+    )
+
+
+def assignment(model: Path, dataset: Path, tmp: Path, job: str, iterations: int) -> Assignment:
+    spec = {
+        "model": str(model),
+        "dataset": str(dataset),
+        "initialPrompt": tiny_tasks.family_instructions(TASK.family)[0],
+        "termination": {"maxIterations": iterations},
+        "deadline": "10m",
+        "hyperparameters": {"batchSize": 4, "virtualTokens": 4},
+        "promptBank": "never",
+    }
+    return Assignment(
+        job=job, attempt=1, rank=0, world=1, model=str(model), spec=spec, dataset=str(dataset),
+        comm_job=job, checkpoint_dir=str(tmp / "ckpt" / job), artifact_dir=str(tmp / "artifact" / job),
+        checkpoint_every=4, progress_every=2, coserve=True, tpot_slo_s=0.05,
+    )  # fmt: skip
+
+
+@pytest.fixture
+def worker(model: Path, redis_server: Any, tmp_path: Path) -> Iterator[Worker]:
+    w = Worker(model, redis_server.url, tmp_path, "w-co")
+    try:
+        yield w
+    finally:
+        w.close()
+
+
+def test_a_co_served_job_finishes_beside_inference_and_resumes_from_its_checkpoint(
+    worker: Worker, model: Path, dataset: Path, tmp_path: Path, redis_server: Any
+) -> None:
+    client = openai.OpenAI(base_url=worker.url + "/v1", api_key="unused", timeout=60, max_retries=0)
+    served = client.models.list().data[0].id
+    answers: list[str] = []
+    stop = threading.Event()
+
+    def ask() -> None:  # inference the whole time the job runs
+        while not stop.is_set():
+            out = client.completions.create(model=served, prompt="year: 1959;", max_tokens=8, temperature=0)
+            answers.append(out.choices[0].text)
+
+    before = client.completions.create(model=served, prompt="year: 1959;", max_tokens=8, temperature=0)
+    traffic = threading.Thread(target=ask)
+    traffic.start()
+    try:
+        worker.bus.assign(worker.wid, assignment(model, dataset, tmp_path, "ns/co", 8))
+        done = worker.wait("ns/co", {"succeeded", "failed"})
+    finally:
+        stop.set()
+        traffic.join(60)
+    assert done.type == "succeeded", done
+    started = next(e for e in worker.events("ns/co") if e.type == "started")
+    assert started.coserved is True
+    assert done.iterations == 8 and done.prompt and done.metrics and "loss" in done.metrics
+    assert Path(done.artifact or "", "adapter_config.json").is_file()
+    progress = [e for e in worker.events("ns/co") if e.type == "progress" and e.iterations]
+    assert progress and all(e.loss is not None for e in progress[1:])
+    # Inference ran beside it, and greedy outputs are the same as without the job.
+    assert answers and set(answers) == {before.choices[0].text}
+    ckpts = sorted((tmp_path / "ckpt" / "ns" / "co").glob("ckpt-*.pt"))
+    assert ckpts and ckpts[-1].name == "ckpt-00000008.pt"
+
+    # The same job with a higher limit on a fresh worker resumes from iteration 8, not from 0.
+    other = Worker(model, redis_server.url, tmp_path, "w-co2")
+    try:
+        a = assignment(model, dataset, tmp_path, "ns/co", 12).model_copy(update={"attempt": 2})
+        other.bus.assign(other.wid, a)
+        resumed = other.wait("ns/co", {"succeeded", "failed"})
+        assert resumed.type == "succeeded" and resumed.iterations == 12, resumed
+        first = next(e for e in other.events("ns/co") if e.type == "progress" and e.attempt == 2)
+        assert first.resumed_from == 8
+    finally:
+        other.close()
+
+
+def test_cancelling_a_co_served_job_leaves_the_worker_serving(
+    worker: Worker, model: Path, dataset: Path, tmp_path: Path
+) -> None:
+    worker.bus.assign(worker.wid, assignment(model, dataset, tmp_path, "ns/long", 100000))
+    worker.wait("ns/long", {"progress"})
+    worker.bus.cancel("ns/long", 1)
+    assert worker.wait("ns/long", {"cancelled", "failed", "succeeded"}).type == "cancelled"
+    client = openai.OpenAI(base_url=worker.url + "/v1", api_key="unused", timeout=60, max_retries=0)
+    served = client.models.list().data[0].id
+    assert client.completions.create(model=served, prompt="x", max_tokens=4).choices[0].text is not None
+    # The engine is idle again: nothing co-served keeps it stepping.
+    deadline = time.monotonic() + 10
+    while worker.bus.workers()[worker.wid].state.value != "ready":
+        assert time.monotonic() < deadline
+        time.sleep(0.2)

@@ -1,0 +1,128 @@
+"""A tuning assignment co-served inside a serving engine (issue 13), on the engine's side.
+
+The worker's agent sends a ``CoServeRequest`` through the engine's call channel (``coserve_start``);
+this module builds the dedicated trainer (its own PEFT model over the same model directory), wraps it in
+``CoServedJob`` and attaches it with a ``CoServePlanner`` whose latency lines start from the engine's
+profiled costs and are refitted online. The engine then runs the job's forward windows and layer-wise
+backward in the budget its inference leaves each iteration (FlexLLM §6). The agent polls
+(``coserve_poll``): each poll writes a checkpoint when the job crossed a ``checkpointEvery`` boundary, so
+a pod dying mid-job resumes from it like a dedicated run. ``coserve_finish`` evaluates once, writes the
+final checkpoint and the artifact.
+
+Not co-served: evaluations between steps (an evaluation would stall inference for its whole duration),
+so a target metric can only be checked at the end; the control plane co-serves jobs that stop on
+maxIterations (``elastune_contract.coserve.coservable``). Building the trainer and the final evaluation
+run between engine steps, so inference pauses for them once per job (a second or two on the tiny
+models here).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from elastune_worker.serving.coserve import CoServeConfig, CoServePlanner, LatencyModel
+from elastune_worker.serving.coserve_runner import CoServedJob
+from elastune_worker.tuning.data import Record
+from elastune_worker.tuning.trainer import MAX_ITERATIONS, Trainer, TuningConfig
+
+log = logging.getLogger("elastune.serving")
+
+DEFAULT_TPOT_SLO_S = 0.1
+"""The iteration latency target when the pool names no TPOT SLO (100 ms: a fluent stream)."""
+
+
+@dataclass(frozen=True)
+class CoServeRequest:
+    """Everything the engine's side needs to run one co-served assignment (picklable)."""
+
+    job: str
+    cfg: TuningConfig
+    train: list[Record]
+    evals: list[Record]
+    checkpoint_dir: str
+    tpot_slo_s: float = DEFAULT_TPOT_SLO_S
+
+
+@dataclass(frozen=True)
+class CoServeProgress:
+    job: str
+    iterations: int
+    loss: float | None
+    checkpointed: int
+    tokens_trained: int
+    done: bool
+    dropped: str | None
+    """Why the engine gave the job up (its step failed); None while it runs or after it finished."""
+
+
+@dataclass(frozen=True)
+class CoServeResult:
+    iterations: int
+    metric: str
+    value: float
+    metrics: dict[str, float]
+    termination_reason: str
+    prompt: str | None
+    artifact: str
+
+
+class CoServeTask:
+    def __init__(self, engine: Any, req: CoServeRequest) -> None:
+        if engine.coserving():
+            raise RuntimeError("this engine already co-serves a job")
+        self.engine, self.req = engine, req
+        self.trainer = Trainer(
+            engine.model_path,
+            req.cfg,
+            req.train,
+            req.evals,
+            checkpoint_dir=req.checkpoint_dir,
+            device=engine.runner.device,
+        )
+        self.job = CoServedJob(self.trainer, served_model_dir=engine.model_path)
+        cost = getattr(engine, "cost", None)
+        per_token = max(cost.prefill_s_per_token, 1e-6) if cost is not None else 1e-4
+        base = cost.decode_step_base_s if cost is not None else 0.005
+        self.planner = CoServePlanner(  # the finetuning lines start from the engine's, refitted online
+            CoServeConfig(tpot_slo_s=req.tpot_slo_s),
+            LatencyModel(base, per_token),
+            forward=LatencyModel(base, per_token),
+            backward=LatencyModel(base, per_token),
+        )
+        self.checkpointed = self.trainer.iterations
+        engine.attach_coserve(self.job, self.planner)
+        log.info("co-serving %s from iteration %d", req.job, self.trainer.iterations)
+
+    def poll(self) -> CoServeProgress:
+        t = self.trainer
+        every = t.cfg.checkpoint_every
+        if t.iterations - t.iterations % every > self.checkpointed:
+            t.save_checkpoint()  # between engine steps: the job's optimizer state is consistent here
+            self.checkpointed = t.iterations
+        loss = t.history[-1]["loss"] if t.history else None
+        return CoServeProgress(
+            self.req.job, t.iterations, loss, self.checkpointed, self.job.tokens_trained,
+            self.job.done, self.job.reason,
+        )  # fmt: skip
+
+    def finish(self, artifact_dir: str) -> CoServeResult:
+        if not self.job.done or self.job.reason is not None:
+            raise RuntimeError(f"the co-served job {self.req.job} has not finished")
+        self.engine.detach_coserve()
+        t = self.trainer
+        t.save_checkpoint()
+        result = t.finish(MAX_ITERATIONS)
+        out = t.save_artifact(artifact_dir)
+        projection = t.prompt_projection()
+        return CoServeResult(
+            result.iterations, result.metric, result.value, dict(result.metrics), result.termination_reason,
+            projection[0] if projection else None, str(Path(out).resolve()),
+        )  # fmt: skip
+
+    def stop(self) -> None:
+        """Cancelled: detach; the last checkpoint stays for a resume elsewhere."""
+        if self.engine.detach_coserve() is self.job and not self.job.done:
+            self.job.drop("cancelled")
