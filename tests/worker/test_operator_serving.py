@@ -6,7 +6,8 @@ Scenario: a WarmPool with `serving.minReplicas: 0`, LoRAAdapters of ranks 8 and 
 does not exist, and a TuningJob with `output.publish`. The first request waits in the gateway while the
 pool scales from zero, then succeeds; the adapters' status names the pods and tiers that really hold
 them; the operator is killed and restarted mid-way; the tuned prompt is published as a LoRAAdapter owned
-by its job and served; deleting an adapter unloads it from every pod before its finalizer goes.
+by its job and served (the job ran co-served in the engine of the pod serving requests); deleting an
+adapter unloads it from every pod before its finalizer goes.
 """
 
 from __future__ import annotations
@@ -170,6 +171,8 @@ def test_scale_from_zero_adapters_publish_delete_and_restart_through_the_operato
             "output": {"publish": "book-author"},
         },
     }
+    # The pod serves inference right now: the job is co-served inside its engine (FlexLLM).
+    client.completions.create(model="units", prompt="3 kg →", max_tokens=2, temperature=0)
     cluster.create("tuningjobs", job)
     cluster.kill_operator()
     cluster.start_operator()
@@ -180,7 +183,9 @@ def test_scale_from_zero_adapters_publish_delete_and_restart_through_the_operato
     assert (owner["kind"], owner["name"]) == ("TuningJob", "author")
     assert published["metadata"]["labels"][f"{GROUP}/job"] == "author"
     assert published["spec"]["type"] == "promptTuning"
-    assert cluster.get("tuningjobs", "author")["status"]["publishedAdapter"] == "book-author"
+    st = cluster.get("tuningjobs", "author")["status"]
+    assert st["publishedAdapter"] == "book-author"
+    assert st["coServed"] is True and "coServingReason" not in st, st
     wait_for("book-author listed", lambda: "book-author" in {m.id for m in client.models.list()}, 60)
     tuned = client.completions.create(model="book-author", prompt="title: Dune; author:", max_tokens=4)
     assert tuned.model == "book-author" and tuned.choices
