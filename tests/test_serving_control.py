@@ -161,3 +161,32 @@ def test_a_cluster_operator_leaves_worker_paths_to_the_workers(bus: Bus, tmp_pat
     assert ready(cloud) == ("False", Reason.ARTIFACT_UNSUPPORTED_SCHEME)  # still refused up front
     control.tick({"w1": worker("w1", errors={"remote": "no adapter_config.json in /tmp/elastune/..."})})
     assert ready(remote) == ("False", Reason.ADAPTER_LOAD_FAILED)
+
+
+def test_gateway_counts_add_up_across_replicas_and_windows_expire(bus: Bus, redis_server: Server) -> None:
+    from elastune_contract.protocol import POPULARITY_WINDOW_S
+
+    other = Bus(redis_server.url, namespace=bus.ns)  # a second gateway replica
+    t = 1_800_000_000.0 - 1_800_000_000.0 % POPULARITY_WINDOW_S
+    bus.count_requests({"a": 3, "b": 1}, now=t)
+    other.count_requests({"a": 2}, now=t + 1)
+    assert bus.popularity(now=t + 2) == {"a": 5, "b": 1}
+    other.count_requests({"b": 4}, now=t + POPULARITY_WINDOW_S)
+    assert bus.popularity(now=t + POPULARITY_WINDOW_S) == {"a": 5, "b": 5}  # last full window + this one
+    assert bus.popularity(now=t + 2 * POPULARITY_WINDOW_S) == {"b": 4}
+    other.close()
+
+
+def test_popular_adapters_get_more_replicas(bus: Bus, tmp_path: Path) -> None:
+    """Automatic replicas = ceil(share of the pool's adapter requests x ready pods), from the gateway's
+    counts: 90 % of the requests put `hot` on all three pods, `cold` stays on one."""
+    now = time.time()
+    control = ServingControl(bus, clock=lambda: now)
+    control.add_pool("tiny-llama", MODEL, ServingSpec(max_loras=2, max_cpu_loras=4))
+    for name in ("hot", "cold"):
+        control.upsert_adapter(adapter(name, str(peft_dir(tmp_path, name))))
+    bus.count_requests({"hot": 90, "cold": 10, MODEL: 500}, now=now)
+    control.tick({w: worker(w) for w in ("w1", "w2", "w3")})
+    held = {w: set(bus.placement(w)) for w in ("w1", "w2", "w3")}
+    assert sum("hot" in h for h in held.values()) == 3
+    assert sum("cold" in h for h in held.values()) == 1

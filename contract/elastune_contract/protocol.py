@@ -280,6 +280,14 @@ def pools_key(ns: str) -> str:
     return f"{ns}:serving-pools"
 
 
+POPULARITY_WINDOW_S = 60
+"""Requests per served name are counted in windows of this length (placement's 'requests per window')."""
+
+
+def requests_key(ns: str, window: int) -> str:
+    return f"{ns}:requests:{window}"
+
+
 def demand_key(ns: str, model: str) -> str:
     return f"{ns}:demand:{model}"
 
@@ -404,6 +412,31 @@ class Bus:
     def demand(self, model: str) -> ServingDemand | None:
         raw = cast(str | None, self.redis.get(demand_key(self.ns, model)))
         return None if raw is None else ServingDemand.model_validate_json(raw)
+
+    def count_requests(self, counts: dict[str, int], now: float | None = None) -> None:
+        """Add requests per served name (model or adapter) to the current window. Every gateway replica
+        adds to the same per-window hash, so their counts sum; a window expires after three windows."""
+        if not counts:
+            return
+        window = int((time.time() if now is None else now) // POPULARITY_WINDOW_S)
+        key = requests_key(self.ns, window)
+        pipe = self.redis.pipeline()
+        for name, n in counts.items():
+            pipe.hincrby(key, name, n)
+        pipe.expire(key, 3 * POPULARITY_WINDOW_S)
+        pipe.execute()
+
+    def popularity(self, now: float | None = None) -> dict[str, int]:
+        """Requests per served name over the last full window and the current one (1-2 windows)."""
+        window = int((time.time() if now is None else now) // POPULARITY_WINDOW_S)
+        pipe = self.redis.pipeline()
+        for w in (window - 1, window):
+            pipe.hgetall(requests_key(self.ns, w))
+        out: dict[str, int] = {}
+        for counts in cast(list[dict[str, str]], pipe.execute()):
+            for name, n in counts.items():
+                out[name] = out.get(name, 0) + int(n)
+        return out
 
     def set_placement(self, worker_id: str, adapters: dict[str, PlacedAdapter]) -> None:
         """Replace what ``worker_id`` should hold (one write: the worker never reads half a change)."""

@@ -169,6 +169,11 @@ def test_an_adapter_is_served_by_the_endpoints_that_hold_it(stack: Stack) -> Non
         for w in ("w-a", "w-b")
     }
     assert routed == {"w-a": 4, "w-b": 0}  # only w-a holds `units`
+    # The gateway publishes what it served per name for adapter placement (flushed every refresh).
+    deadline = time.monotonic() + 10
+    while stack.bus.popularity().get("units", 0) < 4:
+        assert time.monotonic() < deadline, stack.bus.popularity()
+        time.sleep(0.2)
 
 
 def test_the_length_predictor_is_asked_for_each_request(stack: Stack) -> None:

@@ -81,12 +81,18 @@ class Directory:
         self._changed = asyncio.Event()
         self.last_refresh: float | None = None
         self.last_error: str | None = None
+        self._requests: dict[str, int] = {}
+        """Requests per served name since the last flush to the registry (adapter popularity)."""
 
     # -- reading the registry ---------------------------------------------------------------------
     async def refresh(self) -> None:
+        # Swapped on the event loop, where requests are counted: no count is lost to the thread.
+        counts, self._requests = self._requests, {}
         try:
-            workers, pools = await asyncio.to_thread(self._read)
+            workers, pools = await asyncio.to_thread(self._read, counts)
         except Exception as exc:  # Redis down: keep the last view, say so in /readyz and the log
+            for name, n in counts.items():  # counted again with the next refresh
+                self._requests[name] = self._requests.get(name, 0) + n
             if self.last_error is None:
                 log.warning("cannot read the registry: %s", exc)
             self.last_error = str(exc)
@@ -95,8 +101,14 @@ class Directory:
         self.last_refresh = time.monotonic()
         self._apply(workers, pools)
 
-    def _read(self) -> tuple[dict[str, WorkerRecord], dict[str, ServingPoolRecord]]:
+    def _read(self, counts: dict[str, int]) -> tuple[dict[str, WorkerRecord], dict[str, ServingPoolRecord]]:
+        self.bus.count_requests(counts)
         return self.bus.workers(), self.bus.serving_pools()
+
+    def count_request(self, name: str) -> None:
+        """One request for ``name`` (a base model or an adapter): the control plane places adapters by
+        these counts (replicas of popular adapters on more pods)."""
+        self._requests[name] = self._requests.get(name, 0) + 1
 
     def _apply(self, workers: dict[str, WorkerRecord], pools: dict[str, ServingPoolRecord]) -> None:
         endpoints = {

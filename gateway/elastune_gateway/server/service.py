@@ -201,6 +201,7 @@ class Gateway:
             self.metrics.rejected.labels("unknown_model").inc()
             available = ", ".join(self.directory.models()) or "none yet"
             raise APIError(404, f"The model `{name}` does not exist. Available: {available}", "model")
+        self.directory.count_request(model.name)
         return model
 
     async def _predict(self, text: str) -> int | None:

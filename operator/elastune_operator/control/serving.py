@@ -86,6 +86,7 @@ class ServingControl:
         self._placed: dict[str, dict[str, PlacedAdapter]] = {}  # worker -> placement written
         self._status_sent: dict[str, str] = {}
         self._pods: dict[str, int] = {}  # model -> serving pods seen in the last round
+        self._popularity: dict[str, int] = {}  # served name -> requests in the last 1-2 windows
 
     # -- pools --------------------------------------------------------------------------------------
     def add_pool(self, name: str, model: str, spec: ServingSpec | None) -> None:
@@ -185,6 +186,8 @@ class ServingControl:
         return need
 
     def tick(self, workers: dict[str, WorkerRecord]) -> None:
+        # Requests per adapter from the gateway(s) (POPULARITY_WINDOW_S windows): replicas by share.
+        self._popularity = self.bus.popularity(self.clock()) if self.pools else {}
         for model, pool in self.pools.items():
             self._publish_pool(pool)
             serving = {
@@ -246,7 +249,7 @@ class ServingControl:
                 rank=r.rank,
                 replicas=r.spec.replicas,
                 pinned=r.spec.pinned,
-                requests_per_window=0.0,
+                requests_per_window=float(self._popularity.get(r.name, 0)),
             )
             for r in sorted(wanted, key=lambda r: r.name)
         ]
