@@ -26,6 +26,7 @@ from elastune_gateway.server.metrics import GatewayMetrics
 from elastune_operator.metrics import ControlMetrics
 from elastune_worker.server.metrics import WorkerMetrics
 from elastune_worker.serving.api.metrics import ServingMetrics
+from elastune_worker.serving.client import LoRAInfo
 
 REPO = Path(__file__).resolve().parents[1]
 DASHBOARD_DIR = REPO / "helm" / "elastune" / "dashboards"
@@ -74,7 +75,7 @@ def serving_metrics() -> tuple[ServingMetrics, CollectorRegistry]:
     """A worker's serving metrics as its app registers them: the API's plus the engine's scrape-time ones."""
     registry = CollectorRegistry()
     metrics = ServingMetrics(registry, "m")
-    metrics.watch_engine(registry, lambda: {})
+    metrics.watch_engine(registry, lambda: {}, lambda: LoRAInfo([], [], 2, {"device": 0, "host": 0}))
     return metrics, registry
 
 

@@ -190,3 +190,23 @@ def test_popular_adapters_get_more_replicas(bus: Bus, tmp_path: Path) -> None:
     held = {w: set(bus.placement(w)) for w in ("w1", "w2", "w3")}
     assert sum("hot" in h for h in held.values()) == 3
     assert sum("cold" in h for h in held.values()) == 1
+
+
+def test_an_adapter_in_use_is_never_moved_and_a_deleted_one_waits_for_its_requests(
+    bus: Bus, tmp_path: Path
+) -> None:
+    """The workers report running requests per adapter; placement keeps such an adapter where it is even
+    when another pod would now be preferred, and deleting one in use neither crashes the round nor
+    marks it gone before its requests finish."""
+    control = ServingControl(bus)
+    control.add_pool("tiny-llama", MODEL, ServingSpec(max_loras=1, max_cpu_loras=1))
+    for name in ("a", "b"):
+        control.upsert_adapter(adapter(name, str(peft_dir(tmp_path, name))))
+    busy = AdapterState(name="b", rank=8, tier="device", running=2)
+    workers = {"w1": worker("w1", [busy]), "w2": worker("w2")}
+    control.tick(workers)
+    assert set(bus.placement("w1")) == {"b"} and set(bus.placement("w2")) == {"a"}
+    assert control.delete_adapter("default", "b", workers) is False
+    control.tick(workers)  # in use and being deleted: no record, no crash, nothing new placed there
+    assert bus.placement("w1") == {}
+    assert control.delete_adapter("default", "b", {"w1": worker("w1"), "w2": workers["w2"]}) is True

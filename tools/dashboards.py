@@ -38,6 +38,7 @@ NAMESPACE: Final = 'namespace=~"$namespace"'
 # The workers' serving metrics name the base model they serve in `model_name` (vLLM's label); the
 # gateway's name what the request asked for in `model` (a base model or a LoRAAdapter).
 BASE_MODEL: Final = 'model_name=~"$model_name"'
+TIER: Final = "sum by (model_name, tier) "
 # SLO thresholds of the serving dashboard: bucket bounds of the workers' TTFT and TPOT histograms
 # (ServingMetrics' _LATENCY_BUCKETS and _TOKEN_BUCKETS, written as the `le` label prints them), so the
 # attainment is the exact count of requests within the bound, not an interpolation between buckets.
@@ -711,8 +712,8 @@ def serving() -> dashboard_builders.Dashboard:
                 ),
                 graph(
                     "Adapter loads",
-                    "load_lora_adapter calls over the window by outcome. The workers export no adapter "
-                    "residency by tier or cold-start metric yet; their tiers are in the registry.",
+                    "load_lora_adapter calls (registering an adapter on a worker) over the window by "
+                    "outcome; the Adapters row shows the tier loads they lead to.",
                     "short",
                     [
                         (
@@ -729,6 +730,93 @@ def serving() -> dashboard_builders.Dashboard:
                     "Requests preempted (recomputed later) per second when KV blocks ran out.",
                     "short",
                     [(f"{by_model}({rate('elastune_preemptions_total', BASE_MODEL)})", "{{model_name}}")],
+                    span=8,
+                ),
+            ],
+        ),
+        (
+            "Adapters (workers)",
+            [
+                graph(
+                    "Adapters resident by tier",
+                    "LoRA adapters held in device slots and in host memory, summed over the pool's workers.",
+                    "short",
+                    [
+                        (
+                            f"{TIER}({series('elastune_lora_adapters_resident', BASE_MODEL)})",
+                            "{{model_name}} {{tier}}",
+                        )
+                    ],
+                    span=8,
+                    stacked=True,
+                ),
+                graph(
+                    "Adapter cold starts by tier",
+                    "Loads per second: host = read from storage (first use or after a host eviction), "
+                    "device = copied from host into a slot (CaraServe's cold start).",
+                    "ops",
+                    [
+                        (
+                            f"{TIER}({rate('elastune_lora_tier_loads_total', BASE_MODEL)})",
+                            "{{model_name}} {{tier}}",
+                        )
+                    ],
+                    span=8,
+                ),
+                graph(
+                    "Mean adapter load time by tier",
+                    "Seconds per load over the rate window (load seconds / loads), per tier.",
+                    "s",
+                    [
+                        (
+                            ratio(
+                                rate("elastune_lora_tier_load_seconds_total", BASE_MODEL),
+                                rate("elastune_lora_tier_loads_total", BASE_MODEL),
+                                by="model_name, tier",
+                            ),
+                            "{{model_name}} {{tier}}",
+                        )
+                    ],
+                    span=8,
+                ),
+                graph(
+                    "Adapter evictions by tier",
+                    "Adapters pushed out of a device slot or host memory by LRU, per second: sustained "
+                    "evictions mean maxLoras / maxCpuLoras are too small for the traffic's adapter mix.",
+                    "ops",
+                    [
+                        (
+                            f"{TIER}({rate('elastune_lora_evictions_total', BASE_MODEL)})",
+                            "{{model_name}} {{tier}}",
+                        )
+                    ],
+                    span=8,
+                ),
+                graph(
+                    "CPU-assisted steps",
+                    "Engine steps per second whose cold adapters' deltas ran on the CPU while the copy was "
+                    "in flight (CaraServe's CPU-assisted prefill).",
+                    "ops",
+                    [
+                        (
+                            "sum by (model_name) "
+                            f"({rate('elastune_lora_cpu_assisted_steps_total', BASE_MODEL)})",
+                            "{{model_name}}",
+                        )
+                    ],
+                    span=8,
+                ),
+                graph(
+                    "Workers running each adapter set",
+                    "vLLM's vllm:lora_requests_info: workers whose running batch holds these adapters.",
+                    "short",
+                    [
+                        (
+                            "count by (running_lora_adapters) "
+                            '(vllm:lora_requests_info{running_lora_adapters!=""})',
+                            "{{running_lora_adapters}}",
+                        )
+                    ],
                     span=8,
                 ),
             ],

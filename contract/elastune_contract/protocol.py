@@ -80,6 +80,8 @@ class AdapterState(_Message):
     """device (in a device slot) | host (in host memory) | storage (registered, read on demand)."""
     load_seconds: float | None = None
     """How long its last load into this worker took (storage to host memory), when the worker knows."""
+    running: int = 0
+    """Running requests using it: placement never takes it from this worker while > 0."""
 
 
 class ServingState(_Message):

@@ -238,7 +238,7 @@ class ServingControl:
                 host=frozenset(
                     a.name for a in (w.serving.adapters if w.serving else []) if a.tier != "device"
                 ),
-                in_use=frozenset(),
+                in_use=frozenset(a.name for a in (w.serving.adapters if w.serving else []) if a.running),
                 ready=True,
             )
             for wid, w in sorted(serving.items())
@@ -258,9 +258,11 @@ class ServingControl:
         for wid in serving:
             share: dict[str, PlacedAdapter] = {}
             if placement is not None:
-                for name in sorted(placement.device.get(wid, frozenset())):
+                # An in-use adapter that is no longer wanted (being deleted) stays in the placement but
+                # has no record: it is left out, and the worker's unload waits for its requests.
+                for name in sorted(placement.device.get(wid, frozenset()) & by_name.keys()):
                     share[name] = PlacedAdapter(url=by_name[name].url, tier="device")
-                for name in sorted(placement.host.get(wid, frozenset())):
+                for name in sorted(placement.host.get(wid, frozenset()) & by_name.keys()):
                     share.setdefault(name, PlacedAdapter(url=by_name[name].url, tier="host"))
             if self._placed.get(wid) != share:
                 self.bus.set_placement(wid, share)

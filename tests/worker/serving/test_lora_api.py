@@ -136,3 +136,45 @@ def test_bad_artifacts_are_4xx_naming_the_problem_and_show_on_the_record(worker,
     assert client.completions.create(model=MODEL, prompt="hello", max_tokens=2).usage.completion_tokens >= 1
     with pytest.raises(openai.NotFoundError):
         client.completions.create(model="bad", prompt="hello", max_tokens=2)
+
+
+def test_adapter_tiers_loads_evictions_and_requests_info_are_exported(worker) -> None:
+    """Three adapters through two device slots: each first request copies its adapter to the device,
+    the third evicts the least recently used one; `vllm:lora_requests_info` names the adapter of a
+    request while it runs and is empty again after."""
+    w, _ = worker
+    client = openai.OpenAI(base_url=w.url + "/v1", api_key="unused", max_retries=0, timeout=60)
+
+    def counters() -> dict[str, float]:
+        return {
+            f"{name}:{tier}": metric(w.url, name + "_total", tier=tier)
+            for name in ("elastune_lora_tier_loads", "elastune_lora_evictions")
+            for tier in ("device", "host")
+        }
+
+    before = counters()
+    names = {"t-r8": 8, "t-r16": 16, "t-r32": 32}
+    for name, rank in names.items():
+        assert load(w.url, name, A.ensure_tiny_adapter(rank)).status_code == 200
+    for name in names:
+        client.completions.create(model=name, prompt="3 kg →", max_tokens=2, temperature=0)
+    after = counters()
+    assert after["elastune_lora_tier_loads:host"] - before["elastune_lora_tier_loads:host"] >= 3
+    assert after["elastune_lora_tier_loads:device"] - before["elastune_lora_tier_loads:device"] >= 3
+    assert after["elastune_lora_evictions:device"] - before["elastune_lora_evictions:device"] >= 1
+    assert metric(w.url, "elastune_lora_tier_load_seconds_total", tier="device") > 0
+    assert metric(w.url, "elastune_lora_adapters_resident", tier="device") == 2
+    assert metric(w.url, "elastune_lora_adapters_resident", tier="host") >= 1
+
+    stream = client.completions.create(
+        model="t-r16", prompt="5 m →", max_tokens=200, temperature=0, stream=True,
+        extra_body={"ignore_eos": True},
+    )  # fmt: skip
+    chunks = iter(stream)
+    next(chunks)
+    assert metric(w.url, "vllm:lora_requests_info", running_lora_adapters="t-r16", max_lora="2") > 0
+    for _ in chunks:
+        pass
+    assert metric(w.url, "vllm:lora_requests_info", running_lora_adapters="", waiting_lora_adapters="") > 0
+    for name in names:
+        httpx.post(w.url + "/v1/unload_lora_adapter", json={"lora_name": name})

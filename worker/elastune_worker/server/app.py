@@ -120,7 +120,7 @@ def _start_serving(
         load_lora_modules(client, modules)
     except Exception as exc:  # a bad start-up adapter is the operator's error: say it, serve the rest
         log.error("a --lora-modules adapter did not load: %s", exc)
-    metrics.watch_engine(registry, client.stats)
+    metrics.watch_engine(registry, client.stats, client.lora_info)
     holder["client"] = client
     log.info("serving %s (context %d tokens) on /v1", name, client.max_model_len)
 

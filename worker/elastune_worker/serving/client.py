@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import AsyncGenerator, Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from elastune_contract.protocol import AdapterState, ServingCost, ServingState
@@ -42,6 +43,15 @@ class RunningEngine(Protocol):
     def stats(self) -> EngineStats: ...
 
     async def call(self, op: str, arg: Any) -> Any: ...
+
+
+@dataclass(frozen=True)
+class LoRAInfo:
+    running: list[str]
+    waiting: list[str]
+    max_loras: int
+    resident: dict[str, int]
+    """LoRA adapters per tier (device, host)."""
 
 
 class EngineServingClient:
@@ -111,7 +121,10 @@ class EngineServingClient:
             max_num_seqs=self.engine.config.max_num_seqs,
             kv_capacity_tokens=self.engine.config.kv_blocks() * self.engine.config.block_size,
             max_loras=s.max_loras,
-            adapters=[AdapterState(name=a.name, rank=a.rank, tier=a.tier) for a in s.loras],
+            adapters=[
+                AdapterState(name=a.name, rank=a.rank, tier=a.tier, running=s.lora_running.get(a.name, 0))
+                for a in s.loras
+            ],
             adapter_error=self.adapter_error,
             last_request_at=self.last_request_at,
         )
@@ -136,6 +149,18 @@ class EngineServingClient:
 
     def stats(self) -> dict[str, float]:
         s = dataclasses.asdict(self.engine.stats())
-        for key in ("extra", "loras"):
+        counters = s.pop("lora_counters", {})
+        for key in ("extra", "loras", "lora_running", "lora_waiting"):
             s.pop(key, None)
-        return {k: float(v) for k, v in s.items()}
+        out = {k: float(v) for k, v in s.items()}
+        out.update({f"lora_{k}": float(v) for k, v in counters.items()})
+        return out
+
+    def lora_info(self) -> LoRAInfo:
+        """Adapters by tier and those of running and waiting requests (vllm:lora_requests_info)."""
+        s = self.engine.stats()
+        tiers = {"device": 0, "host": 0}
+        for a in s.loras:
+            if a.tier in tiers and a.rank > 0:  # soft prompts (rank 0) hold no LoRA slot
+                tiers[a.tier] += 1
+        return LoRAInfo(sorted(s.lora_running), sorted(s.lora_waiting), s.max_loras, tiers)

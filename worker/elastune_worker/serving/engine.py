@@ -7,6 +7,7 @@ from __future__ import annotations
 import itertools
 import logging
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -62,6 +63,11 @@ class EngineStats:
     """Loaded adapters and their tier now (device | host | storage)."""
     max_loras: int = 0
     """Device adapter slots (0: LoRA not enabled)."""
+    lora_running: dict[str, int] = field(default_factory=dict)
+    """Running requests per adapter (an adapter in use is never unloaded or moved)."""
+    lora_waiting: dict[str, int] = field(default_factory=dict)
+    lora_counters: dict[str, float] = field(default_factory=dict)
+    """Cumulative adapter loads, load seconds and evictions per tier, and CPU-assisted prefill steps."""
     extra: dict[str, float] = field(default_factory=dict)
 
 
@@ -99,6 +105,8 @@ class LLMEngine:
         self._steps = 0
         self._step_seconds = 0.0
         self._coserve: tuple[FinetuneJob, CoServePlanner] | None = None
+        self.cpu_assisted_steps = 0
+        """Steps whose cold adapters' deltas were computed on the CPU while their copy was in flight."""
         self.coserve_task: Any = None
         """The co-served assignment running here (serving.coserve_task.CoServeTask), if any."""
         self.cost: ServingCost | None = None
@@ -295,6 +303,7 @@ class LLMEngine:
             device.loading()
             return None
         if self.config.lora_load_mode == "cpu_assisted":
+            self.cpu_assisted_steps += 1
             return {n: self.loras.host.get(n) for n in loading}
         return None
 
@@ -376,4 +385,26 @@ class LLMEngine:
             step_seconds=self._step_seconds,
             loras=tuple(self.list_loras()),
             max_loras=self.config.max_loras if self.loras is not None else 0,
+            lora_running=_count(q.lora for q in s.running),
+            lora_waiting=_count(q.lora for q in s.waiting),
+            lora_counters=self._lora_counters(),
         )
+
+    def _lora_counters(self) -> dict[str, float]:
+        if self.loras is None:
+            return {}
+        host, device = self.loras.host, self.loras.device
+        return {
+            "host_loads": host.loads, "host_load_seconds": host.load_seconds,
+            "host_evictions": host.evictions, "device_loads": device.loads,
+            "device_load_seconds": device.load_seconds, "device_evictions": device.evictions,
+            "cpu_assisted_steps": self.cpu_assisted_steps,
+        }  # fmt: skip
+
+
+def _count(names: Iterable[str | None]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for n in names:
+        if n is not None:
+            out[n] = out.get(n, 0) + 1
+    return out

@@ -197,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
     load_lora_modules(client, lora_modules(args))
     registry = CollectorRegistry()
     metrics = ServingMetrics(registry, name)
-    metrics.watch_engine(registry, client.stats)
+    metrics.watch_engine(registry, client.stats, client.lora_info)
     app = create_app(lambda: client, metrics=metrics, control=health_router(registry))
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning", access_log=False)
     return 0

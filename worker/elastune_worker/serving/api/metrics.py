@@ -7,11 +7,16 @@ preemption counters are read from the engine's stats at scrape time, so they are
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
+
+if TYPE_CHECKING:
+    from elastune_worker.serving.client import LoRAInfo
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 _TOKEN_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
@@ -52,8 +57,15 @@ class ServingMetrics:
             [*labels, "outcome"], registry=registry,
         )  # fmt: skip
 
-    def watch_engine(self, registry: CollectorRegistry, stats: Callable[[], dict[str, float] | None]) -> None:
+    def watch_engine(
+        self,
+        registry: CollectorRegistry,
+        stats: Callable[[], dict[str, float] | None],
+        lora_info: Callable[[], LoRAInfo | None] | None = None,
+    ) -> None:
         registry.register(_EngineStats(self.model, stats))
+        if lora_info is not None:
+            registry.register(_LoRAStats(self.model, stats, lora_info))
 
     def request_done(
         self, ttft: float | None, e2e: float, tokens: int, prompt_tokens: int, reason: str
@@ -102,3 +114,61 @@ class _EngineStats(Collector):
             c = CounterMetricFamily(name, doc, labels=["model_name"])
             c.add_metric([self.model], float(s.get(key, 0.0)))
             yield c
+
+
+class _LoRAStats(Collector):
+    """Adapter residency, loads and evictions by tier, CPU-assisted steps, and vLLM's
+    ``vllm:lora_requests_info`` (a gauge whose labels name the adapters of running and waiting requests,
+    comma-separated, and ``max_lora``; its value is the scrape's Unix time, as vLLM sets it)."""
+
+    def __init__(
+        self,
+        model: str,
+        stats: Callable[[], dict[str, float] | None],
+        info: Callable[[], LoRAInfo | None],
+    ) -> None:
+        self.model, self.stats, self.info = model, stats, info
+
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        info = self.info()
+        if info is None or info.max_loras == 0:
+            return
+        s = self.stats() or {}
+        req = GaugeMetricFamily(
+            "vllm:lora_requests_info",
+            "Running stats on LoRA requests.",
+            labels=["running_lora_adapters", "max_lora", "waiting_lora_adapters"],
+        )
+        req.add_metric([",".join(info.running), str(info.max_loras), ",".join(info.waiting)], time.time())
+        yield req
+        resident = GaugeMetricFamily(
+            "elastune_lora_adapters_resident", "LoRA adapters held per tier (device slots, host memory).",
+            labels=["model_name", "tier"],
+        )  # fmt: skip
+        for tier, n in sorted(info.resident.items()):
+            resident.add_metric([self.model, tier], float(n))
+        yield resident
+        per_tier = {
+            "elastune_lora_tier_loads": (
+                "Adapter loads into a tier (host: from storage; device: copies).",
+                "loads",
+            ),
+            "elastune_lora_tier_load_seconds": (
+                "Seconds spent loading adapters into a tier.",
+                "load_seconds",
+            ),
+            "elastune_lora_evictions": ("Adapters evicted from a tier by LRU.", "evictions"),
+        }
+        for name, (doc, key) in per_tier.items():
+            c = CounterMetricFamily(name, doc, labels=["model_name", "tier"])
+            for tier in ("device", "host"):
+                c.add_metric([self.model, tier], s.get(f"lora_{tier}_{key}", 0.0))
+            yield c
+        cpu = CounterMetricFamily(
+            "elastune_lora_cpu_assisted_steps",
+            "Engine steps whose cold adapters' deltas ran on the CPU while their copy was in flight "
+            "(CaraServe's CPU-assisted prefill).",
+            labels=["model_name"],
+        )
+        cpu.add_metric([self.model], s.get("lora_cpu_assisted_steps", 0.0))
+        yield cpu

@@ -36,12 +36,17 @@ class HostLoRAs:
         self.registered: dict[str, Registered] = {}
         self.cache: OrderedDict[str, LoRAWeights] = OrderedDict()
         self.storage_loads = 0
+        """Re-reads from storage of adapters evicted from host memory."""
+        self.loads = 0
+        """Reads from storage into host memory (registrations and re-reads)."""
+        self.load_seconds = 0.0
+        self.evictions = 0
 
     def register(self, name: str, path: str) -> LoRAWeights:
         """Reads and checks it now (a bad artifact is refused at registration, not at its first request)."""
         if name in self.registered and self.registered[name].path != path:
             raise AdapterError(f"adapter {name!r} is already loaded from {self.registered[name].path}")
-        weights = self._read(name, path)
+        weights = self._timed_read(name, path)
         self.registered[name] = Registered(name, path, weights.rank)
         self._put(weights)
         return weights
@@ -56,11 +61,18 @@ class HostLoRAs:
             reg = self.registered.get(name)
             if reg is None:
                 raise AdapterError(f"adapter {name!r} is not loaded")
-            w = self._read(name, reg.path)  # evicted from host memory: read again from storage
+            w = self._timed_read(name, reg.path)  # evicted from host memory: read again from storage
             self.storage_loads += 1
             self._put(w)
         else:
             self.cache.move_to_end(name)
+        return w
+
+    def _timed_read(self, name: str, path: str) -> LoRAWeights:
+        started = time.perf_counter()
+        w = self._read(name, path)
+        self.loads += 1
+        self.load_seconds += time.perf_counter() - started
         return w
 
     def _put(self, w: LoRAWeights) -> None:
@@ -68,6 +80,7 @@ class HostLoRAs:
         self.cache.move_to_end(w.name)
         while len(self.cache) > self.max_cpu_loras:
             self.cache.popitem(last=False)
+            self.evictions += 1
 
 
 class DeviceLoRAs:
@@ -106,7 +119,10 @@ class DeviceLoRAs:
         self.clock: Callable[[], float] = time.monotonic
         self.rank = [0] * max_loras
         self.loads = 0
+        """Copies host → device."""
         self.load_seconds = 0.0
+        self.evictions = 0
+        """Resident adapters pushed out of their slot by another (LRU)."""
 
     def free_slots(self) -> list[int]:
         used = set(self.slot_of.values())
@@ -166,6 +182,7 @@ class DeviceLoRAs:
                     raise AdapterError("every device adapter slot is in use by running requests")
                 slot = self.slot_of.pop(victim)
                 self.ready_at.pop(victim, None)
+                self.evictions += 1
             w = host.get(name)
             self._copy_in(slot, w)
             self.slot_of[name] = slot
