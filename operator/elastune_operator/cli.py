@@ -92,6 +92,33 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_bench_coserve_sim(args: argparse.Namespace) -> int:
+    from .sim.bench_coserving import main
+
+    main(args.quick, Path(args.json) if args.json else None, args.seeds)
+    return 0
+
+
+def _bench_coserve(argv: list[str]) -> int:
+    """`elastune bench coserve`: the engine benchmark (worker package, its own interpreter), then the
+    mixed-workload simulation, whose figures join the same JSON under ``sim``."""
+    import json
+    import subprocess
+
+    from .sim.bench_coserving import main as sim_main
+
+    rc = subprocess.call([sys.executable, "-m", "elastune_worker.bench.coserve", *argv])
+    if rc != 0 or "-h" in argv or "--help" in argv:
+        return rc
+    path = Path(argv[argv.index("--json") + 1]) if "--json" in argv[:-1] else None
+    sim = sim_main("--quick" in argv, None)
+    if path is not None and path.exists():
+        data = json.loads(path.read_text())
+        data["sim"] = sim
+        path.write_text(json.dumps(data, indent=2) + "\n")
+    return 0
+
+
 def _cmd_calibrate(args: argparse.Namespace) -> int:
     from .sim.calibrate import main
 
@@ -219,6 +246,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="workload profile(s) to run (default all: calibrated, the headline, and heavy)",
     )
     sched.set_defaults(func=_cmd_bench)
+    cosim = bsub.add_parser(
+        "coserve-sim", help="mixed tuning + inference workload in the simulator, with and without co-serving"
+    )
+    cosim.add_argument("--quick", action="store_true", help="2 seeds instead of 5")
+    cosim.add_argument("--json", metavar="PATH")
+    cosim.add_argument("--seeds", type=int)
+    cosim.set_defaults(func=_cmd_bench_coserve_sim)
     bsub.add_parser("operator", help="200 TuningJobs at once against the API emulator: reconcile p50/p99")
     for name, module, text in (
         (
@@ -319,7 +353,6 @@ WORKER_COMMANDS: dict[tuple[str, ...], list[str]] = {
     ("bench", "route"): ["elastune_gateway.bench.route"],
     ("bench", "lora"): ["elastune_worker.bench.lora"],
     ("bench", "ssjf"): ["elastune_worker.bench.ssjf"],
-    ("bench", "coserve"): ["elastune_worker.bench.coserve"],
 }
 
 
@@ -349,6 +382,8 @@ def main(argv: list[str] | None = None) -> int:
         return _exec_gateway(argv[1:])
     if argv[:2] == ["bench", "operator"]:
         return _bench_operator(argv[2:])
+    if argv[:2] == ["bench", "coserve"]:
+        return _bench_coserve(argv[2:])
     args = build_parser().parse_args(argv)
     return int(args.func(args) or 0)
 
