@@ -465,6 +465,7 @@ def test_a_job_on_a_pod_that_serves_inference_is_co_served_and_others_say_why_no
     clock.t += 1
     core.tick()
     assert core.estimator.observed_iteration_seconds(MODEL) == before
+    assert core.estimator.coserved_iteration_seconds(MODEL) == 9.0  # learned apart
     post(bus, a, "succeeded", iterations=5, artifact="/out/co", reason="MaxIterations")
     clock.t += 1
     core.tick()

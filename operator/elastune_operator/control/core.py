@@ -425,7 +425,9 @@ class ControlCore:
                 job.checkpointed = ev.checkpointed
             predicted = None
             # A co-served step shares its pod with inference: its time says nothing of a dedicated one.
-            if ev.seconds_per_iteration and sched.gpus and not job.status.co_served:
+            if ev.seconds_per_iteration and job.status.co_served:
+                self.estimator.observe_coserved_iteration(job.llm, ev.seconds_per_iteration)
+            elif ev.seconds_per_iteration and sched.gpus:
                 self.estimator.observe_iteration(job.llm, len(sched.gpus), ev.seconds_per_iteration)
                 remaining = self.estimator.t_warm(job.llm, sched.remaining_iterations, len(sched.gpus))
                 predicted = now + max(0.0, remaining - self.estimator.warm_overhead(job.llm))

@@ -56,6 +56,7 @@ class _LLMState:
     cold_sorted: list[float] = field(default_factory=list)
     # EWMA of iterations used / maximum iterations of finished jobs, with and without the Prompt Bank.
     used_fraction: dict[bool, float] = field(default_factory=lambda: {True: 1.0, False: 1.0})
+    coserved: float | None = None  # EWMA s/iter of co-served steps (one pod, beside inference)
     table: list[float] = field(default_factory=list)  # s/iter at a = index + 1
     neg_table: list[float] = field(default_factory=list)  # -table, ascending, for bisect
 
@@ -114,6 +115,18 @@ class Estimator:
         ratio = seconds_per_iteration / model_iteration_seconds(s.profile, gpus)
         s.correction = (1 - a) * s.correction + a * ratio
         self._rebuild(s)
+
+    def observe_coserved_iteration(self, llm: str, seconds_per_iteration: float) -> None:
+        """A co-served step's time, learned apart from dedicated ones: it depends on the inference
+        load beside it, so it must not move the dedicated model (nor the correction factor)."""
+        s = self._state(llm)
+        if seconds_per_iteration <= 0:
+            return
+        prev, a = s.coserved, self._alpha
+        s.coserved = seconds_per_iteration if prev is None else (1 - a) * prev + a * seconds_per_iteration
+
+    def coserved_iteration_seconds(self, llm: str) -> float | None:
+        return self._state(llm).coserved
 
     def observed_iteration_seconds(self, llm: str) -> dict[int, float]:
         """Measured seconds per iteration by GPU count (EWMA), for the WarmPool's status."""
