@@ -109,6 +109,9 @@ class ServingState(_Message):
     """Adapters the control plane placed here that failed to load: name -> why (LoRAAdapter status)."""
     last_request_at: float | None = None
     """Unix time the last request arrived (the control plane keeps pods that serve from going idle)."""
+    utilization: float = 0.0
+    """Share of the time since the previous heartbeat the engine spent on inference steps: what is left
+    is the spare budget a co-served tuning job can use."""
 
 
 class WorkerRecord(_Message):

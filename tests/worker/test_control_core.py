@@ -434,6 +434,8 @@ def test_a_job_on_a_pod_that_serves_inference_is_co_served_and_others_say_why_no
     last minute runs co-served (under the pool's TPOT SLO); a spec the engine cannot co-serve (a target
     metric: co-served jobs evaluate only at the end) runs dedicated with the reason in status; a pod
     that serves nobody gets a dedicated attempt."""
+    from datetime import datetime
+
     from elastune_contract.api.tuningjob import TuningJobSpec
     from elastune_contract.api.warmpool import ServingSpec
     from elastune_contract.protocol import ServingState
@@ -466,6 +468,10 @@ def test_a_job_on_a_pod_that_serves_inference_is_co_served_and_others_say_why_no
     core.tick()
     assert core.estimator.observed_iteration_seconds(MODEL) == before
     assert core.estimator.coserved_iteration_seconds(MODEL) == 9.0  # learned apart
+    # ... and it predicts the co-served job's end: 3 iterations left at 9 s each.
+    assert co.status.predicted_completion_time is not None
+    predicted = datetime.fromisoformat(co.status.predicted_completion_time.replace("Z", "+00:00"))
+    assert predicted.timestamp() == pytest.approx(clock.t + 27, abs=1)
     post(bus, a, "succeeded", iterations=5, artifact="/out/co", reason="MaxIterations")
     clock.t += 1
     core.tick()

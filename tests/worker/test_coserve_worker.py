@@ -21,7 +21,7 @@ openai = pytest.importorskip("openai")
 
 from test_tuning import TASK, TEST_SPEC  # noqa: E402 - the small model and task of the tuning tests
 
-from elastune_contract.protocol import Assignment, Bus, Event  # noqa: E402
+from elastune_contract.protocol import Assignment, Bus, Event, ServingState  # noqa: E402
 from elastune_worker.tiny import build as tiny_build  # noqa: E402
 from elastune_worker.tiny import tasks as tiny_tasks  # noqa: E402
 
@@ -122,6 +122,13 @@ def test_a_co_served_job_finishes_beside_inference_and_resumes_from_its_checkpoi
     traffic.start()
     try:
         worker.bus.assign(worker.wid, assignment(model, dataset, tmp_path, "ns/co", 8))
+        # The heartbeat reports the inference share of the engine's time (the spare budget is the rest).
+        deadline = time.monotonic() + 30
+        while (
+            worker.bus.workers()[worker.wid].serving or ServingState(model="", max_model_len=1)
+        ).utilization <= 0:
+            assert time.monotonic() < deadline, "no inference utilisation reported"
+            time.sleep(0.2)
         done = worker.wait("ns/co", {"succeeded", "failed"})
     finally:
         stop.set()

@@ -427,6 +427,8 @@ class ControlCore:
             # A co-served step shares its pod with inference: its time says nothing of a dedicated one.
             if ev.seconds_per_iteration and job.status.co_served:
                 self.estimator.observe_coserved_iteration(job.llm, ev.seconds_per_iteration)
+                per_iteration = self.estimator.coserved_iteration_seconds(job.llm) or ev.seconds_per_iteration
+                predicted = now + sched.remaining_iterations * per_iteration
             elif ev.seconds_per_iteration and sched.gpus:
                 self.estimator.observe_iteration(job.llm, len(sched.gpus), ev.seconds_per_iteration)
                 remaining = self.estimator.t_warm(job.llm, sched.remaining_iterations, len(sched.gpus))
@@ -583,4 +585,4 @@ def _serves_inference(rec: WorkerRecord | None, now: float) -> bool:
         return False
     s = rec.serving
     recent = s.last_request_at is not None and now - s.last_request_at < COSERVE_RECENT_S
-    return bool(s.running or s.waiting or recent)
+    return bool(s.running or s.waiting or s.utilization > 0 or recent)

@@ -63,6 +63,7 @@ class EngineServingClient:
         self.tokenizer = engine.tokenizer
         self.adapter_error: str | None = None
         self.last_request_at: float | None = None
+        self._busy_mark: tuple[float, float] | None = None  # (monotonic time, inference step seconds)
 
     def encode(self, text: str) -> list[int]:
         return self.engine.encode(text)
@@ -109,7 +110,13 @@ class EngineServingClient:
     def serving_state(self) -> ServingState:
         """What the worker publishes with its heartbeat for the gateway."""
         s = self.engine.stats()
+        now, inference = time.monotonic(), s.step_seconds - s.coserve_seconds
+        mark, self._busy_mark = self._busy_mark, (now, inference)
+        utilization = 0.0
+        if mark is not None and now > mark[0]:
+            utilization = min(1.0, max(0.0, (inference - mark[1]) / (now - mark[0])))
         return ServingState(
+            utilization=round(utilization, 4),
             model=self.model_name,
             max_model_len=self.max_model_len,
             running=s.num_requests_running,

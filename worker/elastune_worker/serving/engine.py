@@ -59,6 +59,8 @@ class EngineStats:
     steps: int = 0
     step_seconds: float = 0.0
     """Time spent in steps so far."""
+    coserve_seconds: float = 0.0
+    """Of which the co-served finetuning share (the rest is inference)."""
     loras: tuple[AdapterInfo, ...] = ()
     """Loaded adapters and their tier now (device | host | storage)."""
     max_loras: int = 0
@@ -104,6 +106,7 @@ class LLMEngine:
         self._detok: dict[str, IncrementalDetokenizer] = {}
         self._steps = 0
         self._step_seconds = 0.0
+        self._coserve_seconds = 0.0
         self._coserve: tuple[FinetuneJob, CoServePlanner] | None = None
         self.cpu_assisted_steps = 0
         """Steps whose cold adapters' deltas were computed on the CPU while their copy was in flight."""
@@ -212,6 +215,7 @@ class LLMEngine:
         self._steps += 1
         elapsed = time.perf_counter() - t0
         self._step_seconds += elapsed
+        self._coserve_seconds += ft_s if coserve is not None else 0.0
         if coserve is not None and plan is not None:  # the online refit (FlexLLM §6.2)
             coserve[1].observe(plan, finetune, elapsed - ft_s, ft_s)
         return outputs
@@ -383,6 +387,7 @@ class LLMEngine:
             preemptions=s.num_preemptions,
             steps=self._steps,
             step_seconds=self._step_seconds,
+            coserve_seconds=self._coserve_seconds,
             loras=tuple(self.list_loras()),
             max_loras=self.config.max_loras if self.loras is not None else 0,
             lora_running=_count(q.lora for q in s.running),
