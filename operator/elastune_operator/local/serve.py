@@ -159,6 +159,7 @@ def serve(opts: ServeOptions, out: TextIO = sys.stdout, err: TextIO = sys.stderr
                     meta.namespace or "default", meta.name or "", adapter.spec, meta.generation or 1, base
                 )
             )
+        core.tick()  # pool records in the registry before the gateway reads it: the models are listed at once
         port = opts.port or free_port()
         log = (state_dir / "logs" / "gateway.log").open("ab")
         argv = [sys.executable, "-m", "elastune_gateway.server", "--redis-url", redis_url]
@@ -167,7 +168,8 @@ def serve(opts: ServeOptions, out: TextIO = sys.stdout, err: TextIO = sys.stderr
         gateway = subprocess.Popen(
             argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
         )
-        _wait_http(f"http://127.0.0.1:{port}/healthz", gateway)
+        # Ready = the gateway has read the registry once, so /v1/models answers with the pools' models.
+        _wait_http(f"http://127.0.0.1:{port}/readyz", gateway)
         models = [p.spec.model for p in pools] + [a.metadata.name or "" for a, _ in adapters]
         published = [j.spec.output.publish for j, _ in jobs if j.spec.output and j.spec.output.publish]
         print(f"OpenAI base URL: http://127.0.0.1:{port}/v1", file=out, flush=True)
