@@ -36,6 +36,8 @@ from elastune_operator.scheduling.placement import AdapterDemand, PlacementConfi
 log = logging.getLogger("elastune.operator")
 
 DEFAULT_SERVING = ServingSpec()
+POPULARITY_READ_S = 5.0
+"""How often the gateway's request counts are read back (they are kept per minute)."""
 
 
 @dataclass
@@ -87,6 +89,7 @@ class ServingControl:
         self._status_sent: dict[str, str] = {}
         self._pods: dict[str, int] = {}  # model -> serving pods seen in the last round
         self._popularity: dict[str, int] = {}  # served name -> requests in the last 1-2 windows
+        self._popularity_at = float("-inf")
 
     # -- pools --------------------------------------------------------------------------------------
     def add_pool(self, name: str, model: str, spec: ServingSpec | None) -> None:
@@ -186,8 +189,11 @@ class ServingControl:
         return need
 
     def tick(self, workers: dict[str, WorkerRecord]) -> None:
-        # Requests per adapter from the gateway(s) (POPULARITY_WINDOW_S windows): replicas by share.
-        self._popularity = self.bus.popularity(self.clock()) if self.pools else {}
+        # Requests per adapter from the gateway(s) (POPULARITY_WINDOW_S windows): replicas by share. The
+        # counts move by the minute, so they are read every few seconds, not every 50 ms round.
+        now = self.clock()
+        if self.pools and now - self._popularity_at >= POPULARITY_READ_S:
+            self._popularity, self._popularity_at = self.bus.popularity(now), now
         for model, pool in self.pools.items():
             self._publish_pool(pool)
             serving = {

@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from elastune_worker.bench.stats import loadavg, percentile
+from elastune_worker.bench.stats import finish, loadavg, percentile
 
 ROOT = Path(__file__).resolve().parents[3]
 DEFAULT_DATASET = ROOT.parent / "shared" / "datasets" / "sharegpt_250.json"
@@ -377,12 +377,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{g['ratio_vs_best_temporal']}x, "
           f"SLO {g['coserve_slo_attainment_pct']} % vs {g['best_temporal_slo_attainment_pct']} %: "
           f"{'met' if g['met'] else 'missed'}", flush=True)  # fmt: skip
-    print(f"  machine: {os.cpu_count()} cores, load {result['machine']['loadavg_before']} -> "
-          f"{result['machine']['loadavg_after']}", flush=True)  # fmt: skip
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(result, indent=2) + "\n")
-        print(f"wrote {args.json}")
+    finish(result, args.json)
     return 0
 
 

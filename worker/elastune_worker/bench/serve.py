@@ -37,7 +37,7 @@ from typing import Any
 
 import httpx
 
-from elastune_worker.bench.stats import loadavg, percentile
+from elastune_worker.bench.stats import finish, loadavg, percentile
 
 ROOT = Path(__file__).resolve().parents[3]
 DEFAULT_DATASET = ROOT.parent / "shared" / "datasets" / "sharegpt_250.json"
@@ -486,12 +486,7 @@ def _finish(result: dict[str, Any], args: argparse.Namespace) -> int:
     if "ratios" in result:
         for load, r in result["ratios"].items():
             print(f"  ratio {load}: throughput Elastune/vLLM {r['throughput']:.2f}x", flush=True)
-    print(f"  machine: {os.cpu_count()} cores, load {result['machine']['loadavg_before']} -> "
-          f"{result['machine']['loadavg_after']}", flush=True)  # fmt: skip
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(result, indent=2) + "\n")
-        print(f"wrote {args.json}")
+    finish(result, args.json)
     return 0
 
 

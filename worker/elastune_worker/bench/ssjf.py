@@ -30,7 +30,6 @@ predicted) and per setting, ``machine`` (load average before and after).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -39,7 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from elastune_worker.bench.stats import loadavg, percentile
+from elastune_worker.bench.stats import finish, loadavg, percentile
 
 ROOT = Path(__file__).resolve().parents[3]
 DEFAULT_DATASET = ROOT.parent / "shared" / "datasets" / "sharegpt_250.json"
@@ -347,12 +346,7 @@ def main(argv: list[str] | None = None) -> int:
             f"reduction; oracle {row['jct_mean_reduction_pct_vs_fcfs_oracle']:+.1f} %",
             flush=True,
         )
-    m = result["machine"]
-    print(f"  machine: {m['nproc']} cores, load {m['loadavg_before']} -> {m['loadavg_after']}", flush=True)
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(result, indent=2) + "\n")
-        print(f"wrote {args.json}")
+    finish(result, args.json)
     return 0
 
 

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import os
+from pathlib import Path
+from typing import Any
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -16,3 +19,14 @@ def percentile(values: list[float], q: float) -> float:
 def loadavg() -> list[float]:
     """1, 5 and 15-minute load averages, rounded."""
     return [round(x, 2) for x in os.getloadavg()]
+
+
+def finish(result: dict[str, Any], json_path: Path | None) -> None:
+    """The closing lines every benchmark prints: the machine and its load around the run, then the JSON
+    written to ``json_path`` (when given)."""
+    m = result["machine"]
+    print(f"  machine: {m['nproc']} cores, load {m['loadavg_before']} -> {m['loadavg_after']}", flush=True)
+    if json_path is not None:
+        json_path.parent.mkdir(parents=True, exist_ok=True)
+        json_path.write_text(json.dumps(result, indent=2) + "\n")
+        print(f"wrote {json_path}")

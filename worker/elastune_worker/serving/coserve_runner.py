@@ -26,14 +26,13 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
 from elastune_worker.serving.coserve import FinetuneState, IterationPlan
 from elastune_worker.tuning.trainer import (
-    IGNORE_INDEX,
     Trainer,
     collate,
     global_batch_indices,
+    logits_loss,
     training_rows,
 )
 
@@ -225,16 +224,7 @@ class CoServedJob:
 
     def _loss(self, seq: _Sequence) -> torch.Tensor:
         """``per_sample_loss`` summed and scaled as ``Trainer.step`` does (÷ the global batch size)."""
-        labels = seq.labels
-        logits = torch.cat(seq.logits, dim=1)[:, -labels.shape[1] :, :]  # drop the virtual positions
-        shift_logits, shift_labels = logits[:, :-1, :].float(), labels[:, 1:]
-        ce = F.cross_entropy(
-            shift_logits.reshape(-1, shift_logits.shape[-1]),
-            shift_labels.reshape(-1),
-            ignore_index=IGNORE_INDEX,
-            reduction="none",
-        ).view(shift_labels.shape)
-        losses = ce.sum(dim=1) / (shift_labels != IGNORE_INDEX).sum(dim=1)
+        losses = logits_loss(torch.cat(seq.logits, dim=1), seq.labels)
         loss = losses.sum() * (self.trainer.world / self.trainer.cfg.batch_size)
         self._loss_value = float(loss.detach())
         return loss

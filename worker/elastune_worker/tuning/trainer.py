@@ -71,6 +71,7 @@ __all__ = [
     "init_text_ids",
     "latest_checkpoint",
     "load_artifact",
+    "logits_loss",
     "per_sample_loss",
     "pick_device",
     "training_rows",
@@ -396,9 +397,13 @@ def per_sample_loss(
     model: PeftModel, ids: torch.Tensor, mask: torch.Tensor, labels: torch.Tensor
 ) -> torch.Tensor:
     """Mean cross-entropy over each sample's target tokens, shape (batch,)."""
-    logits = model(input_ids=ids, attention_mask=mask).logits
+    return logits_loss(model(input_ids=ids, attention_mask=mask).logits, labels)
+
+
+def logits_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """``per_sample_loss`` from the logits: mean cross-entropy over each sample's target tokens."""
     # promptTuning/pTuning prepend virtual positions to the logits; prefixTuning does not.
-    logits = logits[:, -ids.shape[1] :, :]
+    logits = logits[:, -labels.shape[1] :, :]
     shift_logits, shift_labels = logits[:, :-1, :].float(), labels[:, 1:]
     ce = F.cross_entropy(
         shift_logits.reshape(-1, shift_logits.shape[-1]),
