@@ -578,6 +578,14 @@ def _random_case(
             job = new_job(llm, NOW - rng.uniform(0.0, 30.0))
             admitter.admit(state, job, job.arrival)
     state.capacity = len(state.gpus) + rng.choice([0, 0, 1, 2, 4])
+    # Co-serving (its own generator, so the cases above stay what they were): some warm GPUs serve
+    # inference at a co-serving rate, some jobs are co-servable.
+    crng = random.Random(seed * 7919 + 1)
+    if crng.random() < 0.5:
+        for job in state.jobs.values():
+            job.coservable = crng.random() < 0.6
+        serving = [g for g in state.gpus.values() if g.state is not GPUState.STARTING and crng.random() < 0.4]
+        state.set_coserve_rates({g.id: crng.choice([0.0, 0.3, 0.55, 0.76, 1.0]) for g in serving})
     return state, cfg, limits, clamp
 
 

@@ -69,6 +69,9 @@ class ServingCost(_Message):
     """LoRA decode cost per unit: per (batch × max rank) slot for padded, per rank summed for unpadded."""
     lora_b_s: float = 0.0
     """Fixed LoRA cost of a decode step once any request in it uses an adapter."""
+    device: str = ""
+    """The torch device type the costs were measured on (cuda | cpu; empty: not said). The control
+    plane's co-serving model differs by device (``scheduling.coserving.CoServeModel``)."""
 
 
 class AdapterState(_Message):

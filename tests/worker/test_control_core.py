@@ -432,16 +432,19 @@ def test_a_job_on_a_pod_that_serves_inference_is_co_served_and_others_say_why_no
 ) -> None:
     """FlexLLM co-serving in the control plane: a one-pod attempt whose pod served a request within the
     last minute runs co-served (under the pool's TPOT SLO); a spec the engine cannot co-serve (a target
-    metric: co-served jobs evaluate only at the end) runs dedicated with the reason in status; a pod
-    that serves nobody gets a dedicated attempt."""
+    metric: co-served jobs evaluate only at the end) runs on a dedicated pod the pool grows for, with the
+    reason in status; a pod that serves nobody gets a dedicated attempt."""
     from datetime import datetime
 
     from elastune_contract.api.tuningjob import TuningJobSpec
     from elastune_contract.api.warmpool import ServingSpec
-    from elastune_contract.protocol import ServingState
+    from elastune_contract.protocol import ServingCost, ServingState
 
     core, bus, clock = env["core"], env["bus"], env["clock"]
     core.serving.add_pool("pool", MODEL, ServingSpec.model_validate({"slo": {"tpotMilliseconds": 40}}))
+
+    cpu_cost = ServingCost(prefill_s_per_token=1e-4, decode_step_base_s=0.01, decode_step_per_seq_s=0.001)
+    cpu_cost.device = "cpu"
 
     def serving(last: float | None, running: int = 0) -> ServingState:
         return ServingState(model=MODEL, max_model_len=128, running=running, last_request_at=last)
@@ -476,11 +479,19 @@ def test_a_job_on_a_pod_that_serves_inference_is_co_served_and_others_say_why_no
     clock.t += 1
     core.tick()
 
+    # A job the engine cannot co-serve does not take the serving pod from inference: the pool grows
+    # and it runs on a dedicated pod, its status saying why it was not co-served.
     worker(bus, "w1", clock, serving=serving(None, running=2))
+    grown = len(env["backend"].grown)
     core.submit(target)
     clock.t += 1
     core.tick()
-    b = pop(bus, "w1")
+    assert env["backend"].grown[grown:] == [("pool", 1)]
+    assert bus.pop_assignment("w1", timeout=0.2) is None
+    worker(bus, "w2", clock)
+    clock.t += 5
+    core.tick()
+    b = pop(bus, "w2")
     assert b.coserve is False and target.status.co_served is False
     assert "termination.target" in (target.status.co_serving_reason or "")
     post(bus, b, "succeeded", iterations=5, artifact="/out/target", reason="MaxIterations")
@@ -489,8 +500,12 @@ def test_a_job_on_a_pod_that_serves_inference_is_co_served_and_others_say_why_no
 
     idle = job("idle", iterations=5)
     worker(bus, "w1", clock, serving=serving(clock.t - 600))
+    # w2 is saturated by inference on a CPU: no spare budget (rate 0), so neither free nor co-servable.
+    full = serving(None, running=2).model_copy(update={"utilization": 1.0, "cost": cpu_cost})
+    worker(bus, "w2", clock, serving=full)
     core.submit(idle)
     clock.t += 1
     core.tick()
     c = pop(bus, "w1")
+    assert core.state.coserve_rate == {core.fleet.gpu_of["w2"]: 0.0}
     assert c.coserve is False and idle.status.co_served is False and idle.status.co_serving_reason is None

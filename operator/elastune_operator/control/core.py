@@ -35,6 +35,7 @@ from elastune_operator.control.lifecycle import JobLifecycle, is_terminal, succe
 from elastune_operator.control.records import CoreSettings, JobRecord, PoolConfig
 from elastune_operator.control.serving import AdapterRecord, ServingControl
 from elastune_operator.metrics import ControlMetrics
+from elastune_operator.scheduling.coserving import CoServeModel, UtilizationPeaks, floored_rate
 from elastune_operator.scheduling.estimator import Estimator, LLMProfile
 from elastune_operator.scheduling.factory import make_policy
 from elastune_operator.scheduling.policy import PoolLimits
@@ -77,6 +78,7 @@ class ControlCore:
         """Tune -> serve on Kubernetes: create the LoRAAdapter resource (None: register it here)."""
         self._serving_need: dict[str, int] = {}
         self._records: dict[str, WorkerRecord] = {}  # the workers' registry records of this round
+        self._peaks = UtilizationPeaks()  # serving pods' inference utilisation, peak of the last minute
         for pool in pools:
             self.add_pool(pool)
 
@@ -158,6 +160,7 @@ class ControlCore:
             job.spec.termination.max_iterations,
             done_iterations=done_iterations,
             bank_mode=job.spec.prompt_bank,
+            coservable=coservable(job.spec, job.llm) is None,
         )
         self.policy.admit(self.state, sched, now)
         if job.status.prompt_bank is None:
@@ -207,6 +210,7 @@ class ControlCore:
         adoptable = set(self.jobs) - set(self.recovering)
         records = self._records = self.fleet.sync(now, set(self.pools), adoptable, self)
         self._serve(records, now)
+        self.state.set_coserve_rates(self._coserve_rates(records, now))
         if self.recovering:
             self._recover(records, now)
         self._read_events(now)
@@ -235,6 +239,21 @@ class ControlCore:
             if gid is not None and served is not None:
                 busy = rec.serving is not None and (rec.serving.running or rec.serving.waiting)
                 self.state.served(gid, now if busy else min(served, now))
+
+    def _coserve_rates(self, records: dict[str, WorkerRecord], now: float) -> dict[int, float]:
+        """The warm GPUs whose pods serve inference now and the share of a dedicated GPU's tuning speed a
+        co-served job would get there, at the pod's peak utilisation of the last minute (the policy
+        offers these GPUs to co-servable jobs only, see PromptTunerPolicy)."""
+        rates: dict[int, float] = {}
+        for wid, rec in records.items():
+            gid = self.fleet.gpu_of.get(wid)
+            if gid is None or rec.serving is None:
+                continue
+            peak = self._peaks.observe(wid, rec.heartbeat, rec.serving.utilization)
+            if _serves_inference(rec, now):
+                rates[gid] = floored_rate(_coserve_model(rec), peak)
+        self._peaks.forget(set(records))
+        return rates
 
     def publish(self, job: JobRecord) -> None:
         """Tune -> serve: a succeeded job with spec.output.publish becomes a promptTuning LoRAAdapter."""
@@ -529,24 +548,27 @@ class ControlCore:
                 ),
             )
         predicted = now + self.estimator.t_warm(job.llm, sched.remaining_iterations, world)
+        if coserve:  # at the slowest pod's co-serving rate (a data-parallel step waits for it)
+            rates = [self.state.coserve_rate.get(g, 1.0) for g in sched.gpus]
+            predicted = now + (predicted - now) / max(min(rates), 1e-3)
         self.state.start(job.key, now, predicted)
         job.started = now
         self.backend.mark_busy(job.pool, workers, True)
         self.lifecycle.running(job, now, predicted)
 
     def _coserve_decision(self, job: JobRecord, workers: list[str], now: float) -> tuple[bool, float | None]:
-        """Co-serve the attempt (FlexLLM) when its one pod serves inference right now: the job then runs in
-        the token budget inference leaves each iteration, under the pool's TPOT SLO, instead of competing
-        with inference for the whole device. Records the decision (and why not) in the job's status."""
+        """Co-serve the attempt (FlexLLM) when one of its pods serves inference right now: the job then
+        runs in the token budget inference leaves each iteration, under the pool's TPOT SLO, instead of
+        competing with inference for the whole device. Pods of the attempt without a serving engine tune
+        dedicated and all-reduce with the co-served ones. Records the decision (and why not) in the
+        job's status: a job that cannot be co-served while its pool serves says why."""
         job.status.co_served, job.status.co_serving_reason = False, None
-        serving = [w for w in workers if _serves_inference(self._records.get(w), now)]
-        if not serving:
-            return False, None
         why = coservable(job.spec, job.llm)
-        if why is None and len(workers) > 1:
-            why = "a co-served job runs on one pod; this attempt has several"
         if why is not None:
-            job.status.co_serving_reason = why
+            if any(_serves_inference(r, now) for r in self._records.values() if r.pool == job.pool):
+                job.status.co_serving_reason = f"tuned on dedicated GPUs: {why}"
+            return False, None
+        if not any(_serves_inference(self._records.get(w), now) for w in workers):
             return False, None
         job.status.co_served = True
         slo = self.serving.hold_model(job.llm).slo
@@ -578,6 +600,12 @@ class ControlCore:
 
 COSERVE_RECENT_S = 60.0
 """A pod that answered a request this recently counts as serving inference (co-serve its jobs)."""
+
+
+def _coserve_model(rec: WorkerRecord) -> CoServeModel:
+    """FlexLLM's GPU model on CUDA pods (and pods that do not say), the measured CPU model on CPU pods."""
+    cost = rec.serving.cost if rec.serving is not None else None
+    return CoServeModel("cpu" if cost is not None and cost.device == "cpu" else "gpu")
 
 
 def _serves_inference(rec: WorkerRecord | None, now: float) -> bool:

@@ -11,13 +11,17 @@ dedicated GPU's — we take the stated intent (co-serving matches separate finet
 at the efficiency measured by `elastune bench coserve` here (the runner in windows and micro-batches
 takes 1.6-1.9x a dedicated step): rate = dedicated × 0.55 × (1 − u).
 
-The decision is the scheduler's, made with what it knows now: the pod's current utilisation stands for
-the rest of the job (a prediction), and the job is co-served only when that prediction finishes it
-within ``SAFETY`` of the time left to its deadline. Pure: no I/O, no clock.
+The decision is the scheduler's, made with what it knows now: the pod's utilisation (its peak of the
+last minute, ``UtilizationPeaks``) stands for the rest of the job (a prediction), and the job is
+co-served only when that prediction finishes it within ``SAFETY`` of the time left to its deadline. The
+live scheduler applies it inside Algorithm 1 (``PromptTunerPolicy._coserve``, gangs of pods too);
+``choose_pod`` is the one-pod form the mixed-workload simulation uses. Pure: no I/O, no clock.
 """
 
 from __future__ import annotations
 
+import math
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
@@ -118,3 +122,36 @@ def coserved_finish(
         done += (edge - t) * r
         t = edge
     return None
+
+
+PEAK_WINDOW_SECONDS = 60.0
+"""A pod's co-serving rate is read at its highest utilisation of the last minute, not its last report:
+with instant reports a bursty load got co-served jobs that then stalled when the burst came back."""
+RATE_STEP = 0.05
+"""Rates are floored to this step so small swings of utilisation do not change the scheduler's input
+every heartbeat (each change recomputes the round)."""
+
+
+class UtilizationPeaks:
+    """Per pod, the highest inference utilisation its heartbeats reported in the last window."""
+
+    def __init__(self, window_seconds: float = PEAK_WINDOW_SECONDS) -> None:
+        self.window = window_seconds
+        self._reports: dict[str, deque[tuple[float, float]]] = {}
+
+    def observe(self, pod: str, heartbeat: float, utilization: float) -> float:
+        """Record one heartbeat's report (a heartbeat seen before is not counted twice); the peak."""
+        q = self._reports.setdefault(pod, deque())
+        if not q or heartbeat > q[-1][0]:
+            q.append((heartbeat, utilization))
+        while q and q[0][0] < heartbeat - self.window:
+            q.popleft()
+        return max(u for _, u in q)
+
+    def forget(self, keep: set[str]) -> None:
+        for pod in set(self._reports) - keep:
+            del self._reports[pod]
+
+
+def floored_rate(model: CoServeModel, utilization: float) -> float:
+    return math.floor(model.rate(utilization) / RATE_STEP + 1e-9) * RATE_STEP

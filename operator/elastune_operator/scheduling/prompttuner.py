@@ -36,6 +36,16 @@ Interpretations of the paper's pseudo-code (each marked "Interpretation" below):
   maximum iterations that finished jobs of the same LLM (with / without the bank) really used — a
   profile learned online like the others. ``"upper_bound"`` keeps the literal bound.
 
+Co-serving (FlexLLM, issue 13; not in the paper). Warm GPUs whose pods serve inference
+(``ClusterState.coserve_rate``) are not idle capacity for dedicated tuning — a dedicated job would take
+the device from inference. Algorithm 1 offers them, after the idle dedicated GPUs, to a co-servable job
+that the idle dedicated GPUs alone cannot start: the fewest k ≥ A GPUs (dedicated first, then serving
+pods fastest first) whose co-served time ``bank + overhead + rem × T_iter(k) / rate`` — ``rate`` the
+slowest member's, a data-parallel step waits for its slowest worker — is at most
+``coserving.SAFETY`` of the time left; otherwise the job goes on to Algorithm 2 (wait or grow from the
+cold pool), which counts no serving pod. This is how a job is "given co-served GPUs instead of growing
+the pool from the cold pool when its predicted time on them still meets its SLO".
+
 Ablations (paper Table 8): ``warm_allocator=False`` hands a job whatever warm GPUs are idle right
 away and takes the rest of its A GPUs from the cold pool for it (each instance allocated on its own,
 as a serverless platform would), instead of allocating all A together from the warm pool or waiting
@@ -55,6 +65,7 @@ from typing import Literal
 
 import numpy as np
 
+from .coserving import SAFETY as COSERVE_SAFETY
 from .estimator import Estimator
 from .latency_budget import DEFAULT_BUDGET_FRACTION, decide_prompt_bank
 from .policy import Billing, PoolLimits, PoolLimitsTable, RoundCache
@@ -131,6 +142,7 @@ class _Round:
 
     now: float
     free: dict[str, list[int]]  # idle warm GPUs not handed out yet, oldest idle first
+    serving: dict[str, list[tuple[float, int]]]  # idle GPUs serving inference: (-rate, id), fastest first
     E: dict[str, list[Slot]]  # sorted earliest-free times of each LLM's warm GPUs (absolute)
     E_busy_free: dict[str, list[Slot]]  # same without busy GPUs (delay_schedulable ablation)
     unreserved_idle: dict[str, int]  # idle GPUs that no delayed job counts on
@@ -225,9 +237,19 @@ class PromptTunerPolicy:
         return r.decision
 
     def _begin(self, state: ClusterState, now: float) -> _Round:
+        rates = state.coserve_rate
+        serving: dict[str, list[tuple[float, int]]] = {llm: [] for llm in state.idle}
+        if rates:
+            free = {llm: [g for g in ids if g not in rates] for llm, ids in state.idle.items()}
+            for llm, ids in state.idle.items():
+                # A pod with no spare budget (rate 0) is neither free nor co-servable.
+                serving[llm] = sorted((-rates[g], g) for g in ids if rates.get(g, 0.0) > 0)
+        else:
+            free = {llm: list(ids) for llm, ids in state.idle.items()}
         return _Round(
             now=now,
-            free={llm: list(ids) for llm, ids in state.idle.items()},
+            free=free,
+            serving=serving,
             E={},
             E_busy_free={},
             unreserved_idle=dict.fromkeys(state.idle, 0),  # set after Algorithm 1
@@ -242,7 +264,8 @@ class PromptTunerPolicy:
     ) -> None:
         est = self.estimator
         free = r.free[llm]
-        if not free and r.cold_free <= 0 and not any(r.free.values()):
+        serving = r.serving[llm]
+        if not free and not serving and r.cold_free <= 0 and not any(r.free.values()):
             # Exact shortcut: with no idle warm GPU anywhere and an empty cold pool, neither
             # algorithm nor best effort can hand this LLM's jobs anything this round; any change
             # (a GPU freed, a job finished) bumps the state version and triggers a full round.
@@ -271,7 +294,7 @@ class PromptTunerPolicy:
             r.note(float((q.deadline - (base + q.rem * table[-1]))[feasible].min()))
         i = 0
         n = len(q.jobs)
-        while i < n and free:  # Algorithm 1 proper: sequential, it consumes the idle GPUs
+        while i < n and (free or serving):  # Algorithm 1 proper: sequential, it consumes the idle GPUs
             job = q.jobs[i]
             if not feasible[i]:
                 hopeless.append(job)
@@ -279,6 +302,12 @@ class PromptTunerPolicy:
                 a = int(fewest[i])
                 if a <= len(free):
                     self._give(r, job, free, a, a)
+                elif (
+                    serving
+                    and job.coservable
+                    and self._coserve(r, job, a, float(base[i]), float(q.rem[i]), float(left[i]), tbl)
+                ):
+                    pass
                 elif self.config.warm_allocator:
                     delayed.append(job)
                 else:
@@ -318,6 +347,27 @@ class PromptTunerPolicy:
         r.cold_free -= a - take
         r.decision.launches.append(Launch(job.llm, a - take, job.id))
 
+    def _coserve(
+        self, r: _Round, job: Job, a: int, base: float, rem: float, left: float, tbl: list[float]
+    ) -> bool:
+        """Co-serving (module docstring): the fewest k ≥ a of the LLM's idle dedicated GPUs plus its
+        serving pods, fastest first, on which the job's co-served time is within ``COSERVE_SAFETY`` of
+        the time left; hand them out and return True, or False when no k fits. The prediction takes
+        each pod's rate as staying what it is now (the environment reports a recent peak, so a bursty
+        load errs towards not co-serving). No instant needs noting for the round cache: the time left
+        only shrinks, so a k that does not fit now never will."""
+        free, serving = r.free[job.llm], r.serving[job.llm]
+        d = len(free)
+        for k in range(max(a, d + 1), min(len(tbl), d + len(serving)) + 1):
+            rate = -serving[k - d - 1][0]  # the slowest member: a data-parallel step waits for it
+            if base + rem * tbl[k - 1] / rate <= COSERVE_SAFETY * left:
+                ids = free[:] + [g for _, g in serving[: k - d]]
+                free.clear()
+                del serving[: k - d]
+                r.decision.allocations.append(Allocation(job.id, ids, k))
+                return True
+        return False
+
     def _give(self, r: _Round, job: Job, free: list[int], n: int, target: int) -> None:
         """Hand the n most recently idle GPUs to the job (see module docstring)."""
         ids = free[-n:]
@@ -352,7 +402,7 @@ class PromptTunerPolicy:
                 no_busy[llm].append(sl)
             for jid in state.running[llm]:
                 job = state.jobs[jid]
-                E[llm].extend([slot(self._expected_release(job, now))] * len(job.gpus))
+                E[llm].extend([slot(self._expected_release(job, now))] * _dedicated(state, job.gpus))
             for jid in state.waiting[llm]:
                 job = state.jobs[jid]
                 ready = slot(
@@ -366,13 +416,13 @@ class PromptTunerPolicy:
                     )
                 )
                 t = est.t_warm(llm, job.remaining_iterations, job.target_gpus, job.bank_seconds)
-                E[llm].extend([(ready[0] + t, ready[1], ready[2])] * len(job.gpus))
+                E[llm].extend([(ready[0] + t, ready[1], ready[2])] * _dedicated(state, job.gpus))
         for alloc in r.decision.allocations:
             job = state.jobs[alloc.job]
             if job.llm not in needed:
                 continue
             t = est.t_warm(job.llm, job.remaining_iterations, alloc.target, job.bank_seconds)
-            E[job.llm].extend([(now + t, True, now)] * len(alloc.gpus))
+            E[job.llm].extend([(now + t, True, now)] * _dedicated(state, alloc.gpus))
         for llm in E:
             E[llm].sort()
             no_busy[llm].sort()
@@ -627,6 +677,13 @@ class PromptTunerPolicy:
 
 
 _PROJECTED_MISS = object()
+
+
+def _dedicated(state: ClusterState, gpus: list[int]) -> int:
+    """How many of ``gpus`` come back as dedicated capacity (E_l): a pod serving inference is offered
+    only through co-serving, so DelaySchedulable must not wait for it."""
+    rates = state.coserve_rate
+    return sum(g not in rates for g in gpus) if rates else len(gpus)
 
 
 def _note_kth(r: _Round, E: list[Slot], k: int) -> None:

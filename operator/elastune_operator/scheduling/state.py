@@ -66,6 +66,9 @@ class Job:
     finished_at: float | None = None
     dropped: bool = False
     """Rejected by admission control (ElasticFlow) — never runs, counts as an SLO miss."""
+    coservable: bool = False
+    """The job can ride along inference on a serving pod (FlexLLM co-serving): its method and model
+    allow it (``elastune_contract.coserve.coservable``). Policies offer it serving pods only then."""
     deadline: float = field(init=False)
     """arrival + SLO, stored: it is the sort key of every scheduling round."""
 
@@ -135,6 +138,11 @@ class ClusterState:
         """Bumped whenever an LLM's pending set (or a pending job's progress) changes."""
         self.arrivals: dict[str, list[tuple[float, str]]] = {llm: [] for llm in llms}
         """(arrival, job id) of every job submitted, per LLM, sorted: recent arrival rates."""
+        self.coserve_rate: dict[int, float] = {}
+        """Warm GPUs whose pod serves inference right now -> the share of a dedicated GPU's tuning speed
+        a job co-served there would get (FlexLLM; ``scheduling.coserving``). Such GPUs are not idle
+        capacity for dedicated tuning: a policy that knows co-serving offers them only to co-servable
+        jobs whose predicted co-served time meets their SLO. Reported by the environment."""
         self.version = 0
         self._next_gpu = 0
 
@@ -315,6 +323,14 @@ class ClusterState:
         idle[gid] = None
         self._touch()
 
+    def set_coserve_rates(self, rates: dict[int, float]) -> None:
+        """The pods serving inference now and their co-serving rates (replaces the previous report; a
+        changed report is a state change, so cached rounds are recomputed)."""
+        rates = {g: r for g, r in rates.items() if g in self.gpus}
+        if rates != self.coserve_rate:
+            self.coserve_rate = rates
+            self._touch()
+
     def release(self, gid: int) -> None:
         """An idle (or never-used) GPU returns to the cold pool."""
         gpu = self.gpus.pop(gid)
@@ -325,4 +341,5 @@ class ClusterState:
         self.idle[gpu.llm].pop(gid, None)
         self.starting[gpu.llm].pop(gid, None)
         self.pool_size[gpu.llm] -= 1
+        self.coserve_rate.pop(gid, None)
         self._touch()

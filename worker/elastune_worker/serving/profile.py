@@ -59,6 +59,7 @@ def profile_costs(engine: LLMEngine, *, repeats: int = 3) -> ServingCost:
         prefill_s_per_token=max(0.0, (p_long - p_short) / (long - short)),
         decode_step_base_s=max(0.0, d1 - per_seq),
         decode_step_per_seq_s=per_seq,
+        device=engine.runner.device.type,
     )
     if lora is not None:
         cost.lora_kernel, cost.lora_a_s, cost.lora_b_s = engine.config.lora_kernel, lora[0], lora[1]
