@@ -173,3 +173,37 @@ def test_cancelling_a_co_served_job_leaves_the_worker_serving(
     while worker.bus.workers()[worker.wid].state.value != "ready":
         assert time.monotonic() < deadline
         time.sleep(0.2)
+
+
+def test_a_data_parallel_job_co_served_on_two_serving_workers_all_reduces_and_finishes(
+    worker: Worker, model: Path, dataset: Path, tmp_path: Path, redis_server: Any
+) -> None:
+    """Two serving pods, one job (world 2): each co-serves its shard inside its engine and the gradients
+    meet in the storage channel; rank 0 reports progress and the artifact, rank 1 only detaches."""
+    other = Worker(model, redis_server.url, tmp_path, "w-co-peer")
+    try:
+        base = assignment(model, dataset, tmp_path, "ns/dp", 6)
+        ranks = [
+            base.model_copy(
+                update={"rank": r, "world": 2, "channel_url": redis_server.url, "comm_job": "ns.dp.a1"}
+            )
+            for r in range(2)
+        ]
+        worker.bus.assign(worker.wid, ranks[0])
+        other.bus.assign(other.wid, ranks[1])
+        done = worker.wait("ns/dp", {"succeeded", "failed"})
+        assert done.type == "succeeded" and done.iterations == 6, done
+        assert Path(done.artifact or "", "adapter_config.json").is_file()
+        for w in (worker, other):
+            started = next(e for e in w.events("ns/dp") if e.type == "started")
+            assert started.coserved is True
+        # Rank 1 posts no outcome of its own and goes back to ready.
+        deadline = time.monotonic() + 30
+        while other.bus.workers()[other.wid].state.value != "ready":
+            assert time.monotonic() < deadline, other.log.read_text()[-3000:]
+            time.sleep(0.2)
+        assert {e.type for e in other.events("ns/dp")} == {"started"}
+        ckpts = sorted((tmp_path / "ckpt" / "ns" / "dp").glob("ckpt-*.pt"))
+        assert ckpts and ckpts[-1].name == "ckpt-00000006.pt"
+    finally:
+        other.close()

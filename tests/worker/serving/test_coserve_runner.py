@@ -207,3 +207,73 @@ def test_a_job_of_another_model_is_refused(llama: Path, task: T.Task) -> None:
     trainer = Trainer(other, cfg(), task.train, task.eval, device="cpu")
     with pytest.raises(ValueError, match="engine's own base model"):
         CoServedJob(trainer, served_model_dir=llama)
+
+
+def _data_parallel(
+    model: Path, c: TuningConfig, task: T.Task, world: int, redis_url: str, timeout_s: float = 30.0
+) -> list[CoServedJob]:
+    from elastune_worker.comm import StorageAllReduce, make_channel
+
+    comm = f"dp-{os.getpid()}-{world}-{c.batch_size}-{timeout_s}"
+
+    def worker(rank: int) -> CoServedJob:
+        ar = StorageAllReduce(make_channel(redis_url), comm, rank, world, timeout_s=timeout_s)
+        return CoServedJob(
+            Trainer(model, c, task.train, task.eval, worker=rank, world=world, device="cpu", allreduce=ar)
+        )
+
+    return [worker(rank) for rank in range(world)]
+
+
+def drive_together(jobs: list[CoServedJob], max_seconds: float = 120.0) -> None:
+    """Advance every worker's job by one planned piece in turn (uneven windows, one backward layer); a
+    worker whose step is in its all-reduce has no piece to run and is skipped, as its engine would."""
+    import time
+
+    sizes = itertools.cycle([1, 5, 3, 7])
+    deadline = time.monotonic() + max_seconds
+    while not all(j.done for j in jobs):
+        assert time.monotonic() < deadline, "the data-parallel co-served jobs did not finish"
+        idle = True
+        for job in jobs:
+            state = job.state()
+            if state is None:
+                continue
+            idle = False
+            rows = job._seq.inputs.shape[0] if job._seq is not None else 1
+            if state.in_forward:
+                plan = IterationPlan(0.0, 1, finetune_forward_tokens=min(next(sizes) * rows, _left(state)))
+            else:
+                plan = IterationPlan(
+                    0.0, 1, finetune_backward_layers=(state.num_layers - 1 - state.backward_done,)
+                )
+            job.run(plan)
+        if idle:
+            time.sleep(0.001)  # every worker waits for the all-reduce
+
+
+@pytest.mark.parametrize(("world", "batch_size"), [(2, 4), (3, 2)])  # (3, 2): one worker's shard is empty
+def test_data_parallel_co_served_workers_all_reduce_to_the_dedicated_prompt(
+    world: int, batch_size: int, llama: Path, task: T.Task, redis_server: object
+) -> None:
+    c = dataclasses.replace(cfg(), batch_size=batch_size)
+    jobs = _data_parallel(llama, c, task, world, redis_server.url)  # type: ignore[attr-defined]
+    drive_together(jobs)
+    assert all(j.reason is None and j.trainer.iterations == c.max_iterations for j in jobs)
+    want = dedicated(llama, c, task)
+    for job in jobs:
+        assert_same_prompt(job.trainer.trainable_state(), want)
+    first = jobs[0].trainer.trainable_state()
+    for job in jobs[1:]:  # the all-reduce hands every worker the same bytes
+        assert all(torch.equal(first[n], t) for n, t in job.trainer.trainable_state().items())
+    # The history holds the mean loss of the global batch, the same on every worker.
+    assert len({tuple(h["loss"] for h in j.trainer.history) for j in jobs}) == 1
+
+
+def test_a_co_served_worker_whose_peer_is_gone_drops_the_job_with_the_reason(
+    llama: Path, task: T.Task, redis_server: object
+) -> None:
+    alone = _data_parallel(llama, cfg(), task, 2, redis_server.url, timeout_s=1.0)[0]  # type: ignore[attr-defined]
+    drive_together([alone], max_seconds=30)  # its peer never joins: the all-reduce times out
+    assert alone.done and alone.reason is not None and "all-reduce failed" in alone.reason
+    assert alone.trainer.iterations == 0 and alone.state() is None

@@ -144,7 +144,8 @@ class RedisChannel:
             raise self._unavailable(exc) from exc
         except redis.RedisError as exc:
             raise ChannelError(f"storage channel {self.url}: get failed: {exc}") from exc
-        return {k: v for k, v in zip(keys, values, strict=True) if v is not None}
+        # The client returns bytes (no decode_responses); the check also narrows redis-py's loose types.
+        return {k: v for k, v in zip(keys, values, strict=True) if isinstance(v, bytes)}
 
     def delete(self, keys: Iterable[str]) -> None:
         keys = list(keys)

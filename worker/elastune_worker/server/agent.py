@@ -185,9 +185,9 @@ class Agent:
         try:
             if self.bus.cancelled(a.job, a.attempt):
                 raise Cancelled()
-            coserve = a.coserve and a.world == 1 and self._engine_call() is not None
-            if a.coserve and not coserve:
-                log.warning("job %s: co-serving needs a serving engine and world 1; running dedicated", a.job)
+            coserve = a.coserve and self._engine_call() is not None
+            if a.coserve and not coserve:  # its peers may co-serve: the all-reduce is the same either way
+                log.info("job %s: this worker serves no inference; rank %d runs dedicated", a.job, a.rank)
             self._post(self._event(a, "started", coserved=coserve))
             self._train(a, coserve)
             outcome = "succeeded"
@@ -345,35 +345,47 @@ class Agent:
         for progress, checkpoints and cancellation every poll, finished with the artifact."""
         from elastune_worker.serving.coserve_task import DEFAULT_TPOT_SLO_S, CoServeRequest
 
-        req = CoServeRequest(a.job, cfg, train, evals, a.checkpoint_dir, a.tpot_slo_s or DEFAULT_TPOT_SLO_S)
-        p = call("coserve_start", req)
-        self._post(
-            self._event(
-                a, "progress", iterations=p.iterations, checkpointed=p.iterations,
-                resumed_from=p.iterations, metric=cfg.metric, prompt_bank=bank_report,
-            )
+        req = CoServeRequest(
+            a.job, cfg, train, evals, a.checkpoint_dir, a.tpot_slo_s or DEFAULT_TPOT_SLO_S, rank=a.rank,
+            world=a.world, channel_url=a.channel_url, comm_job=a.comm_job,
+            collective_timeout_s=a.collective_timeout_s,
         )  # fmt: skip
+        lead = a.rank == 0
+        p = call("coserve_start", req)
+        if lead:
+            self._post(
+                self._event(
+                    a, "progress", iterations=p.iterations, checkpointed=p.iterations,
+                    resumed_from=p.iterations, metric=cfg.metric, prompt_bank=bank_report,
+                )
+            )  # fmt: skip
+        # Data parallel: a step waits for the all-reduce, applied at the next poll when the engine has no
+        # requests to step for, so poll often (a poll is one message to the engine process).
+        poll_s = min(self.cfg.poll_seconds, 0.5 if a.world == 1 else 0.02)
         reported, t_reported = p.iterations, time.monotonic()
         while not p.done:
             if cancelled() or self._stop.is_set():
                 call("coserve_stop", None)
                 raise Cancelled()
-            time.sleep(min(self.cfg.poll_seconds, 0.5))
+            time.sleep(poll_s)
             p = call("coserve_poll", None)
             if p.iterations - reported >= a.progress_every or (p.done and p.iterations > reported):
                 now = time.monotonic()
                 self.metrics.steps.inc(p.iterations - reported)
-                self._post(
-                    self._event(
-                        a, "progress", iterations=p.iterations, checkpointed=p.checkpointed, loss=p.loss,
-                        seconds_per_iteration=(now - t_reported) / (p.iterations - reported),
-                    )
-                )  # fmt: skip
+                if lead:
+                    self._post(
+                        self._event(
+                            a, "progress", iterations=p.iterations, checkpointed=p.checkpointed,
+                            loss=p.loss, seconds_per_iteration=(now - t_reported) / (p.iterations - reported),
+                        )
+                    )  # fmt: skip
                 reported, t_reported = p.iterations, now
         if p.dropped is not None:
             call("coserve_stop", None)
             raise RuntimeError(f"the serving engine gave the co-served job up: {p.dropped}")
         r = call("coserve_finish", a.artifact_dir)
+        if r is None:  # not rank 0
+            return
         self._post(
             self._event(
                 a, "succeeded", iterations=r.iterations, checkpointed=r.iterations, metric=r.metric,

@@ -17,14 +17,25 @@ one sequence of rows x positions (batched like the trainer; a window is whole po
 When a step's last sample finishes its backward, the optimizer steps as in ``Trainer.step``. The job uses
 the trainer's own PEFT model (its own copy of the base weights: sharing the engine's weights is not done,
 the engine runs its own model implementation).
+
+Data parallel (world > 1): each worker co-serves its shard of the global batch, exactly the trainer's
+shard and loss scale, and the gradients are averaged through the trainer's storage-channel all-reduce
+(PromptTuner §5.1) before the optimizer step. The all-reduce waits for the slowest peer, so it runs on a
+background thread: the engine keeps serving inference meanwhile and the job takes no finetuning budget
+(``state()`` is None) until the mean gradient is back; the step is then applied between engine steps.
+A failed all-reduce (a peer lost, the timeout) drops the job with the reason — its attempt then fails
+and resumes from the last checkpoint like a dedicated one.
 """
 
 from __future__ import annotations
 
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from elastune_worker.serving.coserve import FinetuneState, IterationPlan
@@ -86,8 +97,6 @@ class CoServedJob:
         ``micro_batch``: rows of one co-served sequence (default: the whole global batch); smaller ones
         make smaller backward units, which fit beside heavier inference. The gradients of a step's
         micro-batches add up to the batch's (gradient accumulation), the optimizer steps after the last."""
-        if trainer.world != 1:
-            raise ValueError("a co-served job runs on one worker")
         if served_model_dir is not None and Path(served_model_dir).resolve() != trainer.model_dir.resolve():
             raise ValueError(
                 f"the job tunes {trainer.model_dir} but the engine serves {served_model_dir}: a co-served "
@@ -108,7 +117,12 @@ class CoServedJob:
             raise ValueError("micro_batch must be >= 1")
         self._seq: _Sequence | None = None
         self._pending: list[int] = []
-        """Global-batch rows of the current optimizer step not started yet."""
+        """Rows of this worker's shard of the current optimizer step not started yet."""
+        self._in_step = False
+        """Rows of the current step were drawn (its gradients accumulate until the step ends)."""
+        self._sync: Future[np.ndarray] | None = None
+        self._sync_started = 0.0
+        self._pool: ThreadPoolExecutor | None = None
         self._loss_value = 0.0
         self._step_loss = 0.0
         self.tokens_trained = 0
@@ -122,12 +136,22 @@ class CoServedJob:
         return self.reason is not None or self.trainer.iterations >= self.max_steps
 
     def state(self) -> FinetuneState | None:
-        """The sequence to work on (a new one is prepared when the last finished), None when done."""
+        """The sequence to work on (a new one is prepared when the last finished), None when done or
+        while the step's gradients are being all-reduced. Never raises: the engine asks between steps."""
         if self.done:
             return None
-        if self._seq is None:
-            self._seq = self._start_sequence()
-        return self._seq.state
+        if self._sync is not None and not self._sync_finished():
+            return None
+        while self._seq is None and not self.done:
+            if not self._in_step:
+                self._begin_step()
+            if self._pending:
+                self._seq = self._start_sequence()
+            else:  # an empty shard (a global batch smaller than the world) only joins the all-reduce
+                self._end_step()
+                if self._sync is not None and not self._sync_finished():
+                    return None
+        return None if self._seq is None else self._seq.state
 
     def run(self, plan: IterationPlan) -> int:
         """Execute the plan's finetuning share on the current batch; its cost in token equivalents.
@@ -155,20 +179,68 @@ class CoServedJob:
         return cost
 
     def drop(self, reason: str) -> None:
-        """Give the job up (its partial graph and gradients are released); the engine goes on."""
+        """Give the job up (its partial graph and gradients are released); the engine goes on. An
+        all-reduce in flight sees the job dropped and aborts (``should_abort``)."""
         self.reason = reason
-        self._seq, self._pending = None, []
+        self._seq, self._pending, self._in_step, self._sync = None, [], False, None
         self.trainer.optimizer.zero_grad(set_to_none=True)
+        if self._pool is not None:
+            self._pool.shutdown(wait=False)
+
+    # -- one optimizer step
+    def _begin_step(self) -> None:
+        """Draw the step's global batch (a function of seed and step) and take this worker's shard."""
+        t = self.trainer
+        batch = global_batch_indices(len(t._train_enc), t.cfg.batch_size, t.cfg.seed, t.iterations)
+        shard = np.array_split(batch, t.world)[t.worker]
+        self._pending, self._step_loss, self._in_step = [int(i) for i in shard], 0.0, True
+        t.optimizer.zero_grad(set_to_none=True)
+
+    def _end_step(self) -> None:
+        """All rows of the shard are back-propagated: step (world 1) or start the all-reduce."""
+        t = self.trainer
+        if t.allreduce is None:
+            t.optimizer.step()
+            self._stepped(self._step_loss, 0.0)
+            return
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(1, thread_name_prefix="coserve-allreduce")
+        self._sync_started = time.perf_counter()
+        self._sync = self._pool.submit(
+            t.allreduce.allreduce_mean, t.iterations, t._flat_grads(self._step_loss)
+        )
+
+    def _sync_finished(self) -> bool:
+        """Apply the all-reduced step if it is back (True), or report it still in flight (False)."""
+        assert self._sync is not None
+        if not self._sync.done():
+            return False
+        fut, self._sync = self._sync, None
+        try:
+            flat = fut.result()
+        except Exception as exc:
+            self.drop(f"gradient all-reduce failed: {type(exc).__name__}: {exc}")
+            return True
+        t = self.trainer
+        t._write_grads(flat[:-1])
+        t.optimizer.step()
+        self._stepped(float(flat[-1]), time.perf_counter() - self._sync_started)
+        return True
+
+    def _stepped(self, loss: float, sync_seconds: float) -> None:
+        """``Trainer.step``'s tail: zero, history entry (the mean loss of the global batch), count."""
+        t = self.trainer
+        t.optimizer.zero_grad(set_to_none=True)
+        self._in_step = False
+        entry = {"step": t.iterations, "loss": loss, "seconds": 0.0, "sync_seconds": sync_seconds}
+        t.history.append({**entry, "run": t.run_index})
+        t.iterations += 1
 
     # -- one sequence
     def _start_sequence(self) -> _Sequence:
-        """The global batch of the next optimizer step, right-padded as ``collate`` pads it: with causal
+        """The next micro-batch of the shard, right-padded as ``collate`` pads it: with causal
         attention no real token sees a pad, and pads carry no loss, so no attention mask is needed."""
         t = self.trainer
-        if not self._pending:
-            batch = global_batch_indices(len(t._train_enc), t.cfg.batch_size, t.cfg.seed, t.iterations)
-            self._pending, self._step_loss = [int(i) for i in batch], 0.0
-            t.optimizer.zero_grad(set_to_none=True)
         take, self._pending = self._pending[: self.micro_batch], self._pending[self.micro_batch :]
         rows = training_rows([t._train_enc[i] for i in take])
         ids, _, labels = collate(rows, t._pad_id, t.device)
@@ -250,15 +322,9 @@ class CoServedJob:
         seq.state.backward_done += 1
 
     def _finish_sequence(self, seq: _Sequence) -> None:
-        """``Trainer.step``'s tail for world = 1 (no all-reduce): step, zero, history entry."""
+        """A micro-batch is back-propagated: its gradients accumulate; the last of the shard ends the step."""
         self._seq = None
         self.tokens_trained += seq.tokens
         self._step_loss += self._loss_value
-        if self._pending:
-            return
-        t = self.trainer
-        t.optimizer.step()
-        t.optimizer.zero_grad(set_to_none=True)
-        entry = {"step": t.iterations, "loss": self._step_loss, "seconds": 0.0, "sync_seconds": 0.0}
-        t.history.append({**entry, "run": t.run_index})
-        t.iterations += 1
+        if not self._pending:
+            self._end_step()

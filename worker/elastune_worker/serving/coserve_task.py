@@ -9,6 +9,9 @@ backward in the budget its inference leaves each iteration (FlexLLM §6). The ag
 a pod dying mid-job resumes from it like a dedicated run. ``coserve_finish`` evaluates once, writes the
 final checkpoint and the artifact.
 
+Data-parallel jobs (world > 1) co-serve one shard per worker and all-reduce through the storage channel
+(``CoServedJob``); rank 0 evaluates and writes checkpoints and the artifact, as in a dedicated run.
+
 Not co-served: evaluations between steps (an evaluation would stall inference for its whole duration),
 so a target metric can only be checked at the end; the control plane co-serves jobs that stop on
 maxIterations (``elastune_contract.coserve.coservable``). Building the trainer and the final evaluation
@@ -23,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from elastune_worker.comm import StorageAllReduce, make_channel
 from elastune_worker.serving.coserve import CoServeConfig, CoServePlanner, LatencyModel
 from elastune_worker.serving.coserve_runner import CoServedJob
 from elastune_worker.tuning.data import Record
@@ -44,6 +48,12 @@ class CoServeRequest:
     evals: list[Record]
     checkpoint_dir: str
     tpot_slo_s: float = DEFAULT_TPOT_SLO_S
+    rank: int = 0
+    world: int = 1
+    channel_url: str | None = None
+    """The storage channel of the gradient all-reduce (world > 1), as for a dedicated attempt."""
+    comm_job: str = ""
+    collective_timeout_s: float = 30.0
 
 
 @dataclass(frozen=True)
@@ -74,11 +84,22 @@ class CoServeTask:
         if engine.coserving():
             raise RuntimeError("this engine already co-serves a job")
         self.engine, self.req = engine, req
+        allreduce = None
+        if req.world > 1:
+            if req.channel_url is None:
+                raise ValueError("a data-parallel co-served job needs the storage channel's URL")
+            allreduce = StorageAllReduce(
+                make_channel(req.channel_url), req.comm_job, req.rank, req.world,
+                timeout_s=req.collective_timeout_s, should_abort=lambda: self.job.reason is not None,
+            )  # fmt: skip
         self.trainer = Trainer(
             engine.model_path,
             req.cfg,
             req.train,
             req.evals,
+            worker=req.rank,
+            world=req.world,
+            allreduce=allreduce,
             checkpoint_dir=req.checkpoint_dir,
             device=engine.runner.device,
         )
@@ -97,6 +118,7 @@ class CoServeTask:
         log.info("co-serving %s from iteration %d", req.job, self.trainer.iterations)
 
     def poll(self) -> CoServeProgress:
+        self.job.state()  # applies an all-reduced step that came back while the engine had no requests
         t = self.trainer
         every = t.cfg.checkpoint_every
         if t.iterations - t.iterations % every > self.checkpointed:
@@ -108,11 +130,15 @@ class CoServeTask:
             self.job.done, self.job.reason,
         )  # fmt: skip
 
-    def finish(self, artifact_dir: str) -> CoServeResult:
+    def finish(self, artifact_dir: str) -> CoServeResult | None:
+        """The final evaluation, checkpoint and artifact on rank 0 (None on the other ranks, which hold
+        the same parameters: they only detach)."""
         if not self.job.done or self.job.reason is not None:
             raise RuntimeError(f"the co-served job {self.req.job} has not finished")
         self.engine.detach_coserve()
         t = self.trainer
+        if self.req.rank != 0:
+            return None
         t.save_checkpoint()
         result = t.finish(MAX_ITERATIONS)
         out = t.save_artifact(artifact_dir)
