@@ -14,8 +14,8 @@ takes 1.6-1.9x a dedicated step): rate = dedicated × 0.55 × (1 − u).
 The decision is the scheduler's, made with what it knows now: the pod's utilisation (its peak of the
 last minute, ``UtilizationPeaks``) stands for the rest of the job (a prediction), and the job is
 co-served only when that prediction finishes it within ``SAFETY`` of the time left to its deadline. The
-live scheduler applies it inside Algorithm 1 (``PromptTunerPolicy._coserve``, gangs of pods too);
-``choose_pod`` is the one-pod form the mixed-workload simulation uses. Pure: no I/O, no clock.
+live scheduler applies it inside Algorithm 1 (``PromptTunerPolicy._coserve``, gangs of pods too), and
+the mixed-workload simulation runs that same scheduler (``sim.mixed``). Pure: no I/O, no clock.
 """
 
 from __future__ import annotations
@@ -49,74 +49,15 @@ class CoServeModel:
         return CPU_EFFICIENCY * (1.0 - u)
 
 
-@dataclass(frozen=True)
-class ServingPod:
-    name: str
-    llm: str
-    utilization: float
-    """Inference load now: share of the pod's iteration budget inference uses."""
-    free: bool = True
-    """No co-served job on it (one at a time, as the engine runs one)."""
-
-
-@dataclass(frozen=True)
-class CoServeChoice:
-    pod: str | None
-    reason: str
-    predicted_seconds: float | None = None
-
-
-def predicted_seconds(dedicated_seconds: float, utilization: float, model: CoServeModel) -> float | None:
-    """Co-served time of work that takes ``dedicated_seconds`` on a dedicated GPU (None: no progress)."""
-    r = model.rate(utilization)
-    return dedicated_seconds / r if r > 0 else None
-
-
-def choose_pod(
-    llm: str,
-    gpus: int,
-    dedicated_seconds: float,
-    time_left: float,
-    pods: list[ServingPod],
-    model: CoServeModel,
-    why_not_coservable: str | None = None,
-) -> CoServeChoice:
-    """A serving pod of ``llm`` for the job, or None with the reason. The least loaded free pod wins
-    (the fastest co-served run); ties by name."""
-    if why_not_coservable is not None:
-        return CoServeChoice(None, why_not_coservable)
-    if gpus != 1:
-        return CoServeChoice(None, f"the job needs {gpus} GPUs; a co-served job runs on one pod")
-    mine = sorted((p for p in pods if p.llm == llm and p.free), key=lambda p: (p.utilization, p.name))
-    if not mine:
-        return CoServeChoice(None, f"no free serving pod of {llm}")
-    best = mine[0]
-    t = predicted_seconds(dedicated_seconds, best.utilization, model)
-    if t is None or t > SAFETY * time_left:
-        shown = "never" if t is None else f"{t:.0f} s"
-        return CoServeChoice(
-            None,
-            f"co-served on {best.name} (utilisation {best.utilization:.0%}) it would take {shown}, "
-            f"more than {SAFETY:.0%} of the {time_left:.0f} s left",
-            t,
-        )
-    return CoServeChoice(best.name, "meets its deadline co-served", t)
-
-
 def coserved_finish(
-    start: float,
-    dedicated_seconds: float,
-    utilization_at: Callable[[float], float],
-    model: CoServeModel,
-    step: float,
-    horizon: float,
+    start: float, dedicated_seconds: float, rate_at: Callable[[float], float], step: float, horizon: float
 ) -> float | None:
-    """When work of ``dedicated_seconds`` started at ``start`` really ends as the pod's utilisation
-    changes (piecewise constant over ``step``); None if not done by ``horizon``."""
+    """When work of ``dedicated_seconds`` started at ``start`` really ends as its co-serving rate
+    changes (piecewise constant over ``step``: the pods' utilisation); None if not done by ``horizon``."""
     done, t = 0.0, start
     while t < horizon:
         edge = (int(t // step) + 1) * step
-        r = model.rate(utilization_at(t))
+        r = rate_at(t)
         if r > 0 and done + (edge - t) * r >= dedicated_seconds:
             return t + (dedicated_seconds - done) / r
         done += (edge - t) * r

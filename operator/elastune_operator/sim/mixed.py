@@ -1,29 +1,36 @@
 """The mixed workload (issue 13): a tuning trace and an inference trace on the same pools, simulated with
-and without co-serving.
+and without co-serving — through the live scheduler's own co-serving path.
 
-Each LLM keeps ``serving_pods`` warm pods for inference the whole time (paid in both runs); their
-utilisation follows a seeded per-minute trace around a mean (gamma-distributed minute weights, like the
-tuning arrivals). Without co-serving every TuningJob goes through the PromptTuner scheduler and the
-cold pool, as today. With co-serving a job arriving when a serving pod of its LLM is free of co-served
-work is offered to ``scheduling.coserving.choose_pod``: if the pod's current utilisation predicts it
-finishes within the safety share of its SLO it runs there — its real finish follows the pod's changing
-utilisation, so it can still miss — and it costs no GPU of its own; the other jobs run through the
-scheduler exactly as before. Inference SLOs are not simulated: the engine's token budget keeps every
-iteration within the TPOT target by construction (tested on the real engine, `bench coserve`).
+Each LLM keeps ``serving_pods`` warm pods for inference the whole time (in the warm pool from the start,
+paid in both runs); their utilisation follows a seeded per-minute trace around a mean (gamma-distributed
+minute weights, like the tuning arrivals). Every round the environment reports the pods' co-serving
+rates to the scheduler as the operator does (``ClusterState.coserve_rate``: the pod's peak utilisation of
+the last minute through the co-serving model, floored to its step), and PromptTuner's Algorithm 1 offers
+them to co-servable jobs whose predicted co-served time meets their SLO (``PromptTunerPolicy._coserve``);
+everything else goes through the warm pool and the cold pool as before. Without co-serving no job is
+co-servable, so the serving pods only serve.
+
+Physics: a job on serving pods progresses at the slowest member's rate at each minute's real utilisation
+(``coserving.coserved_finish``), which can be slower than predicted when a burst comes — the job then
+misses. Its iteration time is learned apart (``Estimator.observe_coserved_iteration``), as the workers
+report it live. Inference SLOs are not simulated: the engine's token budget keeps every iteration within
+the TPOT target by construction (tested on the real engine, ``bench coserve``).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from ..scheduling.coserving import CoServeModel, ServingPod, choose_pod, coserved_finish
-from ..scheduling.estimator import Estimator, model_iteration_seconds
+from ..scheduling.coserving import CoServeModel, coserved_finish, floored_rate
+from ..scheduling.estimator import Estimator
 from ..scheduling.factory import make_policy
-from ..scheduling.policy import PolicyName
-from .simulator import SimConfig, Simulator
-from .workload import SimJob, WorkloadConfig, generate
+from ..scheduling.policy import PolicyName, PoolLimits
+from ..scheduling.state import Job
+from .simulator import SimConfig, Simulator, _Run
+from .workload import SimJob, SimLLM, WorkloadConfig, generate
 
 STEP_SECONDS = 60.0
 
@@ -36,7 +43,12 @@ class InferenceLoad:
     step_seconds: float = STEP_SECONDS
 
     def at(self, t: float) -> float:
-        return self.utilization[min(int(t // self.step_seconds), len(self.utilization) - 1)]
+        i = int(max(t, 0.0) // self.step_seconds)
+        return self.utilization[min(i, len(self.utilization) - 1)]
+
+    def peak(self, t: float, window: float = STEP_SECONDS) -> float:
+        """The highest utilisation over ``[t - window, t]`` (what a pod's last minute of reports shows)."""
+        return max(self.at(t), self.at(t - window))
 
 
 def inference_trace(minutes: int, mean: float, burstiness: float, rng: np.random.Generator) -> InferenceLoad:
@@ -78,57 +90,108 @@ class MixedResult:
         }
 
 
+class MixedSimulator(Simulator):
+    """The simulator with serving pods: warm from the start, reported to the policy each round with
+    their co-serving rates, and co-served jobs progressing at their pods' real rates."""
+
+    def __init__(
+        self,
+        llms: dict[str, SimLLM],
+        jobs: list[SimJob],
+        loads: dict[str, list[InferenceLoad]],
+        cfg: MixedConfig,
+        coserve: bool,
+        sim: SimConfig,
+    ) -> None:
+        estimator = Estimator([m.profile for m in llms.values()])
+        pods = sum(len(v) for v in loads.values())
+        # The serving pods come on top of the tuning cluster's cold pool, as they did before co-serving.
+        super().__init__(
+            llms,
+            jobs,
+            make_policy(cfg.policy, estimator),
+            replace(sim, cold_capacity=sim.cold_capacity + pods),
+        )
+        self.loads, self.model, self.coserve = loads, cfg.model, coserve
+        self.pod_load: dict[int, InferenceLoad] = {}
+        self.coserved: dict[str, float] = {}
+        """Co-served job -> its deadline (violations among them are reported apart)."""
+        self._minute = -1
+
+    def _setup(self) -> None:
+        for llm, loads in self.loads.items():
+            # The pool never shrinks below its serving pods (the operator's serving need does the same).
+            self.policy.set_pool_limits(llm, PoolLimits(min_warm=len(loads)))
+            for load in loads:
+                gpu = self.state.launch(llm, 0.0)
+                self.state.gpu_ready(gpu.id, 0.0)
+                self.pod_load[gpu.id] = load
+
+    def _make_job(self, sj: SimJob) -> Job:
+        job = super()._make_job(sj)
+        job.coservable = self.coserve  # the traces' jobs are prompt tuning without a target metric
+        return job
+
+    def _before_round(self, now: float) -> None:
+        minute = int(now // STEP_SECONDS)
+        if minute != self._minute:  # the traces change per minute: report once per minute
+            self._minute = minute
+            rates = {g: floored_rate(self.model, load.peak(now)) for g, load in self.pod_load.items()}
+            self.state.set_coserve_rates(rates)
+
+    def _rate_at(self, gpus: list[int]) -> Callable[[float], float]:
+        """The gang's co-serving rate over time: its slowest serving pod's (dedicated members run at 1)."""
+        pods = [self.pod_load[g] for g in gpus if g in self.pod_load]
+
+        def rate(t: float) -> float:
+            return min(self.model.rate(p.at(t)) for p in pods)
+
+        return rate
+
+    def _run_until(self, job: Job, start: float, seconds: float) -> float:
+        if not any(g in self.pod_load for g in job.gpus):
+            return start + seconds
+        self.coserved[job.id] = job.deadline
+        end = coserved_finish(start, seconds, self._rate_at(job.gpus), STEP_SECONDS, self.cfg.max_seconds)
+        return end if end is not None else self.cfg.max_seconds + 1.0
+
+    def _observe_finished(self, job: Job, run: _Run, t: float) -> None:
+        if job.id not in self.coserved:
+            super()._observe_finished(job, run, t)
+            return
+        iterations = self._true_iterations(run, job)
+        if iterations > 0 and t > run.iter_start:
+            self.policy.estimator.observe_coserved_iteration(job.llm, (t - run.iter_start) / iterations)
+
+
 def run_mixed(workload: WorkloadConfig, sim: SimConfig, cfg: MixedConfig, coserve: bool) -> MixedResult:
     jobs = generate(workload)
     rng = np.random.default_rng(workload.seed + 104729)
     loads = {
-        (llm, i): inference_trace(workload.minutes, cfg.mean_utilization, cfg.burstiness, rng)
-        for llm in workload.llms
-        for i in range(cfg.serving_pods)
-    }
-    horizon = sim.max_seconds
-    busy_until = dict.fromkeys(loads, 0.0)
-    rest: list[SimJob] = []
-    coserved = violations = 0
-    for j in jobs:
-        llm = workload.llms[j.llm]
-        if not coserve:
-            rest.append(j)
-            continue
-        pods = [
-            ServingPod(
-                f"{name}-{i}", name, loads[(name, i)].at(j.arrival), busy_until[(name, i)] <= j.arrival
-            )
-            for (name, i) in loads
-            if name == j.llm
+        llm: [
+            inference_trace(workload.minutes, cfg.mean_utilization, cfg.burstiness, rng)
+            for _ in range(cfg.serving_pods)
         ]
-        # What the scheduler knows: the configured profile, the job's iteration limit, the warm overhead.
-        predicted = llm.profile.warm_overhead_seconds + j.max_iterations * model_iteration_seconds(
-            llm.profile, 1
-        )
-        choice = choose_pod(j.llm, 1, predicted, j.slo, pods, cfg.model)
-        if choice.pod is None:
-            rest.append(j)
-            continue
-        i = int(choice.pod.rsplit("-", 1)[1])
-        real = llm.profile.warm_overhead_seconds + j.iterations * llm.true_iteration_seconds(1)
-        finish = coserved_finish(j.arrival, real, loads[(j.llm, i)].at, cfg.model, STEP_SECONDS, horizon)
-        busy_until[(j.llm, i)] = finish if finish is not None else horizon
-        coserved += 1
-        violations += finish is None or finish > j.arrival + j.slo + 1e-9
-    estimator = Estimator([m.profile for m in workload.llms.values()])
-    result = Simulator(workload.llms, rest, make_policy(cfg.policy, estimator), sim).run()
-    makespan = max(result.makespan_seconds, workload.minutes * 60.0)
-    serving = len(loads) * makespan / 3600.0 * sim.price_per_gpu_hour
-    total_violations = result.slo_violations + violations
+        for llm in workload.llms
+    }
+    simulator = MixedSimulator(workload.llms, jobs, loads, cfg, coserve, sim)
+    result = simulator.run()
+    pods = sum(len(v) for v in loads.values())
+    serving = pods * result.makespan_seconds / 3600.0 * sim.price_per_gpu_hour
+    finished = {j.id: j.finished_at for j in simulator.state.jobs.values()}
+    late = sum(
+        1
+        for jid, deadline in simulator.coserved.items()
+        if (finished.get(jid) or float("inf")) > deadline + 1e-9
+    )
     return MixedResult(
-        slo_violation_pct=100.0 * total_violations / len(jobs) if jobs else 0.0,
-        cost_usd=serving + result.cost_usd,
+        slo_violation_pct=result.slo_violation_pct,
+        cost_usd=result.cost_usd,
         serving_cost_usd=serving,
-        tuning_cost_usd=result.cost_usd,
+        tuning_cost_usd=result.cost_usd - serving,
         jobs=len(jobs),
-        coserved_jobs=coserved,
-        coserved_violations=violations,
+        coserved_jobs=len(simulator.coserved),
+        coserved_violations=late,
     )
 
 

@@ -175,7 +175,7 @@ class Simulator:
         run.bank_until = now + llm.profile.warm_overhead_seconds + bank
         run.iter_start = run.bank_until
         remaining = max(0.0, self._true_iterations(run, job) - run.true_done)
-        finish = run.iter_start + remaining * llm.true_iteration_seconds(a)
+        finish = self._run_until(job, run.iter_start, remaining * llm.true_iteration_seconds(a))
         est = self.policy.estimator
         predicted = now + est.t_warm(
             job.llm, job.remaining_iterations, a, job.bank_seconds * (not job.bank_done)
@@ -183,6 +183,28 @@ class Simulator:
         self.state.start(job.id, now, predicted)
         self._busy += a
         self._push(finish, _FINISH, (job.id, run.epoch))
+
+    # -- hooks of environments with more physics (sim.mixed: pods that also serve inference) -------------
+    def _setup(self) -> None:
+        """Before the first round."""
+
+    def _make_job(self, sj: SimJob) -> Job:
+        """The scheduler's view of an arriving job."""
+        return Job(sj.id, sj.llm, sj.arrival, sj.slo, sj.max_iterations, bank_mode=sj.bank_mode)
+
+    def _before_round(self, now: float) -> None:
+        """Each round, before the policy decides: report what the policy reads from the environment."""
+
+    def _run_until(self, job: Job, start: float, seconds: float) -> float:
+        """When a job that needs ``seconds`` of dedicated time on its GPUs from ``start`` finishes."""
+        return start + seconds
+
+    def _observe_finished(self, job: Job, run: _Run, t: float) -> None:
+        """What the job's workers report to the estimator when it finishes: its iteration time."""
+        gpus = run.gpus
+        self.policy.estimator.observe_iteration(
+            job.llm, gpus, self.llms[job.llm].true_iteration_seconds(gpus)
+        )
 
     def _progress(self, job: Job, now: float) -> None:
         """Checkpointed progress of a running job that is being stopped (ElasticFlow restarts)."""
@@ -245,6 +267,7 @@ class Simulator:
         tick = 0
         now = 0.0
         last_arrival = max((j.arrival for j in self.jobs), default=0.0)
+        self._setup()
         while remaining > 0 and now <= cfg.max_seconds:
             now = tick * dt
             touched: set[str] = set()
@@ -252,7 +275,7 @@ class Simulator:
                 t, _, kind, payload = heapq.heappop(self._events)
                 if kind == _ARRIVAL:
                     sj: SimJob = payload  # type: ignore[assignment]
-                    job = Job(sj.id, sj.llm, sj.arrival, sj.slo, sj.max_iterations, bank_mode=sj.bank_mode)
+                    job = self._make_job(sj)
                     self._runs[sj.id] = _Run(sj)
                     pol.admit(st, job, t)
                     if job.dropped:
@@ -270,13 +293,13 @@ class Simulator:
                     if epoch != run.epoch:
                         continue
                     job = st.jobs[jid]
-                    llm = self.llms[job.llm]
-                    pol.estimator.observe_iteration(job.llm, run.gpus, llm.true_iteration_seconds(run.gpus))
+                    self._observe_finished(job, run, t)
                     used = self._true_iterations(run, job)
                     pol.estimator.observe_completion(job.llm, job.use_bank, used, job.planned_iterations)
                     self._busy -= len(job.gpus)
                     st.finish(jid, t, keep_warm=pol.keep_warm)
                     remaining -= 1
+            self._before_round(now)
             t0 = time.perf_counter()
             decision = pol.round(st, now)
             round_times.append(time.perf_counter() - t0)
