@@ -275,9 +275,10 @@ class Event(_Message):
     artifact: str | None = None
     metrics: dict[str, float] | None = None
     prompt_bank: PromptBankReport | None = None
-    coserved: bool | None = None
-    """On ``started``: whether the attempt runs co-served in the worker's serving engine."""
     """The Prompt Bank decision of this attempt (first progress event)."""
+    coserved: bool | None = None
+    """On ``started``: whether the attempt runs co-served in the worker's serving engine (with
+    ``message`` saying why not when a co-served assignment was refused by the engine)."""
 
 
 def worker_key(ns: str, worker_id: str) -> str:

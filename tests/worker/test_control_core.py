@@ -509,3 +509,29 @@ def test_a_job_on_a_pod_that_serves_inference_is_co_served_and_others_say_why_no
     c = pop(bus, "w1")
     assert core.state.coserve_rate == {core.fleet.gpu_of["w2"]: 0.0}
     assert c.coserve is False and idle.status.co_served is False and idle.status.co_serving_reason is None
+
+
+def test_a_co_served_attempt_the_engine_refused_says_so_in_status(env: dict[str, Any]) -> None:
+    from elastune_contract.api.warmpool import ServingSpec
+    from elastune_contract.protocol import ServingState
+
+    core, bus, clock = env["core"], env["bus"], env["clock"]
+    core.serving.add_pool("pool", MODEL, ServingSpec())
+    rec = job("refused", iterations=5)
+    core.submit(rec)
+    core.tick()
+    worker(bus, "w1", clock, serving=ServingState(model=MODEL, max_model_len=128, running=1))
+    clock.t += 5
+    core.tick()
+    a = pop(bus, "w1")
+    assert a.coserve is True and rec.status.co_served is True
+    post(bus, a, "started", coserved=False, message="co-serving refused: this engine already co-serves a job")
+    clock.t += 1
+    core.tick()
+    assert rec.status.co_served is False
+    assert "already co-serves a job" in (rec.status.co_serving_reason or "")
+    # Its step times are then learned as the (dedicated) attempt's, not as co-served ones.
+    post(bus, a, "progress", iterations=2, checkpointed=0, seconds_per_iteration=0.5)
+    clock.t += 1
+    core.tick()
+    assert core.estimator.coserved_iteration_seconds(MODEL) is None

@@ -207,3 +207,37 @@ def test_a_data_parallel_job_co_served_on_two_serving_workers_all_reduces_and_fi
         assert ckpts and ckpts[-1].name == "ckpt-00000006.pt"
     finally:
         other.close()
+
+
+def test_an_assignment_the_engine_refuses_to_co_serve_is_tuned_dedicated_and_says_why(
+    model: Path, dataset: Path, tmp_path: Path, redis_server: Any
+) -> None:
+    """Defence in depth behind the control plane's check: the engine refuses (here: it already co-serves
+    another job), the worker tunes the assignment dedicated and its started event says why."""
+    from elastune_worker.server.agent import Agent, AgentConfig
+    from elastune_worker.serving.config import EngineConfig
+    from elastune_worker.serving.coserve_task import CoServeRefused, CoServeRequest
+    from elastune_worker.serving.engine import LLMEngine
+    from elastune_worker.serving.streams import engine_call
+    from elastune_worker.tuning.trainer import TuningConfig
+
+    engine = LLMEngine(model, EngineConfig(kv_cache_tokens=1024))
+    records = tiny_tasks.make_task(TASK, n_train=8, n_eval=2, seed=1)
+    long_job = TuningConfig(max_iterations=1000, virtual_tokens=4, max_length=48)
+    busy = CoServeRequest("other", long_job, list(records.train), [], str(tmp_path / "o"))
+    engine_call(engine, "coserve_start", busy)
+    with pytest.raises(CoServeRefused, match="already co-serves"):
+        engine_call(engine, "coserve_start", busy)
+
+    bus = Bus(redis_server.url, f"refuse{time.time_ns()}")
+    call = lambda op, arg: engine_call(engine, op, arg)  # noqa: E731 - the engine runs in this process
+    cfg = AgentConfig("w-in", "p", str(model), engine_call=lambda: call)
+    agent = Agent(cfg, bus)
+    assert agent.load()
+    assert agent.run_assignment(assignment(model, dataset, tmp_path, "ns/refused", 4)) == "succeeded"
+    events = [e for _, e in bus.events("ns/refused")]
+    started = next(e for e in events if e.type == "started")
+    assert started.coserved is False and "already co-serves a job" in (started.message or "")
+    assert events[-1].type == "succeeded" and events[-1].iterations == 4
+    assert engine.coserve_task is not None and engine.coserve_task.req.job == "other"  # left alone
+    bus.close()

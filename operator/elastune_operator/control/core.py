@@ -430,6 +430,11 @@ class ControlCore:
 
     def _on_event(self, job: JobRecord, ev: Event, now: float) -> None:
         sched = self.state.jobs[job.key]
+        if ev.type == "started" and ev.coserved is False and ev.message and job.status.co_served:
+            # The engine refused the co-served assignment; the worker tunes that rank dedicated.
+            job.status.co_serving_reason = f"{ev.worker}: {ev.message}; that rank tunes dedicated"
+            job.status.co_served = len(job.workers) > 1  # the other ranks may still co-serve
+            self.lifecycle.emit(job)
         if ev.type == "progress":
             if ev.prompt_bank is not None:
                 self.lifecycle.bank_reported(job, ev.prompt_bank)

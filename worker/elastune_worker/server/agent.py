@@ -188,8 +188,9 @@ class Agent:
             coserve = a.coserve and self._engine_call() is not None
             if a.coserve and not coserve:  # its peers may co-serve: the all-reduce is the same either way
                 log.info("job %s: this worker serves no inference; rank %d runs dedicated", a.job, a.rank)
-            self._post(self._event(a, "started", coserved=coserve))
-            self._train(a, coserve)
+            if not coserve:
+                self._post(self._event(a, "started", coserved=False))
+            self._train(a, coserve)  # a co-served attempt posts "started" once the engine took it
             outcome = "succeeded"
         except Cancelled:
             outcome = "cancelled"
@@ -240,10 +241,18 @@ class Agent:
         )
         cancelled = _CancelCheck(self.bus, a.job, a.attempt)
         if coserve:
+            from elastune_worker.serving.coserve_task import CoServeRefused
+
             call = self._engine_call()
             assert call is not None
-            self._coserve(a, call, cfg, train, evals, bank_report, cancelled)
-            return
+            try:
+                self._coserve(a, call, cfg, train, evals, bank_report, cancelled)
+                return
+            except CoServeRefused as exc:
+                log.warning(
+                    "job %s: the serving engine refused to co-serve it (%s); tuning dedicated", a.job, exc
+                )
+                self._post(self._event(a, "started", coserved=False, message=f"co-serving refused: {exc}"))
         allreduce = None
         if a.world > 1:
             allreduce = StorageAllReduce(
@@ -351,7 +360,8 @@ class Agent:
             collective_timeout_s=a.collective_timeout_s,
         )  # fmt: skip
         lead = a.rank == 0
-        p = call("coserve_start", req)
+        p = call("coserve_start", req)  # raises CoServeRefused before anything ran
+        self._post(self._event(a, "started", coserved=True))
         if lead:
             self._post(
                 self._event(

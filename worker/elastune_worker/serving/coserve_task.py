@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from elastune_contract.coserve import COSERVABLE_METHODS
 from elastune_worker.comm import StorageAllReduce, make_channel
 from elastune_worker.serving.coserve import CoServeConfig, CoServePlanner, LatencyModel
 from elastune_worker.serving.coserve_runner import CoServedJob
@@ -56,6 +57,10 @@ class CoServeRequest:
     collective_timeout_s: float = 30.0
 
 
+class CoServeRefused(Exception):
+    """The engine cannot co-serve this assignment (the worker then tunes it dedicated and says why)."""
+
+
 @dataclass(frozen=True)
 class CoServeProgress:
     job: str
@@ -81,8 +86,12 @@ class CoServeResult:
 
 class CoServeTask:
     def __init__(self, engine: Any, req: CoServeRequest) -> None:
-        if engine.coserving():
-            raise RuntimeError("this engine already co-serves a job")
+        """Raises ``CoServeRefused`` for what this engine cannot co-serve; other errors (the data, the
+        checkpoint) are the job's and fail it as they would a dedicated attempt."""
+        if engine.coserving() or engine.coserve_task is not None:
+            raise CoServeRefused("this engine already co-serves a job")
+        if req.cfg.method not in COSERVABLE_METHODS:
+            raise CoServeRefused(f"method {req.cfg.method!r} cannot be co-served")
         self.engine, self.req = engine, req
         allreduce = None
         if req.world > 1:
@@ -103,7 +112,10 @@ class CoServeTask:
             checkpoint_dir=req.checkpoint_dir,
             device=engine.runner.device,
         )
-        self.job = CoServedJob(self.trainer, served_model_dir=engine.model_path)
+        try:
+            self.job = CoServedJob(self.trainer, served_model_dir=engine.model_path)
+        except (TypeError, ValueError) as exc:  # an architecture the runner cannot split into layers
+            raise CoServeRefused(str(exc)) from exc
         cost = getattr(engine, "cost", None)
         per_token = max(cost.prefill_s_per_token, 1e-6) if cost is not None else 1e-4
         base = cost.decode_step_base_s if cost is not None else 0.005
