@@ -14,6 +14,7 @@ from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from elastune_contract.asgi import ResponseStatusHook, Scope
 from elastune_contract.openai_api.handlers import install_error_handlers
 from elastune_contract.openai_api.protocol import (
     ChatCompletionRequest,
@@ -64,13 +65,12 @@ def create_app(gateway: Gateway) -> FastAPI:
     metrics = gateway.metrics
     created = int(time.time())
 
-    @app.middleware("http")
-    async def count(request: Request, call_next: Any) -> Response:
-        response: Response = await call_next(request)
-        if request.url.path.startswith("/v1/"):
-            model = getattr(request.state, "model", "-")  # a known model only: no label per typo
-            metrics.requests.labels(model, str(response.status_code)).inc()
-        return response
+    def count(scope: Scope, status: int) -> None:
+        if str(scope.get("path", "")).startswith("/v1/"):
+            model = scope.get("state", {}).get("model", "-")  # a known model only: no label per typo
+            metrics.requests.labels(model, str(status)).inc()
+
+    app.add_middleware(ResponseStatusHook, on_response=count)
 
     @app.get("/healthz", tags=["health"])
     async def healthz() -> dict[str, str]:

@@ -175,13 +175,14 @@ class ModelRunner:
 
     def _decode_group(self, decodes: list[tuple[int, int, list[int]]]) -> DecodeGroup:
         bs, dev = self.block_size, self.device
-        width = max(len(t) for _, _, t in decodes)
-        tables = torch.tensor([t + [0] * (width - len(t)) for _, _, t in decodes])
+        # Blocks in use, not the whole table: a sequence's table is allocated ahead of its context.
+        width = max(-(-n // bs) for _, n, _ in decodes)
+        tables = torch.tensor([t[:width] + [0] * (width - len(t[:width])) for _, _, t in decodes])
         lens = torch.tensor([n for _, n, _ in decodes])
-        ctx = torch.arange(int(lens.max()))
+        ctx = torch.arange(width * bs)
         return DecodeGroup(
             index=torch.tensor([r for r, _, _ in decodes], device=dev),
-            slots=(tables[:, ctx // bs] * bs + ctx % bs).to(dev),
+            blocks=tables.to(dev),
             mask=(ctx[None, :] < lens[:, None]).view(len(decodes), 1, 1, -1).to(dev),
         )
 

@@ -4,12 +4,13 @@ contract (/healthz, /readyz, /metrics, /status), on FastAPI with its OpenAPI doc
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import Any
 
-from fastapi import APIRouter, FastAPI, Request, Response
+from fastapi import APIRouter, FastAPI
 from fastapi.openapi.utils import get_openapi
 
+from elastune_contract.asgi import ResponseStatusHook, Scope
 from elastune_worker.serving.api import errors
 from elastune_worker.serving.api.client import EngineClient
 from elastune_worker.serving.api.metrics import ServingMetrics
@@ -32,14 +33,11 @@ def create_app(
     if metrics is not None:
         counted = metrics
 
-        @app.middleware("http")
-        async def count_errors(
-            request: Request, call_next: Callable[[Request], Awaitable[Response]]
-        ) -> Response:
-            response = await call_next(request)
-            if response.status_code >= 400 and request.url.path.startswith("/v1/"):
-                counted.errors.labels(counted.model, str(response.status_code)).inc()
-            return response
+        def count_errors(scope: Scope, status: int) -> None:
+            if status >= 400 and str(scope.get("path", "")).startswith("/v1/"):
+                counted.errors.labels(counted.model, str(status)).inc()
+
+        app.add_middleware(ResponseStatusHook, on_response=count_errors)
 
     app.include_router(openai_router(get_engine, metrics))
     if control is not None:
