@@ -104,6 +104,8 @@ def test_chat_uses_the_chat_template_streamed_and_not(client):
 
 
 def test_bad_input_gets_openai_shaped_4xx(client, worker):
+    text = httpx.get(worker + "/metrics").text
+    before = {code: _errors(text, code) for code in ("400", "404")}
     with pytest.raises(openai.NotFoundError, match="does not exist"):
         client.completions.create(model="nope", prompt="x", max_tokens=2)
     with pytest.raises(openai.BadRequestError, match="maximum context length"):
@@ -120,7 +122,14 @@ def test_bad_input_gets_openai_shaped_4xx(client, worker):
     assert r.status_code == 400 and r.json()["error"]["type"] == "BadRequestError"
     r = httpx.post(worker + "/v1/chat/completions", json={"model": MODEL, "messages": []})
     assert r.status_code == 400 and "messages" in r.json()["error"]["message"]
-    assert metric(worker, "elastune_serving_errors_total") >= 0  # the worker is still up and counting
+    # The worker is still up and counted each error by its status (6 x 400, 1 x 404 above).
+    text = httpx.get(worker + "/metrics").text
+    assert _errors(text, "400") - before["400"] == 6 and _errors(text, "404") - before["404"] == 1
+
+
+def _errors(text: str, code: str) -> float:
+    m = re.search(rf'^elastune_serving_errors_total\{{[^}}]*code="{code}"[^}}]*\}} (\S+)$', text, re.M)
+    return float(m.group(1)) if m else 0.0
 
 
 def test_a_client_that_disconnects_mid_stream_is_aborted_and_frees_its_blocks(client, worker):
