@@ -277,3 +277,23 @@ def test_a_co_served_worker_whose_peer_is_gone_drops_the_job_with_the_reason(
     drive_together([alone], max_seconds=30)  # its peer never joins: the all-reduce times out
     assert alone.done and alone.reason is not None and "all-reduce failed" in alone.reason
     assert alone.trainer.iterations == 0 and alone.state() is None
+
+
+def test_a_job_failing_between_steps_is_dropped_and_the_engine_loop_goes_on(
+    llama: Path, task: T.Task, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The engine's loop asks ``has_work()`` between steps; a job whose next batch cannot be prepared
+    (here: the prompt encoder fails) is dropped there instead of raising into the loop."""
+    engine = LLMEngine(llama, EngineConfig(kv_cache_tokens=4096, max_num_batched_tokens=16))
+    job = CoServedJob(Trainer(llama, cfg(), task.train, task.eval, device="cpu"))
+
+    def broken() -> None:
+        raise RuntimeError("cannot allocate the batch")
+
+    monkeypatch.setattr(job, "_start_sequence", broken)
+    engine.attach_coserve(job, CoServePlanner(CoServeConfig(tpot_slo_s=5.0), LatencyModel(0.001, 1e-4)))
+    assert engine.has_work() is False
+    assert job.reason is not None and "cannot allocate the batch" in job.reason
+    assert engine.coserve_dropped == [(job, job.reason)] and engine.detach_coserve() is None
+    got, _ = serve(engine)
+    assert got == serve(LLMEngine(llama, EngineConfig(kv_cache_tokens=4096, max_num_batched_tokens=16)))[0]

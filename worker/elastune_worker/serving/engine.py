@@ -183,7 +183,14 @@ class LLMEngine:
         return self.has_unfinished() or self.coserving()
 
     def coserving(self) -> bool:
-        return self._coserve is not None and self._coserve[0].state() is not None
+        """A co-served job has work now (a failing job is dropped here too: the loop asks this)."""
+        if self._coserve is None:
+            return False
+        try:
+            return self._coserve[0].state() is not None
+        except Exception as exc:
+            self._drop_coserve(f"co-served finetuning failed: {type(exc).__name__}: {exc}")
+            return False
 
     # -- the step -----------------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
@@ -239,15 +246,20 @@ class LLMEngine:
             plan = planner.plan(inference_tokens, job.state())
             return plan, job.run(plan)
         except Exception as exc:
-            reason = f"co-served finetuning failed: {type(exc).__name__}: {exc}"
-            log.warning("dropping the co-served job: %s", reason)
-            self._coserve = None
-            self.coserve_dropped.append((job, reason))
-            try:
-                job.drop(reason)
-            except Exception:  # its cleanup failing must not fail the step either
-                log.exception("dropping the co-served job failed")
+            self._drop_coserve(f"co-served finetuning failed: {type(exc).__name__}: {exc}")
             return None, 0
+
+    def _drop_coserve(self, reason: str) -> None:
+        """Detach the failing co-served job and tell it why; inference never fails because of it."""
+        assert self._coserve is not None
+        job = self._coserve[0]
+        log.warning("dropping the co-served job: %s", reason)
+        self._coserve = None
+        self.coserve_dropped.append((job, reason))
+        try:
+            job.drop(reason)
+        except Exception:  # its cleanup failing must not fail the step either
+            log.exception("dropping the co-served job failed")
 
     def _emit(self, seq: Sequence) -> RequestOutput:
         tok, p = seq.output_token_ids[-1], seq.params
