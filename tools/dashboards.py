@@ -793,16 +793,21 @@ def serving() -> dashboard_builders.Dashboard:
                     span=8,
                 ),
                 graph(
-                    "CPU-assisted steps",
-                    "Engine steps per second whose cold adapters' deltas ran on the CPU while the copy was "
-                    "in flight (CaraServe's CPU-assisted prefill).",
+                    "CPU-assisted prefills",
+                    "Requests per second whose prefill ran with the adapter's delta computed on the CPU "
+                    "while its copy was in flight (CaraServe's cold start), and the steps that did so.",
                     "ops",
                     [
                         (
                             "sum by (model_name) "
+                            f"({rate('elastune_lora_cpu_assisted_prefills_total', BASE_MODEL)})",
+                            "{{model_name}} prefills",
+                        ),
+                        (
+                            "sum by (model_name) "
                             f"({rate('elastune_lora_cpu_assisted_steps_total', BASE_MODEL)})",
-                            "{{model_name}}",
-                        )
+                            "{{model_name}} steps",
+                        ),
                     ],
                     span=8,
                 ),

@@ -195,6 +195,9 @@ def test_cpu_assisted_cold_start_serves_during_the_load_with_the_same_tokens(set
         tokens += [t for o in eng.step() for t in o.new_token_ids]
     assert eng.loras.device.loading() == set()  # type: ignore[union-attr]
     assert tokens == reference(setup["tok"], setup["merged"][8], PROMPTS[0])
+    # One request's prefill ran CPU-assisted, in one step; its decodes on the device did not count.
+    counters = eng.stats().lora_counters
+    assert counters["cpu_assisted_prefills"] == 1 and counters["cpu_assisted_steps"] == 1
 
 
 def test_async_loading_holds_the_request_back_until_its_adapter_is_on_the_device(setup):

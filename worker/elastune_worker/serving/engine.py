@@ -22,7 +22,7 @@ from elastune_worker.serving.lora.storage import resolve_artifact
 from elastune_worker.serving.lora.weights import AdapterError, LoRAWeights
 from elastune_worker.serving.model_runner import ModelRunner
 from elastune_worker.serving.sampling import SamplingParams
-from elastune_worker.serving.scheduler import Scheduler
+from elastune_worker.serving.scheduler import Scheduler, SchedulerOutput
 from elastune_worker.serving.sequence import Sequence
 from elastune_worker.serving.soft_prompts import (
     PLACEHOLDER_TOKEN,
@@ -109,6 +109,7 @@ class LLMEngine:
         self._coserve_seconds = 0.0
         self._coserve: tuple[FinetuneJob, CoServePlanner] | None = None
         self.cpu_assisted_steps = 0
+        self.cpu_assisted_prefills = 0
         """Steps whose cold adapters' deltas were computed on the CPU while their copy was in flight."""
         self.coserve_task: Any = None
         """The co-served assignment running here (serving.coserve_task.CoServeTask), if any."""
@@ -210,6 +211,8 @@ class LLMEngine:
                     busy = {s.lora for s in self.scheduler.running if s.lora is not None}
                     slots = self.loras.activate(names, busy)
                     host = self._cold_adapters(names)
+                    if host:
+                        self._count_cpu_assisted(out, host)
             sampled = self.runner.execute(out, slots, self.soft_prompts or None, host)
         ft_start = time.perf_counter()
         plan, finetune = self._coserve_share(out.num_tokens) if coserve is not None else (None, 0)
@@ -323,6 +326,14 @@ class LLMEngine:
             return {n: self.loras.host.get(n) for n in loading}
         return None
 
+    def _count_cpu_assisted(self, out: SchedulerOutput, host: dict[str, LoRAWeights]) -> None:
+        """Requests whose prefill runs CPU-assisted in this step, each counted once."""
+        for c in out.chunks:
+            seq = c.seq
+            if seq.lora in host and not seq.cpu_assisted and c.start < len(seq.prompt_token_ids):
+                seq.cpu_assisted = True
+                self.cpu_assisted_prefills += 1
+
     def load_lora(self, name: str, path: str) -> AdapterInfo:
         """vLLM's load_lora_adapter: read and check the adapter into host memory; it goes to the device
         with its first request. AdapterError (the caller's 400) when it cannot serve here."""
@@ -416,6 +427,7 @@ class LLMEngine:
             "host_evictions": host.evictions, "device_loads": device.loads,
             "device_load_seconds": device.load_seconds, "device_evictions": device.evictions,
             "cpu_assisted_steps": self.cpu_assisted_steps,
+            "cpu_assisted_prefills": self.cpu_assisted_prefills,
         }  # fmt: skip
 
 

@@ -42,6 +42,8 @@ class Sequence:
     """Full blocks already offered to the prefix cache."""
     finish_reason: str | None = None
     num_preemptions: int = 0
+    cpu_assisted: bool = False
+    """Part of its prefill ran with its adapter's delta computed on the CPU (CaraServe's cold start)."""
 
     @property
     def all_token_ids(self) -> list[int]:

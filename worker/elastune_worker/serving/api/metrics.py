@@ -172,3 +172,11 @@ class _LoRAStats(Collector):
         )
         cpu.add_metric([self.model], s.get("lora_cpu_assisted_steps", 0.0))
         yield cpu
+        prefills = CounterMetricFamily(
+            "elastune_lora_cpu_assisted_prefills",
+            "Requests whose prefill ran (at least in part) with their adapter's delta computed on the CPU "
+            "while its copy to the device was in flight (CaraServe).",
+            labels=["model_name"],
+        )
+        prefills.add_metric([self.model], s.get("lora_cpu_assisted_prefills", 0.0))
+        yield prefills
