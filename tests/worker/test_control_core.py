@@ -535,3 +535,30 @@ def test_a_co_served_attempt_the_engine_refused_says_so_in_status(env: dict[str,
     clock.t += 1
     core.tick()
     assert core.estimator.coserved_iteration_seconds(MODEL) is None
+
+
+def test_a_pool_with_co_serving_off_keeps_its_serving_pods_for_inference(env: dict[str, Any]) -> None:
+    from elastune_contract.api.warmpool import ServingSpec
+    from elastune_contract.protocol import ServingState
+
+    core, bus, clock = env["core"], env["bus"], env["clock"]
+    spec = ServingSpec.model_validate({"coServing": False})
+    core.pools[MODEL].serving = spec
+    core.serving.add_pool("pool", MODEL, spec)
+    worker(bus, "w1", clock, serving=ServingState(model=MODEL, max_model_len=128, running=1))
+    core.tick()
+    rec = job("dedicated", iterations=5)
+    grown = len(env["backend"].grown)
+    core.submit(rec)
+    clock.t += 1
+    core.tick()
+    # The serving pod is reported at rate 0: neither free for dedicated tuning nor offered to co-serve.
+    assert core.state.coserve_rate == {core.fleet.gpu_of["w1"]: 0.0}
+    assert env["backend"].grown[grown:] == [("pool", 1)]
+    assert bus.pop_assignment("w1", timeout=0.2) is None
+    worker(bus, "w2", clock)
+    clock.t += 5
+    core.tick()
+    a = pop(bus, "w2")
+    assert a.coserve is False and rec.status.co_served is False
+    assert "serving.coServing: false" in (rec.status.co_serving_reason or "")

@@ -127,6 +127,10 @@ class ServingSpec(ApiModel):
     """The gateway's routing policy for this pool; unset: the gateway's default."""
     slo: ServingSLO | None = None
     """Latency objectives for routing (CaraServe's SLO penalty) and co-serving."""
+    co_serving: bool = True
+    """Let TuningJobs of this model run inside the serving pods' iterations (FlexLLM co-serving, under
+    the TPOT SLO) when the scheduler predicts they still meet their deadline there; false keeps serving
+    pods for inference only (jobs then get dedicated pods)."""
 
     @property
     def hold_timeout_seconds(self) -> int:

@@ -245,13 +245,14 @@ class ControlCore:
         co-served job would get there, at the pod's peak utilisation of the last minute (the policy
         offers these GPUs to co-servable jobs only, see PromptTunerPolicy)."""
         rates: dict[int, float] = {}
+        allowed = {p.name: _co_serving_allowed(p) for p in self.pools.values()}
         for wid, rec in records.items():
             gid = self.fleet.gpu_of.get(wid)
             if gid is None or rec.serving is None:
                 continue
             peak = self._peaks.observe(wid, rec.heartbeat, rec.serving.utilization)
-            if _serves_inference(rec, now):
-                rates[gid] = floored_rate(_coserve_model(rec), peak)
+            if _serves_inference(rec, now):  # rate 0: serving, and offered to no job (coServing: false)
+                rates[gid] = floored_rate(_coserve_model(rec), peak) if allowed.get(rec.pool, True) else 0.0
         self._peaks.forget(set(records))
         return rates
 
@@ -569,6 +570,8 @@ class ControlCore:
         job's status: a job that cannot be co-served while its pool serves says why."""
         job.status.co_served, job.status.co_serving_reason = False, None
         why = coservable(job.spec, job.llm)
+        if why is None and not _co_serving_allowed(self.pools[job.llm]):
+            why = f"WarmPool {job.pool} sets serving.coServing: false"
         if why is not None:
             if any(_serves_inference(r, now) for r in self._records.values() if r.pool == job.pool):
                 job.status.co_serving_reason = f"tuned on dedicated GPUs: {why}"
@@ -605,6 +608,10 @@ class ControlCore:
 
 COSERVE_RECENT_S = 60.0
 """A pod that answered a request this recently counts as serving inference (co-serve its jobs)."""
+
+
+def _co_serving_allowed(pool: PoolConfig) -> bool:
+    return pool.serving is None or pool.serving.co_serving
 
 
 def _coserve_model(rec: WorkerRecord) -> CoServeModel:
