@@ -132,8 +132,10 @@ def test_scale_from_zero_adapters_publish_delete_and_restart_through_the_operato
     assert orphaned == "UnknownModel"
 
     client = openai.OpenAI(base_url=gateway, api_key="unused", timeout=240, max_retries=0)
+    # Both: kopf runs the two create handlers concurrently, so one adapter can be known before the other.
     wait_for(
-        "the gateway to know the pool's adapters", lambda: "case" in {m.id for m in client.models.list()}
+        "the gateway to know the pool's adapters",
+        lambda: {"units", "case"} <= {m.id for m in client.models.list()},
     )
     t0 = time.monotonic()
     answer = client.completions.create(model="units", prompt="12 km →", max_tokens=6, temperature=0)
