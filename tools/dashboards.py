@@ -38,6 +38,8 @@ NAMESPACE: Final = 'namespace=~"$namespace"'
 # The workers' serving metrics name the base model they serve in `model_name` (vLLM's label); the
 # gateway's name what the request asked for in `model` (a base model or a LoRAAdapter).
 BASE_MODEL: Final = 'model_name=~"$model_name"'
+# The operator's metrics name the LLM in `model`: on the serving dashboard it follows $model_name.
+OPERATOR_MODEL: Final = 'model=~"$model_name"'
 TIER: Final = "sum by (model_name, tier) "
 # SLO thresholds of the serving dashboard: bucket bounds of the workers' TTFT and TPOT histograms
 # (ServingMetrics' _LATENCY_BUCKETS and _TOKEN_BUCKETS, written as the `le` label prints them), so the
@@ -886,6 +888,43 @@ def serving() -> dashboard_builders.Dashboard:
                     "reqps",
                     [(f"sum by (code) ({rate('elastune_serving_errors_total', BASE_MODEL)})", "{{code}}")],
                     stacked=True,
+                ),
+            ],
+        ),
+        (
+            "Co-serving (FlexLLM: finetuning beside inference)",
+            [
+                graph(
+                    "Engine busy share",
+                    "Share of wall time each worker's engine spent in steps, and the part of it that "
+                    "co-served finetuning took (the rest is inference).",
+                    "percentunit",
+                    [
+                        (
+                            f"sum by (pod) ({rate('elastune_engine_busy_seconds_total', BASE_MODEL)})",
+                            "{{pod}} busy",
+                        ),
+                        (
+                            f"sum by (pod) ({rate('elastune_coserve_finetune_seconds_total', BASE_MODEL)})",
+                            "{{pod}} finetuning",
+                        ),
+                    ],
+                    span=12,
+                ),
+                graph(
+                    "Tuning attempts by placement",
+                    "TuningJob attempts the control plane started per base model: co-served on pods that "
+                    "serve inference, or on dedicated pods (the operator's counter).",
+                    "short",
+                    [
+                        (
+                            "sum by (placement) "
+                            f"({increase('elastune_tuningjob_attempts_started_total', OPERATOR_MODEL)})",
+                            "{{placement}}",
+                        )
+                    ],
+                    span=12,
+                    bars=True,
                 ),
             ],
         ),

@@ -93,6 +93,13 @@ class ControlMetrics:
             ["model"],
             registry=r,
         )
+        self.attempts = Counter(
+            "elastune_tuningjob_attempts_started",
+            "TuningJob attempts dispatched to workers, by placement (dedicated | coserved: beside "
+            "inference on serving pods, FlexLLM).",
+            ["model", "placement"],
+            registry=r,
+        )
         self.handler_errors = Counter(
             "elastune_handler_errors",
             "Unexpected errors in reconcile handlers (the object is retried, the operator keeps running).",

@@ -558,6 +558,7 @@ class ControlCore:
             rates = [self.state.coserve_rate.get(g, 1.0) for g in sched.gpus]
             predicted = now + (predicted - now) / max(min(rates), 1e-3)
         self.state.start(job.key, now, predicted)
+        self.metrics.attempts.labels(job.llm, "coserved" if coserve else "dedicated").inc()
         job.started = now
         self.backend.mark_busy(job.pool, workers, True)
         self.lifecycle.running(job, now, predicted)

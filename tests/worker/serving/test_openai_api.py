@@ -174,6 +174,9 @@ def test_concurrent_requests_are_batched_and_each_gets_its_own_answer(worker, cl
     assert asyncio.run(together()) == alone
     assert metric(worker, "vllm:e2e_request_latency_seconds_count") >= 8
     assert metric(worker, "elastune_prefix_cache_queried_tokens_total") > 0
+    # the engine was busy in steps; none of it went to co-served finetuning (no job is co-served)
+    assert metric(worker, "elastune_engine_busy_seconds_total") > 0
+    assert metric(worker, "elastune_coserve_finetune_seconds_total") == 0
 
 
 def test_openapi_document_names_the_routes(worker):

@@ -109,6 +109,16 @@ class _EngineStats(Collector):
                 "Requests preempted (recomputed) when KV blocks ran out.",
                 "preemptions",
             ),
+            # rate() of the first is the engine's busy fraction; of the second, the share of it that
+            # co-served finetuning took (FlexLLM): what co-serving costs inference, per pod.
+            "elastune_engine_busy_seconds": (
+                "Seconds the engine spent in steps (inference and co-served finetuning).",
+                "step_seconds",
+            ),
+            "elastune_coserve_finetune_seconds": (
+                "Of the engine's step seconds, those spent on co-served finetuning.",
+                "coserve_seconds",
+            ),
         }
         for name, (doc, key) in counters.items():
             c = CounterMetricFamily(name, doc, labels=["model_name"])
