@@ -510,9 +510,11 @@ def test_a_job_on_a_pod_that_serves_inference_is_co_served_and_others_say_why_no
     assert core.state.coserve_rate == {core.fleet.gpu_of["w2"]: 0.0}
     assert c.coserve is False and idle.status.co_served is False and idle.status.co_serving_reason is None
     # The attempts counter tells co-served from dedicated placements (the dashboard's co-serving row).
-    attempts = core.metrics.registry.get_sample_value
-    assert attempts("elastune_tuningjob_attempts_started_total", {"model": MODEL, "placement": "coserved"}) == 1
-    assert attempts("elastune_tuningjob_attempts_started_total", {"model": MODEL, "placement": "dedicated"}) == 2
+    def attempts(placement: str) -> float | None:
+        labels = {"model": MODEL, "placement": placement}
+        return core.metrics.registry.get_sample_value("elastune_tuningjob_attempts_started_total", labels)
+
+    assert attempts("coserved") == 1 and attempts("dedicated") == 2
 
 
 def test_a_co_served_attempt_the_engine_refused_says_so_in_status(env: dict[str, Any]) -> None:

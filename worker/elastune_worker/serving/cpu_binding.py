@@ -8,7 +8,9 @@ all CPUs but one, with one torch thread per CPU, and the last CPU is reserved fo
 API process, which parses requests and writes the SSE chunks). The serving-only server binds its
 front end to the reserved CPU; the worker does not (its tuning runs in that process and needs them all).
 
-Specs: ``auto`` (the default: bind when at least two CPUs are usable and the engine runs on the CPU),
+Specs: ``auto`` (the default: bind when at least two CPUs are usable, no CPU quota below them — a
+container limited by a CFS quota rather than a cpuset keeps torch's default — and the engine runs on
+the CPU),
 ``none`` (no binding, torch's default threads), or an explicit list such as ``0-2,5`` (the engine's
 CPUs; the front end gets the others, or shares them when none are left).
 """
@@ -18,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import os
 from dataclasses import dataclass
+from pathlib import Path
 
 
 @dataclass(frozen=True)
@@ -50,12 +53,17 @@ def validate_spec(spec: str) -> str:
     return spec
 
 
-def plan_cpus(spec: str, usable: set[int] | frozenset[int]) -> CpuPlan | None:
-    """The binding for ``spec`` given the CPUs this process may use; None: do not bind."""
+def plan_cpus(
+    spec: str, usable: set[int] | frozenset[int], quota: float | None = None
+) -> CpuPlan | None:
+    """The binding for ``spec`` given the CPUs this process may use and its CPU quota (in CPUs; None:
+    unlimited); None: do not bind."""
     if spec == "none":
         return None
     if spec == "auto":
-        if len(usable) < 2:
+        # Under a quota smaller than the CPUs it may run on (a Kubernetes CPU limit without the static
+        # CPU manager), binding one thread per usable CPU would oversubscribe the quota.
+        if len(usable) < 2 or (quota is not None and quota < len(usable)):
             return None
         ordered = sorted(usable)
         # vLLM-CPU reserves the last CPU(s) for its front end as well.
@@ -66,6 +74,22 @@ def plan_cpus(spec: str, usable: set[int] | frozenset[int]) -> CpuPlan | None:
         raise ValueError(f"engine CPUs {sorted(outside)} are not usable here (usable: {sorted(usable)})")
     rest = tuple(sorted(set(usable) - set(engine)))
     return CpuPlan(engine=engine, frontend=rest or engine)
+
+
+def cpu_quota(cgroup_root: Path = Path("/sys/fs/cgroup")) -> float | None:
+    """This container's CFS CPU quota in CPUs (cgroup v2 ``cpu.max`` or v1 ``cpu.cfs_quota_us``), or
+    None when there is none (or it cannot be read)."""
+    try:
+        quota, period = (cgroup_root / "cpu.max").read_text().split()[:2]
+        return None if quota == "max" else int(quota) / int(period)
+    except (OSError, ValueError):
+        pass
+    try:
+        q = int((cgroup_root / "cpu" / "cpu.cfs_quota_us").read_text())
+        period = int((cgroup_root / "cpu" / "cpu.cfs_period_us").read_text())
+        return None if q <= 0 else q / period
+    except (OSError, ValueError):
+        return None
 
 
 def usable_cpus() -> frozenset[int]:

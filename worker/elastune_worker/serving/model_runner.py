@@ -45,10 +45,11 @@ class ModelRunner:
         self.hidden_size = int(self.hf_config.get("hidden_size") or self.hf_config["n_embd"])
         slots = config.kv_blocks() * config.block_size
         n_kv, hd, n_layers = self.model.n_kv_heads, self.model.head_dim, self.model.num_layers
+        # Head-major [KV heads, slots, head_dim]: a gathered context is contiguous (attention.py).
         self.kv_caches = [
             (
-                torch.zeros(slots, n_kv, hd, dtype=self.dtype, device=self.device),
-                torch.zeros(slots, n_kv, hd, dtype=self.dtype, device=self.device),
+                torch.zeros(n_kv, slots, hd, dtype=self.dtype, device=self.device),
+                torch.zeros(n_kv, slots, hd, dtype=self.dtype, device=self.device),
             )
             for _ in range(n_layers)
         ]

@@ -16,7 +16,13 @@ from fastapi import APIRouter, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from elastune_worker.serving.config import BatchingName, EngineConfig, QueuePolicyName
-from elastune_worker.serving.cpu_binding import bind_process, plan_cpus, usable_cpus, validate_spec
+from elastune_worker.serving.cpu_binding import (
+    bind_process,
+    cpu_quota,
+    plan_cpus,
+    usable_cpus,
+    validate_spec,
+)
 
 _DEFAULTS = EngineConfig()
 
@@ -73,7 +79,7 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument(
         "--engine-cpus",
-        type=validate_spec,
+        type=_cpu_spec,
         default="auto",
         metavar="auto|none|LIST",
         help="CPUs of a CPU engine process, as vLLM-CPU's VLLM_CPU_OMP_THREADS_BIND: auto (all but the "
@@ -109,6 +115,13 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
         "--lora-modules", nargs="+", default=[], metavar="NAME=PATH",
         help="adapters to load at start (PEFT directories: a path, file:// or pvc://claim/path)",
     )  # fmt: skip
+
+
+def _cpu_spec(text: str) -> str:
+    try:
+        return validate_spec(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def lora_modules(args: argparse.Namespace) -> list[tuple[str, str]]:
@@ -178,7 +191,7 @@ def start_engine(
         return AsyncEngine(LLMEngine(path, config, tokenizer=tokenizer))
     from elastune_worker.serving.engine_process import ProcessEngine
 
-    plan = plan_cpus(cpus, usable_cpus())
+    plan = plan_cpus(cpus, usable_cpus(), cpu_quota())
     engine = ProcessEngine(
         path, config, tokenizer=tokenizer, threads=threads, cpus=plan.engine if plan else None
     )

@@ -4,6 +4,12 @@ The step's tokens are flattened ([T, heads, head_dim]). Their K/V are written in
 slots first; then each prefill chunk attends causally to its whole cached prefix, and all decodes
 attend together, each to its own context, through gathered K/V and a length mask. The same code runs
 on CPU and CUDA (``scaled_dot_product_attention`` picks the kernel).
+
+The cache is head-major ([KV heads, slots, head_dim]): one head's block is one contiguous run, so a
+gathered context is a contiguous [length, head_dim] matrix per (decode, head). On the CPU the decodes
+gather and attend one KV head at a time (index_select along the first dimension is the fast copy, and
+SDPA reads a contiguous context several times faster than a strided one: decode attention 1.6-1.9x
+faster at 64 decodes); on CUDA all heads go in one call (fewer kernel launches).
 """
 
 from __future__ import annotations
@@ -47,21 +53,35 @@ def paged_attention(
     meta: AttentionMetadata,
     scale: float,
 ) -> torch.Tensor:
-    """q [T, H, D], k/v [T, KV, D]; caches [slots, KV, D]. Returns [T, H, D]."""
-    k_cache.index_copy_(0, meta.slot_mapping, k)
-    v_cache.index_copy_(0, meta.slot_mapping, v)
+    """q [T, H, D], k/v [T, KV, D]; caches [KV, slots, D]. Returns [T, H, D]."""
+    k_cache.index_copy_(1, meta.slot_mapping, k.transpose(0, 1))
+    v_cache.index_copy_(1, meta.slot_mapping, v.transpose(0, 1))
     n_heads, n_kv, d = q.shape[1], k.shape[1], q.shape[2]
     gqa = n_heads != n_kv
+    per_head = q.device.type == "cpu"
     out = torch.empty_like(q)
     for g in meta.decodes:
-        b = g.index.shape[0]
+        b, width = g.index.shape[0], g.mask.shape[-1]
         # Grouped-query attention without copying K/V per query head: the query heads that share a
         # K/V head stand in the query-length position of one attention ([B, KV, rep, D]); a decode's
         # single query attends to its whole context, so no causal mask is needed among them.
         qd = q[g.index].view(b, n_kv, n_heads // n_kv, d)
-        kd = _gather_blocks(k_cache, g.blocks, g.mask.shape[-1]).transpose(1, 2)  # [B, KV, L, D]
-        vd = _gather_blocks(v_cache, g.blocks, g.mask.shape[-1]).transpose(1, 2)
-        o = F.scaled_dot_product_attention(qd, kd, vd, attn_mask=g.mask, scale=scale)
+        if per_head:
+            heads = [
+                F.scaled_dot_product_attention(
+                    qd[:, h : h + 1],
+                    _gather_head(k_cache[h], g.blocks, width),
+                    _gather_head(v_cache[h], g.blocks, width),
+                    attn_mask=g.mask,
+                    scale=scale,
+                )
+                for h in range(n_kv)
+            ]
+            o = torch.cat(heads, dim=1) if n_kv > 1 else heads[0]
+        else:
+            kd = _gather_blocks(k_cache, g.blocks, width)  # [B, KV, L, D]
+            vd = _gather_blocks(v_cache, g.blocks, width)
+            o = F.scaled_dot_product_attention(qd, kd, vd, attn_mask=g.mask, scale=scale)
         out[g.index] = o.reshape(b, n_heads, d)
     for start, end, slots, mask in meta.prefills:
         qp = q[start:end].transpose(0, 1).unsqueeze(0)  # [1, H, n, D]
@@ -70,17 +90,27 @@ def paged_attention(
             vp = v[start:end].transpose(0, 1).unsqueeze(0)
             o = F.scaled_dot_product_attention(qp, kp, vp, is_causal=True, scale=scale, enable_gqa=gqa)
         else:
-            kp = k_cache.index_select(0, slots).transpose(0, 1).unsqueeze(0)
-            vp = v_cache.index_select(0, slots).transpose(0, 1).unsqueeze(0)
+            kp = k_cache.index_select(1, slots).unsqueeze(0)  # [1, KV, context, D]
+            vp = v_cache.index_select(1, slots).unsqueeze(0)
             o = F.scaled_dot_product_attention(qp, kp, vp, attn_mask=mask, scale=scale, enable_gqa=gqa)
         out[start:end] = o[0].transpose(0, 1)
     return out
 
 
-def _gather_blocks(cache: torch.Tensor, blocks: torch.Tensor, width: int) -> torch.Tensor:
-    """The contexts of a [B, N] block table as [B, width, KV, D] (width = N x block size): whole blocks
-    are copied (one index per block, not per slot: several times fewer, larger copies), and
-    index_select is several times faster than advanced indexing."""
+def _gather_head(cache: torch.Tensor, blocks: torch.Tensor, width: int) -> torch.Tensor:
+    """One KV head's contexts of a [B, N] block table as [B, 1, width, D] (width = N x block size),
+    from that head's [slots, D] cache: whole blocks are copied (one index per block, not per slot:
+    several times fewer, larger copies), and index_select is several times faster than advanced
+    indexing."""
     b, n = blocks.shape
-    paged = cache.view(-1, width // n, *cache.shape[1:])  # [num_blocks, block_size, KV, D]
-    return paged.index_select(0, blocks.reshape(-1)).view(b, width, *cache.shape[1:])
+    d = cache.shape[-1]
+    paged = cache.view(-1, (width // n) * d)  # [num_blocks, block_size x D]
+    return paged.index_select(0, blocks.reshape(-1)).view(b, 1, width, d)
+
+
+def _gather_blocks(cache: torch.Tensor, blocks: torch.Tensor, width: int) -> torch.Tensor:
+    """All KV heads' contexts at once, as [B, KV, width, D] (from the [KV, slots, D] cache)."""
+    b, n = blocks.shape
+    kv, d = cache.shape[0], cache.shape[2]
+    paged = cache.view(kv, -1, (width // n) * d)  # [KV, num_blocks, block_size x D]
+    return paged.index_select(1, blocks.reshape(-1)).view(kv, b, width, d).transpose(0, 1)
