@@ -509,6 +509,7 @@ def test_a_job_on_a_pod_that_serves_inference_is_co_served_and_others_say_why_no
     c = pop(bus, "w1")
     assert core.state.coserve_rate == {core.fleet.gpu_of["w2"]: 0.0}
     assert c.coserve is False and idle.status.co_served is False and idle.status.co_serving_reason is None
+
     # The attempts counter tells co-served from dedicated placements (the dashboard's co-serving row).
     def attempts(placement: str) -> float | None:
         labels = {"model": MODEL, "placement": placement}

@@ -53,9 +53,7 @@ def validate_spec(spec: str) -> str:
     return spec
 
 
-def plan_cpus(
-    spec: str, usable: set[int] | frozenset[int], quota: float | None = None
-) -> CpuPlan | None:
+def plan_cpus(spec: str, usable: set[int] | frozenset[int], quota: float | None = None) -> CpuPlan | None:
     """The binding for ``spec`` given the CPUs this process may use and its CPU quota (in CPUs; None:
     unlimited); None: do not bind."""
     if spec == "none":
@@ -86,8 +84,8 @@ def cpu_quota(cgroup_root: Path = Path("/sys/fs/cgroup")) -> float | None:
         pass
     try:
         q = int((cgroup_root / "cpu" / "cpu.cfs_quota_us").read_text())
-        period = int((cgroup_root / "cpu" / "cpu.cfs_period_us").read_text())
-        return None if q <= 0 else q / period
+        q_period = int((cgroup_root / "cpu" / "cpu.cfs_period_us").read_text())
+        return None if q <= 0 else q / q_period
     except (OSError, ValueError):
         return None
 
