@@ -97,11 +97,23 @@ def usable_cpus() -> frozenset[int]:
     return frozenset(range(os.cpu_count() or 1))
 
 
+_before_binding: frozenset[int] | None = None
+
+
+def unbound_cpus() -> frozenset[int]:
+    """The CPUs this process could use before ``bind_process`` (its helper processes, such as
+    CaraServe's CPU LoRA workers, run there rather than on the engine's CPUs)."""
+    return _before_binding if _before_binding is not None else usable_cpus()
+
+
 def bind_process(cpus: tuple[int, ...]) -> bool:
     """Bind every thread of this process to ``cpus`` (threads started later inherit their starter's
     binding, torch's OpenMP pool included); False where the platform cannot."""
+    global _before_binding
     if not hasattr(os, "sched_setaffinity"):
         return False
+    if _before_binding is None:
+        _before_binding = usable_cpus()
     try:
         threads = [int(t) for t in os.listdir("/proc/self/task")]
     except OSError:

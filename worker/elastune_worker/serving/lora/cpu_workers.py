@@ -15,11 +15,13 @@ from __future__ import annotations
 import contextlib
 import math
 import multiprocessing.connection
+import os
 from typing import Any
 
 import torch
 import torch.multiprocessing as tmp
 
+from elastune_worker.serving.cpu_binding import unbound_cpus
 from elastune_worker.serving.lora.weights import LoRAWeights
 
 
@@ -64,6 +66,8 @@ class CpuLoRAPool:
                 target=_worker, args=(child, self.x, self.y), name=f"lora-cpu-{i}", daemon=True
             )
             proc.start()
+            if proc.pid is not None and hasattr(os, "sched_setaffinity"):  # not on a bound engine's CPUs
+                os.sched_setaffinity(proc.pid, unbound_cpus())
             self._conns.append(parent)
             self._procs.append(proc)
         self._known: set[str] = set()
