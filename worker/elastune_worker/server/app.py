@@ -151,7 +151,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--threads", type=int, help="torch intra-op threads (CPU workers sharing a machine)")
     p.add_argument("--no-serve", action="store_true", help="tune only: no serving engine on /v1")
-    add_engine_args(p)
+    # No CPU binding by default: every worker on a host would take the same CPUs (several local workers,
+    # a test stack), and its own tuning shares the process. A pod with exclusive CPUs (Kubernetes'
+    # static CPU manager) can ask for --engine-cpus auto.
+    add_engine_args(p, engine_cpus="none")
     args = p.parse_args(argv)
     missing = [
         flag

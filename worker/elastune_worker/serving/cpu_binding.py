@@ -5,8 +5,9 @@ On a CPU engine a step is ~100 small kernels: torch's OpenMP threads that sleep 
 wake-up on every kernel, and unbound threads share cores with the front end's event loop and the
 clients. vLLM-CPU's answer (``VLLM_CPU_OMP_THREADS_BIND=auto``) is ours: the engine process is bound to
 all CPUs but one, with one torch thread per CPU, and the last CPU is reserved for the front end (the
-API process, which parses requests and writes the SSE chunks). The serving-only server binds its
-front end to the reserved CPU; the worker does not (its tuning runs in that process and needs them all).
+API process, which parses requests and writes the SSE chunks). The serving-only server does this by
+default and binds its front end to the reserved CPU; the worker does not by default (every worker on a
+host would take the same CPUs, and its tuning runs in its front-end process).
 
 Specs: ``auto`` (the default: bind when at least two CPUs are usable, no CPU quota below them — a
 container limited by a CFS quota rather than a cpuset keeps torch's default — and the engine runs on

@@ -27,7 +27,8 @@ from elastune_worker.serving.cpu_binding import (
 _DEFAULTS = EngineConfig()
 
 
-def add_engine_args(p: argparse.ArgumentParser) -> None:
+def add_engine_args(p: argparse.ArgumentParser, engine_cpus: str = "auto") -> None:
+    """The engine's flags; ``engine_cpus``: the default CPU binding (cpu_binding.py)."""
     g = p.add_argument_group("engine")
     g.add_argument("--served-model-name", help="the model id clients send (default: --model)")
     g.add_argument(
@@ -80,10 +81,11 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--engine-cpus",
         type=_cpu_spec,
-        default="auto",
+        default=engine_cpus,
         metavar="auto|none|LIST",
         help="CPUs of a CPU engine process, as vLLM-CPU's VLLM_CPU_OMP_THREADS_BIND: auto (all but the "
-        "last, which the front end keeps; no binding on one CPU), none, or a list such as 0-2,5",
+        f"last, which the front end keeps; no binding on one CPU), none, or a list such as 0-2,5 "
+        f"(default: {engine_cpus})",
     )
     lo = p.add_argument_group("LoRA adapters (vLLM's flags)")
     lo.add_argument(
