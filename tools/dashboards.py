@@ -940,6 +940,21 @@ def serving() -> dashboard_builders.Dashboard:
                     stacked=True,
                 ),
                 graph(
+                    "E2 decisions (Preble)",
+                    "Requests per second by Preble's E2 decision: exploit (to an endpoint caching the "
+                    "prompt's prefix), rebalance (its holder was over 1.5x the lightest load), explore "
+                    "(lowest load cost), pd-balance (to a decode-heavy endpoint).",
+                    "reqps",
+                    [
+                        (
+                            f"sum by (decision) ({rate('elastune_gateway_routing_decisions_total', MODEL)})",
+                            "{{decision}}",
+                        )
+                    ],
+                    span=8,
+                    stacked=True,
+                ),
+                graph(
                     "Requests per endpoint",
                     "Requests sent to each worker endpoint per second (the routing's load balance).",
                     "reqps",

@@ -225,7 +225,21 @@ def test_requests_sharing_a_long_prefix_stay_on_one_endpoint(stack: Stack) -> No
         - counter(before, "elastune_gateway_routed_requests_total", endpoint=w)
         for w in ("w-a", "w-b")
     }
-    assert sorted(routed.values()) == [0, 6], routed
+    kinds = ("exploit", "rebalance", "explore", "pd-balance")
+    decided = {
+        k: counter(after, "elastune_gateway_routing_decisions_total", decision=k)
+        - counter(before, "elastune_gateway_routing_decisions_total", decision=k)
+        for k in kinds
+    }
+    # Only the first request found the prefix cached nowhere; E2 exploited it for the others ...
+    assert decided["explore"] + decided["pd-balance"] == 1 and sum(decided.values()) == 6, decided
+    if decided["rebalance"] == 0:  # ... so they all stayed on the endpoint that holds it
+        assert sorted(routed.values()) == [0, 6], (routed, decided)
+    else:
+        # ... unless the holder's load was over Th_bal = 1.5x the lightest endpoint's (§4.2): E2 then
+        # sends the request to the lightest, which caches the prefix from then on. How often depends on
+        # the earlier tests' load history on each endpoint (window W = 3 min), not on this test.
+        assert min(routed.values()) >= 1, (routed, decided)
 
 
 def test_bad_input_gets_openai_shaped_4xx_and_is_counted(stack: Stack) -> None:

@@ -26,6 +26,12 @@ class GatewayMetrics:
             "elastune_gateway_routed_requests", "Requests sent to an endpoint, by model, endpoint and policy",
             ["model", "endpoint", "policy"], registry=r,
         )  # fmt: skip
+        self.decisions = Counter(
+            "elastune_gateway_routing_decisions",
+            "Routing decisions of policies that make kinds of them, by model, policy and decision (Preble's "
+            "E2: exploit | rebalance | explore | pd-balance)",
+            ["model", "policy", "decision"], registry=r,
+        )  # fmt: skip
         self.upstream_failures = Counter(
             "elastune_gateway_upstream_failures",
             "Requests an endpoint failed, by kind (connect, unavailable, midstream, timeout)",

@@ -159,6 +159,10 @@ class Gateway:
         for attempt in range(self.settings.max_attempts):
             endpoint = await self._acquire(model, view, frozenset(tried), arrived)
             policy, router = self._router(model)
+            # The pick that chose ``endpoint`` was the router's last one (nothing awaited in between).
+            decision = getattr(router, "last_decision", None)
+            if decision is not None:
+                self.metrics.decisions.labels(model.name, policy, decision.kind).inc()
             router.on_routed(view, endpoint.id, time.monotonic())
             self.metrics.routed.labels(model.name, endpoint.id, policy).inc()
             entry = self.ledger.add(
