@@ -253,9 +253,9 @@ def lora_modules() -> list[str]:
 
 def engine_binding() -> dict[str, Any]:
     """The CPU binding the standalone server's ``--engine-cpus auto`` picks here (cpu_binding.py)."""
-    from elastune_worker.serving.cpu_binding import cpu_quota, plan_cpus, usable_cpus
+    from elastune_worker.serving.cpu_binding import plan_here
 
-    plan = plan_cpus("auto", usable_cpus(), cpu_quota())
+    plan = plan_here("auto")
     if plan is None:
         return {"bound": False}
     return {"bound": True, "engine": list(plan.engine), "frontend": list(plan.frontend)}

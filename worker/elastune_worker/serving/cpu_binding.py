@@ -9,9 +9,8 @@ API process, which parses requests and writes the SSE chunks). The serving-only 
 default and binds its front end to the reserved CPU; the worker does not by default (every worker on a
 host would take the same CPUs, and its tuning runs in its front-end process).
 
-Specs: ``auto`` (the default: bind when at least two CPUs are usable, no CPU quota below them — a
-container limited by a CFS quota rather than a cpuset keeps torch's default — and the engine runs on
-the CPU),
+Specs: ``auto`` (bind when at least two CPUs are usable, no CPU quota below them — a container
+limited by a CFS quota rather than a cpuset keeps torch's default — and the engine runs on the CPU),
 ``none`` (no binding, torch's default threads), or an explicit list such as ``0-2,5`` (the engine's
 CPUs; the front end gets the others, or shares them when none are left).
 """
@@ -73,6 +72,11 @@ def plan_cpus(spec: str, usable: set[int] | frozenset[int], quota: float | None 
         raise ValueError(f"engine CPUs {sorted(outside)} are not usable here (usable: {sorted(usable)})")
     rest = tuple(sorted(set(usable) - set(engine)))
     return CpuPlan(engine=engine, frontend=rest or engine)
+
+
+def plan_here(spec: str) -> CpuPlan | None:
+    """``plan_cpus`` for this process: its usable CPUs and its container's quota."""
+    return plan_cpus(spec, usable_cpus(), cpu_quota())
 
 
 def cpu_quota(cgroup_root: Path = Path("/sys/fs/cgroup")) -> float | None:

@@ -45,7 +45,8 @@ def _child(
     try:
         # Bound before torch's first parallel kernel, so its OpenMP threads start on these CPUs.
         bound = cpus is not None and pick_device(config.device).type == "cpu" and bind_process(cpus)
-        threads = threads or (len(cpus) if bound and cpus else None)
+        if bound and not threads and cpus:
+            threads = len(cpus)  # one torch thread per bound CPU
         if threads:
             torch.set_num_threads(threads)
         engine = LLMEngine(Path(path), config)

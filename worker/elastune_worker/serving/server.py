@@ -16,13 +16,7 @@ from fastapi import APIRouter, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from elastune_worker.serving.config import BatchingName, EngineConfig, QueuePolicyName
-from elastune_worker.serving.cpu_binding import (
-    bind_process,
-    cpu_quota,
-    plan_cpus,
-    usable_cpus,
-    validate_spec,
-)
+from elastune_worker.serving.cpu_binding import bind_process, plan_here, validate_spec
 
 _DEFAULTS = EngineConfig()
 
@@ -193,7 +187,7 @@ def start_engine(
         return AsyncEngine(LLMEngine(path, config, tokenizer=tokenizer))
     from elastune_worker.serving.engine_process import ProcessEngine
 
-    plan = plan_cpus(cpus, usable_cpus(), cpu_quota())
+    plan = plan_here(cpus)
     engine = ProcessEngine(
         path, config, tokenizer=tokenizer, threads=threads, cpus=plan.engine if plan else None
     )

@@ -174,19 +174,19 @@ class _LoRAStats(Collector):
             for tier in ("device", "host"):
                 c.add_metric([self.model, tier], s.get(f"lora_{tier}_{key}", 0.0))
             yield c
-        cpu = CounterMetricFamily(
-            "elastune_lora_cpu_assisted_steps",
-            "Engine steps whose cold adapters' deltas ran on the CPU while their copy was in flight "
-            "(CaraServe's CPU-assisted prefill).",
-            labels=["model_name"],
-        )
-        cpu.add_metric([self.model], s.get("lora_cpu_assisted_steps", 0.0))
-        yield cpu
-        prefills = CounterMetricFamily(
-            "elastune_lora_cpu_assisted_prefills",
-            "Requests whose prefill ran (at least in part) with their adapter's delta computed on the CPU "
-            "while its copy to the device was in flight (CaraServe).",
-            labels=["model_name"],
-        )
-        prefills.add_metric([self.model], s.get("lora_cpu_assisted_prefills", 0.0))
-        yield prefills
+        cpu_assisted = {
+            "elastune_lora_cpu_assisted_steps": (
+                "Engine steps whose cold adapters' deltas ran on the CPU while their copy was in flight "
+                "(CaraServe's CPU-assisted prefill).",
+                "lora_cpu_assisted_steps",
+            ),
+            "elastune_lora_cpu_assisted_prefills": (
+                "Requests whose prefill ran (at least in part) with their adapter's delta computed on the "
+                "CPU while its copy to the device was in flight (CaraServe).",
+                "lora_cpu_assisted_prefills",
+            ),
+        }
+        for name, (doc, key) in cpu_assisted.items():
+            c = CounterMetricFamily(name, doc, labels=["model_name"])
+            c.add_metric([self.model], s.get(key, 0.0))
+            yield c
