@@ -46,7 +46,7 @@ GPT2_SPEC = dataclasses.replace(
 GREEDY = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
 PROMPTS = ["12 km →", "window window harbor →", "Read the record and return one value. book: Dune →"]
 # Parameters move by ~0.3 over the steps; the co-served gradient differs from the batched one only by
-# float summation order. Observed max |Δ| ≈ 5e-6 (AdamW, prompt/prefix) and 6e-8 (SGD).
+# float summation order. Observed max |Δ| ≈ 5e-6 (AdamW, prompt tuning) and 6e-8 (SGD).
 RTOL, ATOL = 1e-4, 2e-5
 
 
@@ -154,10 +154,11 @@ def _left(state: FinetuneState) -> int:
     [
         ("llama", "promptTuning", "adamw", None),
         ("llama", "promptTuning", "adamw", 3),  # micro-batches of 3, 1 rows: gradient accumulation
-        ("llama", "prefixTuning", "adamw", None),
-        # Adam divides by sqrt(v): on the p-tuning encoder's near-zero gradient components it turns the
-        # float summation-order difference into ~1e-3 parameter differences; SGD shows the gradient is
-        # the same (observed max |Δ| 6e-8).
+        # Adam divides by sqrt(v): on near-zero gradient components it turns the float summation-order
+        # difference into parameter differences far above it (p-tuning's encoder: ~1e-3; Llama's
+        # prefix on a model cache built on a fresh machine: 2.1e-4, 1 of 1,536 elements). SGD shows the
+        # gradient is the same (observed max |Δ| 6e-8); AdamW itself is covered by the other rows.
+        ("llama", "prefixTuning", "sgd", None),
         ("llama", "pTuning", "sgd", None),
         ("gpt2", "promptTuning", "adamw", None),
         ("gpt2", "prefixTuning", "adamw", 2),
