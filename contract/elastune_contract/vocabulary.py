@@ -58,6 +58,17 @@ class Reason:
     WORKER_ERROR: Final = "WorkerError"
     WORKER_START_FAILED: Final = "WorkerStartFailed"
     WARM_POOL_DELETED: Final = "WarmPoolDeleted"
+    # A worker pod that will not become or stay a worker, named as its status names it (the kubelet's
+    # waiting/termination reasons, the scheduler's Unschedulable); the attempt is retried like a lost
+    # worker, up to the core's max_attempts
+    IMAGE_PULL_BACK_OFF: Final = "ImagePullBackOff"
+    INVALID_IMAGE_NAME: Final = "InvalidImageName"
+    CREATE_CONTAINER_CONFIG_ERROR: Final = "CreateContainerConfigError"
+    CREATE_CONTAINER_ERROR: Final = "CreateContainerError"
+    CRASH_LOOP_BACK_OFF: Final = "CrashLoopBackOff"
+    OOM_KILLED: Final = "OOMKilled"
+    UNSCHEDULABLE: Final = "Unschedulable"
+    POD_FAILED: Final = "PodFailed"
     # LoRAAdapter Ready / Loaded (and what a TuningJob's output.publish did)
     SERVABLE: Final = "Servable"
     ARTIFACT_NOT_FOUND: Final = "ArtifactNotFound"

@@ -13,6 +13,7 @@ import pytest
 from elastune_contract.api.resources import parse_resource
 from elastune_contract.protocol import Assignment, Bus, Event, PromptBankReport, WorkerRecord, WorkerState
 from elastune_contract.vocabulary import Reason
+from elastune_operator.control.backend import WorkerExit
 from elastune_operator.control.core import ControlCore
 from elastune_operator.control.records import CoreSettings, JobRecord, PoolConfig
 
@@ -25,7 +26,7 @@ class FakeBackend:
     def __init__(self) -> None:
         self.grown: list[tuple[str, int]] = []
         self.shrunk: list[str] = []
-        self.dead: dict[str, tuple[str, str]] = {}
+        self.dead: dict[str, WorkerExit] = {}
         self.busy: set[str] = set()
 
     def grow(self, pool: str, model: str, count: int) -> None:
@@ -37,7 +38,7 @@ class FakeBackend:
     def mark_busy(self, pool: str, worker_ids: list[str], busy: bool) -> None:
         self.busy = set(worker_ids) if busy else self.busy - set(worker_ids)
 
-    def exited(self) -> dict[str, tuple[str, str]]:
+    def exited(self) -> dict[str, WorkerExit]:
         return dict(self.dead)
 
     def close(self) -> None:
@@ -178,7 +179,7 @@ def test_a_lost_worker_reschedules_its_job_from_the_checkpoint(env: dict[str, An
     (a,) = run_to_dispatch(env, rec, ["w1"])
     post(bus, a, "progress", iterations=27, checkpointed=20)
     core.tick()
-    backend.dead["w1"] = (MODEL, "exit code -9")
+    backend.dead["w1"] = WorkerExit(MODEL, "exit code -9")
     core.tick()
     assert bus.cancelled(rec.key, 1) and cond(rec, "Running") == ("False", "WorkerLost")
     assert core.state.jobs[rec.key].done_iterations == 20
@@ -194,13 +195,37 @@ def test_workers_that_die_before_becoming_warm_fail_the_job_after_max_attempts(e
     rec = job("e")
     core.submit(rec)
     core.tick()
-    backend.dead["pool-w1"] = (MODEL, "exit code 1: ModuleNotFoundError: No module named 'torch'")
+    backend.dead["pool-w1"] = WorkerExit(MODEL, "exit code 1: ModuleNotFoundError: No module named 'torch'")
     core.tick()
     assert not rec.terminal  # one crash: relaunch
-    backend.dead["pool-w2"] = (MODEL, "exit code 1: ModuleNotFoundError: No module named 'torch'")
+    backend.dead["pool-w2"] = WorkerExit(MODEL, "exit code 1: ModuleNotFoundError: No module named 'torch'")
     core.tick()
     assert cond(rec, "Succeeded") == ("False", "WorkerStartFailed")
     assert "No module named 'torch'" in next(c.message for c in rec.status.conditions if c.type == "Failed")
+
+
+def test_start_failures_fail_waiting_jobs_with_the_pods_reason_and_spare_running_ones(
+    env: dict[str, Any],
+) -> None:
+    core, bus, backend, clock = env["core"], env["bus"], env["backend"], env["clock"]
+    running = job("g1")
+    run_to_dispatch(env, running, ["w1"])
+    waiting = job("g2")
+    core.submit(waiting)
+    core.tick()
+    assert backend.grown[-1] == ("pool", 1)
+    # Registered while loading its weights, then OOMKilled: its record outlives it, still "starting".
+    worker(bus, "pool-w2", clock, WorkerState.STARTING)
+    core.tick()
+    backend.dead["pool-w2"] = WorkerExit(MODEL, "pod pool-w2: OOMKilled (exit code 137)", Reason.OOM_KILLED)
+    core.tick()
+    assert not waiting.terminal and "pool-w2" in backend.shrunk  # the failed pod leaves the pool
+    pull = 'pod pool-w3: ImagePullBackOff (container worker): Back-off pulling image "x:1"'
+    backend.dead["pool-w3"] = WorkerExit(MODEL, pull, Reason.IMAGE_PULL_BACK_OFF)
+    core.tick()
+    assert cond(waiting, "Succeeded") == ("False", "ImagePullBackOff")  # max_attempts = 2
+    assert pull in next(c.message for c in waiting.status.conditions if c.type == "Failed")
+    assert not running.terminal and cond(running, "Running") == ("True", "Tuning")
 
 
 def test_a_model_that_cannot_load_fails_waiting_jobs(env: dict[str, Any]) -> None:

@@ -3,7 +3,16 @@ backend (one Knative Service per WarmPool, min-scale driven by Algorithm 2) impl
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import NamedTuple, Protocol
+
+
+class WorkerExit(NamedTuple):
+    """How a worker went: its model, what happened (it reaches the job's condition message), and the
+    reason when the platform names one (a pod's ImagePullBackOff, OOMKilled, ...; vocabulary constants)."""
+
+    model: str
+    detail: str
+    reason: str | None = None
 
 
 class ClusterBackend(Protocol):
@@ -14,7 +23,9 @@ class ClusterBackend(Protocol):
 
     def shrink(self, pool: str, worker_ids: list[str]) -> None:
         """Return these idle workers' GPUs to the cold pool. Only idle workers are ever named: the
-        core never lets a scale-down pick a busy one."""
+        core never lets a scale-down pick a busy one. Workers that were lost or never came up are named
+        too (their GPU went back to the cold pool): a pod Kubernetes still keeps, crash-looping or
+        unschedulable, goes with them instead of holding a slot of the pool."""
         ...
 
     def mark_busy(self, pool: str, worker_ids: list[str], busy: bool) -> None:
@@ -22,9 +33,10 @@ class ClusterBackend(Protocol):
         from a scale-down it picks itself (Knative: pod-deletion-cost)."""
         ...
 
-    def exited(self) -> dict[str, tuple[str, str]]:
-        """Workers known to be gone: id -> (model, what happened). A faster signal than an expiring
-        heartbeat, and the only one for a worker that died before it ever registered."""
+    def exited(self) -> dict[str, WorkerExit]:
+        """Workers known to be gone (or never to come: a pod that cannot start): id -> how. A faster
+        signal than an expiring heartbeat, and the only one for a worker that died before it ever
+        registered. A worker may be reported again; the fleet acts on the first report."""
         ...
 
     def close(self) -> None: ...

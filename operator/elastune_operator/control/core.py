@@ -29,7 +29,7 @@ from elastune_contract.api.tuningjob import PromptBankMode
 from elastune_contract.coserve import coservable
 from elastune_contract.protocol import Assignment, Bus, Event, WorkerRecord, WorkerState
 from elastune_contract.vocabulary import PERMANENT_FAILURE_REASONS, Reason
-from elastune_operator.control.backend import ClusterBackend
+from elastune_operator.control.backend import ClusterBackend, WorkerExit
 from elastune_operator.control.fleet import Fleet
 from elastune_operator.control.lifecycle import JobLifecycle, is_terminal, succeeded
 from elastune_operator.control.records import CoreSettings, JobRecord, PoolConfig
@@ -312,11 +312,16 @@ class ControlCore:
             self.backend.shrink(self.pools[llm].name, gone)
 
     # -- what the fleet reports (FleetEvents) -------------------------------------------------------
-    def worker_lost(self, wid: str, gid: int, now: float) -> None:
+    def worker_lost(self, wid: str, gid: int, now: float, how: WorkerExit | None = None) -> None:
         self.fleet.forget(wid)
         gpu = self.state.gpus.get(gid)
         if gpu is None:
             return
+        # Its GPU goes back to the cold pool below: a pod Kubernetes still keeps (crash-looping) goes too.
+        if gpu.llm in self.pools:
+            self.backend.shrink(self.pools[gpu.llm].name, [wid])
+        reason = how.reason if how is not None and how.reason else Reason.WORKER_LOST
+        detail = how.detail if how is not None else None
         if gpu.job is not None and gpu.job in self.jobs:
             job = self.jobs[gpu.job]
             if job.attempt:
@@ -327,23 +332,26 @@ class ControlCore:
             job.workers = []
             if job.attempt >= self.settings.max_attempts:
                 msg = f"worker {wid} was lost on the last of {job.attempt} attempts"
-                self._fail(job, Reason.WORKER_LOST, msg, now)
+                self._fail(job, reason, f"{msg}: {detail}" if detail else msg, now)
             else:
-                self.lifecycle.worker_lost(job, wid, iterations)
+                self.lifecycle.worker_lost(job, wid, iterations, reason, detail)
             self._touched.add(job.key)
         if gid in self.state.gpus:
             self.state.release(gid)
 
-    def worker_start_failed(self, model: str, wid: str, detail: str, now: float) -> None:
+    def worker_start_failed(self, wid: str, how: WorkerExit, now: float) -> None:
+        model, pool = how.model, self.pools[how.model].name
         self._drop_unbound(model, now)
+        self.backend.shrink(pool, [wid])  # a pod that cannot start leaves the pool with its GPU
         n = self.fleet.count_start_failure(model)
-        log.error("worker %s of %s exited before becoming warm: %s", wid, model, detail)
+        log.error("worker %s of %s failed before becoming warm: %s", wid, model, how.detail)
         if n >= self.settings.max_attempts:  # no point in launching more: fail what waits for it
-            pool = self.pools[model].name
-            msg = f"{n} workers of pool {pool} exited before becoming warm; last: {detail}"
+            msg = f"{n} workers of pool {pool} failed before becoming warm in a row; last: {how.detail}"
             for job in list(self.jobs.values()):
-                if job.llm == model and not job.terminal:
-                    self._fail(job, Reason.WORKER_START_FAILED, msg, now)
+                sched = self.state.jobs.get(job.key)
+                running = sched is not None and sched.started_at is not None
+                if job.llm == model and not job.terminal and not running:
+                    self._fail(job, how.reason or Reason.WORKER_START_FAILED, msg, now)
 
     def worker_broken(self, rec: WorkerRecord, now: float) -> None:
         """A worker cannot load its model: every job waiting for that model fails with the reason."""

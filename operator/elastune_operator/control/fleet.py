@@ -14,7 +14,7 @@ import logging
 from typing import Protocol
 
 from elastune_contract.protocol import Bus, WorkerRecord, WorkerState
-from elastune_operator.control.backend import ClusterBackend
+from elastune_operator.control.backend import ClusterBackend, WorkerExit
 from elastune_operator.metrics import ControlMetrics
 from elastune_operator.scheduling.estimator import Estimator
 from elastune_operator.scheduling.state import ClusterState
@@ -25,11 +25,12 @@ log = logging.getLogger("elastune.control")
 class FleetEvents(Protocol):
     """What the fleet reports while it syncs, in registry order; the core decides what it means for jobs."""
 
-    def worker_lost(self, wid: str, gid: int, now: float) -> None:
-        """A bound worker is gone (record expired or process exited)."""
+    def worker_lost(self, wid: str, gid: int, now: float, how: WorkerExit | None = None) -> None:
+        """A bound worker is gone (record expired, or the backend says how: process exited, pod
+        crash-looping or OOMKilled)."""
 
-    def worker_start_failed(self, model: str, wid: str, detail: str, now: float) -> None:
-        """A worker exited before it ever became warm."""
+    def worker_start_failed(self, wid: str, how: WorkerExit, now: float) -> None:
+        """A worker exited, or its pod cannot start, before it ever became warm."""
 
     def worker_broken(self, rec: WorkerRecord, now: float) -> None:
         """A worker reports it cannot serve its model (FAILED)."""
@@ -72,19 +73,26 @@ class Fleet:
         exited = self.backend.exited()
         for wid, gid in list(self.gpu_of.items()):
             if wid not in records or wid in exited:
-                events.worker_lost(wid, gid, now)
-        for wid, (model, detail) in exited.items():
-            if wid in self.gone or wid in self.failed_workers or model not in models:
+                events.worker_lost(wid, gid, now, exited.get(wid))
+        for wid, how in exited.items():
+            if wid in self.gone or wid in self.failed_workers or how.model not in models:
                 continue
+            rec = records.get(wid)
+            if rec is not None and rec.state is WorkerState.FAILED:
+                continue  # it says why itself: worker_broken below
             self.gone.add(wid)
-            if wid not in self.gpu_of and wid not in records:  # died before it ever became warm
-                events.worker_start_failed(model, wid, detail, now)
+            # Never warm: gone before it registered, or while it was still loading (a pod OOMKilled
+            # while loading its weights registered as starting, and its record outlives it a while).
+            if wid not in self.gpu_of and (rec is None or rec.state is WorkerState.STARTING):
+                events.worker_start_failed(wid, how, now)
         for wid, rec in records.items():
-            if wid in self.gpu_of or wid in exited or wid in self.gone or rec.model not in models:
+            if wid in self.gpu_of or wid in self.gone or rec.model not in models:
                 continue
             if rec.state is WorkerState.FAILED and wid not in self.failed_workers:
                 self.failed_workers.add(wid)
                 events.worker_broken(rec, now)
+            elif wid in exited:
+                continue
             elif rec.state is WorkerState.BUSY and rec.job not in adoptable:
                 # Busy with an attempt this process did not dispatch (it restarted): the core's recovery
                 # adopts it with its job, or it comes back READY when that attempt ends or is cancelled.
@@ -109,6 +117,7 @@ class Fleet:
             self.metrics.cold_start.labels(rec.model).observe(cold)
         gpu = self.state.gpus[gid]
         self.state.gpu_ready(gid, now)
+        self.start_failures.pop(rec.model, None)  # max_attempts counts start failures in a row
         return gpu.job
 
     # -- changes the core asks for ------------------------------------------------------------------

@@ -122,13 +122,22 @@ class JobLifecycle:
         self.condition(job, C.RUNNING, "False", reason, f"{message}; retrying from the checkpoint")
         self.emit(job)
 
-    def worker_lost(self, job: JobRecord, worker: str, iterations: int) -> None:
+    def worker_lost(
+        self,
+        job: JobRecord,
+        worker: str,
+        iterations: int,
+        reason: str = Reason.WORKER_LOST,
+        detail: str | None = None,
+    ) -> None:
+        """A bound worker is gone; ``reason`` and ``detail`` say how when its pod's status told."""
+        how = f" ({detail})" if detail else ""
         self.condition(
             job,
             C.RUNNING,
             "False",
-            Reason.WORKER_LOST,
-            f"worker {worker} was lost at attempt {job.attempt}; resuming from the checkpoint at "
+            reason,
+            f"worker {worker} was lost at attempt {job.attempt}{how}; resuming from the checkpoint at "
             f"iteration {iterations} once GPUs are free",
         )
         self.condition(job, C.SCHEDULED, "False", Reason.RESCHEDULING, "waiting for GPUs after a lost worker")

@@ -10,23 +10,32 @@
   ReplicaSet controller removes exactly the idle ones.
 
 Pods are named by Kubernetes; workers register under their pod name (POD_NAME from the downward API),
-so the core binds them like local workers. Knative objects go through the Kubernetes API as custom
-objects (there is no maintained Knative Python client).
+so the core binds them like local workers. A pod that cannot start or stay up (ImagePullBackOff,
+CrashLoopBackOff, OOMKilled, Unschedulable past its grace: ``pod_status.py``) is reported through
+``exited()`` under that name, from one list of the pools' pods per namespace every few seconds.
+Knative objects go through the Kubernetes API as custom objects (there is no maintained Knative Python
+client).
 """
 
 from __future__ import annotations
 
 import base64
+import json
 import logging
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import urllib3
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from elastune_contract.api.constants import DEFAULT_PVC_ROOT, GROUP, LABEL_MODEL, LABEL_WARM_POOL
 from elastune_contract.api.warmpool import WarmPool
+from elastune_operator.control.backend import WorkerExit
 from elastune_operator.control.resources import worker_serving_args
+from elastune_operator.k8s.pod_status import PodFailureRules, pod_failure
 
 log = logging.getLogger("elastune.knative")
 
@@ -40,6 +49,8 @@ COST_REMOVE = "-1000"
 COST_BUSY = "1000"
 """Pods running a job: removed last (never, as long as idle pods are released instead)."""
 WORKER_PORT = 8080
+POD_POLL_S = 2.0
+"""At most one list of a namespace's pool pods this often (exited() is asked every 50 ms round)."""
 
 
 @dataclass
@@ -180,6 +191,8 @@ class KnativeBackend:
         redis_secret: str | None = None,
         secret_key: str = "password",
         redis_password: str | None = None,
+        pod_rules: PodFailureRules | None = None,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         self.custom = client.CustomObjectsApi(api_client)
         self.core = client.CoreV1Api(api_client)
@@ -189,6 +202,10 @@ class KnativeBackend:
         self.redis_password = redis_password
         self._secret_in: set[str] = set()  # namespaces whose Secret copy is written
         self.pools: dict[str, tuple[WarmPool, int]] = {}  # pool name -> (resource, desired size)
+        self.pod_rules = pod_rules or PodFailureRules()
+        self.clock = clock
+        self._polled = float("-inf")  # clock of the last pod listing
+        self._done: set[tuple[str, str]] = set()  # (namespace, pod) reported or released: not again
 
     def register(self, pool: WarmPool, desired: int | None = None) -> int:
         """Create or update the pool's Service; returns the desired size in force (kept across
@@ -240,10 +257,13 @@ class KnativeBackend:
         self._apply(pool)
 
     def shrink(self, pool: str, worker_ids: list[str]) -> None:
+        if pool not in self.pools:
+            return  # the WarmPool is gone, and its Service with it
         wp, desired = self.pools[pool]
         ns = wp.metadata.namespace or "default"
         for pod in worker_ids:
             self.mark(ns, pod, COST_REMOVE)
+            self._done.add((ns, pod))
         self.pools[pool] = (wp, max(0, desired - len(worker_ids)))
         self._apply(pool)
 
@@ -261,8 +281,44 @@ class KnativeBackend:
         for pod in worker_ids:
             self.mark(wp.metadata.namespace or "default", pod, COST_BUSY if busy else None)
 
-    def exited(self) -> dict[str, tuple[str, str]]:
-        return {}  # deleted pods stop heartbeating; the registry TTL tells the core
+    def exited(self) -> dict[str, WorkerExit]:
+        """Pool pods whose status says they will not become or stay workers, each reported once (the
+        core then shrinks the pool by them, so Knative removes them). Deleted pods are not listed:
+        they stop heartbeating and the registry TTL tells the core."""
+        now = self.clock()
+        if now - self._polled < POD_POLL_S:
+            return {}
+        self._polled = now
+        pools: dict[str, dict[str, str]] = {}  # namespace -> pool name -> model
+        for name, (wp, _) in self.pools.items():
+            pools.setdefault(wp.metadata.namespace or "default", {})[name] = wp.spec.model
+        out: dict[str, WorkerExit] = {}
+        for ns, models in pools.items():
+            try:
+                # Raw JSON: the status exactly as the API spells it, and no model objects to build.
+                resp: Any = self.core.list_namespaced_pod(  # an HTTP response without preloading
+                    ns, label_selector=LABEL_WARM_POOL, _preload_content=False
+                )
+                pods = json.loads(resp.data).get("items") or []
+            except (ApiException, urllib3.exceptions.HTTPError, OSError, ValueError) as exc:
+                log.warning("cannot list the worker pods of namespace %s: %s", ns, exc)
+                continue
+            listed = set()
+            for pod in pods:
+                meta = pod.get("metadata") or {}
+                key = (ns, meta.get("name", ""))
+                listed.add(key)
+                model = models.get((meta.get("labels") or {}).get(LABEL_WARM_POOL, ""))
+                if model is None or key in self._done or meta.get("deletionTimestamp"):
+                    continue  # not a pool of ours, already told, or going anyway
+                failure = pod_failure(pod, now, self.pod_rules)
+                if failure is not None:
+                    reason, detail = failure
+                    log.warning("worker pod %s/%s: %s", ns, key[1], detail)
+                    out[key[1]] = WorkerExit(model, detail, reason)
+                    self._done.add(key)
+            self._done = {k for k in self._done if k[0] != ns or k in listed}
+        return out
 
     def close(self) -> None:
         pass

@@ -48,6 +48,7 @@ from elastune_operator.control.records import CoreSettings, JobRecord
 from elastune_operator.control.resources import artifact_dir, job_record, pool_config
 from elastune_operator.control.serving import AdapterRecord
 from elastune_operator.k8s.knative import KnativeBackend
+from elastune_operator.k8s.pod_status import PodFailureRules
 from elastune_operator.k8s.settings import OperatorSettings
 from elastune_operator.metrics import ControlMetrics
 
@@ -88,6 +89,7 @@ class Runtime:
             settings.redis_secret,
             settings.redis_secret_key,
             redis_password=os.environ.get(PASSWORD_ENV) or urlsplit(settings.redis_url).password,
+            pod_rules=PodFailureRules(unschedulable_grace_s=settings.pod_unschedulable_grace_s),
         )
         core_settings = CoreSettings(
             cold_capacity=settings.cold_pool_gpus,

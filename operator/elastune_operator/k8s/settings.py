@@ -45,6 +45,9 @@ class OperatorSettings:
     """ELASTUNE_CHECK_ARTIFACT_PATHS: check file:// and path artifactURLs of LoRAAdapters on the
     operator's own filesystem. The chart sets false: those paths are the worker pods' (a published
     prompt lives under their work dir), so the workers' load checks them and reports failures."""
+    pod_unschedulable_grace_s: float = 60.0
+    """ELASTUNE_POD_UNSCHEDULABLE_GRACE: seconds a worker pod may stay Unschedulable before its
+    attempt fails with that reason (the cluster autoscaler may add a node meanwhile)."""
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> OperatorSettings:
@@ -61,6 +64,7 @@ class OperatorSettings:
             "collective_timeout_s": "ELASTUNE_COLLECTIVE_TIMEOUT",
             "scheduling_policy": "ELASTUNE_SCHEDULING_POLICY",
             "check_artifact_paths": "ELASTUNE_CHECK_ARTIFACT_PATHS",
+            "pod_unschedulable_grace_s": "ELASTUNE_POD_UNSCHEDULABLE_GRACE",
         }
         values: dict[str, object] = {}
         for f in fields(cls):
@@ -71,7 +75,7 @@ class OperatorSettings:
             try:
                 if f.name in ("cold_pool_gpus", "metrics_port"):
                     values[f.name] = int(raw)
-                elif f.name == "collective_timeout_s":
+                elif f.name in ("collective_timeout_s", "pod_unschedulable_grace_s"):
                     values[f.name] = float(raw)
                 elif f.name == "work_dir":
                     values[f.name] = Path(raw)

@@ -15,6 +15,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from elastune_operator.control.backend import WorkerExit
+
 
 @dataclass
 class _Proc:
@@ -92,8 +94,8 @@ class LocalBackend:
         """SIGKILL a worker as a crash would (tests)."""
         self.procs[wid].proc.kill()
 
-    def exited(self) -> dict[str, tuple[str, str]]:
-        out: dict[str, tuple[str, str]] = {}
+    def exited(self) -> dict[str, WorkerExit]:
+        out: dict[str, WorkerExit] = {}
         for wid, p in list(self.procs.items()):
             rc = p.proc.poll()
             if rc is None:
@@ -101,7 +103,9 @@ class LocalBackend:
             if p.stopping:
                 del self.procs[wid]
                 continue
-            out[wid] = (p.model, f"worker process {wid} exited with code {rc}; log {p.log}: {_tail(p.log)}")
+            out[wid] = WorkerExit(
+                p.model, f"worker process {wid} exited with code {rc}; log {p.log}: {_tail(p.log)}"
+            )
         return out
 
     def close(self, timeout: float = 10.0) -> None:
