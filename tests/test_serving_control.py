@@ -77,7 +77,7 @@ def test_every_bad_adapter_gets_a_reason_and_the_good_one_is_placed(bus: Bus, tm
         "too-big": adapter("too-big", str(peft_dir(tmp_path, "b", r=64, lora_alpha=128))),
         "mismatch": adapter("mismatch", str(peft_dir(tmp_path, "m")), rank=16),
         "wrong-type": adapter("wrong-type", str(peft_dir(tmp_path, "w")), type="promptTuning"),
-        "s3": adapter("s3", "s3://bucket/adapter"),
+        "https": adapter("https", "https://example.com/adapter"),
         MODEL: adapter(MODEL, str(peft_dir(tmp_path, "c"))),
     }
     other = AdapterRecord(
@@ -93,7 +93,7 @@ def test_every_bad_adapter_gets_a_reason_and_the_good_one_is_placed(bus: Bus, tm
         "too-big": Reason.RANK_ABOVE_MAXIMUM,
         "mismatch": Reason.ARTIFACT_MISMATCH,
         "wrong-type": Reason.ARTIFACT_MISMATCH,
-        "s3": Reason.ARTIFACT_UNSUPPORTED_SCHEME,
+        "https": Reason.ARTIFACT_UNSUPPORTED_SCHEME,
         MODEL: Reason.NAME_CLASHES_WITH_MODEL,
     }
     assert {name: ready(cases[name])[1] for name in expected} == expected
@@ -153,7 +153,7 @@ def test_a_cluster_operator_leaves_worker_paths_to_the_workers(bus: Bus, tmp_pat
     control = ServingControl(bus, check_artifact_paths=False)
     control.add_pool("tiny-llama", MODEL, ServingSpec(max_lora_rank=32))
     remote = adapter("remote", "file:///tmp/elastune/artifacts/job/u1", rank=8)
-    cloud = adapter("cloud", "s3://bucket/adapter")
+    cloud = adapter("cloud", "https://example.com/adapter")
     control.upsert_adapter(remote)
     control.upsert_adapter(cloud)
     control.tick({"w1": worker("w1")})

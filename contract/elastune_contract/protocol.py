@@ -110,6 +110,9 @@ class ServingState(_Message):
     """The last adapter load that failed, and why (cleared by the next load that succeeds)."""
     placement_errors: dict[str, str] = Field(default_factory=dict)
     """Adapters the control plane placed here that failed to load: name -> why (LoRAAdapter status)."""
+    placement_reasons: dict[str, str] = Field(default_factory=dict)
+    """The reason of each placement error, when the worker knows it (a vocabulary constant such as
+    StorageAccessDenied); the others are AdapterLoadFailed."""
     last_request_at: float | None = None
     """Unix time the last request arrived (the control plane keeps pods that serve from going idle)."""
     utilization: float = 0.0
@@ -163,7 +166,11 @@ class PlacedAdapter(_Message):
     """An adapter the control plane wants a worker to hold (adapter placement, pulled by the worker)."""
 
     url: str
-    """The artifact (PEFT directory) as the worker resolves it: a path, file:// or pvc://claim/path."""
+    """The artifact (PEFT directory) as the worker resolves it: a path, file://, pvc://claim/path or
+    s3://bucket/prefix."""
+    secret: str | None = None
+    """For s3://: the name of the Secret (in the pool's namespace, mounted into its pods) with the
+    credentials and endpoint; only the name travels through Redis, never its content."""
     tier: str = "host"
     """device: keep it in a device slot (pinned or popular); host: keep it in host memory."""
 

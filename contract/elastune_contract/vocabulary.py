@@ -30,6 +30,8 @@ class Reason:
     VALIDATED: Final = "Validated"
     INVALID_SPEC: Final = "InvalidSpec"
     UNKNOWN_MODEL: Final = "UnknownModel"
+    # Kubernetes: the job's output (or checkpoints) could only land in a pod's ephemeral storage.
+    OUTPUT_NOT_DURABLE: Final = "OutputNotDurable"
     SPEC_CHANGE_IGNORED: Final = "SpecChangeIgnored"
     # Scheduled
     PENDING: Final = "Pending"

@@ -44,3 +44,12 @@ POOL_COLD: Final = "cold"
 # pvc://<claim>/<path> resolves to $ELASTUNE_PVC_ROOT/<claim>/<path>.
 PVC_ROOT_ENV: Final = "ELASTUNE_PVC_ROOT"
 DEFAULT_PVC_ROOT: Final = "/mnt/pvc"
+
+# s3:// artifacts: the Secret a resource names (spec.artifactSecret, spec.output.secretName) is mounted
+# read-only into the pool's worker pods at $ELASTUNE_S3_SECRETS_ROOT/<secret>/ (one file per key:
+# AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN, AWS_ENDPOINT_URL, AWS_REGION). The
+# operator never reads it: only the Secret's name travels (placement, assignment spec).
+S3_SECRETS_ROOT_ENV: Final = "ELASTUNE_S3_SECRETS_ROOT"
+DEFAULT_S3_SECRETS_ROOT: Final = "/var/run/elastune/s3"
+# Where workers cache downloaded s3:// artifacts (default: <tmp>/elastune-s3-cache).
+S3_CACHE_ENV: Final = "ELASTUNE_S3_CACHE"

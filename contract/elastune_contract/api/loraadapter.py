@@ -12,6 +12,7 @@ from elastune_contract.api.common import (
     ModelName,
     NonNegativeDecimal,
     Resource,
+    ResourceName,
     Timestamp,
 )
 from elastune_contract.api.constants import KIND_LORA_ADAPTER
@@ -31,7 +32,12 @@ class LoRAAdapterSpec(ApiModel):
                     "rule": "self.type != 'promptTuning' || !has(self.rank)",
                     "message": "rank applies to LoRA adapters only; a promptTuning artifact has none",
                     "fieldPath": ".rank",
-                }
+                },
+                {
+                    "rule": "!has(self.artifactSecret) || self.artifactURL.startsWith('s3://')",
+                    "message": "artifactSecret holds S3 credentials: it applies to an s3:// artifactURL only",
+                    "fieldPath": ".artifactSecret",
+                },
             ]
         }
     )
@@ -41,7 +47,13 @@ class LoRAAdapterSpec(ApiModel):
     # Relative paths are resolved against the manifest's directory by `elastune serve` (like datasets).
     artifact_url: DatasetUri = Field(alias="artifactURL")
     """A PEFT save_pretrained directory: an absolute path in the worker pod, file:///, pvc://<claim>/<path>
-    (a claim the WarmPool mounts), s3:// or http(s):// (refused by the workers for now: not implemented)."""
+    (a claim the WarmPool mounts) or s3://<bucket>/<prefix> (any S3-compatible endpoint; see artifactSecret).
+    http(s):// is refused by the workers (not implemented)."""
+    artifact_secret: ResourceName | None = None
+    """For an s3:// artifactURL: a Secret in this namespace with AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY and
+    optionally AWS_ENDPOINT_URL, AWS_REGION, AWS_SESSION_TOKEN (KServe's and AIBrix's keys). It is mounted
+    read-only into the WarmPool's worker pods, which download the artifact; the operator never reads it.
+    Unset: the workers' own environment (AWS_* variables, the pod's cloud identity)."""
     type: AdapterType = "lora"
     """lora: LoRA weights; promptTuning: a tuned soft prompt (virtual-token embeddings)."""
     rank: int | None = Field(default=None, ge=1, le=256)

@@ -40,6 +40,10 @@ def _crds() -> dict[str, dict[str, Any]]:
 def check(doc: Any, file: Path) -> Manifest:
     if not isinstance(doc, dict):
         return Manifest(file, {}, problems=[f"<root>: must be an object; got {type(doc).__name__}"])
+    if doc.get("kind") == "Secret" and doc.get("apiVersion") == "v1":
+        # Local mode's S3 credentials (a resource's artifactSecret / output.secretName): no CRD to check;
+        # `elastune run` and `elastune serve` hand them to their workers (local.s3_secrets).
+        return Manifest(file, doc)
     crd = _crds().get(doc.get("kind", ""))
     problems = validate_against_crd(doc, crd) if crd else [f"kind: unknown kind {doc.get('kind')!r}"]
     resource = None

@@ -99,8 +99,25 @@ class Hyperparameters(ApiModel):
 class Output(ApiModel):
     """Where the tuned prompt's artifact is stored."""
 
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {
+                    "rule": "!has(self.secretName) || (has(self.uri) && self.uri.startsWith('s3://'))",
+                    "message": "secretName holds S3 credentials: it applies to an s3:// uri only",
+                    "fieldPath": ".secretName",
+                }
+            ]
+        }
+    )
+
     uri: Uri | None = None
-    """Destination of the artifact; the operator picks one from its configuration when unset."""
+    """Destination of the artifact; the operator picks one from its configuration when unset.
+    s3://<bucket>/<prefix>: the worker uploads the PEFT directory there (any S3-compatible endpoint)."""
+    secret_name: ResourceName | None = None
+    """For an s3:// uri: a Secret in this namespace with AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY and
+    optionally AWS_ENDPOINT_URL, AWS_REGION, AWS_SESSION_TOKEN, mounted read-only into the WarmPool's worker
+    pods (the operator never reads it); a published adapter names it too. Unset: the workers' environment."""
     publish: ResourceName | None = None
     """Tune -> serve: on success the operator creates a LoRAAdapter of type promptTuning with this name,
     pointing at the artifact, and the pool's gateway serves the tuned prompt under it (the OpenAI model)."""

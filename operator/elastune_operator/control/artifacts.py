@@ -13,12 +13,11 @@ The base model is checked by the worker (shapes of the adapter's weights against
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from elastune_contract.api.constants import DEFAULT_PVC_ROOT, PVC_ROOT_ENV
+from elastune_contract import storage
 from elastune_contract.api.loraadapter import LoRAAdapterSpec
 from elastune_contract.vocabulary import Reason
 
@@ -50,15 +49,13 @@ def resolve_url(url: str, base_dir: Path | None) -> str:
 
 
 def _local_dir(url: str) -> Path | None:
-    parts = urlsplit(url)
-    if parts.scheme == "file":
-        return Path(parts.path)
-    if parts.scheme == "pvc":
-        root = Path(os.environ.get(PVC_ROOT_ENV, DEFAULT_PVC_ROOT))
-        return root / parts.netloc / parts.path.lstrip("/") if root.is_dir() else None
-    if parts.scheme == "":
-        return Path(url)
-    return None
+    """The artifact's directory as this process sees it (the one resolver of pvc://, as the workers');
+    None where it cannot: a claim root this process does not mount, or a scheme without a path.
+    ValueError for a malformed URI."""
+    loc = storage.parse(url)
+    if not loc.is_local or (loc.scheme == storage.PVC and not storage.pvc_root().is_dir()):
+        return None
+    return storage.local_path(loc)
 
 
 def inspect(
@@ -76,7 +73,10 @@ def inspect(
             f"{scheme}:// artifacts are not implemented by the workers yet; put the PEFT directory on a "
             "PersistentVolumeClaim the WarmPool mounts and use pvc://<claim>/<path>",
         )
-    local = _local_dir(url)
+    try:
+        local = _local_dir(url)
+    except ValueError as exc:  # path traversal, a claim name pvc:// cannot address
+        return Problem(Reason.INVALID_SPEC, f"artifactURL: {exc}")
     if not check_paths and scheme in ("", "file"):
         local = None
     if local is None:  # a claim mounted only in the worker pods: their load checks it

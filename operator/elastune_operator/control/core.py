@@ -21,8 +21,8 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from pathlib import Path
 
+from elastune_contract import storage
 from elastune_contract.api import units
 from elastune_contract.api.loraadapter import LoRAAdapterSpec
 from elastune_contract.api.tuningjob import PromptBankMode
@@ -527,7 +527,8 @@ class ControlCore:
         job.attempt += 1
         job.workers = workers
         world = len(workers)
-        ckpt = Path(self.settings.work_dir) / "checkpoints" / job.key / job.uid
+        root = job.checkpoint_root or storage.join(str(self.settings.work_dir), "checkpoints", job.key)
+        ckpt = storage.join(root, job.uid)  # the workers resolve a pvc:// URI to their mount of it
         pb = job.status.prompt_bank
         # The first attempt looks the prompt up (if the budget allowed it); retries reuse its pick.
         bank_mode: PromptBankMode = "never"
@@ -549,7 +550,7 @@ class ControlCore:
                     channel_url=self.settings.channel_url,
                     comm_job=f"{job.key.replace('/', '.')}.{job.uid}.a{job.attempt}",
                     collective_timeout_s=self.settings.collective_timeout_s,
-                    checkpoint_dir=str(ckpt),
+                    checkpoint_dir=ckpt,
                     artifact_dir=job.artifact_dir,
                     eval_every=self.settings.eval_every,
                     checkpoint_every=self.settings.checkpoint_every,

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import os
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from urllib.parse import urlsplit
 
+from elastune_contract import storage
 from elastune_contract.api import units
+from elastune_contract.api.constants import DEFAULT_PVC_ROOT
 from elastune_contract.api.tuningjob import TuningJob, TuningJobStatus
-from elastune_contract.api.warmpool import ServingSpec, WarmPool
+from elastune_contract.api.warmpool import ServingSpec, VolumeMount, WarmPool
 from elastune_operator.control.records import JobRecord, PoolConfig
 
 #: Estimator defaults before a pool has a measured profile (the tiny model warms up in seconds once
@@ -24,24 +27,89 @@ def _name(name: str | None) -> str:
     return name
 
 
-def artifact_dir(job: TuningJob, root: Path) -> Path:
-    """Where the job's tuned prompt goes: spec.output.uri, or ``root/artifacts/<ns>/<name>``.
-    ``pvc://claim/path`` is ``root/volumes/claim/path`` (the claim mounted there). ValueError for a
-    scheme no worker can write yet."""
+def artifact_location(job: TuningJob, default_root: str) -> str:
+    """Where the job's tuned prompt goes, as the workers are told: spec.output.uri, or
+    ``<default_root>/artifacts/<ns>/<name>`` (a path or pvc:// URI). ValueError for a malformed URI
+    (path traversal, a bad claim name) or a scheme no worker can write yet."""
     ns = job.metadata.namespace or "default"
     uri = job.spec.output.uri if job.spec.output else None
     if not uri:
-        return root / "artifacts" / ns / _name(job.metadata.name)
-    parts = urlsplit(uri)
-    if parts.scheme == "" and uri.startswith("/"):
-        return Path(uri)
-    if parts.scheme == "file":
-        return Path(parts.path)
-    if parts.scheme == "pvc":
-        return root / "volumes" / parts.netloc / parts.path.lstrip("/")
-    raise ValueError(
-        f"spec.output.uri {uri!r}: {parts.scheme}:// outputs are not supported yet; "
-        "leave output unset, or use a path, file:// or pvc:// URI"
+        return storage.join(default_root, "artifacts", ns, _name(job.metadata.name))
+    loc = storage.parse(uri)
+    if not loc.is_local or (loc.scheme == "" and not uri.startswith("/")):
+        raise ValueError(
+            f"spec.output.uri {uri!r}: {loc.scheme or 'relative'} outputs are not supported yet; "
+            "leave output unset, or use an absolute path, file:// or pvc:// URI"
+        )
+    return str(loc)
+
+
+def artifact_dir(job: TuningJob, root: Path) -> Path:
+    """Local mode: the job's artifact directory on this machine, ``root`` the state dir, which also
+    stands in for the claims (``pvc://claim/path`` is ``root/volumes/claim/path``)."""
+    return storage.local_path(artifact_location(job, str(root)), root=root / "volumes")
+
+
+class OutputNotDurable(ValueError):
+    """On Kubernetes the job's artifact could only land in a pod's ephemeral storage."""
+
+
+@dataclass(frozen=True)
+class DurableStorage:
+    artifact: str
+    """pvc:// URI the workers write the artifact to (and the status publishes)."""
+    checkpoints: str
+    """pvc:// URI of the job's checkpoint root (the core appends the job's uid)."""
+
+
+def durable_storage(job: TuningJob, pool: WarmPool) -> DurableStorage:
+    """Kubernetes: the job's artifact and checkpoints on claims every pod of ``pool`` mounts — its
+    jobStorage volume (under elastune/), else the claim of spec.output.uri. A file:// or plain output
+    path is accepted only on one of the pool's mounts and is published as the pvc:// URI it is.
+    OutputNotDurable when the artifact could only land in a pod's ephemeral storage; ValueError for
+    other unusable outputs."""
+    ns, name = job.metadata.namespace or "default", _name(job.metadata.name)
+    volumes = {v.claim_name: v for v in pool.spec.volumes or []}
+    jobs_volume = pool.spec.job_storage
+    pool_name = _name(pool.metadata.name)
+    default = storage.pvc_uri(jobs_volume.claim_name, "elastune") if jobs_volume else None
+    uri = job.spec.output.uri if job.spec.output else None
+    if not uri and default is None:
+        raise OutputNotDurable(
+            f"no spec.output.uri and WarmPool {pool_name} declares no jobStorage volume: the artifact "
+            "would only be written to a worker pod's ephemeral storage; set spec.output.uri to "
+            "pvc://<claim>/<path> on a claim the pool mounts, or mark one of its volumes jobStorage: true"
+        )
+    loc = storage.parse(artifact_location(job, default or "/"))
+    if loc.scheme in ("", storage.FILE):
+        loc = storage.parse(_on_a_claim(loc.path, volumes, pool_name))
+    if loc.scheme != storage.PVC:
+        raise ValueError(f"spec.output.uri {uri!r}: {loc.scheme}:// outputs are not supported yet")
+    volume = volumes.get(loc.authority)
+    if volume is None:
+        raise OutputNotDurable(
+            f"spec.output.uri {uri}: claim {loc.authority} is not among the volumes of {pool_name}, "
+            "so its pods would write into their own ephemeral storage; add it to spec.volumes"
+        )
+    if volume.read_only:
+        raise ValueError(f"spec.output.uri {uri}: claim {loc.authority} is mounted readOnly")
+    claim = jobs_volume.claim_name if jobs_volume else loc.authority
+    return DurableStorage(str(loc), storage.pvc_uri(claim, f"elastune/checkpoints/{ns}/{name}"))
+
+
+def _on_a_claim(path: str, volumes: dict[str, VolumeMount], pool_name: str) -> str:
+    """A pod path on one of the pool's mounts as its pvc:// URI; OutputNotDurable elsewhere."""
+    target = os.path.normpath(path)
+    for claim, v in volumes.items():
+        for mount in (f"{DEFAULT_PVC_ROOT}/{claim}", v.mount_path):
+            if not mount:
+                continue
+            rel = os.path.relpath(target, os.path.normpath(mount))
+            if rel != ".." and not rel.startswith("../"):
+                return storage.pvc_uri(claim, "" if rel == "." else rel)
+    raise OutputNotDurable(
+        f"spec.output.uri {path} is on no volume of WarmPool {pool_name} (claims mount at "
+        f"{DEFAULT_PVC_ROOT}/<claim>): it would be lost with the pod; use pvc://<claim>/<path>"
     )
 
 
@@ -64,7 +132,7 @@ def pool_config(wp: WarmPool, cap: int | None = None) -> PoolConfig:
     )
 
 
-def job_record(job: TuningJob, *, created: float | None, dataset: str, artifact: Path) -> JobRecord:
+def job_record(job: TuningJob, *, created: float | None, dataset: str, artifact: Path | str) -> JobRecord:
     """A JobRecord carrying the resource's identity and persisted status (so a restart resumes)."""
     meta = job.metadata
     if created is None:

@@ -267,9 +267,9 @@ class ServingControl:
                 # An in-use adapter that is no longer wanted (being deleted) stays in the placement but
                 # has no record: it is left out, and the worker's unload waits for its requests.
                 for name in sorted(placement.device.get(wid, frozenset()) & by_name.keys()):
-                    share[name] = PlacedAdapter(url=by_name[name].url, tier="device")
+                    share[name] = _placed(by_name[name], "device")
                 for name in sorted(placement.host.get(wid, frozenset()) & by_name.keys()):
-                    share.setdefault(name, PlacedAdapter(url=by_name[name].url, tier="host"))
+                    share.setdefault(name, _placed(by_name[name], "host"))
             if self._placed.get(wid) != share:
                 self.bus.set_placement(wid, share)
                 self._placed[wid] = share
@@ -278,6 +278,7 @@ class ServingControl:
     def _report(self, rec: AdapterRecord, workers: dict[str, WorkerRecord]) -> None:
         holders: list[Holder] = []
         errors: list[str] = []
+        reasons: set[str] = set()
         for wid, w in sorted(workers.items()):
             if w.serving is None:
                 continue
@@ -286,11 +287,14 @@ class ServingControl:
                     holders.append(Holder(wid, "device" if a.tier == "device" else "host", a.load_seconds))
             if rec.name in w.serving.placement_errors:
                 errors.append(f"{wid}: {w.serving.placement_errors[rec.name]}")
+                reasons.add(w.serving.placement_reasons.get(rec.name, Reason.ADAPTER_LOAD_FAILED))
         problem = rec.problem
         if problem is None and errors and not holders:
             # The worker's load is the check the control plane could not make (a claim only pods mount,
             # another base model's shapes): the same kind of condition, in the worker's words.
-            problem = artifacts.Problem(Reason.ADAPTER_LOAD_FAILED, "; ".join(errors))
+            # The worker's own reason (StorageAccessDenied...) when every pod that tried agrees on it.
+            reason = reasons.pop() if len(reasons) == 1 else Reason.ADAPTER_LOAD_FAILED
+            problem = artifacts.Problem(reason, "; ".join(errors))
         self._set_status(rec, holders, problem)
 
     def _set_status(
@@ -354,3 +358,8 @@ class Holder:
     pod: str
     tier: Literal["device", "host"]
     load_seconds: float | None
+
+
+def _placed(rec: AdapterRecord, tier: str) -> PlacedAdapter:
+    """What a worker is told to hold: the artifact and, for s3://, only the NAME of its Secret."""
+    return PlacedAdapter(url=rec.url, tier=tier, secret=rec.spec.artifact_secret)

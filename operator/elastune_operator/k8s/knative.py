@@ -31,7 +31,13 @@ import urllib3
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from elastune_contract.api.constants import DEFAULT_PVC_ROOT, GROUP, LABEL_MODEL, LABEL_WARM_POOL
+from elastune_contract.api.constants import (
+    DEFAULT_PVC_ROOT,
+    GROUP,
+    LABEL_MODEL,
+    LABEL_WARM_POOL,
+    PVC_ROOT_ENV,
+)
 from elastune_contract.api.warmpool import WarmPool
 from elastune_operator.control.backend import WorkerExit
 from elastune_operator.control.resources import worker_serving_args
@@ -82,6 +88,8 @@ def service_manifest(
         {"name": "ELASTUNE_MODEL", "value": spec.model},
         {"name": "ELASTUNE_REDIS_URL", "value": redis_url},
         {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+        # Where pod_volumes mounts the claims; fixed so worker.env cannot move pvc:// elsewhere.
+        {"name": PVC_ROOT_ENV, "value": DEFAULT_PVC_ROOT},
     ]
     if redis_secret:
         env.append(
@@ -170,8 +178,10 @@ def pod_volumes(pool: WarmPool) -> tuple[list[dict[str, Any]], list[dict[str, An
         volumes.append(
             {"name": vol, "persistentVolumeClaim": {"claimName": v.claim_name, "readOnly": v.read_only}}
         )
-        path = v.mount_path or f"{DEFAULT_PVC_ROOT}/{v.claim_name}"
-        mounts.append({"name": vol, "mountPath": path, "readOnly": v.read_only})
+        # Always where pvc://<claim>/... resolves; mountPath only adds a second mount of the claim.
+        for path in dict.fromkeys([f"{DEFAULT_PVC_ROOT}/{v.claim_name}", v.mount_path or ""]):
+            if path:
+                mounts.append({"name": vol, "mountPath": path, "readOnly": v.read_only})
     return volumes, mounts
 
 

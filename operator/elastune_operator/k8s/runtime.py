@@ -45,7 +45,14 @@ from elastune_contract.protocol import PASSWORD_ENV, Bus
 from elastune_contract.vocabulary import ConditionType, Reason
 from elastune_operator.control.core import ControlCore
 from elastune_operator.control.records import CoreSettings, JobRecord
-from elastune_operator.control.resources import artifact_dir, job_record, pool_config
+from elastune_operator.control.lifecycle import is_terminal
+from elastune_operator.control.resources import (
+    OutputNotDurable,
+    artifact_location,
+    durable_storage,
+    job_record,
+    pool_config,
+)
 from elastune_operator.control.serving import AdapterRecord
 from elastune_operator.k8s.knative import KnativeBackend
 from elastune_operator.k8s.pod_status import PodFailureRules
@@ -207,7 +214,7 @@ class Runtime:
         try:
             job = parse_resource(body)
             assert isinstance(job, TuningJob)
-            artifact = artifact_dir(job, self.settings.work_dir)
+            artifact = artifact_location(job, str(self.settings.work_dir))
         except (InvalidResource, ValueError) as exc:
             # Passed the CRD schema but not the model (e.g. a CEL rule the apiserver did not check).
             errors = exc.errors if isinstance(exc, InvalidResource) else [str(exc)]
@@ -216,10 +223,34 @@ class Runtime:
         rec = job_record(job, created=None, dataset=job.spec.dataset, artifact=artifact)
         if job.spec.model not in self.core.pools:
             self._refresh_pools()  # a WarmPool applied together with the job may not be handled yet
+
+        def submit() -> None:
+            if self._place_storage(job, rec, meta):
+                self.core.submit(rec)
+
         # Fire and forget: the core thread takes it in its next round (a round is 50 ms); blocking kopf's
         # handler threads on it would serialise a burst of creations behind the rounds.
-        self.call(lambda: self.core.submit(rec))
+        self.call(submit)
         log.info("submitted %s", key)
+
+    def _place_storage(self, job: TuningJob, rec: JobRecord, meta: dict[str, Any]) -> bool:
+        """In the core thread: the job's artifact and checkpoints on its pool's durable claims
+        (``durable_storage``), or the job refused with the reason (False). Nothing in a pod's filesystem
+        outlives the pod; a job that already ended keeps its status, and one whose model no pool serves
+        is failed by the core (UnknownModel)."""
+        cfg = self.core.pools.get(job.spec.model)
+        mine = {(cfg.name, cfg.model)} if cfg else set()
+        pool = next((p for p in self._pools.values() if (p.metadata.name, p.spec.model) in mine), None)
+        if pool is None or is_terminal(rec):
+            return True
+        try:
+            placed = durable_storage(job, pool)
+        except ValueError as exc:
+            reason = Reason.OUTPUT_NOT_DURABLE if isinstance(exc, OutputNotDurable) else Reason.INVALID_SPEC
+            self._fail_invalid(meta, str(exc), reason)
+            return False
+        rec.artifact_dir, rec.checkpoint_root = placed.artifact, placed.checkpoints
+        return True
 
     def cancel_job(self, key: str) -> None:
         self.call(lambda: self.core.cancel(key), wait=30)
@@ -415,21 +446,25 @@ class Runtime:
         except ApiException as exc:  # events are best effort
             log.debug("event not posted: %s", exc.reason)
 
-    def _fail_invalid(self, meta: dict[str, Any], message: str) -> None:
+    def _fail_invalid(self, meta: dict[str, Any], message: str, reason: str = Reason.INVALID_SPEC) -> None:
+        """Refused at validation: Accepted=False, Succeeded=False and Failed=True with ``reason``."""
         ns, name = meta.get("namespace"), meta.get("name")
         stamp = units.format_timestamp(datetime.now(UTC))
         cond = {
             "type": ConditionType.SUCCEEDED,
             "status": "False",
-            "reason": Reason.INVALID_SPEC,
+            "reason": reason,
             "message": message[:32768],
             "lastTransitionTime": stamp,
             "observedGeneration": meta.get("generation"),
         }
         failed = {**cond, "type": ConditionType.FAILED, "status": "True"}
-        body = {"status": {"conditions": [cond, failed], "observedGeneration": meta.get("generation")}}
+        accepted = {**cond, "type": ConditionType.ACCEPTED}
+        body = {
+            "status": {"conditions": [accepted, cond, failed], "observedGeneration": meta.get("generation")}
+        }
         self.api.patch_namespaced_custom_object_status(GROUP, VERSION, ns, PLURAL_TUNING_JOBS, name, body)
-        self._event(ns, name, "TuningJob", Reason.INVALID_SPEC, message, True, meta.get("uid", ""))
+        self._event(ns, name, "TuningJob", reason, message, True, meta.get("uid", ""))
 
     def _flush_pools(self) -> None:
         st = self.core.state

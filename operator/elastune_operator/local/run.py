@@ -36,6 +36,7 @@ from elastune_operator.control.resources import (
     job_record,
     pool_config,
 )
+from elastune_operator.local import s3_secrets
 from elastune_operator.local.backend import LocalBackend
 from elastune_operator.scheduling.policy import PolicyName
 
@@ -208,7 +209,7 @@ def run(opts: RunOptions, out: TextIO = sys.stdout, err: TextIO = sys.stderr) ->
         elif channel_url == "memcached":
             servers.append(start_memcached(tmp / "memcached", "-I", "8m", "-m", "256"))
             channel_url = servers[-1].url
-        backend = LocalBackend(state_dir, redis_url)
+        backend = LocalBackend(state_dir, redis_url, extra_env=s3_secrets.worker_env(opts.files, state_dir))
         settings = CoreSettings(
             cold_capacity=opts.workers,
             channel_url=channel_url,

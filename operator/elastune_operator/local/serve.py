@@ -33,6 +33,7 @@ from elastune_operator.control.core import ControlCore
 from elastune_operator.control.records import CoreSettings, JobRecord
 from elastune_operator.control.resources import artifact_dir, job_record, pool_config, worker_serving_args
 from elastune_operator.control.serving import AdapterRecord
+from elastune_operator.local import s3_secrets
 from elastune_operator.local.backend import LocalBackend
 from elastune_operator.local.run import RunError, connect_bus, install_stop, resolve_dataset
 
@@ -137,7 +138,8 @@ def serve(opts: ServeOptions, out: TextIO = sys.stdout, err: TextIO = sys.stderr
     tmp = Path(tempfile.mkdtemp(prefix="servers-", dir=state_dir))
     try:
         redis_url, bus = connect_bus(opts.redis_url, tmp, servers)
-        backend = LocalBackend(state_dir, redis_url)
+        s3_env = s3_secrets.worker_env(_manifest_files(opts.files), state_dir)
+        backend = LocalBackend(state_dir, redis_url, extra_env=s3_env)
         configs = [pool_config(wp, opts.workers) for wp in pools]
         for wp, cfg in zip(pools, configs, strict=True):
             backend.pool_args[cfg.name] = worker_serving_args(wp.spec.serving)

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from elastune_contract import storage
 from elastune_contract.api.tuningjob import TuningJobSpec
 from elastune_contract.protocol import (
     HEARTBEAT_SECONDS,
@@ -217,6 +218,8 @@ class Agent:
             raise _Fail(
                 INVALID_ASSIGNMENT, f"job needs model {a.model!r}, this worker holds {self.cfg.model!r}"
             )
+        published = _published_uri(a.artifact_dir)
+        a = _with_local_paths(a)
         try:
             spec = TuningJobSpec.model_validate(a.spec)
         except ValueError as exc:
@@ -246,7 +249,7 @@ class Agent:
             call = self._engine_call()
             assert call is not None
             try:
-                self._coserve(a, call, cfg, train, evals, bank_report, cancelled)
+                self._coserve(a, call, cfg, train, evals, bank_report, cancelled, published)
                 return
             except CoServeRefused as exc:
                 log.warning(
@@ -336,7 +339,7 @@ class Agent:
                 metrics=result.metrics,
                 reason=result.termination_reason,
                 prompt=projection[0] if projection else None,
-                artifact=str(Path(a.artifact_dir).resolve()),
+                artifact=published or str(Path(a.artifact_dir).resolve()),
             )
         )
 
@@ -349,6 +352,7 @@ class Agent:
         evals: list,
         bank_report: Any,
         cancelled: Callable[[], bool],
+        published: str | None = None,
     ) -> None:
         """The assignment inside the serving engine's iterations (serving.coserve_task): started, polled
         for progress, checkpoints and cancellation every poll, finished with the artifact."""
@@ -400,7 +404,7 @@ class Agent:
             self._event(
                 a, "succeeded", iterations=r.iterations, checkpointed=r.iterations, metric=r.metric,
                 value=r.value, metrics=r.metrics, reason=r.termination_reason, prompt=r.prompt,
-                artifact=r.artifact,
+                artifact=published or r.artifact,
             )
         )  # fmt: skip
 
@@ -440,6 +444,27 @@ class Agent:
                 f"{context} positions for the input and target; use fewer virtual tokens",
             )
         return min(default, room)
+
+
+def _with_local_paths(a: Assignment) -> Assignment:
+    """The assignment with its checkpoint and artifact locations as paths in this pod: a pvc:// URI is
+    the claim's mount, through the one resolver the adapter loader (serving.lora.storage) reads by."""
+    try:
+        ckpt, out = (str(storage.local_path(u)) for u in (a.checkpoint_dir, a.artifact_dir))
+    except ValueError as exc:
+        raise _Fail(INVALID_ASSIGNMENT, f"checkpoint or artifact location: {exc}") from exc
+    return a.model_copy(update={"checkpoint_dir": ckpt, "artifact_dir": out})
+
+
+def _published_uri(location: str) -> str | None:
+    """What the succeeded event reports for an artifact written to ``location``: a storage URI as given
+    (pvc://: readable from any pod that mounts the claim, unlike this pod's path); None for a path or
+    file:// URI (the path written is reported, as before)."""
+    try:
+        loc = storage.parse(location)
+    except ValueError:
+        return None
+    return None if loc.scheme in ("", storage.FILE) else str(loc)
 
 
 class _Fail(Exception):

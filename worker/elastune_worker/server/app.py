@@ -205,6 +205,7 @@ def main(argv: list[str] | None = None) -> int:
             return None
         state = client.serving_state()
         state.placement_errors = dict(placement.errors)
+        state.placement_reasons = dict(placement.reasons)
         for adapter in state.adapters:
             adapter.load_seconds = placement.load_seconds.get(adapter.name)
         return state

@@ -7,21 +7,26 @@ loaded are ever unloaded here (one a user loaded by hand stays), and an adapter 
 use is unloaded on a later heartbeat, when they are done (the engine refuses it until then).
 
 A failed load is kept with its message (``errors``, published in ``ServingState.placement_errors``) and
-not retried until the placement names another URL for it: the operator turns it into the LoRAAdapter's
-``Ready=False`` reason.
+not retried until the placement names another URL for it — except a storage failure (s3://: a Secret
+or object missing, an endpoint down), retried every STORAGE_RETRY_SECONDS: the operator turns it into
+the LoRAAdapter's ``Ready=False`` reason (``placement_reasons``: StorageAccessDenied and the like). An
+s3:// artifact is downloaded here, with the Secret the placement names, before the engine loads it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from collections.abc import Callable
 from typing import Any
 
 from elastune_contract.protocol import Bus, PlacedAdapter
+from elastune_worker.storage import s3
 
 log = logging.getLogger("elastune.worker")
+STORAGE_RETRY_SECONDS = 30.0
 
 
 class AdapterSync:
@@ -33,6 +38,10 @@ class AdapterSync:
         self.managed: dict[str, str] = {}
         """Adapters this sync loaded: name -> the URL it loaded them from."""
         self.errors: dict[str, str] = {}
+        self.reasons: dict[str, str] = {}
+        """The reason of an error when it has one (StorageError's): ServingState.placement_reasons."""
+        self.retry_at: dict[str, float] = {}
+        """Storage failures are retried (a Secret or object created, an endpoint back); others are not."""
         self.failed_urls: dict[str, str] = {}
         self.load_seconds: dict[str, float] = {}
 
@@ -45,7 +54,10 @@ class AdapterSync:
         for name in sorted(set(self.managed) - set(desired)):
             self._unload(client, name)
         for name, placed in desired.items():
-            if self.managed.get(name) == placed.url or self.failed_urls.get(name) == placed.url:
+            if self.managed.get(name) == placed.url:
+                continue
+            failed = self.failed_urls.get(name) == placed.url
+            if failed and time.monotonic() < self.retry_at.get(name, math.inf):
                 continue
             if name in self.managed:  # the artifact moved: load the new one in its place
                 self._unload(client, name)
@@ -54,20 +66,30 @@ class AdapterSync:
             self._load(client, name, placed)
         for name in set(self.errors) - set(desired):
             self.errors.pop(name, None)
+            self.reasons.pop(name, None)
+            self.retry_at.pop(name, None)
             self.failed_urls.pop(name, None)
 
     def _load(self, client: Any, name: str, placed: PlacedAdapter) -> None:
         t0 = time.perf_counter()
         try:
-            asyncio.run(client.load_lora(name, placed.url))
+            path = placed.url
+            if s3.is_s3(path):  # downloaded here, with the Secret the placement names, into the cache
+                path = str(s3.download(path, placed.secret))
+            asyncio.run(client.load_lora(name, path))
         except Exception as exc:  # AdapterError and the like: the operator reports it on the resource
             self.errors[name] = str(exc)
+            if isinstance(exc, s3.StorageError):
+                self.reasons[name] = exc.reason
+                self.retry_at[name] = time.monotonic() + STORAGE_RETRY_SECONDS
             self.failed_urls[name] = placed.url
             log.warning("placed adapter %s did not load from %s: %s", name, placed.url, exc)
             return
         self.load_seconds[name] = time.perf_counter() - t0
         self.managed[name] = placed.url
         self.errors.pop(name, None)
+        self.reasons.pop(name, None)
+        self.retry_at.pop(name, None)
         self.failed_urls.pop(name, None)
         log.info("placed adapter %s loaded from %s in %.2f s", name, placed.url, self.load_seconds[name])
 

@@ -8,25 +8,22 @@ PersistentVolumeClaim mounted into the worker pod at ``$ELASTUNE_PVC_ROOT/<claim
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
-from urllib.parse import urlsplit
-
-from elastune_contract.api.constants import DEFAULT_PVC_ROOT, PVC_ROOT_ENV
+from elastune_contract import storage
 from elastune_worker.serving.lora.weights import AdapterError
 
 
 def resolve_artifact(url: str) -> str:
-    """A local directory for ``url``, or AdapterError naming what is wrong."""
-    parts = urlsplit(url)
-    if parts.scheme in ("", "file"):
-        path = Path(parts.path if parts.scheme == "file" else url).expanduser()
-    elif parts.scheme == "pvc":
-        root = Path(os.environ.get(PVC_ROOT_ENV, DEFAULT_PVC_ROOT))
-        path = root / parts.netloc / parts.path.lstrip("/")
-    elif parts.scheme in ("s3", "http", "https"):
+    """A local directory for ``url`` (pvc:// through the one resolver, as the tuner wrote it), or
+    AdapterError naming what is wrong."""
+    try:
+        loc = storage.parse(url)
+    except ValueError as exc:
+        raise AdapterError(f"adapter location {exc}") from exc
+    if loc.is_local:
+        path = storage.local_path(loc)
+    elif loc.scheme in ("s3", "http", "https"):
         raise AdapterError(
-            f"{parts.scheme}:// adapter artifacts are not supported yet; put the PEFT directory on a volume "
+            f"{loc.scheme}:// adapter artifacts are not supported yet; put the PEFT directory on a volume "
             "(pvc://claim/path) or a local path"
         )
     else:

@@ -1,0 +1,1 @@
+"""Artifact storage the worker reads and writes itself (s3://); volumes (pvc://, paths) need no code here."""
