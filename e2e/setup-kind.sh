@@ -49,7 +49,8 @@ k patch configmap/config-domain -n knative-serving --type merge -p '{"data":{"ex
 # Knative rejects those pod-spec fields unless the features are on.
 k patch configmap/config-features -n knative-serving --type merge -p '{"data":{
   "kubernetes.podspec-nodeselector":"enabled","kubernetes.podspec-tolerations":"enabled",
-  "kubernetes.podspec-affinity":"enabled","kubernetes.podspec-fieldref":"enabled"}}'
+  "kubernetes.podspec-affinity":"enabled","kubernetes.podspec-fieldref":"enabled",
+  "kubernetes.podspec-persistent-volume-claim":"enabled","kubernetes.podspec-persistent-volume-write":"enabled"}}'
 # min-scale 0 with initial-scale 0: an empty warm pool starts no pod.
 k patch configmap/config-autoscaler -n knative-serving --type merge \
   -p '{"data":{"allow-zero-initial-scale":"true"}}'
@@ -64,6 +65,15 @@ docker build -f docker/operator.Dockerfile -t "$OPERATOR_IMAGE" .
 docker build -f docker/worker.Dockerfile --build-arg TORCH_INDEX=https://download.pytorch.org/whl/cpu \
   -t "$WORKER_IMAGE" .
 kind load docker-image --name "$CLUSTER" "$OPERATOR_IMAGE" "$WORKER_IMAGE"
+
+echo "== the claim the example WarmPools keep checkpoints and tuned prompts on (jobStorage)"
+# ReadWriteMany on a real cluster; kind's local-path class only has ReadWriteOnce, enough on one node.
+k apply -f - <<EOF
+apiVersion: v1
+kind: PersistentVolumeClaim
+metadata: {name: elastune-artifacts, namespace: $NAMESPACE}
+spec: {accessModes: [ReadWriteOnce], resources: {requests: {storage: 1Gi}}}
+EOF
 
 echo "== Elastune chart"
 "$HELM" upgrade --install elastune helm/elastune --namespace "$NAMESPACE" --create-namespace \

@@ -116,14 +116,21 @@ def test_serving_section_becomes_engine_flags_and_claims_become_mounts() -> None
         {"name": "pvc-0", "persistentVolumeClaim": {"claimName": "adapters", "readOnly": True}},
         {"name": "pvc-1", "persistentVolumeClaim": {"claimName": "checkpoints", "readOnly": False}},
     ]
-    # pvc://adapters/<path> resolves under /mnt/pvc/adapters in the worker.
+    # pvc://<claim>/<path> resolves under /mnt/pvc/<claim> in the worker: every claim is mounted there,
+    # and a mountPath only adds a second mount of it.
     assert container["volumeMounts"] == [
         {"name": "pvc-0", "mountPath": "/mnt/pvc/adapters", "readOnly": True},
+        {"name": "pvc-1", "mountPath": "/mnt/pvc/checkpoints", "readOnly": False},
         {"name": "pvc-1", "mountPath": "/tmp/elastune", "readOnly": False},
     ]
+    assert {"name": "ELASTUNE_PVC_ROOT", "value": "/mnt/pvc"} in container["env"]
     plain = yaml.safe_load((REPO / "manifests" / "warmpool.yaml").read_text())
     bare = service_manifest(parse_resource(plain), 0, "redis://r:6379/0", None)["spec"]["template"]["spec"]
-    assert bare["containers"][0]["args"] == ["serve"] and "volumes" not in bare
+    assert bare["containers"][0]["args"] == ["serve"]
+    # The example pool keeps checkpoints and tuned prompts on its jobStorage claim, where pvc:// resolves.
+    assert bare["containers"][0]["volumeMounts"] == [
+        {"name": "pvc-0", "mountPath": "/mnt/pvc/elastune-artifacts", "readOnly": False}
+    ]
 
 
 def test_the_redis_secret_is_copied_into_each_pool_namespace(tmp_path: Path) -> None:

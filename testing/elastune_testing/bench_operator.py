@@ -65,7 +65,12 @@ def run(jobs: int, json_path: Path | None, timeout: float) -> dict[str, Any]:
             "apiVersion": f"{GROUP}/{VERSION}",
             "kind": "WarmPool",
             "metadata": {"name": "bench", "namespace": NS},
-            "spec": {"model": "bench/model", "maxWarmGPUs": 8},
+            # A jobStorage claim: without one the jobs (no output.uri) are refused as OutputNotDurable.
+            "spec": {
+                "model": "bench/model",
+                "maxWarmGPUs": 8,
+                "volumes": [{"claimName": "bench", "jobStorage": True}],
+            },
         }
         api.create_namespaced_custom_object(GROUP, VERSION, NS, "warmpools", pool)
         deadline = time.monotonic() + 60

@@ -30,7 +30,7 @@ from kubernetes import client, config  # noqa: E402
 from kubernetes.client.rest import ApiException  # noqa: E402
 from test_tuning import TASK, TEST_SPEC  # noqa: E402 - the small model and task of the tuning tests
 
-from elastune_contract.api.constants import GROUP, VERSION  # noqa: E402
+from elastune_contract.api.constants import GROUP, PVC_ROOT_ENV, VERSION  # noqa: E402
 from elastune_contract.protocol import Bus  # noqa: E402
 from elastune_contract.servers import free_port  # noqa: E402
 from elastune_operator.k8s.knative import KNATIVE_GROUP, KNATIVE_PLURAL, KNATIVE_VERSION, MIN_SCALE  # noqa: E402
@@ -63,7 +63,11 @@ class Cluster:
         self.core = client.CoreV1Api(self.api_client)
         self.namespace = f"it{time.time_ns()}"
         self.bus = Bus(redis_url, self.namespace)
-        self.backend = LocalBackend(tmp / "workers", redis_url, self.namespace)
+        # The pool's claims (pvc://<claim>/...), shared by every "pod" as a ReadWriteMany volume would be.
+        self.pvc_root = tmp / "pvc"
+        self.backend = LocalBackend(
+            tmp / "workers", redis_url, self.namespace, extra_env={PVC_ROOT_ENV: str(self.pvc_root)}
+        )
         self.standin = KnativeStandIn(self.api_client, self.bus, self.backend)
         self.standin.start()
         self.operator: subprocess.Popen[bytes] | None = None
@@ -82,6 +86,7 @@ class Cluster:
             "ELASTUNE_WORK_DIR": str(self.tmp / "work"),
             "ELASTUNE_METRICS_PORT": str(self.metrics_port),
             "ELASTUNE_COLD_POOL_GPUS": "2",
+            PVC_ROOT_ENV: str(self.pvc_root),  # the operator sees the claims too (artifact checks)
         }
         log = (self.tmp / f"operator-{self.starts}.log").open("wb")
         cmd = [sys.executable, "-m", "elastune_operator.cli", "operator", "--standalone", "--all-namespaces"]
@@ -178,6 +183,8 @@ def warm_pool(model: Path, idle: str = "60s") -> dict:
             "maxWarmGPUs": 2,
             "idleWindow": idle,
             "profile": {"coldStartSeconds": 10, "secondsPerIteration": "0.2"},
+            # Checkpoints and default artifacts on a claim every pod mounts, not in a pod's /tmp.
+            "volumes": [{"claimName": "work", "jobStorage": True}],
         },
     }
 
@@ -220,8 +227,9 @@ def test_pool_and_jobs_run_on_workers_delete_releases_and_scale_down_spares_busy
         assert job is not None
         st = job["status"]
         assert cluster.condition(name, "Succeeded")["status"] == "True", (st, cluster.operator_log()[-3000:])
-        assert st["iterations"] == 30 and st["optimizedPrompt"] and st["artifactURI"].startswith("file://")
-        assert Path(st["artifactURI"].removeprefix("file://"), "adapter_config.json").is_file()
+        assert st["iterations"] == 30 and st["optimizedPrompt"]
+        assert st["artifactURI"] == f"pvc://work/elastune/artifacts/{NS}/{name}"
+        assert (cluster.pvc_root / "work/elastune/artifacts" / NS / name / "adapter_config.json").is_file()
         types = {c["type"]: c for c in st["conditions"]}
         assert {"Accepted", "Scheduled", "Running", "Succeeded"} <= set(types)
         assert all(c["observedGeneration"] == 1 for c in st["conditions"])

@@ -103,6 +103,7 @@ def test_scale_from_zero_adapters_publish_delete_and_restart_through_the_operato
                 "maxWarmGPUs": 2,
                 "idleWindow": "600s",
                 "serving": {"minReplicas": 0, "holdTimeout": "180s", "maxLoras": 2, "maxLoraRank": 32},
+                "volumes": [{"claimName": "work", "jobStorage": True}],  # the published prompt goes there
             },
         },
     )
@@ -185,6 +186,8 @@ def test_scale_from_zero_adapters_publish_delete_and_restart_through_the_operato
     assert (owner["kind"], owner["name"]) == ("TuningJob", "author")
     assert published["metadata"]["labels"][f"{GROUP}/job"] == "author"
     assert published["spec"]["type"] == "promptTuning"
+    # The claim's URI, readable by every pod of the pool (not the path inside the pod that tuned it).
+    assert published["spec"]["artifactURL"] == f"pvc://work/elastune/artifacts/{NS}/author"
     st = cluster.get("tuningjobs", "author")["status"]
     assert st["publishedAdapter"] == "book-author"
     assert st["coServed"] is True and "coServingReason" not in st, st

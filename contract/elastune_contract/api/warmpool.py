@@ -17,7 +17,7 @@ from elastune_contract.api.common import (
     Resource,
     ResourceName,
 )
-from elastune_contract.api.constants import KIND_WARM_POOL
+from elastune_contract.api.constants import DEFAULT_PVC_ROOT, KIND_WARM_POOL
 
 # The gateway's routing policies by name (its routing/ package takes the type from here).
 RoutingPolicyName = Literal[
@@ -76,16 +76,53 @@ class WorkerSpec(ApiModel):
 class VolumeMount(ApiModel):
     """A PersistentVolumeClaim mounted into every worker pod.
 
-    Adapter artifacts named pvc://<claimName>/<path> are read from it (the worker resolves pvc:// under
-    /mnt/pvc/<claimName>, where the claim is mounted unless mountPath says otherwise), and a
-    ReadWriteMany claim can hold the checkpoint root that multi-pod TuningJobs share."""
+    The claim is always mounted at /mnt/pvc/<claimName>, where pvc://<claimName>/<path> resolves in the
+    control plane, the tuner and the adapter loader alike; mountPath only adds a second mount of it.
+    A ReadWriteMany claim marked jobStorage holds the pool's TuningJob checkpoints and default
+    artifacts, so they outlive the pod that wrote them."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {
+                    "rule": "!(has(self.jobStorage) && self.jobStorage "
+                    "&& has(self.readOnly) && self.readOnly)",
+                    "message": "a jobStorage volume must be writable (readOnly: false)",
+                    "fieldPath": ".readOnly",
+                }
+            ]
+        }
+    )
 
     claim_name: ResourceName
     """Name of the PersistentVolumeClaim in the pool's namespace."""
     mount_path: str | None = Field(default=None, pattern=r"^/\S*$")
-    """Where it appears in the pod; default /mnt/pvc/<claimName> (what pvc:// URLs resolve to)."""
+    """An extra path where the claim also appears in the pod (e.g. model weights at a fixed path); it is
+    mounted at /mnt/pvc/<claimName> (what pvc:// URLs resolve to) either way."""
     read_only: bool = False
     """Mount it read-only (adapter stores); leave false for a checkpoint volume."""
+    job_storage: bool = False
+    """Put this pool's TuningJob checkpoints and default artifacts on this claim, under elastune/ (a
+    ReadWriteMany claim: every pod of the pool mounts it). At most one volume; not readOnly. On
+    Kubernetes a job without output.uri is refused (OutputNotDurable) when no volume has it, since its
+    artifact could only land in a pod's ephemeral storage."""
+
+    @field_validator("mount_path")
+    @classmethod
+    def _not_under_pvc_root(cls, value: str | None, info: ValidationInfo) -> str | None:
+        # Under /mnt/pvc it would shadow what pvc://<some claim>/... resolves to.
+        own = f"{DEFAULT_PVC_ROOT}/{info.data.get('claim_name')}"
+        path = (value or "").rstrip("/")
+        if value is not None and path != own and f"{path}/".startswith(f"{DEFAULT_PVC_ROOT}/"):
+            raise ValueError(f"must not be under {DEFAULT_PVC_ROOT}/, where every claim is mounted")
+        return value
+
+    @field_validator("job_storage")
+    @classmethod
+    def _writable(cls, value: bool, info: ValidationInfo) -> bool:
+        if value and info.data.get("read_only"):
+            raise ValueError("a jobStorage volume must be writable (readOnly: false)")
+        return value
 
 
 class ServingSLO(ApiModel):
@@ -189,6 +226,19 @@ class WarmPoolSpec(ApiModel):
     the pool never grows for requests alone (no serving replicas; requests are held up to 60 s)."""
     volumes: list[VolumeMount] | None = None
     """PersistentVolumeClaims mounted into every worker pod (adapter artifacts, shared checkpoints)."""
+
+    @field_validator("volumes")
+    @classmethod
+    def _one_job_storage(cls, value: list[VolumeMount] | None) -> list[VolumeMount] | None:
+        marked = [v.claim_name for v in value or [] if v.job_storage]
+        if len(marked) > 1:
+            raise ValueError(f"at most one volume may set jobStorage; got {', '.join(marked)}")
+        return value
+
+    @property
+    def job_storage(self) -> VolumeMount | None:
+        """The volume holding the pool's checkpoints and default artifacts, if one is declared."""
+        return next((v for v in self.volumes or [] if v.job_storage), None)
 
     @field_validator("max_warm_gpus")
     @classmethod

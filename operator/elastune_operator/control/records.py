@@ -64,6 +64,7 @@ class JobRecord:
     dataset: str
     """The dataset as workers must read it (local mode resolves relative paths)."""
     artifact_dir: str
+    """Where the workers write the artifact: a path, or a pvc:// URI they resolve (Kubernetes)."""
     uid: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
     generation: int | None = None
     status: TuningJobStatus = field(default_factory=TuningJobStatus)
@@ -77,6 +78,9 @@ class JobRecord:
     gpu_seconds: float = 0.0
     terminal: bool = False
     pool: str = ""
+    checkpoint_root: str | None = None
+    """Where this job's checkpoints go, the attempt's uid appended: a pvc:// URI on the pool's durable
+    claim (Kubernetes); None: ``CoreSettings.work_dir/checkpoints/<ns>/<name>``."""
 
     @property
     def llm(self) -> str:
