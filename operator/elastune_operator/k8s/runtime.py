@@ -44,8 +44,8 @@ from elastune_contract.api.warmpool import WarmPool, WarmPoolStatus
 from elastune_contract.protocol import PASSWORD_ENV, Bus
 from elastune_contract.vocabulary import ConditionType, Reason
 from elastune_operator.control.core import ControlCore
-from elastune_operator.control.records import CoreSettings, JobRecord
 from elastune_operator.control.lifecycle import is_terminal
+from elastune_operator.control.records import CoreSettings, JobRecord
 from elastune_operator.control.resources import (
     OutputNotDurable,
     artifact_location,
