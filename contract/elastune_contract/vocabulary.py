@@ -77,6 +77,11 @@ class Reason:
     NOT_A_PEFT_ADAPTER: Final = "NotAPEFTAdapter"
     ARTIFACT_MISMATCH: Final = "ArtifactMismatch"
     ARTIFACT_UNSUPPORTED_SCHEME: Final = "ArtifactUnsupportedScheme"
+    # s3:// artifact storage (a TuningJob's output upload or an adapter's download, by the worker)
+    STORAGE_BUCKET_NOT_FOUND: Final = "StorageBucketNotFound"
+    STORAGE_ACCESS_DENIED: Final = "StorageAccessDenied"
+    STORAGE_SECRET_NOT_FOUND: Final = "StorageSecretNotFound"
+    STORAGE_UNREACHABLE: Final = "StorageUnreachable"
     RANK_ABOVE_MAXIMUM: Final = "RankAboveMaximum"
     NAME_CLASHES_WITH_MODEL: Final = "NameClashesWithModel"
     DUPLICATE_ADAPTER_NAME: Final = "DuplicateAdapterName"
@@ -113,6 +118,11 @@ PERMANENT_FAILURE_REASONS: Final = frozenset(
         Reason.CHANNEL_UNREACHABLE,
         Reason.MODEL_LOAD_FAILED,
         Reason.WORKER_ERROR,
+        # The output bucket is missing or refuses these credentials: retrying the upload cannot help
+        # (StorageUnreachable may be a blip, and is retried).
+        Reason.STORAGE_BUCKET_NOT_FOUND,
+        Reason.STORAGE_ACCESS_DENIED,
+        Reason.STORAGE_SECRET_NOT_FOUND,
     }
 )
 

@@ -3,8 +3,9 @@
 It reads the PEFT directory's adapter_config.json where the artifact is visible to the control plane (a
 local path in `elastune serve`; a pvc:// claim mounted at $ELASTUNE_PVC_ROOT). Where it is not (a claim
 only the worker pods mount) the check is left to the worker's load, whose error comes back through the
-registry as the same kind of condition. s3:// and http(s):// are refused here, as the workers refuse
-them: not implemented (copy the artifact to a volume).
+registry as the same kind of condition. s3:// is the workers' to read (the operator never holds the
+credentials of the Secret the spec names): their download's reason comes back the same way, e.g.
+StorageAccessDenied. http(s):// is refused here, as the workers refuse it: not implemented.
 
 The base model is checked by the worker (shapes of the adapter's weights against the loaded model):
 ``base_model_name_or_path`` is often a local path at training time and proves nothing here.
@@ -67,11 +68,13 @@ def inspect(
     does not see (a pod of its own on Kubernetes); the workers' load checks them instead."""
     url = resolve_url(spec.artifact_url, base_dir)
     scheme = urlsplit(url).scheme
-    if scheme in ("s3", "http", "https"):
+    if scheme == "s3":  # the workers download it with the Secret the spec names: their load decides
+        return ArtifactInfo(url)
+    if scheme in ("http", "https"):
         return Problem(
             Reason.ARTIFACT_UNSUPPORTED_SCHEME,
-            f"{scheme}:// artifacts are not implemented by the workers yet; put the PEFT directory on a "
-            "PersistentVolumeClaim the WarmPool mounts and use pvc://<claim>/<path>",
+            f"{scheme}:// artifacts are not implemented by the workers yet; use s3://<bucket>/<prefix>, or "
+            "put the PEFT directory on a PersistentVolumeClaim the WarmPool mounts and use pvc://<claim>/<path>",
         )
     try:
         local = _local_dir(url)

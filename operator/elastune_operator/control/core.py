@@ -263,9 +263,11 @@ class ControlCore:
         if not name or not uri or job.status.published_adapter == name or not succeeded(job):
             return
         ns = job.key.split("/", 1)[0]
-        spec = LoRAAdapterSpec.model_validate(
-            {"baseModel": job.llm, "artifactURL": uri, "type": "promptTuning"}
-        )
+        fields = {"baseModel": job.llm, "artifactURL": uri, "type": "promptTuning"}
+        secret = job.spec.output.secret_name if job.spec.output else None
+        if secret and uri.startswith("s3://"):  # the adapter is read with the Secret the job wrote with
+            fields["artifactSecret"] = secret
+        spec = LoRAAdapterSpec.model_validate(fields)
         rec = AdapterRecord(ns, name, spec)
         if self.on_publish is not None:
             self.on_publish(job, rec)

@@ -36,6 +36,8 @@ def artifact_location(job: TuningJob, default_root: str) -> str:
     if not uri:
         return storage.join(default_root, "artifacts", ns, _name(job.metadata.name))
     loc = storage.parse(uri)
+    if loc.scheme == "s3":  # staged at the default location; the worker uploads it to the URI itself
+        return storage.join(default_root, "artifacts", ns, _name(job.metadata.name))
     if not loc.is_local or (loc.scheme == "" and not uri.startswith("/")):
         raise ValueError(
             f"spec.output.uri {uri!r}: {loc.scheme or 'relative'} outputs are not supported yet; "
@@ -48,6 +50,10 @@ def artifact_dir(job: TuningJob, root: Path) -> Path:
     """Local mode: the job's artifact directory on this machine, ``root`` the state dir, which also
     stands in for the claims (``pvc://claim/path`` is ``root/volumes/claim/path``)."""
     return storage.local_path(artifact_location(job, str(root)), root=root / "volumes")
+
+
+#: Where a worker pod stages an s3:// output when its pool has no jobStorage claim (its work dir).
+S3_STAGING_ROOT = "/tmp/elastune"
 
 
 class OutputNotDurable(ValueError):
@@ -74,6 +80,14 @@ def durable_storage(job: TuningJob, pool: WarmPool) -> DurableStorage:
     pool_name = _name(pool.metadata.name)
     default = storage.pvc_uri(jobs_volume.claim_name, "elastune") if jobs_volume else None
     uri = job.spec.output.uri if job.spec.output else None
+    if uri and storage.parse(uri).scheme == "s3":
+        # Durable in its bucket (the worker uploads it before it reports success). Staging and
+        # checkpoints go on the jobStorage claim when the pool has one, so a lost pod's job resumes;
+        # without one they stay in the pod (a retry then starts over), the artifact is still safe.
+        root = default or S3_STAGING_ROOT
+        return DurableStorage(
+            artifact_location(job, root), storage.join(root, "checkpoints", ns, name)
+        )
     if not uri and default is None:
         raise OutputNotDurable(
             f"no spec.output.uri and WarmPool {pool_name} declares no jobStorage volume: the artifact "

@@ -23,7 +23,7 @@ import base64
 import json
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,6 +33,7 @@ from kubernetes.client.rest import ApiException
 
 from elastune_contract.api.constants import (
     DEFAULT_PVC_ROOT,
+    DEFAULT_S3_SECRETS_ROOT,
     GROUP,
     LABEL_MODEL,
     LABEL_WARM_POOL,
@@ -70,9 +71,15 @@ class PoolRef:
 
 
 def service_manifest(
-    pool: WarmPool, desired: int, redis_url: str, redis_secret: str | None, secret_key: str = "password"
+    pool: WarmPool,
+    desired: int,
+    redis_url: str,
+    redis_secret: str | None,
+    secret_key: str = "password",
+    s3_secrets: Collection[str] = (),
 ) -> dict[str, Any]:
-    """The Knative Service of a WarmPool with ``desired`` warm GPUs (pods)."""
+    """The Knative Service of a WarmPool with ``desired`` warm GPUs (pods); ``s3_secrets``: the Secrets
+    the pool's LoRAAdapters and TuningJobs name for s3:// artifacts, mounted for the workers to read."""
     spec = pool.spec
     name, ns = pool.metadata.name, pool.metadata.namespace or "default"
     given = (
@@ -88,6 +95,8 @@ def service_manifest(
         {"name": "ELASTUNE_MODEL", "value": spec.model},
         {"name": "ELASTUNE_REDIS_URL", "value": redis_url},
         {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+        # The address the gateway and peers reach this pod at: the worker registers it (DESIGN §6).
+        {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
         # Where pod_volumes mounts the claims; fixed so worker.env cannot move pvc:// elsewhere.
         {"name": PVC_ROOT_ENV, "value": DEFAULT_PVC_ROOT},
     ]
@@ -104,6 +113,12 @@ def service_manifest(
     ]
     labels = {LABEL_WARM_POOL: name, LABEL_MODEL: _label_value(spec.model)}
     volumes, mounts = pod_volumes(pool)
+    for i, secret in enumerate(sorted(s3_secrets)):
+        # optional: a Secret named wrong or not created yet must not keep the pool's pods from starting;
+        # the worker reports StorageSecretNotFound on the resource instead.
+        volumes.append({"name": f"s3-{i}", "secret": {"secretName": secret, "optional": True}})
+        path = f"{DEFAULT_S3_SECRETS_ROOT}/{secret}"
+        mounts.append({"name": f"s3-{i}", "mountPath": path, "readOnly": True})
     pod_spec: dict[str, Any] = {
         "containers": [
             {
@@ -212,6 +227,7 @@ class KnativeBackend:
         self.redis_password = redis_password
         self._secret_in: set[str] = set()  # namespaces whose Secret copy is written
         self.pools: dict[str, tuple[WarmPool, int]] = {}  # pool name -> (resource, desired size)
+        self.s3_secrets: dict[str, set[str]] = {}  # pool name -> Secrets its resources name for s3://
         self.pod_rules = pod_rules or PodFailureRules()
         self.clock = clock
         self._polled = float("-inf")  # clock of the last pod listing
@@ -256,6 +272,13 @@ class KnativeBackend:
                 raise
             self.core.patch_namespaced_secret(self.redis_secret, ns, {"data": data})
         self._secret_in.add(ns)
+
+    def use_s3_secret(self, pool: str, secret: str) -> None:
+        """Mount ``secret`` (its name only: the operator never reads it) into the pool's pods; a new one
+        changes the pod template, so Knative rolls the pool once to add it."""
+        if pool in self.pools and secret not in self.s3_secrets.setdefault(pool, set()):
+            self.s3_secrets[pool].add(secret)
+            self._apply(pool)
 
     def unregister(self, name: str) -> None:
         """The WarmPool is gone; its Service goes with it through the owner reference."""
@@ -352,7 +375,9 @@ class KnativeBackend:
     def _apply(self, name: str) -> None:
         wp, desired = self.pools[name]
         ns = wp.metadata.namespace or "default"
-        body = service_manifest(wp, desired, self.redis_url, self.redis_secret, self.secret_key)
+        body = service_manifest(
+            wp, desired, self.redis_url, self.redis_secret, self.secret_key, self.s3_secrets.get(name, ())
+        )
         try:
             self.custom.create_namespaced_custom_object(
                 KNATIVE_GROUP, KNATIVE_VERSION, ns, KNATIVE_PLURAL, body

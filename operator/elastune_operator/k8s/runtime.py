@@ -10,6 +10,7 @@ kopf handlers must never sleep.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import queue
@@ -223,6 +224,9 @@ class Runtime:
         rec = job_record(job, created=None, dataset=job.spec.dataset, artifact=artifact)
         if job.spec.model not in self.core.pools:
             self._refresh_pools()  # a WarmPool applied together with the job may not be handled yet
+        if job.spec.output and job.spec.output.secret_name and not is_terminal(rec):
+            ns = meta.get("namespace") or "default"
+            self._mount_s3_secret(ns, job.spec.model, job.spec.output.secret_name)
 
         def submit() -> None:
             if self._place_storage(job, rec, meta):
@@ -275,7 +279,17 @@ class Runtime:
         )
         if res.spec.base_model not in self.core.pools:
             self._refresh_pools()  # a WarmPool applied together with the adapter may not be handled yet
+        if res.spec.artifact_secret:
+            self._mount_s3_secret(rec.namespace, res.spec.base_model, res.spec.artifact_secret)
         self.call(lambda: self.core.serving.upsert_adapter(rec), wait=30)
+
+    def _mount_s3_secret(self, namespace: str, model: str, secret: str) -> None:
+        """The Secret an s3:// artifact names, mounted into the pods of the pool of ``model`` in the
+        resource's namespace (a pod reads Secrets of its own namespace only). By name: the operator
+        never reads S3 credentials."""
+        for pool in list(self._pools.values()):
+            if pool.metadata.namespace == namespace and pool.spec.model == model:
+                self.call(functools.partial(self.backend.use_s3_secret, pool.metadata.name or "", secret))
 
     def delete_adapter(self, namespace: str, name: str) -> list[str]:
         """Unload it from every pod; returns the pods still holding it (empty: the finalizer may go)."""

@@ -40,6 +40,7 @@ from elastune_worker.comm import (
 )
 from elastune_worker.server.metrics import WorkerMetrics
 from elastune_worker.server.models import LoadedModel, ModelLoadError, load_model
+from elastune_worker.storage import s3
 from elastune_worker.tuning.data import DatasetError, load_dataset, split
 from elastune_worker.tuning.trainer import CheckpointMismatch, StepInfo, Trainer, TuningConfig
 
@@ -224,6 +225,11 @@ class Agent:
             spec = TuningJobSpec.model_validate(a.spec)
         except ValueError as exc:
             raise _Fail(INVALID_SPEC, f"spec does not validate: {exc}") from exc
+        out = spec.output
+        if out and out.uri and s3.is_s3(out.uri):  # staged at artifact_dir, then uploaded by rank 0
+            published = out.uri
+            if a.rank == 0:  # a missing bucket or refused credentials fail the job now, not after tuning
+                s3.check_bucket(out.uri, out.secret_name)
         records = load_dataset(a.dataset)
         train, evals = split(records, a.eval_fraction, a.max_eval, a.seed)
         max_length = self._max_length(spec.hyperparameters.virtual_tokens)
@@ -327,6 +333,7 @@ class Agent:
         if not lead:
             return
         trainer.save_artifact(a.artifact_dir)
+        _upload(a, a.artifact_dir, published)
         projection = trainer.prompt_projection()
         self._post(
             self._event(
@@ -400,6 +407,7 @@ class Agent:
         r = call("coserve_finish", a.artifact_dir)
         if r is None:  # not rank 0
             return
+        _upload(a, r.artifact, published)
         self._post(
             self._event(
                 a, "succeeded", iterations=r.iterations, checkpointed=r.iterations, metric=r.metric,
@@ -444,6 +452,14 @@ class Agent:
                 f"{context} positions for the input and target; use fewer virtual tokens",
             )
         return min(default, room)
+
+
+def _upload(a: Assignment, local: str, published: str | None) -> None:
+    """An s3:// output: the saved artifact goes to the bucket (with the Secret the spec names) before
+    the job is reported succeeded, so its status never names an artifact that is not there."""
+    if published and s3.is_s3(published):
+        output = a.spec.get("output") or {}
+        s3.upload(local, published, output.get("secretName"))
 
 
 def _with_local_paths(a: Assignment) -> Assignment:
@@ -496,7 +512,7 @@ def classify_failure(exc: BaseException) -> tuple[str, str]:
     """(reason, message) of a failed assignment, the reason a CamelCase constant for the job's status."""
     if isinstance(exc, _Fail):
         return exc.reason, str(exc)
-    if isinstance(exc, DatasetError):
+    if isinstance(exc, DatasetError | s3.StorageError):
         return exc.reason, str(exc)
     if isinstance(exc, ChannelError):
         return CHANNEL_UNREACHABLE, f"gradient storage channel: {exc}"

@@ -2,14 +2,15 @@
 
 Implemented: a local directory (``/path``, ``file:///path``) and ``pvc://<claim>/<path>`` — a
 PersistentVolumeClaim mounted into the worker pod at ``$ELASTUNE_PVC_ROOT/<claim>`` (default
-``/mnt/pvc``; the chart mounts each claim there). Not implemented: ``s3://`` and ``http(s)://``
-(the error says so; copy the artifact to a volume).
+``/mnt/pvc``; the chart mounts each claim there), and ``s3://bucket/prefix``, downloaded once into a
+local cache (elastune_worker.storage.s3). Not implemented: ``http(s)://`` (the error says so).
 """
 
 from __future__ import annotations
 
 from elastune_contract import storage
 from elastune_worker.serving.lora.weights import AdapterError
+from elastune_worker.storage import s3
 
 
 def resolve_artifact(url: str) -> str:
@@ -21,9 +22,16 @@ def resolve_artifact(url: str) -> str:
         raise AdapterError(f"adapter location {exc}") from exc
     if loc.is_local:
         path = storage.local_path(loc)
-    elif loc.scheme in ("s3", "http", "https"):
+    elif loc.scheme == "s3":
+        # The vLLM API's lora_path and --lora-modules: the worker's own AWS_* environment. Adapters the
+        # control plane places arrive here already downloaded, with their Secret (server.placement).
+        try:
+            return str(s3.download(url))
+        except s3.StorageError as exc:
+            raise AdapterError(f"{exc.reason}: {exc}") from exc
+    elif loc.scheme in ("http", "https"):
         raise AdapterError(
-            f"{loc.scheme}:// adapter artifacts are not supported yet; put the PEFT directory on a volume "
+            f"{loc.scheme}:// adapter artifacts are not supported yet; use s3://bucket/prefix, a volume "
             "(pvc://claim/path) or a local path"
         )
     else:
