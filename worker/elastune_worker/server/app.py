@@ -128,6 +128,14 @@ def _start_serving(
     log.info("serving %s (context %d tokens) on /v1", name, client.max_model_len)
 
 
+def advertised_host(bind: str, advertise: str | None) -> str:
+    """What the worker registers: on a cluster its pod IP (127.0.0.1 there is the caller's own pod);
+    bound to one address, that one; bound to all of them on one machine, loopback."""
+    if advertise:
+        return f"[{advertise}]" if ":" in advertise else advertise
+    return "127.0.0.1" if bind in ("0.0.0.0", "::", "") else bind
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="elastune worker", description="Run one Elastune worker (one GPU).")
     p.add_argument("--pool", default=os.environ.get("ELASTUNE_POOL"), help="WarmPool name [$ELASTUNE_POOL]")
@@ -146,6 +154,12 @@ def main(argv: list[str] | None = None) -> int:
         help="default: $POD_NAME or pool-host-pid",
     )
     p.add_argument("--host", default="0.0.0.0")
+    p.add_argument(
+        "--advertise-host",
+        default=os.environ.get("POD_IP"),
+        help="address other pods reach this worker at, registered for the gateway [$POD_IP, the pod's "
+        "IP from the downward API]; default: --host, or 127.0.0.1 when --host is 0.0.0.0 (one machine)",
+    )
     p.add_argument(
         "--port", type=int, default=int(os.environ.get("PORT", "8080")), help="[$PORT, Knative sets it]"
     )
@@ -233,7 +247,7 @@ def main(argv: list[str] | None = None) -> int:
         lambda: serving.get("client"), metrics=serving_metrics, control=control_router(agent, metrics)
     )
     server, port = start_http(app, args.host, args.port)
-    host = "127.0.0.1" if args.host == "0.0.0.0" else args.host
+    host = advertised_host(args.host, args.advertise_host)
     agent.record.url = f"http://{host}:{port}"
     log.info("worker %s of pool %s serving on %s", worker_id, args.pool, agent.record.url)
 

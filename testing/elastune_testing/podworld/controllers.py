@@ -1,0 +1,341 @@
+"""The controllers a cluster runs besides the kubelet, as far as Elastune's objects need them.
+
+- `Deployments`: a Deployment keeps ``replicas`` Pods from its template (owned by it, so deleting the
+  Deployment removes them); a changed template replaces them (Recreate, what the chart's operator and
+  Redis ask for).
+- `KnativeServices`: a Knative Service keeps ``min-scale`` Pods of its template (bounded by
+  ``max-scale``), with what Knative adds to the user container (``PORT``, ``K_SERVICE``,
+  ``K_REVISION``); when min-scale drops it removes Pods as the ReplicaSet controller does, lowest
+  ``controller.kubernetes.io/pod-deletion-cost`` first, then the newest. Not emulated: the activator and
+  the request-driven autoscaler (Elastune's workers take no Knative-routed traffic).
+- `Services`: a ClusterIP Service gets a stable address on the node and a TCP proxy there that forwards
+  each connection to a Ready Pod its selector matches (kube-proxy's job); pods resolve its name through
+  their /etc/hosts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+import secrets
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from kubernetes import client
+from kubernetes.client.rest import ApiException
+
+from elastune_testing.podworld.kubelet import Kubelet
+from elastune_testing.podworld.network import PodNetwork
+
+log = logging.getLogger("elastune.podworld.controllers")
+KNATIVE = ("serving.knative.dev", "v1", "services")
+MIN_SCALE = "autoscaling.knative.dev/min-scale"
+MAX_SCALE = "autoscaling.knative.dev/max-scale"
+DELETION_COST = "controller.kubernetes.io/pod-deletion-cost"
+TEMPLATE_HASH = "pod-template-hash"
+
+
+def _raw(resp: Any) -> Any:
+    return json.loads(resp.data)
+
+
+def _hash(template_spec: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(template_spec, sort_keys=True).encode()).hexdigest()[:10]
+
+
+def _owner(obj: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "apiVersion": obj["apiVersion"],
+        "kind": obj["kind"],
+        "name": obj["metadata"]["name"],
+        "uid": obj["metadata"]["uid"],
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+
+@dataclass
+class _Controller:
+    api: client.ApiClient
+    period_s: float = 0.3
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+
+    def __post_init__(self) -> None:
+        self.core = client.CoreV1Api(self.api)
+        self.custom = client.CustomObjectsApi(self.api)
+        self.apps = client.AppsV1Api(self.api)
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._loop, name=type(self).__name__, daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(10)
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.period_s):
+            try:
+                self.round()
+            except Exception:  # level-triggered: the next round retries
+                log.exception("%s round failed", type(self).__name__)
+
+    def round(self) -> None:
+        raise NotImplementedError
+
+    def _pods(self, namespace: str, owner_uid: str) -> list[dict[str, Any]]:
+        pods = _raw(self.core.list_namespaced_pod(namespace, _preload_content=False))["items"]
+        return [
+            p for p in pods
+            if any(o.get("uid") == owner_uid for o in p["metadata"].get("ownerReferences") or [])
+            and not p["metadata"].get("deletionTimestamp")
+        ]  # fmt: skip
+
+    def _create_pod(
+        self, owner: dict[str, Any], name: str, template: dict[str, Any], extra_labels: dict[str, str]
+    ) -> None:
+        meta = template.get("metadata") or {}
+        body: Any = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {
+                "name": name,
+                "namespace": owner["metadata"].get("namespace", "default"),
+                "labels": {**(meta.get("labels") or {}), **extra_labels},
+                "annotations": dict(meta.get("annotations") or {}),
+                "ownerReferences": [_owner(owner)],
+            },
+            "spec": template["spec"],
+        }
+        self.core.create_namespaced_pod(body["metadata"]["namespace"], body)
+
+    def _delete_pod(self, pod: dict[str, Any]) -> None:
+        try:
+            self.core.delete_namespaced_pod(pod["metadata"]["name"], pod["metadata"]["namespace"])
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+
+
+class Deployments(_Controller):
+    def round(self) -> None:
+        for dep in _raw(self.apps.list_deployment_for_all_namespaces(_preload_content=False))["items"]:
+            dep.setdefault("apiVersion", "apps/v1")
+            dep.setdefault("kind", "Deployment")
+            ns, name = dep["metadata"].get("namespace", "default"), dep["metadata"]["name"]
+            template = dep["spec"]["template"]
+            h = _hash(template)
+            pods = self._pods(ns, dep["metadata"]["uid"])
+            stale = [p for p in pods if p["metadata"].get("labels", {}).get(TEMPLATE_HASH) != h]
+            for p in stale:  # Recreate: the old template's pods go before new ones start
+                self._delete_pod(p)
+            current = [p for p in pods if p not in stale]
+            want = int(dep["spec"].get("replicas", 1))
+            for _ in range(want - len(current)):
+                self._create_pod(dep, f"{name}-{h[:8]}-{secrets.token_hex(3)}", template, {TEMPLATE_HASH: h})
+            for p in sorted(current, key=lambda p: p["metadata"]["creationTimestamp"])[want:]:
+                self._delete_pod(p)
+
+
+@dataclass
+class Removal:
+    pod: str
+    deletion_cost: int
+
+
+class KnativeServices(_Controller):
+    removals: list[Removal]
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.removals = []
+
+    def round(self) -> None:
+        services = _raw(self.custom.list_cluster_custom_object(*KNATIVE, _preload_content=False))["items"]
+        for svc in services:
+            self._reconcile(svc)
+
+    def _reconcile(self, svc: dict[str, Any]) -> None:
+        ns, name = svc["metadata"].get("namespace", "default"), svc["metadata"]["name"]
+        template = svc["spec"]["template"]
+        ann = (template.get("metadata") or {}).get("annotations") or {}
+        want = int(ann.get(MIN_SCALE, "0"))
+        if MAX_SCALE in ann and int(ann[MAX_SCALE]) > 0:
+            want = min(want, int(ann[MAX_SCALE]))
+        pod_template = self._pod_template(name, template)
+        revision = _hash(pod_template["spec"])  # a new revision when the pod spec changes
+        pods = self._pods(ns, svc["metadata"]["uid"])
+        stale = [p for p in pods if p["metadata"]["labels"].get("serving.knative.dev/revision") != revision]
+        for p in stale:
+            self._delete_pod(p)
+        current = [p for p in pods if p not in stale]
+        labels = {"serving.knative.dev/service": name, "serving.knative.dev/revision": revision}
+        for _ in range(want - len(current)):
+            self._create_pod(svc, f"{name}-{revision[:5]}-deployment-{secrets.token_hex(3)}",
+                             pod_template, labels)  # fmt: skip
+        if len(current) > want:
+            costs = {p["metadata"]["name"]: _cost(p) for p in current}
+            victims = sorted(
+                current,
+                key=lambda p: (costs[p["metadata"]["name"]], _neg_time(p["metadata"]["creationTimestamp"])),
+            )
+            for p in victims[: len(current) - want]:
+                self.removals.append(Removal(p["metadata"]["name"], costs[p["metadata"]["name"]]))
+                self._delete_pod(p)
+
+    @staticmethod
+    def _pod_template(name: str, template: dict[str, Any]) -> dict[str, Any]:
+        spec = json.loads(json.dumps(template["spec"]))
+        timeout = spec.pop("timeoutSeconds", None)
+        if timeout is not None:  # Knative: the revision's timeout bounds the pod's grace period
+            spec.setdefault("terminationGracePeriodSeconds", int(timeout))
+        for c in spec["containers"]:
+            port = (c.get("ports") or [{"containerPort": 8080}])[0]["containerPort"]
+            own = {"PORT": str(port), "K_SERVICE": name, "K_CONFIGURATION": name, "K_REVISION": name}
+            c["env"] = [e for e in c.get("env") or [] if e["name"] not in own] + [
+                {"name": k, "value": v} for k, v in own.items()
+            ]
+            for probe in ("readinessProbe", "livenessProbe", "startupProbe"):
+                get = (c.get(probe) or {}).get("httpGet")
+                if get is not None:  # Knative probes the user container's port when none is given
+                    get.setdefault("port", port)
+        return {"metadata": template.get("metadata") or {}, "spec": spec}
+
+
+def _cost(pod: dict[str, Any]) -> int:
+    try:
+        return int((pod["metadata"].get("annotations") or {}).get(DELETION_COST, "0"))
+    except ValueError:
+        return 0
+
+
+def _neg_time(ts: str) -> str:
+    """Sort key for 'newest first' on RFC 3339 timestamps (same length, so string order works)."""
+    return "".join(chr(0x10FFFF - ord(c)) for c in ts)
+
+
+@dataclass
+class _Listener:
+    server: asyncio.AbstractServer
+    target: Callable[[], tuple[str, int] | None]
+
+
+class Services(_Controller):
+    """ClusterIP Services: an address each on the node, a proxy per port to a Ready pod."""
+
+    kubelet: Kubelet
+    network: PodNetwork
+    on_change: Callable[[], None]
+
+    def __init__(self, api: client.ApiClient, kubelet: Kubelet, network: PodNetwork,
+                 on_change: Callable[[], None]) -> None:  # fmt: skip
+        super().__init__(api)
+        self.kubelet, self.network, self.on_change = kubelet, network, on_change
+        self.addresses: dict[tuple[str, str], str] = {}  # (namespace, name) -> clusterIP
+        self._listeners: dict[tuple[str, str, int], _Listener] = {}
+        self._specs: dict[tuple[str, str], dict[str, Any]] = {}
+        self._next: dict[tuple[str, str], int] = {}
+        self.loop = asyncio.new_event_loop()
+        self._loop_thread = threading.Thread(target=self.loop.run_forever, name="podworld-proxy", daemon=True)
+        self._loop_thread.start()
+
+    def stop(self) -> None:
+        super().stop()
+
+        async def close() -> None:
+            for listener in self._listeners.values():
+                listener.server.close()
+
+        asyncio.run_coroutine_threadsafe(close(), self.loop).result(5)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._loop_thread.join(5)
+
+    def hosts(self, namespace: str) -> str:
+        lines = []
+        for (ns, name), addr in sorted(self.addresses.items()):
+            names = [f"{name}.{ns}.svc.cluster.local", f"{name}.{ns}.svc", f"{name}.{ns}"]
+            if ns == namespace:
+                names.append(name)
+            lines.append(f"{addr}\t{' '.join(names)}\n")
+        return "".join(lines)
+
+    def round(self) -> None:
+        changed = False
+        for svc in _raw(self.core.list_service_for_all_namespaces(_preload_content=False))["items"]:
+            key = (svc["metadata"].get("namespace", "default"), svc["metadata"]["name"])
+            spec = svc.get("spec") or {}
+            if spec.get("clusterIP") == "None" or not spec.get("selector"):
+                continue  # headless or selector-less: nothing to proxy
+            self._specs[key] = svc
+            if key not in self.addresses:
+                self.addresses[key] = self.network.service_address()
+                changed = True
+            for port in spec.get("ports") or []:
+                lkey = (*key, int(port["port"]))
+                if lkey not in self._listeners:
+                    self._listen(key, port)
+        if changed:
+            self.on_change()
+
+    def _listen(self, key: tuple[str, str], port: dict[str, Any]) -> None:
+        addr = self.addresses[key]
+
+        def target() -> tuple[str, int] | None:
+            svc = self._specs[key]
+            selector = svc["spec"]["selector"]
+            ready = [
+                p for p in list(self.kubelet.pods.values())
+                if p.namespace == key[0] and p.ready and p.ip and not p.stopping
+                and all((p.obj["metadata"].get("labels") or {}).get(k) == v for k, v in selector.items())
+            ]  # fmt: skip
+            if not ready:
+                return None
+            n = self._next.get(key, 0)
+            self._next[key] = n + 1
+            pod = ready[n % len(ready)]
+            want = port.get("targetPort", port["port"])
+            container = pod.obj["spec"]["containers"][0]
+            if isinstance(want, str) and not want.isdigit():
+                named = [p["containerPort"] for p in container.get("ports") or [] if p.get("name") == want]
+                if not named:
+                    return None
+                want = named[0]
+            return pod.ip, int(want)
+
+        async def start() -> asyncio.AbstractServer:
+            return await asyncio.start_server(lambda r, w: _pipe(r, w, target), addr, int(port["port"]))
+
+        server = asyncio.run_coroutine_threadsafe(start(), self.loop).result(10)
+        self._listeners[(*key, int(port["port"]))] = _Listener(server, target)
+        log.info("service %s/%s at %s:%s", key[0], key[1], addr, port["port"])
+
+
+async def _pipe(
+    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, target: Callable[[], tuple[str, int] | None]
+) -> None:
+    """Forward one connection (no Ready endpoint: refused, as kube-proxy's REJECT rule does)."""
+    dest = target()
+    if dest is None:
+        writer.close()
+        return
+    try:
+        up_r, up_w = await asyncio.open_connection(*dest)
+    except OSError:
+        writer.close()
+        return
+    await asyncio.gather(_copy(reader, up_w), _copy(up_r, writer), return_exceptions=True)
+
+
+async def _copy(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+    try:
+        while chunk := await src.read(65536):
+            dst.write(chunk)
+            await dst.drain()
+    finally:
+        dst.close()

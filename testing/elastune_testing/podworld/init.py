@@ -1,0 +1,53 @@
+"""A pod's first process: sets up its mount namespace, then becomes the container's command.
+
+Started by the kubelet as ``ip netns exec <pod-netns> python -m elastune_testing.podworld.init PLAN``:
+``ip netns exec`` has already given it the pod's network namespace and a mount namespace of its own
+(slave to the host's, so nothing mounted here leaks out) with the pod's /etc/hosts bound over the
+host's. Here: a private tmpfs on /tmp, the image's read-only paths, the declared volumes, then
+``execvpe`` of the container's argv with exactly the plan's environment.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+
+def _mount(*args: str) -> None:
+    subprocess.run(["mount", *args], check=True)
+
+
+def main() -> None:
+    with open(sys.argv[1], encoding="utf-8") as f:
+        plan = json.load(f)
+    # Sources may lie under the host's /tmp (a test's tmp_path), which the private /tmp hides: hold each
+    # open first and bind it through /proc/<pid>/fd (the descriptors are not inherited by the exec).
+    held = {p: os.open(p, os.O_RDONLY | os.O_DIRECTORY) for p in plan["binds"]}
+    held |= {m["source"]: os.open(m["source"], os.O_RDONLY | os.O_DIRECTORY) for m in plan["mounts"]}
+
+    def bind(source: str, target: str, read_only: bool) -> None:
+        os.makedirs(target, exist_ok=True)
+        _mount("--bind", f"/proc/{os.getpid()}/fd/{held[source]}", target)
+        if read_only:
+            _mount("-o", "remount,bind,ro", target)
+
+    _mount("-t", "tmpfs", "-o", "mode=1777,size=512m", "tmpfs", "/tmp")
+    # Paths the image carries (venv, checkout, model cache) are read-only in the pod; under /tmp they
+    # come back over the private tmpfs.
+    for path in plan["binds"]:
+        bind(path, path, True)
+    for m in sorted(plan["mounts"], key=lambda m: m["target"].count("/")):
+        bind(m["source"], m["target"], m["read_only"])
+    os.chdir(plan["workdir"])
+    argv = plan["argv"]
+    try:
+        os.execvpe(argv[0], argv, plan["env"])
+    except OSError as exc:  # the runtime's "executable file not found": exit like a failed container
+        print(f"exec {argv[0]!r}: {exc}", file=sys.stderr, flush=True)
+        sys.exit(127)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,61 @@
+"""The pod world (DESIGN.md §8): Elastune as it runs on a cluster, each pod its own host.
+
+One world per test module (pods are CPU-hungry on two cores): the chart's operator, gateway and Redis
+pods from `helm template`, worker pods from the Knative Services the operator writes. Needs root for
+network and mount namespaces; elsewhere every test here skips, saying why.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from elastune_testing.podworld import PodWorld, available
+
+RELEASE_NAMESPACE = "elastune-system"
+TENANT = "team-a"
+MODEL = "elastune/tiny-llama"
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    why = available()
+    if why is None:
+        return
+    for item in items:
+        if "tests/cluster" in str(item.path):
+            item.add_marker(pytest.mark.skip(reason=why))
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PodWorld]:
+    from elastune_worker.tiny.build import TINY_LLAMA_SPEC, ensure_tiny_model
+
+    # The worker image carries the model (here: the project's tiny Llama, built once on the host).
+    ensure_tiny_model(spec=TINY_LLAMA_SPEC)
+    root = tmp_path_factory.mktemp("podworld")
+    with PodWorld.start(root, gpu_nodes=2) as w:
+        # kopf peering needs the KopfPeering CRD the chart's hook creates; one operator runs standalone.
+        w.helm_install("operator.peering.enabled=false")
+        for component in ("redis", "operator", "gateway"):
+            w.wait_ready(RELEASE_NAMESPACE, f"app.kubernetes.io/component={component}", timeout=120)
+        yield w
+
+
+def gateway_url(world: PodWorld) -> str:
+    return world.service_url(RELEASE_NAMESPACE, "elastune-gateway", 8000) + "/v1"
+
+
+def warm_pool(name: str, namespace: str = TENANT, **spec: object) -> dict[str, object]:
+    return {
+        "apiVersion": "elastune.dev/v1alpha1",
+        "kind": "WarmPool",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {
+            "model": MODEL,
+            "minWarmGPUs": 0,
+            "maxWarmGPUs": 2,
+            "worker": {"image": "ghcr.io/elastune/worker:test"},
+            **spec,
+        },
+    }
