@@ -14,6 +14,9 @@ import os
 import subprocess
 import sys
 
+# Host directories a container has its own copy of: a mount point under them is made in a private tmpfs.
+SHADOWABLE = frozenset({"/mnt", "/run", "/media", "/srv", "/opt"})
+
 
 def _mount(*args: str) -> None:
     subprocess.run(["mount", *args], check=True)
@@ -27,8 +30,23 @@ def main() -> None:
     held = {p: os.open(p, os.O_RDONLY | os.O_DIRECTORY) for p in plan["binds"]}
     held |= {m["source"]: os.open(m["source"], os.O_RDONLY | os.O_DIRECTORY) for m in plan["mounts"]}
 
-    def bind(source: str, target: str, read_only: bool) -> None:
+    shadowed: set[str] = set()
+
+    def make_mountpoint(target: str) -> None:
+        """Create a missing mount point inside the pod only: the first existing ancestor, when it is a
+        directory a container never shares with its host (/mnt, /run, ...), gets a tmpfs of its own
+        first, so nothing is created on the host (where other pods would see it)."""
+        ancestor = target
+        while not os.path.exists(ancestor):
+            ancestor = os.path.dirname(ancestor)
+        real = os.path.realpath(ancestor)
+        if ancestor != target and real in SHADOWABLE and real not in shadowed:
+            _mount("-t", "tmpfs", "-o", "mode=755,size=16m", "tmpfs", real)
+            shadowed.add(real)
         os.makedirs(target, exist_ok=True)
+
+    def bind(source: str, target: str, read_only: bool) -> None:
+        make_mountpoint(target)
         _mount("--bind", f"/proc/{os.getpid()}/fd/{held[source]}", target)
         if read_only:
             _mount("-o", "remount,bind,ro", target)

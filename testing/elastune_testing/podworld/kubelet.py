@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import fcntl
 import json
 import logging
 import os
@@ -34,11 +35,14 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from elastune_testing.podworld import spec as S
+from elastune_testing.podworld.init import SHADOWABLE
 from elastune_testing.podworld.network import PodNetwork
 
 log = logging.getLogger("elastune.podworld.kubelet")
 GPU = "nvidia.com/gpu"
 PROBE_PERIOD_CAP_S = 1.0
+WORLDS_LOCK = "/run/elastune-podworld.lock"
+"""flock'ed shared by every running pod world (see Kubelet.start)."""
 
 
 def _now() -> str:
@@ -104,6 +108,10 @@ class Kubelet:
 
     # -- lifecycle ----------------------------------------------------------------------------------
     def start(self) -> None:
+        # Held shared while this world runs: the mount points it creates on the host are the same paths
+        # every world's pods mount over, and removing one detaches that mount in every pod (Linux >= 3.18).
+        self._worlds_lock = os.open(WORLDS_LOCK, os.O_RDWR | os.O_CREAT, 0o600)
+        fcntl.flock(self._worlds_lock, fcntl.LOCK_SH)
         self._thread = threading.Thread(target=self._loop, name="podworld-kubelet", daemon=True)
         self._thread.start()
 
@@ -114,9 +122,18 @@ class Kubelet:
         threads = [self._terminate_async(p, grace=5.0) for p in list(self.pods.values())]
         for t in threads:
             t.join(15)
-        for d in reversed(self._created_dirs):
-            with contextlib.suppress(OSError):  # not empty: something else uses it now
-                d.rmdir()
+        lock = getattr(self, "_worlds_lock", None)
+        try:
+            if lock is not None:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            for d in reversed(self._created_dirs):
+                with contextlib.suppress(OSError):  # not empty: something else uses it now
+                    d.rmdir()
+        except BlockingIOError:
+            pass  # another pod world runs: its pods may mount over these paths, leave them
+        finally:
+            if lock is not None:
+                os.close(lock)
 
     def _loop(self) -> None:
         while not self._stop.wait(self.period_s):
@@ -265,6 +282,11 @@ class Kubelet:
         """Create a missing mount point on the host (the pod's mount namespace shares the host's
         directories) and remember it, so the world removes what it created."""
         if target.exists() or str(target).startswith("/tmp/"):
+            return
+        ancestor = target
+        while not ancestor.exists():
+            ancestor = ancestor.parent
+        if os.path.realpath(ancestor) in SHADOWABLE:  # init.py makes it in the pod, over a private tmpfs
             return
         missing: list[Path] = []
         p = target

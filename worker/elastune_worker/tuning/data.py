@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Final, TypedDict
 from urllib.parse import unquote, urlsplit
 
+from elastune_contract import storage
 from elastune_contract.vocabulary import Reason
 
 __all__ = [
@@ -34,7 +35,7 @@ DATASET_EMPTY: Final = Reason.DATASET_EMPTY
 DATASET_UNSUPPORTED_SCHEME: Final = Reason.DATASET_UNSUPPORTED_SCHEME
 
 # Schemes the TuningJob API accepts (tuningjob.py) but this worker cannot fetch yet.
-_NOT_IMPLEMENTED_SCHEMES: Final = ("s3", "http", "https", "pvc")
+_NOT_IMPLEMENTED_SCHEMES: Final = ("s3", "http", "https")
 _FIELDS: Final = ("input", "target")
 
 
@@ -69,6 +70,11 @@ def resolve_local_path(uri: str) -> Path:
                 "use file:///absolute/path",
             )
         return Path(unquote(parts.path))
+    if scheme == "pvc":  # the claim's mount in this pod, resolved as for checkpoints and adapters
+        try:
+            return storage.local_path(uri)
+        except ValueError as exc:
+            raise DatasetError(DATASET_UNSUPPORTED_SCHEME, f"dataset {uri!r}: {exc}") from exc
     if scheme in _NOT_IMPLEMENTED_SCHEMES:
         raise DatasetError(
             DATASET_UNSUPPORTED_SCHEME,
@@ -77,7 +83,7 @@ def resolve_local_path(uri: str) -> Path:
         )
     raise DatasetError(
         DATASET_UNSUPPORTED_SCHEME,
-        f"dataset {uri!r}: unknown scheme {scheme!r}; supported: local path, file://",
+        f"dataset {uri!r}: unknown scheme {scheme!r}; supported: local path, file://, pvc://claim/path",
     )
 
 
