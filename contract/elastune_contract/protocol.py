@@ -18,14 +18,16 @@ Keys (``ns`` defaults to ``elastune``):
 
 from __future__ import annotations
 
+import logging
 import os
 import time
+from collections.abc import Callable
 from enum import StrEnum
-from typing import Any, Literal, cast
+from typing import Any, Literal, TypeVar, cast
 from urllib.parse import urlsplit
 
 import redis
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from elastune_contract.redact import redact_url
 
@@ -328,6 +330,16 @@ class BusUnreachable(ConnectionError):
     """Redis cannot be reached; the message names the URL."""
 
 
+log = logging.getLogger("elastune.protocol")
+
+_M = TypeVar("_M", bound=_Message)
+
+PoisonKind = Literal["worker", "pool", "placement", "demand", "event", "assignment"]
+"""Which kind of registry entry could not be read (the label of the poison-record metrics)."""
+_POISON_MEMORY = 4096
+"""Distinct poison entries remembered (each is logged and counted once, however often it is read)."""
+
+
 class Bus:
     """Both sides of the protocol on one Redis connection pool."""
 
@@ -337,9 +349,41 @@ class Bus:
         extra = {}
         if urlsplit(url).password is None and os.environ.get(PASSWORD_ENV):
             extra["password"] = os.environ[PASSWORD_ENV]  # from a Secret, never in the URL on disk
+        # encoding_errors="replace": bytes that are not UTF-8 in one record make that record unreadable
+        # (skipped and counted below), never the whole MGET or HGETALL that read it.
         self.redis = redis.Redis.from_url(
-            url, socket_timeout=socket_timeout, socket_connect_timeout=5.0, decode_responses=True, **extra
+            url,
+            socket_timeout=socket_timeout,
+            socket_connect_timeout=5.0,
+            decode_responses=True,
+            encoding_errors="replace",
+            **extra,
         )
+        self.on_poison: Callable[[PoisonKind], None] | None = None
+        """Called once per distinct malformed entry read (a metric counts them: the operator's
+        elastune_control_poison_records_total, the gateway's elastune_gateway_poison_records_total)."""
+        self.poison: dict[str, int] = {}
+        """Distinct malformed entries read so far, by kind."""
+        self._poison_seen: set[tuple[str, str, int]] = set()
+
+    def _parse(self, model: type[_M], raw: str, kind: PoisonKind, where: str) -> _M | None:
+        """One registry entry, or None when it is malformed: logged and counted once, then skipped, so
+        one bad record never fails a whole read (level-triggered: the rest of the round goes on)."""
+        try:
+            return model.model_validate_json(raw)
+        except (ValidationError, ValueError) as exc:
+            mark = (kind, where, hash(raw))
+            if mark in self._poison_seen:
+                return None
+            if len(self._poison_seen) >= _POISON_MEMORY:
+                self._poison_seen.clear()
+            self._poison_seen.add(mark)
+            self.poison[kind] = self.poison.get(kind, 0) + 1
+            first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            log.warning("skipping a malformed %s entry at %s (%s): %.200r", kind, where, first, raw)
+            if self.on_poison is not None:
+                self.on_poison(kind)
+            return None
 
     def ping(self) -> None:
         try:
@@ -362,7 +406,7 @@ class Bus:
         item = self.redis.blpop([assign_key(self.ns, worker_id)], timeout=timeout)
         if item is None:
             return None
-        return Assignment.model_validate_json(item[1])
+        return self._parse(Assignment, str(item[1]), "assignment", assign_key(self.ns, worker_id))
 
     def post(self, event: Event) -> None:
         key = events_key(self.ns, event.job)
@@ -387,8 +431,8 @@ class Bus:
         for wid, raw in zip(ids, raws, strict=True):
             if raw is None:
                 gone.append(wid)
-            else:
-                live[wid] = WorkerRecord.model_validate_json(raw)
+            elif (rec := self._parse(WorkerRecord, str(raw), "worker", worker_key(self.ns, wid))) is not None:
+                live[wid] = rec
         if gone:
             self.redis.srem(f"{self.ns}:workers", *gone)
         return live
@@ -397,14 +441,15 @@ class Bus:
         self.redis.rpush(assign_key(self.ns, worker_id), assignment.dumps())
 
     def events(self, job: str, after: str = "0-0", count: int = 1000) -> list[tuple[str, Event]]:
-        """Events of ``job`` after stream id ``after``, oldest first."""
+        """Events of ``job`` after stream id ``after``, oldest first (malformed ones skipped and counted)."""
         out = []
-        rows = cast(
-            list[tuple[str, dict[str, str]]],
-            self.redis.xrange(events_key(self.ns, job), min=f"({after}", count=count),
-        )
+        key = events_key(self.ns, job)
+        rows = cast(list[tuple[str, dict[str, str]]], self.redis.xrange(key, min=f"({after}", count=count))
         for entry_id, fields in rows:
-            out.append((entry_id, Event.model_validate_json(fields["event"])))
+            raw = fields.get("event", "") if isinstance(fields, dict) else ""
+            ev = self._parse(Event, raw, "event", f"{key}#{entry_id}")
+            if ev is not None:
+                out.append((entry_id, ev))
         return out
 
     def cancel(self, job: str, attempt: int, ttl: int = 24 * 3600) -> None:
@@ -419,7 +464,12 @@ class Bus:
 
     def serving_pools(self) -> dict[str, ServingPoolRecord]:
         raw = cast(dict[str, str], self.redis.hgetall(pools_key(self.ns)))
-        return {pool: ServingPoolRecord.model_validate_json(v) for pool, v in sorted(raw.items())}
+        out = {}
+        for pool, v in sorted(raw.items()):
+            rec = self._parse(ServingPoolRecord, v, "pool", f"{pools_key(self.ns)}#{pool}")
+            if rec is not None:
+                out[pool] = rec
+        return out
 
     def post_demand(self, demand: ServingDemand, ttl: int = WORKER_TTL_SECONDS) -> None:
         """Refreshed while requests wait; expires ``ttl`` seconds after the last one stops waiting."""
@@ -427,7 +477,7 @@ class Bus:
 
     def demand(self, model: str) -> ServingDemand | None:
         raw = cast(str | None, self.redis.get(demand_key(self.ns, model)))
-        return None if raw is None else ServingDemand.model_validate_json(raw)
+        return None if raw is None else self._parse(ServingDemand, raw, "demand", demand_key(self.ns, model))
 
     def count_requests(self, counts: dict[str, int], now: float | None = None) -> None:
         """Add requests per served name (model or adapter) to the current window. Every gateway replica
@@ -451,7 +501,8 @@ class Bus:
         out: dict[str, int] = {}
         for counts in cast(list[dict[str, str]], pipe.execute()):
             for name, n in counts.items():
-                out[name] = out.get(name, 0) + int(n)
+                if n.lstrip("-").isdigit():  # HINCRBY keeps them integers; anything else is skipped
+                    out[name] = out.get(name, 0) + int(n)
         return out
 
     def set_placement(self, worker_id: str, adapters: dict[str, PlacedAdapter]) -> None:
@@ -464,8 +515,14 @@ class Bus:
         pipe.execute()
 
     def placement(self, worker_id: str) -> dict[str, PlacedAdapter]:
-        raw = cast(dict[str, str], self.redis.hgetall(placement_key(self.ns, worker_id)))
-        return {name: PlacedAdapter.model_validate_json(v) for name, v in sorted(raw.items())}
+        key = placement_key(self.ns, worker_id)
+        raw = cast(dict[str, str], self.redis.hgetall(key))
+        out = {}
+        for name, v in sorted(raw.items()):
+            placed = self._parse(PlacedAdapter, v, "placement", f"{key}#{name}")
+            if placed is not None:
+                out[name] = placed
+        return out
 
     def forget_worker(self, worker_id: str) -> None:
         pipe = self.redis.pipeline()

@@ -106,3 +106,23 @@ class ControlMetrics:
             ["handler"],
             registry=r,
         )
+        self.poison_records = Counter(
+            "elastune_control_poison_records",
+            "Malformed registry entries the control plane skipped (each counted once), by kind (worker | "
+            "pool | placement | demand | event | assignment): the round goes on without them.",
+            ["kind"],
+            registry=r,
+        )
+        self.reasserts = Counter(
+            "elastune_control_reasserts",
+            "Times the control plane rewrote what it owns in the registry (pool records, placements), by "
+            "why (periodic | reconnect | lost: Redis came back without them).",
+            ["why"],
+            registry=r,
+        )
+        self.workers_returned = Counter(
+            "elastune_control_workers_returned",
+            "Workers considered gone (registry record expired) that registered again and were used again.",
+            ["model"],
+            registry=r,
+        )

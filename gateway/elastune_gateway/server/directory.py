@@ -5,6 +5,9 @@ Workers publish a ``WorkerRecord`` with every heartbeat (1 s, TTL 10 s); one tha
 publishes a ``ServingPoolRecord`` per serving pool, which is how the gateway knows a model whose pool
 is scaled to zero. An endpoint that failed a request is set aside for ``failure_cooldown_s`` (or until
 its worker re-registers as a new process) so no new request goes there.
+
+A refresh that fails (Redis unreachable) keeps the last view, which requests are routed from, and is
+counted; a malformed record is skipped and counted (``Bus._parse``), never a failed refresh.
 """
 
 from __future__ import annotations
@@ -17,12 +20,15 @@ from dataclasses import dataclass, replace
 
 from elastune_contract.protocol import (
     Bus,
+    PoisonKind,
     ServingDemand,
     ServingPoolRecord,
     ServingState,
     WorkerRecord,
     WorkerState,
 )
+
+from .metrics import GatewayMetrics
 
 log = logging.getLogger("elastune.gateway")
 
@@ -71,8 +77,10 @@ def _holdings(endpoints: dict[str, Endpoint]) -> set[tuple[str, str]]:
 
 
 class Directory:
-    def __init__(self, bus: Bus, failure_cooldown_s: float) -> None:
+    def __init__(self, bus: Bus, failure_cooldown_s: float, metrics: GatewayMetrics | None = None) -> None:
         self.bus = bus
+        self.metrics = metrics
+        bus.on_poison = self._count_poison
         self.failure_cooldown_s = failure_cooldown_s
         self._endpoints: dict[str, Endpoint] = {}
         self._models: dict[str, KnownModel] = {}
@@ -80,7 +88,10 @@ class Directory:
         """endpoint id → (until, started_at of the process that failed)."""
         self._changed = asyncio.Event()
         self.last_refresh: float | None = None
+        """time.monotonic() of the last good read of the registry (None: never read)."""
         self.last_error: str | None = None
+        self.failed_refreshes = 0
+        """Reads that failed in a row (0 after a good one)."""
         self._requests: dict[str, int] = {}
         """Requests per served name since the last flush to the registry (adapter popularity)."""
 
@@ -94,16 +105,41 @@ class Directory:
             for name, n in counts.items():  # counted again with the next refresh
                 self._requests[name] = self._requests.get(name, 0) + n
             if self.last_error is None:
-                log.warning("cannot read the registry: %s", exc)
+                log.warning("cannot read the registry (routing from the last view): %s", exc)
             self.last_error = str(exc)
+            self.failed_refreshes += 1
+            if self.metrics is not None:
+                self.metrics.registry_refresh_failures.inc()
             return
-        self.last_error = None
+        if self.last_error is not None:
+            log.info("registry readable again after %d failed read(s)", self.failed_refreshes)
+        self.last_error, self.failed_refreshes = None, 0
         self.last_refresh = time.monotonic()
         self._apply(workers, pools)
 
     def _read(self, counts: dict[str, int]) -> tuple[dict[str, WorkerRecord], dict[str, ServingPoolRecord]]:
         self.bus.count_requests(counts)
         return self.bus.workers(), self.bus.serving_pools()
+
+    def _count_poison(self, kind: PoisonKind) -> None:
+        if self.metrics is not None:
+            self.metrics.poison_records.labels(kind).inc()
+
+    def age(self) -> float | None:
+        """Seconds since the last good read of the registry (None: never read)."""
+        return None if self.last_refresh is None else time.monotonic() - self.last_refresh
+
+    def readiness(self, stale_after_s: float) -> str | None:
+        """Why the gateway cannot serve (None: it can). It can while it knows an endpoint, from its last
+        view however old, or while that view is recent enough to hold requests for a scaling pool; a
+        failed read alone never makes it unready (readiness must not track Redis's)."""
+        age = self.age()
+        if age is None:
+            return self.last_error or "the registry was not read yet"
+        if self._endpoints or age <= stale_after_s:
+            return None
+        why = f"no endpoint known and the registry was last read {age:.0f} s ago"
+        return f"{why}: {self.last_error}" if self.last_error else why
 
     def count_request(self, name: str) -> None:
         """One request for ``name`` (a base model or an adapter): the control plane places adapters by

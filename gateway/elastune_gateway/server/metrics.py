@@ -66,6 +66,21 @@ class GatewayMetrics:
             "elastune_gateway_length_predictions", "SSJF output-length predictions, by outcome (ok, failed)",
             ["outcome"], registry=r,
         )  # fmt: skip
+        self.registry_refresh_failures = Counter(
+            "elastune_gateway_registry_refresh_failures",
+            "Registry reads that failed (Redis unreachable): the gateway routed on from its last view",
+            registry=r,
+        )
+        self.registry_age = Gauge(
+            "elastune_gateway_registry_age_seconds",
+            "Seconds since the registry was last read successfully (the age of the view routing uses)",
+            registry=r,
+        )
+        self.poison_records = Counter(
+            "elastune_gateway_poison_records",
+            "Malformed registry entries skipped (each counted once), by kind (worker, pool, ...)",
+            ["kind"], registry=r,
+        )  # fmt: skip
         self.predictor_configured = Gauge(
             "elastune_gateway_length_predictor_configured",
             "1 when an SSJF length predictor is configured (else requests queue FCFS)", registry=r,

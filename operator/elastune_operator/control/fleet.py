@@ -6,6 +6,12 @@ oldest GPU launched for its model (its measured start-to-ready time is T_cold), 
 vanished, died before becoming warm or cannot load their model, and re-binds the workers of an attempt
 that outlived a control-plane restart. What happens to the jobs is the core's business: the fleet
 reports, the core decides.
+
+Level-triggered: a bound worker whose record is missing for one read is not lost yet (a Redis that
+restarted empty, or a FLUSHALL, loses every record until the next heartbeat re-registers it); it is lost
+when the backend says it exited or its record stays missing for ``MISSING_GRACE_S``. A worker lost that
+way (silent, not exited) which registers again later (it was paused past its TTL, or partitioned) is
+bound and used again like a new one.
 """
 
 from __future__ import annotations
@@ -13,13 +19,18 @@ from __future__ import annotations
 import logging
 from typing import Protocol
 
-from elastune_contract.protocol import Bus, WorkerRecord, WorkerState
+from elastune_contract.protocol import HEARTBEAT_SECONDS, Bus, PoisonKind, WorkerRecord, WorkerState
 from elastune_operator.control.backend import ClusterBackend, WorkerExit
 from elastune_operator.metrics import ControlMetrics
 from elastune_operator.scheduling.estimator import Estimator
 from elastune_operator.scheduling.state import ClusterState
 
 log = logging.getLogger("elastune.control")
+
+MISSING_GRACE_S = 3 * HEARTBEAT_SECONDS
+"""A bound worker's record may be missing this long before the worker counts as lost (three heartbeats:
+the record of a live worker comes back with its next one after the registry lost it). Its record
+already expired after ``WORKER_TTL_SECONDS`` of silence, so this adds little to a real loss."""
 
 
 class FleetEvents(Protocol):
@@ -56,6 +67,13 @@ class Fleet:
         self.failed_workers: set[str] = set()
         self.gone: set[str] = set()
         self.start_failures: dict[str, int] = {}
+        self.missing: dict[str, float] = {}  # bound worker id -> when its record was first missing
+        self.silent: set[str] = set()  # lost because its record vanished (no exit seen): may come back
+        # One malformed registry record is logged, counted and skipped (Bus._parse), never a failed round.
+        bus.on_poison = self._count_poison
+
+    def _count_poison(self, kind: PoisonKind) -> None:
+        self.metrics.poison_records.labels(kind).inc()
 
     def add_model(self, llm: str) -> None:
         self.unbound.setdefault(llm, [])
@@ -72,8 +90,15 @@ class Fleet:
         records = self.bus.workers()
         exited = self.backend.exited()
         for wid, gid in list(self.gpu_of.items()):
-            if wid not in records or wid in exited:
-                events.worker_lost(wid, gid, now, exited.get(wid))
+            if wid in records and wid not in exited:
+                self.missing.pop(wid, None)
+                continue
+            if wid not in exited and now - self.missing.setdefault(wid, now) < MISSING_GRACE_S:
+                continue  # the registry may have lost it (Redis restarted): its next heartbeat tells
+            self.missing.pop(wid, None)
+            if wid not in exited:
+                self.silent.add(wid)
+            events.worker_lost(wid, gid, now, exited.get(wid))
         for wid, how in exited.items():
             if wid in self.gone or wid in self.failed_workers or how.model not in models:
                 continue
@@ -86,6 +111,12 @@ class Fleet:
             if wid not in self.gpu_of and (rec is None or rec.state is WorkerState.STARTING):
                 events.worker_start_failed(wid, how, now)
         for wid, rec in records.items():
+            if wid in self.silent and wid in self.gone and wid not in exited:
+                # Its record was deleted when it was lost: this one is a new heartbeat. It is back.
+                self.gone.discard(wid)
+                self.silent.discard(wid)
+                log.warning("worker %s registered again after it was considered gone: using it again", wid)
+                self.metrics.workers_returned.labels(rec.model).inc()
             if wid in self.gpu_of or wid in self.gone or rec.model not in models:
                 continue
             if rec.state is WorkerState.FAILED and wid not in self.failed_workers:
@@ -131,6 +162,7 @@ class Fleet:
 
     def forget(self, wid: str) -> int | None:
         """A bound worker is gone: unbind it and drop its registry entry. Returns its GPU."""
+        self.missing.pop(wid, None)
         gid = self.gpu_of.pop(wid, None)
         if gid is not None:
             self.worker_of.pop(gid, None)
@@ -148,6 +180,7 @@ class Fleet:
         wid = self.worker_of.pop(gid, None)
         if wid is not None:
             del self.gpu_of[wid]
+            self.missing.pop(wid, None)
         return wid
 
     def workers(self, gids: list[int]) -> list[str]:

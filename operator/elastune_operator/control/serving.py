@@ -11,7 +11,11 @@ Each round (``tick``) it reads the workers' registry records and
 - reports each LoRAAdapter's status from what the workers say they hold (true residency: pod and tier),
   with Ready=False and a reason for anything that cannot be served.
 
-All state here is rebuilt from the resources and the registry after a restart: nothing is lost.
+All state here is rebuilt from the resources and the registry after a restart: nothing is lost. What it
+owns in the registry (pool records, placements) is level-triggered: written when it changes, and written
+again every ``REASSERT_S``, after a round gap (Redis was unreachable: the rounds failed) and as soon as
+the registry lost the pool records (a Redis restarted empty, a FLUSHALL), so a Redis that lost them is
+told again within seconds without anyone acting.
 """
 
 from __future__ import annotations
@@ -28,9 +32,17 @@ from elastune_contract.api import units
 from elastune_contract.api.common import ConditionStatus, set_condition
 from elastune_contract.api.loraadapter import AdapterPlacement, LoRAAdapterSpec, LoRAAdapterStatus
 from elastune_contract.api.warmpool import ServingSpec
-from elastune_contract.protocol import Bus, PlacedAdapter, ServingPoolRecord, WorkerRecord, WorkerState
+from elastune_contract.protocol import (
+    Bus,
+    PlacedAdapter,
+    ServingPoolRecord,
+    WorkerRecord,
+    WorkerState,
+    pools_key,
+)
 from elastune_contract.vocabulary import ConditionType, Reason
 from elastune_operator.control import artifacts
+from elastune_operator.metrics import ControlMetrics
 from elastune_operator.scheduling.placement import AdapterDemand, PlacementConfig, PodView, place
 
 log = logging.getLogger("elastune.operator")
@@ -38,6 +50,11 @@ log = logging.getLogger("elastune.operator")
 DEFAULT_SERVING = ServingSpec()
 POPULARITY_READ_S = 5.0
 """How often the gateway's request counts are read back (they are kept per minute)."""
+REASSERT_S = 5.0
+"""Pool records and placements are rewritten at least this often, changed or not (level-triggered)."""
+ROUND_GAP_S = 2.0
+"""Rounds further apart than this mean the rounds failed or stalled (Redis was unreachable, the
+process paused): the next one rewrites everything, since the registry may have lost it meanwhile."""
 
 
 @dataclass
@@ -77,8 +94,10 @@ class ServingControl:
         clock: Callable[[], float] = time.time,
         *,
         check_artifact_paths: bool = True,
+        metrics: ControlMetrics | None = None,
     ) -> None:
         self.bus = bus
+        self.metrics = metrics
         self.check_artifact_paths = check_artifact_paths
         self.on_status = on_status or (lambda _rec: None)
         self.clock = clock
@@ -90,6 +109,8 @@ class ServingControl:
         self._pods: dict[str, int] = {}  # model -> serving pods seen in the last round
         self._popularity: dict[str, int] = {}  # served name -> requests in the last 1-2 windows
         self._popularity_at = float("-inf")
+        self._asserted_at = float("-inf")  # when everything was last rewritten
+        self._last_tick: float | None = None
 
     # -- pools --------------------------------------------------------------------------------------
     def add_pool(self, name: str, model: str, spec: ServingSpec | None) -> None:
@@ -192,6 +213,7 @@ class ServingControl:
         # Requests per adapter from the gateway(s) (POPULARITY_WINDOW_S windows): replicas by share. The
         # counts move by the minute, so they are read every few seconds, not every 50 ms round.
         now = self.clock()
+        self._reassert_if_due(now)
         if self.pools and now - self._popularity_at >= POPULARITY_READ_S:
             self._popularity, self._popularity_at = self.bus.popularity(now), now
         for model, pool in self.pools.items():
@@ -207,6 +229,26 @@ class ServingControl:
             self._place(pool, serving)
         for rec in list(self.adapters.values()):
             self._report(rec, workers)
+
+    def _reassert_if_due(self, now: float) -> None:
+        """Forget what was written, so this round writes it all again, when it is time (periodic), after
+        a gap between rounds (reconnect) or when the registry lost the pool records (one HLEN a round)."""
+        why = None
+        if self._last_tick is not None and now - self._last_tick > ROUND_GAP_S:
+            why = "reconnect"
+        elif now - self._asserted_at >= REASSERT_S:
+            why = "periodic"
+        elif self._published and self.bus.redis.hlen(pools_key(self.bus.ns)) < len(self._published):
+            why = "lost"
+            log.warning("the registry lost the serving pool records (Redis restarted?): writing them again")
+        self._last_tick = now
+        if why is None:
+            return
+        self._published.clear()
+        self._placed.clear()
+        self._asserted_at = now
+        if self.metrics is not None:
+            self.metrics.reasserts.labels(why).inc()
 
     def _publish_pool(self, pool: _Pool) -> None:
         s = pool.spec
