@@ -54,7 +54,9 @@ def _local_dir(url: str) -> Path | None:
     None where it cannot: a claim root this process does not mount, or a scheme without a path.
     ValueError for a malformed URI."""
     loc = storage.parse(url)
-    if not loc.is_local or (loc.scheme == storage.PVC and not storage.pvc_root().is_dir()):
+    # The claim itself must be mounted here, not only the root: an operator image or node that happens
+    # to have /mnt/pvc would otherwise judge every published artifact missing.
+    if not loc.is_local or (loc.scheme == storage.PVC and not (storage.pvc_root() / loc.authority).is_dir()):
         return None
     return storage.local_path(loc)
 

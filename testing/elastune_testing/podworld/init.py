@@ -28,9 +28,8 @@ def main() -> None:
     # Sources may lie under the host's /tmp (a test's tmp_path), which the private /tmp hides: hold each
     # open first and bind it through /proc/<pid>/fd (the descriptors are not inherited by the exec).
     held = {p: os.open(p, os.O_RDONLY | os.O_DIRECTORY) for p in plan["binds"]}
-    held |= {m["source"]: os.open(m["source"], os.O_RDONLY | os.O_DIRECTORY) for m in plan["mounts"]}
-
     shadowed: set[str] = set()
+    held |= {m["source"]: os.open(m["source"], os.O_RDONLY | os.O_DIRECTORY) for m in plan["mounts"]}
 
     def make_mountpoint(target: str) -> None:
         """Create a missing mount point inside the pod only: the first existing ancestor, when it is a
@@ -52,6 +51,9 @@ def main() -> None:
             _mount("-o", "remount,bind,ro", target)
 
     _mount("-t", "tmpfs", "-o", "mode=1777,size=512m", "tmpfs", "/tmp")
+    # A container's /mnt is its image's (empty), never the node's.
+    _mount("-t", "tmpfs", "-o", "mode=755,size=16m", "tmpfs", "/mnt")
+    shadowed.add("/mnt")
     # Paths the image carries (venv, checkout, model cache) are read-only in the pod; under /tmp they
     # come back over the private tmpfs.
     for path in plan["binds"]:
