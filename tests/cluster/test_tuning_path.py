@@ -49,7 +49,7 @@ def claim(name: str) -> dict[str, Any]:
 
 def custom_object(world: PodWorld, plural: str, name: str) -> dict[str, Any]:
     custom = client.CustomObjectsApi(world.api)
-    return custom.get_namespaced_custom_object("elastune.dev", "v1alpha1", TENANT, plural, name)  # type: ignore[no-any-return]
+    return custom.get_namespaced_custom_object("elastune.dev", "v1alpha1", TENANT, plural, name)  # type: ignore[return-value]
 
 
 def job_status(world: PodWorld, name: str) -> dict[str, Any]:
