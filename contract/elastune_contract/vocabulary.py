@@ -21,6 +21,8 @@ class ConditionType:
     FAILED: Final = "Failed"
     READY: Final = "Ready"
     LOADED: Final = "Loaded"
+    PUBLISHED: Final = "Published"
+    """TuningJob: whether output.publish became a LoRAAdapter (False: why not, e.g. PublishNameTaken)."""
 
 
 class Reason:
@@ -47,6 +49,10 @@ class Reason:
     # Failures a retry from the checkpoint may fix
     WORKER_LOST: Final = "WorkerLost"
     ATTEMPT_LOST: Final = "AttemptLost"
+    # An attempt that missed one of its deadlines (control.deadlines): cancelled and retried
+    ATTEMPT_NOT_STARTED: Final = "AttemptNotStarted"
+    ATTEMPT_STALLED: Final = "AttemptStalled"
+    RESULT_LOST: Final = "ResultLost"
     COLLECTIVE_TIMEOUT: Final = "CollectiveTimeout"
     # Failures no retry fixes (see PERMANENT_FAILURE_REASONS)
     DATASET_NOT_FOUND: Final = "DatasetNotFound"
@@ -90,6 +96,8 @@ class Reason:
     NO_WARM_POD: Final = "NoWarmPod"
     LOADING: Final = "Loading"
     PUBLISHED: Final = "Published"
+    # A TuningJob's output.publish names a LoRAAdapter that exists and was not created by that job
+    PUBLISH_NAME_TAKEN: Final = "PublishNameTaken"
     # Prompt Bank (status.promptBank.reason): the latency budget's verdict, then the lookup's outcome
     PROMPT_BANK_USED: Final = "PromptBankUsed"
     PROMPT_BANK_REQUESTED: Final = "PromptBankRequested"

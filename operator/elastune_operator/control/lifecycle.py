@@ -70,6 +70,9 @@ class JobLifecycle:
             job, C.SCHEDULED, "True", Reason.WARM_GPUS_ASSIGNED, f"{world} warm GPU(s) of pool {job.pool}"
         )
         resumed = f", resuming at iteration {job.checkpointed}" if job.attempt > 1 else ""
+        ended = next((c for c in st.conditions if c.type == C.RUNNING and c.status == "False"), None)
+        if resumed and ended is not None and ended.reason != Reason.PENDING:
+            resumed += f" after {ended.reason}"  # why the last attempt ended, in the status that stays
         self.condition(
             job,
             C.RUNNING,
@@ -193,6 +196,17 @@ class JobLifecycle:
         self.metrics.jobs_finished.labels(job.llm, outcome).inc()
         self.metrics.slo.labels(job.llm, "met" if st.slo_met else "missed").inc()
         self.metrics.job_latency.labels(job.llm).observe(now - job.created)
+        self.emit(job)
+
+    # -- tune -> serve ------------------------------------------------------------------------------
+    def published(self, job: JobRecord, name: str) -> None:
+        """The job's LoRAAdapter exists (created now, or by this job before a restart)."""
+        self.condition(job, C.PUBLISHED, "True", Reason.PUBLISHED, f"LoRAAdapter {name}")
+        self.emit(job)
+
+    def publish_refused(self, job: JobRecord, reason: str, message: str) -> None:
+        """output.publish did not become a LoRAAdapter (e.g. PublishNameTaken): said, never silent."""
+        self.condition(job, C.PUBLISHED, "False", reason, message)
         self.emit(job)
 
     # -- helpers ------------------------------------------------------------------------------------

@@ -48,6 +48,12 @@ class OperatorSettings:
     pod_unschedulable_grace_s: float = 60.0
     """ELASTUNE_POD_UNSCHEDULABLE_GRACE: seconds a worker pod may stay Unschedulable before its
     attempt fails with that reason (the cluster autoscaler may add a node meanwhile)."""
+    attempt_start_deadline_s: float = 120.0
+    """ELASTUNE_ATTEMPT_START_DEADLINE: seconds a dispatched attempt may take to start on its warm
+    workers before it is cancelled and retried (AttemptNotStarted)."""
+    attempt_stall_floor_s: float = 300.0
+    """ELASTUNE_ATTEMPT_STALL_FLOOR: seconds a running attempt may go without progress at least (more
+    when its measured step time says so) before it is cancelled and retried (AttemptStalled)."""
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> OperatorSettings:
@@ -65,6 +71,8 @@ class OperatorSettings:
             "scheduling_policy": "ELASTUNE_SCHEDULING_POLICY",
             "check_artifact_paths": "ELASTUNE_CHECK_ARTIFACT_PATHS",
             "pod_unschedulable_grace_s": "ELASTUNE_POD_UNSCHEDULABLE_GRACE",
+            "attempt_start_deadline_s": "ELASTUNE_ATTEMPT_START_DEADLINE",
+            "attempt_stall_floor_s": "ELASTUNE_ATTEMPT_STALL_FLOOR",
         }
         values: dict[str, object] = {}
         for f in fields(cls):
@@ -75,7 +83,7 @@ class OperatorSettings:
             try:
                 if f.name in ("cold_pool_gpus", "metrics_port"):
                     values[f.name] = int(raw)
-                elif f.name in ("collective_timeout_s", "pod_unschedulable_grace_s"):
+                elif f.name.endswith("_s"):
                     values[f.name] = float(raw)
                 elif f.name == "work_dir":
                     values[f.name] = Path(raw)

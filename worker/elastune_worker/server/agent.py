@@ -53,6 +53,10 @@ CHANNEL_UNREACHABLE = Reason.CHANNEL_UNREACHABLE
 COLLECTIVE_TIMEOUT = Reason.COLLECTIVE_TIMEOUT
 CHECKPOINT_MISMATCH = Reason.CHECKPOINT_MISMATCH
 WORKER_ERROR = Reason.WORKER_ERROR
+RESULT_POST_SECONDS = 60.0
+"""How long a worker keeps trying to post an attempt's result (succeeded or failed) through a Redis
+blip, staying BUSY on the attempt meanwhile; then it gives up and the control plane, seeing the worker
+READY without a result, retries the attempt (ResultLost). Below the control plane's stall floor."""
 
 
 class Cancelled(Exception):
@@ -174,10 +178,23 @@ class Agent:
         )  # type: ignore[arg-type]
 
     def _post(self, event: Event) -> None:
-        try:
-            self.bus.post(event)
-        except Exception as exc:
-            log.error("cannot post %s event of %s: %s", event.type, event.job, exc)
+        """Progress may be lost (the next event says more); a result is retried with backoff for up to
+        RESULT_POST_SECONDS, so a Redis blip does not lose it."""
+        final = event.type in ("succeeded", "failed")
+        deadline = time.monotonic() + (RESULT_POST_SECONDS if final else 0.0)
+        delay = 0.2
+        while True:
+            try:
+                self.bus.post(event)
+                return
+            except Exception as exc:
+                left = deadline - time.monotonic()
+                if left <= 0 or self._stop.is_set():
+                    log.error("cannot post %s event of %s: %s", event.type, event.job, exc)
+                    return
+                log.warning("cannot post %s event of %s (%s); retrying", event.type, event.job, exc)
+                self._stop.wait(min(delay, left))
+                delay = min(2 * delay, 5.0)
 
     def run_assignment(self, a: Assignment) -> str:
         """Run one assignment to its end; returns the outcome (succeeded | failed | cancelled)."""
@@ -332,6 +349,8 @@ class Agent:
             raise Cancelled() from exc
         if not lead:
             return
+        if cancelled():  # the control plane gave this attempt up: its retry owns the artifact
+            raise Cancelled()
         trainer.save_artifact(a.artifact_dir)
         _upload(a, a.artifact_dir, published)
         projection = trainer.prompt_projection()
