@@ -14,33 +14,73 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 MAX_STOP_SEQUENCES = 16
 
+# Numeric bounds: every number a request carries is checked here, before the engine sees it (a value
+# past what the engine's libraries take failed a whole batch of other requests once).
+INT32_MAX = 2**31 - 1
+SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1
+"""torch.Generator.manual_seed's inclusive range (negative seeds are mapped onto the unsigned range)."""
+MAX_N = 128
+"""Completions per request OpenAI's API accepts at most (n, best_of)."""
+MAX_LOGPROBS = 20
+"""OpenAI's bound on logprobs / top_logprobs."""
+MAX_LOGIT_BIAS_ENTRIES = 1024
+TokenCount = Annotated[int, Field(ge=1, le=INT32_MAX)]
+TokenId = Annotated[int, Field(ge=0, le=INT32_MAX)]
+Penalty = Annotated[float, Field(ge=-2.0, le=2.0)]
+
 
 class _Request(BaseModel):
     # Unknown fields are ignored as OpenAI's API and vLLM do: clients add their own (user, metadata).
     model_config = ConfigDict(extra="ignore")
 
     model: str = Field(min_length=1, description="A model id from /v1/models.")
-    max_tokens: Annotated[int, Field(ge=1)] | None = Field(
+    max_tokens: TokenCount | None = Field(
         default=None, description="Tokens to generate at most; default: the rest of the context."
     )
     temperature: Annotated[float, Field(ge=0.0, le=2.0)] = 1.0
     top_p: Annotated[float, Field(gt=0.0, le=1.0)] = 1.0
-    top_k: Annotated[int, Field(ge=-1)] = Field(default=-1, description="vLLM extension; -1 or 0: off.")
-    n: Annotated[int, Field(ge=1)] = 1
+    top_k: Annotated[int, Field(ge=-1, le=INT32_MAX)] = Field(
+        default=-1, description="vLLM extension; -1 or 0: off."
+    )
+    n: Annotated[int, Field(ge=1, le=MAX_N)] = 1
     stop: str | list[str] | None = None
-    stop_token_ids: list[int] | None = None
-    seed: int | None = None
+    stop_token_ids: list[TokenId] | None = None
+    seed: Annotated[int, Field(ge=SEED_MIN, le=SEED_MAX)] | None = Field(
+        default=None, description="Same seed and prompt, same tokens; within [-2**63, 2**64 - 1]."
+    )
     stream: bool = False
     stream_options: StreamOptions | None = None
     ignore_eos: bool = Field(
         default=False, description="vLLM extension: generate max_tokens whatever EOS says."
     )
-    priority: int = Field(default=0, description="vLLM extension: lower values are served first.")
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    logit_bias: dict[str, float] | None = None
-    logprobs: Any = None
+    priority: Annotated[int, Field(ge=-(2**63), le=2**63 - 1)] = Field(
+        default=0, description="vLLM extension: lower values are served first."
+    )
+    presence_penalty: Penalty = 0.0
+    frequency_penalty: Penalty = 0.0
+    logit_bias: dict[str, Annotated[float, Field(ge=-100.0, le=100.0)]] | None = None
+    logprobs: bool | int | None = None
+    top_logprobs: Annotated[int, Field(ge=0, le=MAX_LOGPROBS)] | None = None
     user: str | None = None
+
+    @field_validator("logprobs")
+    @classmethod
+    def _logprobs(cls, v: bool | int | None) -> bool | int | None:
+        if not isinstance(v, bool) and isinstance(v, int) and not 0 <= v <= MAX_LOGPROBS:
+            raise ValueError(f"logprobs must be true, false or an integer in [0, {MAX_LOGPROBS}]")
+        return v
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _logit_bias(cls, v: dict[str, float] | None) -> dict[str, float] | None:
+        if v is None:
+            return v
+        if len(v) > MAX_LOGIT_BIAS_ENTRIES:
+            raise ValueError(f"at most {MAX_LOGIT_BIAS_ENTRIES} entries")
+        for key in v:
+            if not key.isascii() or not key.isdigit() or int(key) > INT32_MAX:
+                raise ValueError(f"keys are token ids (integers in [0, {INT32_MAX}]), got {key[:32]!r}")
+        return v
 
     @field_validator("stop")
     @classmethod
@@ -62,6 +102,8 @@ class _Request(BaseModel):
             return "logit_bias", "logit_bias is not supported"
         if self.logprobs not in (None, False, 0):
             return "logprobs", "logprobs are not supported"
+        if self.top_logprobs:
+            return "top_logprobs", "logprobs are not supported"
         return None
 
 
@@ -77,7 +119,7 @@ class CompletionRequest(_Request):
         description="Text or token ids; a list of one prompt is accepted (batches: one request each)."
     )
     echo: bool = False
-    best_of: int | None = None
+    best_of: Annotated[int, Field(ge=1, le=MAX_N)] | None = None
     suffix: str | None = None
 
     def unsupported(self) -> tuple[str, str] | None:
@@ -122,7 +164,7 @@ class ChatCompletionRequest(_Request):
     """POST /v1/chat/completions."""
 
     messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
+    max_completion_tokens: TokenCount | None = None
     tools: list[Any] | None = None
     response_format: dict[str, Any] | None = None
 

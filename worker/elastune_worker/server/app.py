@@ -30,8 +30,10 @@ from fastapi import APIRouter, FastAPI
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
+from elastune_contract.openai_api.limits import limits_from
 from elastune_contract.protocol import Bus, BusUnreachable, ServingState, WorkerState
 from elastune_worker.server.agent import Agent, AgentConfig, default_worker_id
+from elastune_worker.server.control_auth import guard_control
 from elastune_worker.server.metrics import WorkerMetrics
 from elastune_worker.server.models import LoadedModel
 from elastune_worker.server.placement import AdapterSync
@@ -237,15 +239,19 @@ def main(argv: list[str] | None = None) -> int:
             model=args.model,
             on_loaded=on_loaded,
             serving_state=serving_state,
-            on_heartbeat=placement.sync,
+            on_heartbeat=placement.sync_in_background,  # loads never hold up the heartbeat
             engine_call=engine_call,
         ),
         bus,
         metrics,
     )
     app = create_app(
-        lambda: serving.get("client"), metrics=serving_metrics, control=control_router(agent, metrics)
+        lambda: serving.get("client"),
+        metrics=serving_metrics,
+        control=control_router(agent, metrics),
+        limits=limits_from(args),
     )
+    guard_control(app)  # adapter load/unload, /status: only with the control token
     server, port = start_http(app, args.host, args.port)
     host = advertised_host(args.host, args.advertise_host)
     agent.record.url = f"http://{host}:{port}"

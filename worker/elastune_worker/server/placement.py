@@ -11,6 +11,10 @@ not retried until the placement names another URL for it — except a storage fa
 or object missing, an endpoint down), retried every STORAGE_RETRY_SECONDS: the operator turns it into
 the LoRAAdapter's ``Ready=False`` reason (``placement_reasons``: StorageAccessDenied and the like). An
 s3:// artifact is downloaded here, with the Secret the placement names, before the engine loads it.
+
+Loads and unloads run on their own thread (``sync_in_background``, what the heartbeat calls): a slow
+download or load never delays the heartbeat, so it cannot expire the worker's registration. One pass
+runs at a time; a heartbeat that comes while a pass runs asks for one more pass after it.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -44,6 +49,29 @@ class AdapterSync:
         """Storage failures are retried (a Secret or object created, an endpoint back); others are not."""
         self.failed_urls: dict[str, str] = {}
         self.load_seconds: dict[str, float] = {}
+        self._wake = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._start_lock = threading.Lock()
+        self.passes = 0
+        """Passes finished by the background thread (tests, diagnostics)."""
+
+    def sync_in_background(self) -> None:
+        """Ask for a pass on the sync thread (started on first use) and return at once."""
+        with self._start_lock:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="adapter-sync", daemon=True)
+                self._thread.start()
+        self._wake.set()
+
+    def _run(self) -> None:
+        while True:
+            self._wake.wait()
+            self._wake.clear()
+            try:
+                self.sync()
+            except Exception as exc:  # Redis down or the engine gone: the next heartbeat asks again
+                log.warning("adapter placement pass failed: %s", exc)
+            self.passes += 1
 
     def sync(self) -> None:
         """One pass: load what is placed here and missing, unload what is no longer placed."""

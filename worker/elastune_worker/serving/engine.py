@@ -46,6 +46,12 @@ class RequestOutput:
     prompt_tokens: int
     completion_tokens: int
     cached_tokens: int
+    error: str | None = None
+    """Set when this request failed inside a step (finished, reason abort): the others went on."""
+
+
+class RequestFailed(RuntimeError):
+    """One request failed inside a step (sampling, its adapter or soft prompt); the others go on."""
 
 
 @dataclass
@@ -195,6 +201,9 @@ class LLMEngine:
 
     # -- the step -----------------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
+        """One iteration. A failure that belongs to one request (its sampling, its adapter's activation,
+        a soft prompt or adapter gone) ends that request alone, with an output carrying ``error``;
+        anything else raises (the caller fails what is in flight)."""
         t0 = time.perf_counter()
         if self.loras is not None:
             self._prepare_loras()
@@ -203,25 +212,33 @@ class LLMEngine:
         if not out.chunks and coserve is None:
             return []
         sampled: dict[str, int] = {}
+        failed: dict[str, str] = {}
         if out.chunks:
             slots, host = None, None
+            self._check_adapters(out, failed)
             if self.loras is not None:
                 names = {c.seq.lora for c in out.chunks if c.seq.lora is not None}
                 if names:
                     busy = {s.lora for s in self.scheduler.running if s.lora is not None}
-                    slots = self.loras.activate(names, busy)
-                    host = self._cold_adapters(names)
+                    slots = self._activate(names, busy, out, failed)
+                    names = {c.seq.lora for c in out.chunks if c.seq.lora is not None}
+                    host = self._cold_adapters(names) if names else None
                     if host:
                         self._count_cpu_assisted(out, host)
-            sampled = self.runner.execute(out, slots, self.soft_prompts or None, host)
+            if out.chunks:
+                sampled = self.runner.execute(out, slots, self.soft_prompts or None, host)
+                failed.update(self.runner.sampler.take_failures())
         ft_start = time.perf_counter()
         plan, finetune = self._coserve_share(out.num_tokens) if coserve is not None else (None, 0)
         ft_s = time.perf_counter() - ft_start  # the finetuning share alone, for its latency model
-        if not out.chunks and not finetune:
+        if not out.chunks and not finetune and not failed:
             return []
         outputs = []
         for seq in self.scheduler.update(out, sampled):
-            outputs.append(self._emit(seq))
+            if seq.request_id not in failed:
+                outputs.append(self._emit(seq))
+        for rid, why in failed.items():
+            outputs.append(self._fail(rid, why))
         self._steps += 1
         elapsed = time.perf_counter() - t0
         self._step_seconds += elapsed
@@ -229,6 +246,68 @@ class LLMEngine:
         if coserve is not None and plan is not None:  # the online refit (FlexLLM §6.2)
             coserve[1].observe(plan, finetune, elapsed - ft_s, ft_s)
         return outputs
+
+    def _check_adapters(self, out: SchedulerOutput, failed: dict[str, str]) -> None:
+        """Drop (and fail) the chunks whose soft prompt or adapter is no longer loaded."""
+        for c in out.chunks:
+            seq = c.seq
+            if seq.soft_prompt is not None and seq.soft_prompt not in self.soft_prompts:
+                failed[seq.request_id] = f"soft prompt {seq.soft_prompt!r} is no longer loaded"
+            elif seq.lora is not None and (self.loras is None or not self.loras.has(seq.lora)):
+                failed[seq.request_id] = f"adapter {seq.lora!r} is no longer loaded"
+        if failed:
+            out.chunks = [c for c in out.chunks if c.seq.request_id not in failed]
+
+    def _activate(
+        self, names: set[str], busy: set[str], out: SchedulerOutput, failed: dict[str, str]
+    ) -> dict[str, int]:
+        """Device slots of this step's adapters. An adapter that fails to activate (its weights
+        unreadable from storage, a copy failing) fails the requests that use it, not the step."""
+        assert self.loras is not None
+        try:
+            return self.loras.activate(names, busy)
+        except Exception as exc:
+            if len(names) == 1:
+                bad = {n: exc for n in names}
+            else:  # which one: each alone
+                bad = {}
+                for n in sorted(names):
+                    try:
+                        self.loras.activate({n}, busy)
+                    except Exception as one:
+                        bad[n] = one
+                if not bad:
+                    raise  # only together: not one adapter's fault
+        log.warning("adapters %s failed to activate: %s", sorted(bad), bad)
+        for c in out.chunks:
+            if c.seq.lora in bad:
+                why = bad[c.seq.lora]
+                failed[c.seq.request_id] = (
+                    f"adapter {c.seq.lora!r} failed to load: {type(why).__name__}: {why}"
+                )
+        out.chunks = [c for c in out.chunks if c.seq.request_id not in failed]
+        rest = names - set(bad)
+        return self.loras.activate(rest, busy - set(bad)) if rest else {}
+
+    def _fail(self, request_id: str, why: str) -> RequestOutput:
+        """End one request with an error (its KV blocks freed); the step goes on for the others."""
+        seq = self.scheduler.requests.get(request_id)
+        log.warning("request %s failed in a step: %s", request_id, why)
+        if seq is None:
+            return RequestOutput(request_id, [], "", True, "abort", 0, 0, 0, error=why)
+        output = RequestOutput(
+            request_id,
+            [],
+            "",
+            True,
+            "abort",
+            len(seq.prompt_token_ids) - seq.num_virtual_tokens,
+            len(seq.output_token_ids),
+            seq.num_cached_tokens,
+            error=why,
+        )
+        self._finish(seq, "abort")
+        return output
 
     # -- co-serving ---------------------------------------------------------------------------------
     def attach_coserve(self, job: FinetuneJob, planner: CoServePlanner) -> None:

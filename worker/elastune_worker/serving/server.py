@@ -15,6 +15,7 @@ from typing import Any, get_args
 from fastapi import APIRouter, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
+from elastune_contract.openai_api.limits import add_limit_args
 from elastune_worker.serving.config import BatchingName, EngineConfig, QueuePolicyName
 from elastune_worker.serving.cpu_binding import bind_process, plan_here, validate_spec
 
@@ -111,6 +112,7 @@ def add_engine_args(p: argparse.ArgumentParser, engine_cpus: str = "auto") -> No
         "--lora-modules", nargs="+", default=[], metavar="NAME=PATH",
         help="adapters to load at start (PEFT directories: a path, file:// or pvc://claim/path)",
     )  # fmt: skip
+    add_limit_args(p.add_argument_group("request limits (bodies over the size: 413; the others: 400)"))
 
 
 def _cpu_spec(text: str) -> str:
@@ -224,6 +226,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import uvicorn
 
+    from elastune_contract.openai_api.limits import limits_from
     from elastune_worker.serving.api.app import create_app
     from elastune_worker.serving.api.metrics import ServingMetrics
     from elastune_worker.serving.client import EngineServingClient
@@ -244,6 +247,8 @@ def main(argv: list[str] | None = None) -> int:
     registry = CollectorRegistry()
     metrics = ServingMetrics(registry, name)
     metrics.watch_engine(registry, client.stats, client.lora_info)
-    app = create_app(lambda: client, metrics=metrics, control=health_router(registry))
+    app = create_app(
+        lambda: client, metrics=metrics, control=health_router(registry), limits=limits_from(args)
+    )
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning", access_log=False)
     return 0

@@ -67,6 +67,8 @@ def load_soft_prompt(
         raise AdapterError(f"{name}: no 2-D prompt_embeddings tensor in {weights}")
     if int(cfg.get("num_transformer_submodules") or 1) != 1:  # type: ignore[call-overload]
         raise AdapterError(f"{name}: encoder-decoder soft prompts are not supported")
+    if not emb.is_floating_point() or not bool(emb.float().isfinite().all()):
+        raise AdapterError(f"{name}: prompt_embeddings has values that are not finite (NaN or Inf)")
     if emb.shape[1] != hidden_size:
         raise AdapterError(
             f"{name}: prompt embeddings of width {emb.shape[1]}, this base model's is {hidden_size}: "

@@ -10,7 +10,7 @@ from collections.abc import AsyncGenerator
 from concurrent.futures import Future
 from typing import Any
 
-from elastune_worker.serving.engine import RequestOutput
+from elastune_worker.serving.engine import RequestFailed, RequestOutput
 from elastune_worker.serving.sampling import SamplingParams
 
 Command = tuple[str, Any]
@@ -54,6 +54,9 @@ class RequestStreams:
                 item = await sink.get()
                 if isinstance(item, BaseException):
                     raise item
+                if item.error is not None:  # this request failed in a step (the others go on)
+                    finished = True
+                    raise RequestFailed(item.error)
                 yield item
                 if item.finished:
                     finished = True

@@ -11,6 +11,7 @@ from fastapi import APIRouter, FastAPI
 from fastapi.openapi.utils import get_openapi
 
 from elastune_contract.asgi import ResponseStatusHook, Scope
+from elastune_contract.openai_api.limits import BodySizeLimit, RequestLimits
 from elastune_worker.serving.api import errors
 from elastune_worker.serving.api.client import EngineClient
 from elastune_worker.serving.api.metrics import ServingMetrics
@@ -22,15 +23,19 @@ def create_app(
     *,
     metrics: ServingMetrics | None = None,
     control: APIRouter | None = None,
+    limits: RequestLimits | None = None,
 ) -> FastAPI:
-    """``get_engine`` returns None until the weights are loaded (requests then get 503 + Retry-After)."""
+    """``get_engine`` returns None until the weights are loaded (requests then get 503 + Retry-After);
+    ``limits``: request size limits (bodies 413, prompts and stops 400; defaults: RequestLimits())."""
     app = FastAPI(
         title="Elastune worker",
         version="0.1.0",
         description="OpenAI-compatible serving on a warm Elastune worker, and its health endpoints.",
     )
     errors.install(app)
-    if metrics is not None:
+    limits = limits or RequestLimits()
+    app.add_middleware(BodySizeLimit, max_bytes=limits.max_request_bytes)
+    if metrics is not None:  # added after (outside) the size limit: a 413 is counted too
         counted = metrics
 
         def count_errors(scope: Scope, status: int) -> None:
@@ -39,7 +44,7 @@ def create_app(
 
         app.add_middleware(ResponseStatusHook, on_response=count_errors)
 
-    app.include_router(openai_router(get_engine, metrics))
+    app.include_router(openai_router(get_engine, metrics, limits))
     if control is not None:
         app.include_router(control)
 

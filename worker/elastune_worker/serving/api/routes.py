@@ -19,6 +19,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import PlainTextResponse, StreamingResponse
 
 from elastune_contract.openai_api.errors import APIError, sse_error
+from elastune_contract.openai_api.limits import RequestLimits
 from elastune_contract.openai_api.protocol import (
     ChatCompletionRequest,
     ChatCompletionResponse,
@@ -43,8 +44,13 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
 }
 
 
-def openai_router(get_engine: Callable[[], EngineClient | None], metrics: ServingMetrics | None) -> APIRouter:
+def openai_router(
+    get_engine: Callable[[], EngineClient | None],
+    metrics: ServingMetrics | None,
+    limits: RequestLimits | None = None,
+) -> APIRouter:
     router = APIRouter(prefix="/v1", tags=["openai"])
+    bounds = limits or RequestLimits()
     created = int(time.time())
 
     def engine_for(model: str) -> tuple[EngineClient, str | None]:
@@ -113,6 +119,7 @@ def openai_router(get_engine: Callable[[], EngineClient | None], metrics: Servin
     async def completions(body: CompletionRequest, request: Request) -> Any:
         engine, lora = engine_for(body.model)
         _refuse_unsupported(body)
+        bounds.check(body)  # before tokenizing
         prompt = body.single_prompt()
         if isinstance(prompt, str):
             ids = engine.encode(prompt)
@@ -121,7 +128,7 @@ def openai_router(get_engine: Callable[[], EngineClient | None], metrics: Servin
             vocab = getattr(engine, "vocab_size", None)
             if vocab is not None and any(not 0 <= t < vocab for t in ids):
                 raise APIError(400, f"prompt token ids must be in [0, {vocab})", "prompt")
-        params = _params(body, body.max_tokens, len(ids), engine.max_model_len)
+        params = _params(body, body.max_tokens, len(ids), engine.max_model_len, engine)
         run = _Run(engine, f"cmpl-{uuid.uuid4().hex}", ids, params, body.priority, metrics, lora)
         return await _answer(
             run, body, request, _completion_chunks, "text_completion",
@@ -132,11 +139,12 @@ def openai_router(get_engine: Callable[[], EngineClient | None], metrics: Servin
     async def chat(body: ChatCompletionRequest, request: Request) -> Any:
         engine, lora = engine_for(body.model)
         _refuse_unsupported(body)
+        bounds.check(body)  # before tokenizing
         try:
             ids = engine.chat_prompt([(m.role, m.text()) for m in body.messages])
         except ValueError as exc:  # e.g. a template that refuses this sequence of roles
             raise APIError(400, f"messages: {exc}", "messages") from exc
-        params = _params(body, body.token_limit(), len(ids), engine.max_model_len)
+        params = _params(body, body.token_limit(), len(ids), engine.max_model_len, engine)
         run = _Run(engine, f"chatcmpl-{uuid.uuid4().hex}", ids, params, body.priority, metrics, lora)
         return await _answer(
             run, body, request, _chat_chunks, "chat.completion",
@@ -177,7 +185,14 @@ def _refuse_unsupported(body: _Request) -> None:
         raise APIError(400, bad[1], bad[0])
 
 
-def _params(body: _Request, max_tokens: int | None, prompt_len: int, context: int) -> GenerationParams:
+def _params(
+    body: _Request, max_tokens: int | None, prompt_len: int, context: int, engine: EngineClient
+) -> GenerationParams:
+    """The request's sampling, every value checked here (the numbers' ranges in the request model, the
+    token ids against the vocabulary): nothing reaches the engine that could fail a step."""
+    vocab = getattr(engine, "vocab_size", None)
+    if vocab is not None and any(t >= vocab for t in body.stop_token_ids or ()):
+        raise APIError(400, f"stop_token_ids must be in [0, {vocab})", "stop_token_ids")
     if prompt_len == 0:
         raise APIError(400, "the prompt is empty", "prompt")
     if prompt_len >= context:
@@ -274,12 +289,23 @@ class _Run:
 async def _refusals_as_400(
     it: AsyncGenerator[GenerationDelta, None],
 ) -> AsyncGenerator[GenerationDelta, None]:
-    """The engine refuses a request with ValueError (input it cannot take): that is the client's 400."""
+    """The engine refuses a request with ValueError (input it cannot take): that is the client's 400.
+    A failure while it ran (RuntimeError: it failed inside a step, the engine is gone) is a 500 that
+    says what failed."""
     try:
         async for d in it:
             yield d
     except ValueError as exc:
         raise APIError(400, str(exc)) from exc
+    except RuntimeError as exc:
+        raise APIError(500, f"generation failed: {exc}") from exc
+
+
+def _stream_error(exc: Exception) -> str:
+    """The SSE error event that ends a stream: this request's failure (the others go on)."""
+    if isinstance(exc, APIError):
+        return sse_error(exc.status, exc.message)
+    return sse_error(500, f"generation failed: {type(exc).__name__}: {exc}")
 
 
 def _sse(chunks: AsyncIterator[str]) -> StreamingResponse:
@@ -317,7 +343,7 @@ async def _completion_chunks(run: _Run, model: str, include_usage: bool) -> Asyn
             yield _data({**chunk("", None), "choices": [], "usage": run.usage()})
         yield "data: [DONE]\n\n"
     except Exception as exc:  # the status line is sent: report in the stream, then end it
-        yield sse_error(500, f"generation failed: {type(exc).__name__}: {exc}")
+        yield _stream_error(exc)
     finally:
         await gen.aclose()
 
@@ -348,6 +374,6 @@ async def _chat_chunks(run: _Run, model: str, include_usage: bool) -> AsyncItera
             yield _data({**chunk({}, None), "choices": [], "usage": run.usage()})
         yield "data: [DONE]\n\n"
     except Exception as exc:
-        yield sse_error(500, f"generation failed: {type(exc).__name__}: {exc}")
+        yield _stream_error(exc)
     finally:
         await gen.aclose()

@@ -5,6 +5,7 @@ layers, shapes that fit the base model's, rank within the engine's maximum."""
 from __future__ import annotations
 
 import json
+import math
 import re
 import time
 from dataclasses import dataclass, field
@@ -79,6 +80,8 @@ def load_lora(
     if cfg.get("rank_pattern") or cfg.get("alpha_pattern"):
         raise AdapterError(f"{name}: per-module ranks (rank_pattern/alpha_pattern) are not supported")
     alpha = float(cfg.get("lora_alpha", rank))  # type: ignore[arg-type]
+    if not math.isfinite(alpha):
+        raise AdapterError(f"{name}: lora_alpha {alpha} is not a finite number")
     scaling = alpha / (rank**0.5) if cfg.get("use_rslora") else alpha / rank
     files = [root / "adapter_model.safetensors"]
     if not files[0].is_file():
@@ -105,6 +108,12 @@ def load_lora(
             raise AdapterError(
                 f"{name}: {key} has shape {tuple(tensor.shape)}, this base model needs {want}: "
                 "an adapter of another base model?"
+            )
+        if not tensor.is_floating_point() or not bool(tensor.float().isfinite().all()):
+            raise AdapterError(
+                f"{name}: {key} has values that are not finite (NaN or Inf)"
+                if tensor.is_floating_point()
+                else f"{name}: {key} is not a floating-point tensor ({tensor.dtype})"
             )
         if which == "A":
             w.a[(layer, target)] = tensor.float().contiguous()
