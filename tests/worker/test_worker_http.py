@@ -24,12 +24,17 @@ from test_tuning import TEST_SPEC
 from elastune_contract.protocol import Bus
 from elastune_worker.tiny import build as tiny_build
 
+CONTROL_TOKEN = "test-control-token"
+
 
 def _get(
-    url: str, body: dict[str, Any] | None = None, raw: bytes | None = None
+    url: str, body: dict[str, Any] | None = None, raw: bytes | None = None, token: str | None = None
 ) -> tuple[int, dict[str, Any] | str]:
     data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
-    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
+    headers = {"Content-Type": "application/json"}
+    if token:
+        headers["Authorization"] = f"Bearer {token}"
+    req = urllib.request.Request(url, data=data, headers=headers)
     try:
         with urllib.request.urlopen(req, timeout=10) as resp:
             text = resp.read().decode()
@@ -51,9 +56,8 @@ def worker_url(redis_server: Any, tmp_path_factory: pytest.TempPathFactory) -> I
     log = (tmp_path_factory.mktemp("worker") / "worker.log").open("wb")
     cmd = [sys.executable, "-m", "elastune_worker", "serve", "--pool", "p", "--model", str(model)]
     cmd += ["--redis-url", redis_server.url, "--namespace", ns, "--worker-id", "w-http", "--port", "0"]
-    proc = subprocess.Popen(
-        cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "OMP_NUM_THREADS": "1"}
-    )
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "ELASTUNE_CONTROL_TOKEN": CONTROL_TOKEN}
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
     bus = Bus(redis_server.url, ns)
     try:
         deadline = time.time() + 120
@@ -79,7 +83,8 @@ def test_container_contract(worker_url: str) -> None:
     assert status == 200 and ready["status"] == "ready"  # type: ignore[index]
     status, metrics = _get(worker_url + "/metrics")
     assert status == 200 and "elastune_worker_ready" in str(metrics)
-    status, record = _get(worker_url + "/status")
+    assert _get(worker_url + "/status")[0] == 401  # the worker's record: its control token only
+    status, record = _get(worker_url + "/status", token=CONTROL_TOKEN)
     assert status == 200 and record["id"] == "w-http"  # type: ignore[index]
     status, doc = _get(worker_url + "/openapi.json")
     assert status == 200 and "/v1/chat/completions" in doc["paths"]  # type: ignore[index]

@@ -5,6 +5,7 @@ the gateway (``python -m elastune_gateway.server``) in front of them, over HTTP.
 from __future__ import annotations
 
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -31,6 +32,11 @@ class ServiceProcess:
     url: str
     log: Path
     name: str
+    control_token: str = ""
+    """A worker's control token (adapter load/unload, /status need it as a Bearer token)."""
+
+    def control_headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.control_token}"}
 
     def alive(self) -> bool:
         return self.proc.poll() is None
@@ -52,9 +58,11 @@ class ServiceProcess:
                 self.kill()
 
 
-def _spawn(cmd: list[str], log: Path) -> subprocess.Popen[bytes]:
+def _spawn(cmd: list[str], log: Path, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
     with log.open("wb") as fh:
-        return subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env={**os.environ, **_ENV})
+        return subprocess.Popen(
+            cmd, stdout=fh, stderr=subprocess.STDOUT, env={**os.environ, **_ENV, **(env or {})}
+        )
 
 
 def start_worker(
@@ -74,7 +82,8 @@ def start_worker(
     cmd = [sys.executable, "-m", "elastune_worker", "serve", "--pool", pool, "--model", str(model_path)]
     cmd += ["--redis-url", redis_url, "--namespace", namespace, "--worker-id", worker_id, "--port", "0"]
     cmd += ["--served-model-name", served_name, *extra]
-    w = ServiceProcess(_spawn(cmd, log), "", log, worker_id)
+    token = secrets.token_urlsafe(24)
+    w = ServiceProcess(_spawn(cmd, log, {"ELASTUNE_CONTROL_TOKEN": token}), "", log, worker_id, token)
     if wait:
         wait_for_worker(w, redis_url, namespace, timeout)
     return w

@@ -8,6 +8,7 @@ processes register through Redis exactly as pods do, so the core cannot tell the
 from __future__ import annotations
 
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -46,6 +47,14 @@ class LocalBackend:
         self.threads = threads_per_worker
         self.python = python
         self.extra_env = extra_env or {}
+        self.work_dir.mkdir(parents=True, exist_ok=True)
+        # The workers' control token (adapter load/unload, /status over HTTP), one per run: a file only
+        # this user reads, named to the workers by path (not in their environment).
+        self.control_token = secrets.token_urlsafe(32)
+        self.control_token_file = self.work_dir / "control-token"
+        self.control_token_file.touch(mode=0o600)
+        self.control_token_file.chmod(0o600)
+        self.control_token_file.write_text(self.control_token)
         self.procs: dict[str, _Proc] = {}
         self.pool_args: dict[str, list[str]] = {}
         """Extra worker flags per pool (its serving section as engine flags)."""
@@ -71,6 +80,7 @@ class LocalBackend:
             "HF_HUB_OFFLINE": "1",
             "TOKENIZERS_PARALLELISM": "false",
             **self.extra_env,
+            "ELASTUNE_CONTROL_TOKEN_FILE": str(self.control_token_file),
         }
         with log.open("ab") as out:
             proc = subprocess.Popen(

@@ -47,9 +47,12 @@ def worker(
         bus.close()
 
 
-def load(url: str, name: str, path: str | Path) -> httpx.Response:
+def load(w: ServiceProcess, name: str, path: str | Path) -> httpx.Response:
     return httpx.post(
-        url + "/v1/load_lora_adapter", json={"lora_name": name, "lora_path": str(path)}, timeout=60
+        w.url + "/v1/load_lora_adapter",
+        json={"lora_name": name, "lora_path": str(path)},
+        headers=w.control_headers(),
+        timeout=60,
     )
 
 
@@ -65,8 +68,8 @@ def metric(url: str, name: str, **labels: str) -> float:
 def test_load_serve_and_unload_adapters_and_a_soft_prompt(worker, tmp_path: Path) -> None:
     w, _ = worker
     client = openai.OpenAI(base_url=w.url + "/v1", api_key="unused", max_retries=0, timeout=60)
-    assert load(w.url, "units", A.ensure_tiny_adapter(8)).status_code == 200
-    assert load(w.url, "dates", A.ensure_tiny_adapter(32)).status_code == 200
+    assert load(w, "units", A.ensure_tiny_adapter(8)).status_code == 200
+    assert load(w, "dates", A.ensure_tiny_adapter(32)).status_code == 200
     torch.manual_seed(0)
     base = B.ensure_tiny_model(spec=B.TINY_LLAMA_SPEC)
     pm = peft.get_peft_model(
@@ -74,7 +77,7 @@ def test_load_serve_and_unload_adapters_and_a_soft_prompt(worker, tmp_path: Path
         peft.PromptTuningConfig(task_type="CAUSAL_LM", num_virtual_tokens=4),
     )
     pm.save_pretrained(tmp_path / "soft")
-    assert load(w.url, "tuned", tmp_path / "soft").status_code == 200
+    assert load(w, "tuned", tmp_path / "soft").status_code == 200
     models = {m.id: m.model_extra.get("parent") for m in client.models.list().data}
     assert models == {MODEL: None, "units": MODEL, "dates": MODEL, "tuned": MODEL}
 
@@ -95,11 +98,15 @@ def test_load_serve_and_unload_adapters_and_a_soft_prompt(worker, tmp_path: Path
     )
     assert chat.choices[0].message.content is not None and chat.model == "dates"
 
-    r = httpx.post(w.url + "/v1/unload_lora_adapter", json={"lora_name": "dates"})
+    r = httpx.post(
+        w.url + "/v1/unload_lora_adapter", json={"lora_name": "dates"}, headers=w.control_headers()
+    )
     assert r.status_code == 200
     with pytest.raises(openai.NotFoundError, match="does not exist"):
         client.completions.create(model="dates", **kw)
-    r = httpx.post(w.url + "/v1/unload_lora_adapter", json={"lora_name": "dates"})
+    r = httpx.post(
+        w.url + "/v1/unload_lora_adapter", json={"lora_name": "dates"}, headers=w.control_headers()
+    )
     assert r.status_code == 404 and "cannot be found" in r.json()["error"]["message"]
     assert client.completions.create(model="units", **kw).choices[0].text == answers["units"]
 
@@ -121,7 +128,7 @@ def test_bad_artifacts_are_4xx_naming_the_problem_and_show_on_the_record(worker,
         ("s3://bucket/adapter", "not supported yet"),
     ]
     for path, why in cases:
-        r = load(w.url, "bad", path)
+        r = load(w, "bad", path)
         assert r.status_code == 400 and why in r.json()["error"]["message"], (path, r.text)
     assert metric(w.url, "elastune_lora_adapter_loads_total", outcome="failed") - before == len(cases)
     deadline = time.time() + 15
@@ -155,7 +162,7 @@ def test_adapter_tiers_loads_evictions_and_requests_info_are_exported(worker) ->
     before = counters()
     names = {"t-r8": 8, "t-r16": 16, "t-r32": 32}
     for name, rank in names.items():
-        assert load(w.url, name, A.ensure_tiny_adapter(rank)).status_code == 200
+        assert load(w, name, A.ensure_tiny_adapter(rank)).status_code == 200
     for name in names:
         client.completions.create(model=name, prompt="3 kg →", max_tokens=2, temperature=0)
     after = counters()
@@ -177,4 +184,4 @@ def test_adapter_tiers_loads_evictions_and_requests_info_are_exported(worker) ->
         pass
     assert metric(w.url, "vllm:lora_requests_info", running_lora_adapters="", waiting_lora_adapters="") > 0
     for name in names:
-        httpx.post(w.url + "/v1/unload_lora_adapter", json={"lora_name": name})
+        httpx.post(w.url + "/v1/unload_lora_adapter", json={"lora_name": name}, headers=w.control_headers())
