@@ -51,10 +51,15 @@ class AttemptWatch:
     """The attempt's own measured step time (progress events)."""
     off_since: float | None = None
     """When its rank-0 worker was first seen not running it after it had started."""
+    setup_s: float = 0.0
+    """Added to the stall floor until its first progress event: the Prompt Bank lookup's budget, when
+    the attempt runs one (it reports nothing while it looks the prompt up)."""
+    progressed: bool = False
 
-    def on_event(self, now: float, seconds_per_iteration: float | None) -> None:
+    def on_event(self, now: float, seconds_per_iteration: float | None, progress: bool = False) -> None:
         self.started = True
         self.last_event_at = now
+        self.progressed = self.progressed or progress
         if seconds_per_iteration:
             self.seconds_per_iteration = seconds_per_iteration
 
@@ -96,7 +101,8 @@ def overdue(
             f"attempt {watch.attempt} ended on its worker but its result never arrived",
         )
     spi = watch.seconds_per_iteration or guess_seconds_per_iteration
-    allowed = max(limits.stall_factor * max(1, progress_every) * spi, limits.stall_floor_s)
+    floor = limits.stall_floor_s + (0.0 if watch.progressed else watch.setup_s)
+    allowed = max(limits.stall_factor * max(1, progress_every) * spi, floor)
     silent = now - watch.last_event_at
     if silent > allowed:
         return (
