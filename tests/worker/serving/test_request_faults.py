@@ -42,6 +42,7 @@ from elastune_worker.tiny import build as B  # noqa: E402
 
 MODEL = "tiny-llama"
 PROMPT = "Read the record and return one value. book: Dune →"
+CONTROL_TOKEN = "faults-control-token"
 
 
 @pytest.fixture(scope="module")
@@ -54,6 +55,7 @@ def worker(redis_server: Any, tmp_path_factory: pytest.TempPathFactory) -> Itera
     cmd += ["--served-model-name", MODEL, "--kv-cache-tokens", "16384", "--enable-lora"]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "OMP_WAIT_POLICY": "PASSIVE"}
     env["ELASTUNE_FAILPOINT"] = "sampler-raise"
+    env["ELASTUNE_CONTROL_TOKEN"] = CONTROL_TOKEN  # adapter load/unload need it
     with log_path.open("wb") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
     bus = Bus(redis_server.url, ns)
@@ -229,7 +231,7 @@ def test_an_adapter_with_weights_that_are_not_finite_is_refused_at_load(worker: 
     from safetensors.torch import load_file, save_file
 
     good = A.ensure_tiny_adapter(8)
-    http = httpx.Client(timeout=60)
+    http = httpx.Client(timeout=60, headers={"Authorization": f"Bearer {CONTROL_TOKEN}"})
     ok = http.post(worker + "/v1/load_lora_adapter", json={"lora_name": "fine", "lora_path": str(good)})
     assert ok.status_code == 200, ok.text
     for poison in (float("nan"), float("inf")):
