@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import sys
 from typing import Any
@@ -10,6 +11,7 @@ from typing import Any
 import uvicorn
 from pydantic import ValidationError
 
+from elastune_contract.openai_api.limits import add_limit_args, limits_from
 from elastune_contract.protocol import DEFAULT_NAMESPACE
 
 from ..routing.policy import ROUTING_POLICY_NAMES
@@ -36,6 +38,8 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     p.add_argument("--read-timeout", type=float, default=defaults.read_timeout_s)
     p.add_argument("--length-predictor-url", default=None,
                    help="SSJF predictor (python -m elastune_worker.ssjf); without it: FCFS")  # fmt: skip
+    add_limit_args(p.add_argument_group("request limits (bodies over the size: 413; the others: 400)"),
+                   defaults.request_limits())  # fmt: skip
     p.add_argument("--log-level", default="info")
     return p
 
@@ -53,6 +57,7 @@ def settings_from(args: argparse.Namespace) -> GatewaySettings:
             pool_policies=pools, hold_timeout_s=args.hold_timeout, max_waiting=args.max_waiting,
             failure_cooldown_s=args.failure_cooldown, read_timeout_s=args.read_timeout,
             length_predictor_url=args.length_predictor_url,
+            **dataclasses.asdict(limits_from(args)),
         )  # fmt: skip
     except ValidationError as exc:
         raise SystemExit(f"elastune gateway: invalid settings: {exc}") from exc

@@ -16,6 +16,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from elastune_contract.asgi import ResponseStatusHook, Scope
 from elastune_contract.openai_api.handlers import install_error_handlers
+from elastune_contract.openai_api.limits import BodySizeLimit
 from elastune_contract.openai_api.protocol import (
     ChatCompletionRequest,
     ChatCompletionResponse,
@@ -62,6 +63,8 @@ def create_app(gateway: Gateway) -> FastAPI:
         lifespan=lifespan,
     )
     install_error_handlers(app, log)
+    limits = gateway.settings.request_limits()
+    app.add_middleware(BodySizeLimit, max_bytes=limits.max_request_bytes)  # 413 before parsing
     metrics = gateway.metrics
     created = int(time.time())
 
@@ -76,19 +79,31 @@ def create_app(gateway: Gateway) -> FastAPI:
     async def healthz() -> dict[str, str]:
         return {"status": "ok"}
 
-    @app.get("/readyz", tags=["health"], responses={503: {"description": "The registry is not reachable"}})
+    @app.get(
+        "/readyz", tags=["health"],
+        responses={503: {"description": "Cannot serve: the registry was never read, or its last view is "
+                                        "stale and names no endpoint"}},
+    )  # fmt: skip
     async def readyz() -> JSONResponse:
+        """Whether this replica can serve (not whether Redis answered just now): from its last view of
+        the registry while it knows an endpoint, or while that view is fresh (settings.registry_stale_s)."""
         d = gateway.directory
-        if d.last_refresh is None or d.last_error is not None:
-            why = d.last_error or "the registry was not read yet"
+        why = d.readiness(gateway.settings.registry_stale_s)
+        if why is not None:
             return JSONResponse({"status": "not ready", "reason": why}, status_code=503)
+        age = d.age()
         return JSONResponse(
             {"status": "ready", "endpoints": len(d.all_endpoints()), "policies": gateway.policies(),
-             "length_predictor": gateway.settings.length_predictor_url is not None}
+             "length_predictor": gateway.settings.length_predictor_url is not None,
+             "registry_age_s": round(age, 3) if age is not None else None,
+             "registry_error": d.last_error}
         )  # fmt: skip
 
     @app.get("/metrics", tags=["health"])
     async def metrics_text() -> Response:
+        age = gateway.directory.age()
+        if age is not None:
+            metrics.registry_age.set(age)
         metrics.endpoints.clear()
         for ep in gateway.directory.all_endpoints():
             state = "down" if gateway.directory.is_down(ep.id) else "up"
@@ -111,6 +126,7 @@ def create_app(gateway: Gateway) -> FastAPI:
         tags=["openai"],
     )
     async def completions(body: CompletionRequest, request: Request) -> Response:
+        _check(body)
         return await gateway.completions(body, request)
 
     @app.post(
@@ -120,7 +136,16 @@ def create_app(gateway: Gateway) -> FastAPI:
         tags=["openai"],
     )
     async def chat(body: ChatCompletionRequest, request: Request) -> Response:
+        _check(body)
         return await gateway.chat(body, request)
+
+    def _check(body: CompletionRequest | ChatCompletionRequest) -> None:
+        """Size limits, before any routing work (the workers check the same again)."""
+        try:
+            limits.check(body)
+        except Exception:
+            metrics.rejected.labels("invalid").inc()
+            raise
 
     def openapi() -> dict[str, Any]:
         """The document names the models known now as examples of every ``model`` field (what Swagger

@@ -4,6 +4,13 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from elastune_contract.openai_api.limits import (
+    DEFAULT_MAX_PROMPT_CHARS,
+    DEFAULT_MAX_REQUEST_BYTES,
+    DEFAULT_MAX_STOP_CHARS,
+    DEFAULT_MAX_STOP_TOKEN_IDS,
+    RequestLimits,
+)
 from elastune_contract.protocol import DEFAULT_NAMESPACE
 
 from ..routing.policy import RoutingPolicyName
@@ -28,6 +35,11 @@ class GatewaySettings(BaseModel):
     """The Retry-After of a 503 (no warm endpoint) or 429 (waiting room full)."""
     refresh_s: float = Field(default=0.25, gt=0)
     """How often the endpoint directory re-reads the registry (workers publish every second)."""
+    registry_stale_s: float = Field(default=60.0, gt=0)
+    """/readyz fails when the last good read of the registry is older than this AND it named no endpoint:
+    with endpoints known the gateway serves from its last view however old (a Redis outage must not turn
+    every replica NotReady at once); without any, a fresh view still lets it hold requests while a pool
+    scales up, an old one does not."""
     failure_cooldown_s: float = Field(default=10.0, ge=0)
     """An endpoint that failed a request gets no new requests for this long (the registry forgets a
     dead worker after its 10 s heartbeat TTL), or until it re-registers as a new process."""
@@ -40,6 +52,22 @@ class GatewaySettings(BaseModel):
     """SSJF: the output-length predictor service (``python -m elastune_worker.ssjf``); None: FCFS."""
     length_predictor_timeout_s: float = Field(default=0.5, gt=0)
     """A prediction that takes longer is skipped (the request goes FCFS) rather than delayed."""
+    max_request_bytes: int = Field(default=DEFAULT_MAX_REQUEST_BYTES, ge=1)
+    """Largest request body (bytes); a bigger one gets 413 before it is parsed (as on the workers)."""
+    max_prompt_chars: int = Field(default=DEFAULT_MAX_PROMPT_CHARS, ge=1)
+    """Characters of prompt text (a prompt, or all messages' contents); more: 400 naming the field."""
+    max_stop_chars: int = Field(default=DEFAULT_MAX_STOP_CHARS, ge=1)
+    """Characters of one stop string; more: 400 (``stop``)."""
+    max_stop_token_ids: int = Field(default=DEFAULT_MAX_STOP_TOKEN_IDS, ge=1)
+    """stop_token_ids one request may name; more: 400 (``stop_token_ids``)."""
+
+    def request_limits(self) -> RequestLimits:
+        return RequestLimits(
+            max_request_bytes=self.max_request_bytes,
+            max_prompt_chars=self.max_prompt_chars,
+            max_stop_chars=self.max_stop_chars,
+            max_stop_token_ids=self.max_stop_token_ids,
+        )
 
     def policy_for(self, pool: str, published: str | None) -> RoutingPolicyName:
         return self.pool_policies.get(pool) or _policy_name(published) or self.default_policy
