@@ -318,11 +318,12 @@ def test_operator_may_manage_lora_adapters_and_copy_only_the_redis_secret() -> N
     for verb in ("list", "watch", "update", "delete", "deletecollection"):
         assert not grants(rules, "", "secrets", verb), verb
     assert secret_rules(rules) == REDIS_SECRET_RULES
-    # The name follows an existing Secret; without Redis auth there is nothing to copy.
+    # The name follows an existing Secret; without Redis auth there is nothing to copy, but the worker
+    # control token is still written (create only: the operator never reads it back).
     existing = named(render(*EXTERNAL_REDIS), "ClusterRole", f"{RELEASE}-operator")["rules"]
     assert secret_rules(existing)[1]["resourceNames"] == ["managed-redis"]
     no_auth = named(render(*COMBINATIONS["external-redis-no-auth"]), "ClusterRole", f"{RELEASE}-operator")
-    assert secret_rules(no_auth["rules"]) == []
+    assert secret_rules(no_auth["rules"]) == REDIS_SECRET_RULES[:1]
 
 
 def test_namespaced_rbac_binds_only_the_watched_namespaces() -> None:

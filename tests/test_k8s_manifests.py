@@ -112,13 +112,14 @@ def test_serving_section_becomes_engine_flags_and_claims_become_mounts() -> None
     assert args[0] == "serve"
     assert args[args.index("--max-loras") + 1] == "4" and args[args.index("--max-cpu-loras") + 1] == "16"
     assert args[args.index("--max-lora-rank") + 1] == "64" and "--enable-lora" in args
-    assert pod["volumes"] == [
+    claims = [v for v in pod["volumes"] if v["name"] != "control-token"]  # the control token: security tests
+    assert claims == [
         {"name": "pvc-0", "persistentVolumeClaim": {"claimName": "adapters", "readOnly": True}},
         {"name": "pvc-1", "persistentVolumeClaim": {"claimName": "checkpoints", "readOnly": False}},
     ]
     # pvc://<claim>/<path> resolves under /mnt/pvc/<claim> in the worker: every claim is mounted there,
     # and a mountPath only adds a second mount of it.
-    assert container["volumeMounts"] == [
+    assert [m for m in container["volumeMounts"] if m["name"] != "control-token"] == [
         {"name": "pvc-0", "mountPath": "/mnt/pvc/adapters", "readOnly": True},
         {"name": "pvc-1", "mountPath": "/mnt/pvc/checkpoints", "readOnly": False},
         {"name": "pvc-1", "mountPath": "/tmp/elastune", "readOnly": False},
@@ -128,7 +129,7 @@ def test_serving_section_becomes_engine_flags_and_claims_become_mounts() -> None
     bare = service_manifest(parse_resource(plain), 0, "redis://r:6379/0", None)["spec"]["template"]["spec"]
     assert bare["containers"][0]["args"] == ["serve"]
     # The example pool keeps checkpoints and tuned prompts on its jobStorage claim, where pvc:// resolves.
-    assert bare["containers"][0]["volumeMounts"] == [
+    assert [m for m in bare["containers"][0]["volumeMounts"] if m["name"] != "control-token"] == [
         {"name": "pvc-0", "mountPath": "/mnt/pvc/elastune-artifacts", "readOnly": False}
     ]
 

@@ -112,3 +112,37 @@ capabilities:
 seccompProfile:
   type: RuntimeDefault
 {{- end }}
+
+{{/* Who may connect to worker pods (NetworkPolicy ingress rules): the release's gateway and operator
+pods, Knative's system namespace, Prometheus, and networkPolicy.extraIngress. The same list goes to the
+chart's per-namespace policies and, cluster-wide, to the operator, which writes it into each WarmPool
+namespace. */}}
+{{- define "elastune.workerIngress" -}}
+{{- $np := .Values.networkPolicy -}}
+- from:
+    - namespaceSelector:
+        matchLabels:
+          kubernetes.io/metadata.name: {{ .Release.Namespace }}
+      podSelector:
+        matchExpressions:
+          - key: app.kubernetes.io/instance
+            operator: In
+            values: [{{ .Release.Name | quote }}]
+          - key: app.kubernetes.io/component
+            operator: In
+            values: ["gateway", "operator"]
+- from:
+    - namespaceSelector:
+        matchLabels:
+          kubernetes.io/metadata.name: {{ $np.knativeNamespace }}
+{{- if $np.prometheus.enabled }}
+- from:
+    - namespaceSelector:
+        {{- toYaml $np.prometheus.namespaceSelector | nindent 8 }}
+      podSelector:
+        {{- toYaml $np.prometheus.podSelector | nindent 8 }}
+{{- end }}
+{{- with $np.extraIngress }}
+{{ toYaml . }}
+{{- end }}
+{{- end }}

@@ -3,6 +3,7 @@ start with errors that name the variable (DESIGN.md §7)."""
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -54,6 +55,10 @@ class OperatorSettings:
     attempt_stall_floor_s: float = 300.0
     """ELASTUNE_ATTEMPT_STALL_FLOOR: seconds a running attempt may go without progress at least (more
     when its measured step time says so) before it is cancelled and retried (AttemptStalled)."""
+    worker_network_policy: str | None = None
+    """ELASTUNE_WORKER_NETWORK_POLICY: JSON ``{"name", "ingress": [NetworkPolicy ingress rules]}`` the
+    operator writes as a NetworkPolicy over the worker pods of each WarmPool namespace (the chart sets it
+    when the operator watches all namespaces; with watched namespaces the chart renders the policies)."""
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> OperatorSettings:
@@ -73,6 +78,7 @@ class OperatorSettings:
             "pod_unschedulable_grace_s": "ELASTUNE_POD_UNSCHEDULABLE_GRACE",
             "attempt_start_deadline_s": "ELASTUNE_ATTEMPT_START_DEADLINE",
             "attempt_stall_floor_s": "ELASTUNE_ATTEMPT_STALL_FLOOR",
+            "worker_network_policy": "ELASTUNE_WORKER_NETWORK_POLICY",
         }
         values: dict[str, object] = {}
         for f in fields(cls):
@@ -91,6 +97,12 @@ class OperatorSettings:
                     if raw.lower() not in ("true", "false"):
                         raise ValueError("must be true or false")
                     values[f.name] = raw.lower() == "true"
+                elif f.name == "worker_network_policy":
+                    policy = json.loads(raw) if raw else None
+                    shaped = isinstance(policy, dict) and isinstance(policy.get("ingress"), list)
+                    if policy is not None and not (shaped and policy.get("name")):
+                        raise ValueError('must be JSON {"name": ..., "ingress": [...]}')
+                    values[f.name] = raw or None
                 elif f.name == "scheduling_policy":
                     if raw not in POLICY_NAMES:
                         raise ValueError(f"must be one of {', '.join(POLICY_NAMES)}")
