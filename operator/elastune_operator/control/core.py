@@ -30,10 +30,12 @@ from elastune_contract.coserve import coservable
 from elastune_contract.protocol import Assignment, Bus, Event, WorkerRecord, WorkerState
 from elastune_contract.vocabulary import PERMANENT_FAILURE_REASONS, Reason
 from elastune_operator.control.backend import ClusterBackend, WorkerExit
+from elastune_operator.control.deadlines import AttemptDeadlines, AttemptWatch, overdue
 from elastune_operator.control.fleet import Fleet
 from elastune_operator.control.lifecycle import JobLifecycle, is_terminal, succeeded
 from elastune_operator.control.records import CoreSettings, JobRecord, PoolConfig
 from elastune_operator.control.serving import AdapterRecord, ServingControl
+from elastune_operator.failpoints import DISPATCH_AFTER_STATUS, failpoint
 from elastune_operator.metrics import ControlMetrics
 from elastune_operator.scheduling.coserving import CoServeModel, UtilizationPeaks, floored_rate
 from elastune_operator.scheduling.estimator import Estimator, LLMProfile
@@ -42,6 +44,18 @@ from elastune_operator.scheduling.policy import PoolLimits
 from elastune_operator.scheduling.state import ClusterState, GPUState, Job, RoundDecision
 
 log = logging.getLogger("elastune.control")
+
+PUBLISH_RETRY_S = 2.0
+"""How often a publication the API refused for now (not a taken name) is tried again."""
+
+
+class PublishRefused(Exception):
+    """``on_publish`` will not publish the adapter (``reason``: e.g. PublishNameTaken): the job's
+    Published condition says why; anything else ``on_publish`` raises is retried."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
 
 
 class ControlCore:
@@ -55,6 +69,8 @@ class ControlCore:
         on_status: Callable[[JobRecord], None] | None = None,
         on_adapter_status: Callable[[AdapterRecord], None] | None = None,
         on_publish: Callable[[JobRecord, AdapterRecord], None] | None = None,
+        persist: Callable[[JobRecord], bool] | None = None,
+        deadlines: AttemptDeadlines | None = None,
         metrics: ControlMetrics | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
@@ -75,7 +91,16 @@ class ControlCore:
             bus, on_adapter_status, clock, check_artifact_paths=settings.check_artifact_paths
         )
         self.on_publish = on_publish
-        """Tune -> serve on Kubernetes: create the LoRAAdapter resource (None: register it here)."""
+        """Tune -> serve on Kubernetes: create the LoRAAdapter resource (None: register it here). Returns
+        once it exists (the job's own, created before: fine); raises PublishRefused when it will not,
+        anything else to be retried. Status says published only after it returned."""
+        self.persist = persist
+        """Write the job's status now; True once stored. An attempt is in status before any worker is
+        told to start it (None: ``on_status`` stores it synchronously, as local mode does)."""
+        self.deadlines = deadlines or AttemptDeadlines()
+        self._watch: dict[str, AttemptWatch] = {}  # job key -> its attempt in flight (control.deadlines)
+        self._unsent: dict[str, list[tuple[str, Assignment]]] = {}  # dispatched, status not stored yet
+        self._unpublished: dict[str, float] = {}  # job key -> next try of its publication
         self._serving_need: dict[str, int] = {}
         self._records: dict[str, WorkerRecord] = {}  # the workers' registry records of this round
         self._peaks = UtilizationPeaks()  # serving pods' inference utilisation, peak of the last minute
@@ -214,10 +239,13 @@ class ControlCore:
         if self.recovering:
             self._recover(records, now)
         self._read_events(now)
+        self._check_deadlines(records, now)
+        self._retry_publish(now)
         t0 = time.perf_counter()
         decision = self.policy.round(self.state, now)
         self.metrics.round_time.observe(time.perf_counter() - t0)
         self._apply(decision, now)
+        self._push_unsent()
         for key in sorted(touched):
             if key in self.state.jobs and self.state.startable(key):
                 self._dispatch(self.jobs[key], now)
@@ -269,12 +297,29 @@ class ControlCore:
             fields["artifactSecret"] = secret
         spec = LoRAAdapterSpec.model_validate(fields)
         rec = AdapterRecord(ns, name, spec)
+        self._unpublished.pop(job.key, None)
         if self.on_publish is not None:
-            self.on_publish(job, rec)
+            try:
+                self.on_publish(job, rec)  # the LoRAAdapter exists once it returns
+            except PublishRefused as exc:
+                self.lifecycle.publish_refused(job, exc.reason, str(exc))
+                return
+            except Exception as exc:  # the API refused for now: status must not say published yet
+                log.warning("%s: cannot publish LoRAAdapter %s yet (%s); retrying", job.key, rec.key, exc)
+                self._unpublished[job.key] = self.clock() + PUBLISH_RETRY_S
+                return
         else:
             self.serving.upsert_adapter(rec)
         job.status.published_adapter = name
-        self.lifecycle.emit(job)
+        self.lifecycle.published(job, name)
+
+    def _retry_publish(self, now: float) -> None:
+        for key, when in list(self._unpublished.items()):
+            job = self.jobs.get(key)
+            if job is None:
+                del self._unpublished[key]
+            elif now >= when:
+                self.publish(job)
 
     def _account(self, dt: float) -> None:
         st = self.state
@@ -418,6 +463,7 @@ class ControlCore:
                     key, now, now + self.estimator.t_warm(job.llm, sched.remaining_iterations, world)
                 )
                 job.workers, job.started = workers, now
+                self._watch[key] = AttemptWatch(job.attempt, now, now, started=True, progressed=True)
                 log.info("%s: adopted attempt %d running on %s", key, job.attempt, ", ".join(job.workers))
             elif not finished:
                 job.last_event = stream[-1][0] if stream else "0-0"  # nothing of the lost attempt counts
@@ -434,6 +480,9 @@ class ControlCore:
                 job.last_event = entry_id
                 if ev.attempt != job.attempt:
                     continue  # a cancelled attempt's stragglers
+                watch = self._watch.get(job.key)
+                if watch is not None and watch.attempt == ev.attempt:
+                    watch.on_event(now, ev.seconds_per_iteration, progress=ev.type == "progress")
                 self._on_event(job, ev, now)
                 self._touched.add(job.key)
                 if job.terminal:
@@ -538,31 +587,34 @@ class ControlCore:
             bank_mode = "always" if job.spec.prompt_bank == "always" else "auto"
         chosen = pb.prompt if pb is not None and pb.used else None
         coserve, tpot_slo_s = self._coserve_decision(job, workers, now)
+        assignments: list[tuple[str, Assignment]] = []
         for rank, wid in enumerate(workers):
-            self.bus.assign(
-                wid,
-                Assignment(
-                    job=job.key,
-                    attempt=job.attempt,
-                    rank=rank,
-                    world=world,
-                    model=job.llm,
-                    spec=job.spec.model_dump(by_alias=True, exclude_none=True),
-                    dataset=job.dataset,
-                    channel_url=self.settings.channel_url,
-                    comm_job=f"{job.key.replace('/', '.')}.{job.uid}.a{job.attempt}",
-                    collective_timeout_s=self.settings.collective_timeout_s,
-                    checkpoint_dir=ckpt,
-                    artifact_dir=job.artifact_dir,
-                    eval_every=self.settings.eval_every,
-                    checkpoint_every=self.settings.checkpoint_every,
-                    progress_every=self.settings.progress_every,
-                    prompt_bank=bank_mode,
-                    bank_budget_s=self.policy.bank_budget_seconds(sched.slo),
-                    initial_prompt=chosen,
-                    coserve=coserve,
-                    tpot_slo_s=tpot_slo_s,
-                ),
+            assignments.append(
+                (
+                    wid,
+                    Assignment(
+                        job=job.key,
+                        attempt=job.attempt,
+                        rank=rank,
+                        world=world,
+                        model=job.llm,
+                        spec=job.spec.model_dump(by_alias=True, exclude_none=True),
+                        dataset=job.dataset,
+                        channel_url=self.settings.channel_url,
+                        comm_job=f"{job.key.replace('/', '.')}.{job.uid}.a{job.attempt}",
+                        collective_timeout_s=self.settings.collective_timeout_s,
+                        checkpoint_dir=ckpt,
+                        artifact_dir=job.artifact_dir,
+                        eval_every=self.settings.eval_every,
+                        checkpoint_every=self.settings.checkpoint_every,
+                        progress_every=self.settings.progress_every,
+                        prompt_bank=bank_mode,
+                        bank_budget_s=self.policy.bank_budget_seconds(sched.slo),
+                        initial_prompt=chosen,
+                        coserve=coserve,
+                        tpot_slo_s=tpot_slo_s,
+                    ),
+                )
             )
         predicted = now + self.estimator.t_warm(job.llm, sched.remaining_iterations, world)
         if coserve:  # at the slowest pod's co-serving rate (a data-parallel step waits for it)
@@ -573,6 +625,64 @@ class ControlCore:
         job.started = now
         self.backend.mark_busy(job.pool, workers, True)
         self.lifecycle.running(job, now, predicted)
+        bank_s = self.policy.bank_budget_seconds(sched.slo) if bank_mode != "never" else 0.0
+        self._watch[job.key] = AttemptWatch(job.attempt, now, now, setup_s=bank_s or 0.0)
+        # Intent before effect: the attempt is in the job's stored status before any worker hears of it,
+        # so a control plane that dies in between recovers this attempt instead of running it twice.
+        self._unsent[job.key] = assignments
+        self._push_unsent()
+
+    def _push_unsent(self) -> None:
+        """Push the assignments of dispatched attempts whose status is stored (retried every round)."""
+        for key, assignments in list(self._unsent.items()):
+            job = self.jobs.get(key)
+            if job is None or job.terminal or not assignments or assignments[0][1].attempt != job.attempt:
+                del self._unsent[key]
+                continue
+            if self.persist is not None and not self.persist(job):
+                continue  # the start deadline bounds how long this may go on
+            del self._unsent[key]
+            failpoint(DISPATCH_AFTER_STATUS)
+            for wid, assignment in assignments:
+                self.bus.assign(wid, assignment)
+
+    # -- bounded waits ------------------------------------------------------------------------------
+    def _check_deadlines(self, records: dict[str, WorkerRecord], now: float) -> None:
+        """Attempts that did not start, stalled, or whose result was lost (control.deadlines) are
+        cancelled and retried from the checkpoint, or fail the job after the retry limit."""
+        for key, watch in list(self._watch.items()):
+            job = self.jobs.get(key)
+            if (
+                job is None
+                or job.terminal
+                or not job.workers
+                or watch.attempt != job.attempt
+                or key in self.recovering
+            ):
+                del self._watch[key]
+                continue
+            watch.observe_worker(key, records.get(job.workers[0]), now)  # rank 0 posts the result
+            late = overdue(
+                watch,
+                self.deadlines,
+                now,
+                progress_every=self.settings.progress_every,
+                guess_seconds_per_iteration=self.estimator.iteration_seconds(job.llm, len(job.workers)),
+            )
+            if late is None:
+                continue
+            reason, message = late
+            del self._watch[key]
+            self._unsent.pop(key, None)
+            self.bus.cancel(key, job.attempt)
+            log.warning("%s: %s", key, message)
+            if job.attempt >= self.settings.max_attempts:
+                self._fail(job, reason, f"{message}, the last of {job.attempt} attempts", now)
+            else:
+                self._stop_attempt(job, float(job.checkpointed), now)
+                self.lifecycle.retrying(job, reason, message)
+                if self.persist is not None:  # said in status (and an Event) even if retried this round
+                    self.persist(job)
 
     def _coserve_decision(self, job: JobRecord, workers: list[str], now: float) -> tuple[bool, float | None]:
         """Co-serve the attempt (FlexLLM) when one of its pods serves inference right now: the job then

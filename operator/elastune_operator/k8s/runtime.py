@@ -44,7 +44,8 @@ from elastune_contract.api.tuningjob import TuningJob
 from elastune_contract.api.warmpool import WarmPool, WarmPoolStatus
 from elastune_contract.protocol import PASSWORD_ENV, Bus
 from elastune_contract.vocabulary import ConditionType, Reason
-from elastune_operator.control.core import ControlCore
+from elastune_operator.control.core import ControlCore, PublishRefused
+from elastune_operator.control.deadlines import AttemptDeadlines
 from elastune_operator.control.lifecycle import is_terminal
 from elastune_operator.control.records import CoreSettings, JobRecord
 from elastune_operator.control.resources import (
@@ -55,6 +56,7 @@ from elastune_operator.control.resources import (
     pool_config,
 )
 from elastune_operator.control.serving import AdapterRecord
+from elastune_operator.failpoints import PUBLISH_AFTER_CREATE, failpoint
 from elastune_operator.k8s.knative import KnativeBackend
 from elastune_operator.k8s.pod_status import PodFailureRules
 from elastune_operator.k8s.settings import OperatorSettings
@@ -116,13 +118,17 @@ class Runtime:
             metrics=self.metrics,
             on_adapter_status=self._on_adapter_status,
             on_publish=self._on_publish,
+            persist=self._persist,
+            deadlines=AttemptDeadlines(
+                start_deadline_s=settings.attempt_start_deadline_s,
+                stall_floor_s=settings.attempt_stall_floor_s,
+            ),
         )
         self._commands: queue.Queue[tuple[Callable[[], Any], threading.Event | None, list[Any]]] = (
             queue.Queue()
         )
         self._dirty: dict[str, JobRecord] = {}
         self._adapters_dirty: dict[str, AdapterRecord] = {}
-        self._to_publish: dict[str, dict[str, Any]] = {}  # "ns/name" -> LoRAAdapter body to create
         self._posted: dict[str, set[tuple[str, str, str]]] = {}  # job key -> conditions already evented
         self._pools: dict[str, WarmPool] = {}  # "ns/name" -> resource
         self._pool_status: dict[str, dict[str, Any]] = {}
@@ -327,12 +333,29 @@ class Runtime:
     def _on_adapter_status(self, rec: AdapterRecord) -> None:
         self._adapters_dirty[rec.key] = rec
 
+    def _persist(self, job: JobRecord) -> bool:
+        """Write the job's status now (the core records an attempt before any worker hears of it)."""
+        ns, name = job.key.split("/", 1)
+        try:
+            self.api.patch_namespaced_custom_object_status(
+                GROUP, VERSION, ns, PLURAL_TUNING_JOBS, name, {"status": status_patch(job)}
+            )
+        except Exception as exc:  # ApiException, or the API server unreachable: tried again next round
+            log.warning("status of %s not stored (%s); its attempt waits", job.key, exc)
+            return False
+        if self._dirty.get(job.key) is job:
+            del self._dirty[job.key]
+        self._post_transitions(job, ns, name)
+        return True
+
     def _on_publish(self, job: JobRecord, rec: AdapterRecord) -> None:
         """Tune -> serve: the job's LoRAAdapter, owned by the job (it goes when the job goes) and
-        labelled back to it. Created by _flush (retried until the API takes it); the kopf handler then
-        registers it like any LoRAAdapter."""
+        labelled back to it, created now: the core records it in status only once this returned. One
+        that this job created before a restart is taken as it is; one of that name the job did not
+        create is refused (PublishRefused: PublishNameTaken). Any other API error is raised and the
+        core retries. The kopf handler then registers it like any LoRAAdapter."""
         _, job_name = job.key.split("/", 1)
-        self._to_publish[rec.key] = {
+        body = {
             "apiVersion": API_VERSION,
             "kind": KIND_LORA_ADAPTER,
             "metadata": {
@@ -351,6 +374,28 @@ class Runtime:
             },
             "spec": rec.spec.model_dump(by_alias=True, mode="json", exclude_none=True),
         }
+        try:
+            self.api.create_namespaced_custom_object(
+                GROUP, VERSION, rec.namespace, PLURAL_LORA_ADAPTERS, body
+            )
+            log.info("published LoRAAdapter %s", rec.key)
+            failpoint(PUBLISH_AFTER_CREATE)
+            return
+        except ApiException as exc:
+            if exc.status != 409:
+                raise
+        existing = self.api.get_namespaced_custom_object(
+            GROUP, VERSION, rec.namespace, PLURAL_LORA_ADAPTERS, rec.name
+        )
+        owners = (existing.get("metadata") or {}).get("ownerReferences") or []
+        if not any(o.get("kind") == KIND_TUNING_JOB and o.get("uid") == job.uid for o in owners):
+            raise PublishRefused(
+                Reason.PUBLISH_NAME_TAKEN,
+                f"LoRAAdapter {rec.key} already exists and was not created by this TuningJob (no owner "
+                f"reference to it); the tuned prompt is not published. Delete that adapter, or publish "
+                f"under another name (spec.output.publish) by re-creating the job",
+            )
+        log.info("LoRAAdapter %s was published before a restart", rec.key)
 
     def _flush(self) -> None:
         dirty = list(self._dirty.items())
@@ -363,8 +408,6 @@ class Runtime:
         self._adapters_dirty.clear()
         if adapters:
             list(self._writers.map(lambda item: self._write_adapter_status(*item), adapters))
-        for key, body in list(self._to_publish.items()):
-            self._create_published(key, body)
         now = time.monotonic()
         if now >= self._next_pool_status:
             self._next_pool_status = now + POOL_STATUS_SECONDS
@@ -395,17 +438,6 @@ class Runtime:
             if exc.status != 404:
                 self._adapters_dirty.setdefault(key, rec)
                 log.warning("status patch of LoRAAdapter %s failed: %s %s", key, exc.status, exc.reason)
-
-    def _create_published(self, key: str, body: dict[str, Any]) -> None:
-        ns = body["metadata"]["namespace"]
-        try:
-            self.api.create_namespaced_custom_object(GROUP, VERSION, ns, PLURAL_LORA_ADAPTERS, body)
-            log.info("published LoRAAdapter %s", key)
-        except ApiException as exc:
-            if exc.status != 409:  # 409: created before a restart, or a user's adapter of that name
-                log.warning("cannot create LoRAAdapter %s: %s %s (retrying)", key, exc.status, exc.reason)
-                return
-        del self._to_publish[key]
 
     def _adapter_invalid(self, meta: dict[str, Any], message: str) -> None:
         """Passed the CRD schema but not the model: Ready=False with the reason, nothing else touched."""
