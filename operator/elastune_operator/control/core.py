@@ -88,7 +88,11 @@ class ControlCore:
         self._touched: set[str] = set()  # jobs whose GPUs or state changed this round
         self._last_tick: float | None = None
         self.serving = ServingControl(
-            bus, on_adapter_status, clock, check_artifact_paths=settings.check_artifact_paths
+            bus,
+            on_adapter_status,
+            clock,
+            check_artifact_paths=settings.check_artifact_paths,
+            metrics=self.metrics,  # re-asserts of what it owns in the registry are counted
         )
         self.on_publish = on_publish
         """Tune -> serve on Kubernetes: create the LoRAAdapter resource (None: register it here). Returns
