@@ -34,6 +34,8 @@ from elastune_contract.redact import redact_url
 DEFAULT_NAMESPACE = "elastune"
 PASSWORD_ENV = "ELASTUNE_REDIS_PASSWORD"
 """Redis password when the URL carries none (the storage channel reads the same variable)."""
+USERNAME_ENV = "ELASTUNE_REDIS_USERNAME"
+"""Redis ACL user (operator, gateway or worker role: redis_acl.py) when the URL names none."""
 HEARTBEAT_SECONDS = 1.0
 """How often a worker refreshes its record."""
 WORKER_TTL_SECONDS = 10
@@ -349,6 +351,8 @@ class Bus:
         extra = {}
         if urlsplit(url).password is None and os.environ.get(PASSWORD_ENV):
             extra["password"] = os.environ[PASSWORD_ENV]  # from a Secret, never in the URL on disk
+        if urlsplit(url).username is None and os.environ.get(USERNAME_ENV):
+            extra["username"] = os.environ[USERNAME_ENV]  # the role's Redis ACL user (redis_acl.py)
         # encoding_errors="replace": bytes that are not UTF-8 in one record make that record unreadable
         # (skipped and counted below), never the whole MGET or HGETALL that read it.
         self.redis = redis.Redis.from_url(

@@ -47,6 +47,7 @@ __all__ = [
 
 REDIS_PASSWORD_ENV = "ELASTUNE_REDIS_PASSWORD"
 REDIS_PASSWORD_FILE_ENV = "ELASTUNE_REDIS_PASSWORD_FILE"
+REDIS_USERNAME_ENV = "ELASTUNE_REDIS_USERNAME"
 DEFAULT_MAX_ITEM_SIZE = 1024 * 1024  # memcached's default `-I`
 DEFAULT_TIMEOUT_S = 5.0
 
@@ -104,6 +105,8 @@ class RedisChannel:
             password = _password_from_env()
             if password is not None:
                 kwargs["password"] = password
+        if urlsplit(url).username is None and os.environ.get(REDIS_USERNAME_ENV):
+            kwargs["username"] = os.environ[REDIS_USERNAME_ENV]  # the worker's Redis ACL user
         self._client = redis.Redis.from_url(url, **kwargs)
 
     @property
