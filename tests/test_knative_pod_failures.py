@@ -198,6 +198,18 @@ def test_exited_reports_each_failing_pod_once_with_its_reason(
     assert min_scale(kube) == "3"
     pod = client.CoreV1Api(kube).read_namespaced_pod("tiny-gpt2-00001-deployment-pull", NS)
     assert pod.metadata.annotations[DELETION_COST] == COST_REMOVE
+    # A job still waiting grows the pool back at once: min-scale stays down until the failed pod is
+    # gone (else Knative, at an unchanged size, would keep it and the job would wait forever) ...
+    backend.grow(POOL, MODEL, 1)
+    assert min_scale(kube) == "3"
+    clock.t += 2
+    assert backend.exited() == {}
+    assert min_scale(kube) == "3"
+    # ... and follows the pool again once Knative removed it.
+    client.CoreV1Api(kube).delete_namespaced_pod("tiny-gpt2-00001-deployment-pull", NS)
+    clock.t += 2
+    assert backend.exited() == {}
+    assert min_scale(kube) == "4"
 
     # An API error is logged and the round goes on; the next listing works again.
     k8s_emulator.call(lambda emu: emu[kmock.resource("", "v1", "pods")] << 500)
@@ -259,7 +271,12 @@ def test_a_pool_whose_image_cannot_be_pulled_fails_its_job_with_that_reason(worl
     put_pod(kube, "tiny-gpt2-00001-deployment-a1", IMAGE_PULL)  # Knative starts the pod; it cannot pull
     rounds(world)
     assert not rec.terminal  # one start failure of max_attempts 2: the pool tries another pod
-    assert min_scale(kube) == "1"  # the failed pod left the pool (-1), a fresh one was asked for (+1)
+    # The failed pod leaves the pool (-1) and a fresh one is asked for (+1): min-scale stays down until
+    # Knative removed the failed pod (at an unchanged size it would keep it, and the job wait forever).
+    assert min_scale(kube) == "0"
+    client.CoreV1Api(kube).delete_namespaced_pod("tiny-gpt2-00001-deployment-a1", NS)
+    rounds(world)
+    assert min_scale(kube) == "1" and not rec.terminal
     put_pod(kube, "tiny-gpt2-00001-deployment-a2", IMAGE_PULL)
     rounds(world)
     status, reason, message = cond(rec, "Succeeded")

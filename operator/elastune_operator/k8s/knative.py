@@ -22,6 +22,7 @@ from __future__ import annotations
 import base64
 import json
 import logging
+import secrets
 import time
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
@@ -56,6 +57,13 @@ COST_REMOVE = "-1000"
 COST_BUSY = "1000"
 """Pods running a job: removed last (never, as long as idle pods are released instead)."""
 WORKER_PORT = 8080
+VISIBILITY = "networking.knative.dev/visibility"
+"""``cluster-local`` on the Service: no route through the cluster's ingress (DESIGN §6 Tenancy)."""
+WORKER_CONTROL_SECRET = "elastune-worker-control"
+"""The Secret (key ``token``) the operator writes into each WarmPool namespace: the bearer token the
+worker's control endpoints (adapter load/unload, /status) need. Distinct from any Redis credential."""
+WORKER_CONTROL_KEY = "token"
+WORKER_CONTROL_DIR = "/var/run/elastune/control"
 POD_POLL_S = 2.0
 """At most one list of a namespace's pool pods this often (exited() is asked every 50 ms round)."""
 
@@ -99,6 +107,7 @@ def service_manifest(
         {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
         # Where pod_volumes mounts the claims; fixed so worker.env cannot move pvc:// elsewhere.
         {"name": PVC_ROOT_ENV, "value": DEFAULT_PVC_ROOT},
+        {"name": "ELASTUNE_CONTROL_TOKEN_FILE", "value": f"{WORKER_CONTROL_DIR}/{WORKER_CONTROL_KEY}"},
     ]
     if redis_secret:
         env.append(
@@ -113,6 +122,9 @@ def service_manifest(
     ]
     labels = {LABEL_WARM_POOL: name, LABEL_MODEL: _label_value(spec.model)}
     volumes, mounts = pod_volumes(pool)
+    control = {"secretName": WORKER_CONTROL_SECRET, "items": [{"key": WORKER_CONTROL_KEY, "path": "token"}]}
+    volumes.append({"name": "control-token", "secret": control})
+    mounts.append({"name": "control-token", "mountPath": WORKER_CONTROL_DIR, "readOnly": True})
     for i, secret in enumerate(sorted(s3_secrets)):
         # optional: a Secret named wrong or not created yet must not keep the pool's pods from starting;
         # the worker reports StorageSecretNotFound on the resource instead.
@@ -141,6 +153,8 @@ def service_manifest(
         ],
         # Busy workers finish their step and report before they go; long grace for checkpoints.
         "timeoutSeconds": 3600,
+        # A worker talks to Redis, never to the Kubernetes API: no ServiceAccount token in its pods.
+        "automountServiceAccountToken": False,
     }
     if volumes:
         pod_spec["volumes"] = volumes
@@ -155,7 +169,8 @@ def service_manifest(
         "metadata": {
             "name": name,
             "namespace": ns,
-            "labels": labels,
+            # Reached only inside the cluster (the gateway), never through Knative's ingress.
+            "labels": {**labels, VISIBILITY: "cluster-local"},
             "ownerReferences": [
                 {
                     "apiVersion": f"{GROUP}/v1alpha1",
@@ -218,20 +233,29 @@ class KnativeBackend:
         redis_password: str | None = None,
         pod_rules: PodFailureRules | None = None,
         clock: Callable[[], float] = time.time,
+        network_policy: dict[str, Any] | None = None,
     ) -> None:
         self.custom = client.CustomObjectsApi(api_client)
         self.core = client.CoreV1Api(api_client)
+        self.networking = client.NetworkingV1Api(api_client)
+        self.network_policy = network_policy
+        """``{"name", "ingress"}`` (ELASTUNE_WORKER_NETWORK_POLICY): written into each pool namespace."""
         self.redis_url = redis_url
         self.redis_secret = redis_secret
         self.secret_key = secret_key
         self.redis_password = redis_password
         self._secret_in: set[str] = set()  # namespaces whose Secret copy is written
+        self._control_in: set[str] = set()  # namespaces whose worker control Secret exists
+        self._policy_in: set[str] = set()  # namespaces whose worker NetworkPolicy is written
         self.pools: dict[str, tuple[WarmPool, int]] = {}  # pool name -> (resource, desired size)
         self.s3_secrets: dict[str, set[str]] = {}  # pool name -> Secrets its resources name for s3://
         self.pod_rules = pod_rules or PodFailureRules()
         self.clock = clock
         self._polled = float("-inf")  # clock of the last pod listing
         self._done: set[tuple[str, str]] = set()  # (namespace, pod) reported or released: not again
+        self._failed: set[tuple[str, str]] = set()  # pods exited() reported
+        self._releasing: dict[str, set[str]] = {}  # pool -> failed pods released, still listed
+        self._cap: dict[str, int] = {}  # pool -> highest min-scale while those pods are still there
 
     def register(self, pool: WarmPool, desired: int | None = None) -> int:
         """Create or update the pool's Service; returns the desired size in force (kept across
@@ -242,6 +266,8 @@ class KnativeBackend:
         desired = max(desired, pool.spec.min_warm_gpus)
         self.pools[name] = (pool, desired)
         self.copy_redis_secret(ns)
+        self.write_control_secret(ns)
+        self.write_network_policy(ns)
         self._apply(name)
         return desired
 
@@ -273,6 +299,63 @@ class KnativeBackend:
             self.core.patch_namespaced_secret(self.redis_secret, ns, {"data": data})
         self._secret_in.add(ns)
 
+    def write_control_secret(self, ns: str) -> None:
+        """The worker control token of the pools of ``ns`` (their pods mount it): a random one, created
+        once per namespace and kept (a 409 leaves the one there: rotating it means deleting the Secret and
+        the pods). Per namespace, so one tenant's token opens no other tenant's workers; create is all
+        the operator needs (it never reads the token back)."""
+        if ns in self._control_in:
+            return
+        token = secrets.token_urlsafe(32)
+        body = {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {
+                "name": WORKER_CONTROL_SECRET,
+                "namespace": ns,
+                "labels": {"app.kubernetes.io/managed-by": "elastune-operator"},
+            },
+            "type": "Opaque",
+            "data": {WORKER_CONTROL_KEY: base64.b64encode(token.encode()).decode()},
+        }
+        try:
+            self.core.create_namespaced_secret(ns, body)
+            log.info("wrote the worker control Secret %s into namespace %s", WORKER_CONTROL_SECRET, ns)
+        except ApiException as exc:
+            if exc.status != 409:
+                raise
+        self._control_in.add(ns)
+
+    def write_network_policy(self, ns: str) -> None:
+        """Cluster-wide installs: only the gateway, the operator, Knative's system namespace and
+        Prometheus (the chart's list) reach the worker pods of ``ns``. Create, or patch the one there
+        (the chart's RBAC grants get/patch of that one name); once per namespace per operator run."""
+        if self.network_policy is None or ns in self._policy_in:
+            return
+        name = self.network_policy["name"]
+        body = {
+            "apiVersion": "networking.k8s.io/v1",
+            "kind": "NetworkPolicy",
+            "metadata": {
+                "name": name,
+                "namespace": ns,
+                "labels": {"app.kubernetes.io/managed-by": "elastune-operator"},
+            },
+            "spec": {
+                "podSelector": {"matchExpressions": [{"key": LABEL_WARM_POOL, "operator": "Exists"}]},
+                "policyTypes": ["Ingress"],
+                "ingress": self.network_policy["ingress"],
+            },
+        }
+        try:
+            self.networking.create_namespaced_network_policy(ns, body)
+            log.info("wrote the worker NetworkPolicy %s into namespace %s", name, ns)
+        except ApiException as exc:
+            if exc.status != 409:
+                raise
+            self.networking.patch_namespaced_network_policy(name, ns, {"spec": body["spec"]})
+        self._policy_in.add(ns)
+
     def use_s3_secret(self, pool: str, secret: str) -> None:
         """Mount ``secret`` (its name only: the operator never reads it) into the pool's pods; a new one
         changes the pod template, so Knative rolls the pool once to add it."""
@@ -294,10 +377,22 @@ class KnativeBackend:
             return  # the WarmPool is gone, and its Service with it
         wp, desired = self.pools[pool]
         ns = wp.metadata.namespace or "default"
+        failed = 0
         for pod in worker_ids:
             self.mark(ns, pod, COST_REMOVE)
             self._done.add((ns, pod))
+            if (ns, pod) in self._failed:
+                self._releasing.setdefault(pool, set()).add(pod)
+                failed += 1
         self.pools[pool] = (wp, max(0, desired - len(worker_ids)))
+        if failed:
+            # Knative removes the cheapest pod only when the scale really drops: a job still waiting
+            # grows the pool back at once, and at an unchanged size the failed pod would stay, never
+            # replaced nor reported again (its job waiting forever). The scale stays this far below
+            # what ran (min-scale bounded by max-scale) until the failed pods are gone (exited() sees
+            # them go), then follows the pool again.
+            ran = min(desired, wp.spec.max_warm_gpus, self._cap.get(pool, desired))
+            self._cap[pool] = max(0, ran - failed)
         self._apply(pool)
 
     def mark(self, namespace: str, pod: str, cost: str | None) -> None:
@@ -350,7 +445,15 @@ class KnativeBackend:
                     log.warning("worker pod %s/%s: %s", ns, key[1], detail)
                     out[key[1]] = WorkerExit(model, detail, reason)
                     self._done.add(key)
+                    self._failed.add(key)
             self._done = {k for k in self._done if k[0] != ns or k in listed}
+            self._failed = {k for k in self._failed if k[0] != ns or k in listed}
+            for name in [n for n in self._releasing if n in models]:
+                self._releasing[name] = {p for p in self._releasing[name] if (ns, p) in listed}
+                if not self._releasing[name]:  # the failed pods are gone: the pool's own size again
+                    del self._releasing[name]
+                    self._cap.pop(name, None)
+                    self._apply(name)
         return out
 
     def close(self) -> None:
@@ -375,6 +478,7 @@ class KnativeBackend:
     def _apply(self, name: str) -> None:
         wp, desired = self.pools[name]
         ns = wp.metadata.namespace or "default"
+        desired = min(desired, self._cap.get(name, desired))
         body = service_manifest(
             wp, desired, self.redis_url, self.redis_secret, self.secret_key, self.s3_secrets.get(name, ())
         )
