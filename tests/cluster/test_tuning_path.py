@@ -104,7 +104,19 @@ def test_a_tuning_job_on_a_worker_pod_publishes_an_artifact_other_pods_read(worl
         assert time.monotonic() < deadline, world.kubelet.log_of(TENANT, "reader")
         time.sleep(0.5)
 
-    # The published prompt is a model of the gateway, answered by a worker pod.
+    # The pod that tuned goes; the published prompt is answered by a worker pod that did not tune it
+    # (it loads the artifact from the claim).
+    tuned_on = {p["metadata"]["name"] for p in world.pods(TENANT, "elastune.dev/warmpool=tune-a")}
+    core = client.CoreV1Api(world.api)
+    for name in tuned_on:
+        core.delete_namespaced_pod(name, TENANT)
+    deadline = time.monotonic() + 120
+    while (
+        not {p["metadata"]["name"] for p in world.wait_ready(TENANT, "elastune.dev/warmpool=tune-a")}
+        - tuned_on
+    ):
+        assert time.monotonic() < deadline, "no new worker pod"
+        time.sleep(0.5)
     api = OpenAI(base_url=gateway_url(world), api_key="unused", max_retries=0, timeout=60)
     deadline = time.monotonic() + 120
     while "author-prompt" not in {m.id for m in api.models.list().data}:
