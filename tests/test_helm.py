@@ -281,14 +281,15 @@ def test_cluster_wide_rbac_covers_what_the_operator_does() -> None:
     assert named(docs, "ServiceAccount", RELEASE)
 
 
-# The operator copies the Redis password Secret into the namespaces of its WarmPools' workers: create
-# (which RBAC cannot restrict by name) and get/patch of that one name, nothing else on Secrets.
+# The operator copies the workers' Redis password Secret (the worker ACL user's with the bundled Redis)
+# into the namespaces of its WarmPools' workers: create (which RBAC cannot restrict by name) and get/patch
+# of that one name, nothing else on Secrets.
 REDIS_SECRET_RULES = [
     {"apiGroups": [""], "resources": ["secrets"], "verbs": ["create"]},
     {
         "apiGroups": [""],
         "resources": ["secrets"],
-        "resourceNames": [f"{RELEASE}-redis"],
+        "resourceNames": [f"{RELEASE}-redis-worker"],
         "verbs": ["get", "patch"],
     },
 ]
@@ -666,11 +667,16 @@ def test_gateway_reads_the_redis_password_from_the_secret() -> None:
 
     docs = render()
     (container,) = gateway_pod(docs)["containers"]
+    # Its own Redis user (tests/security/test_redis_acl_chart.py), not the operator's password.
+    assert env_of(container)[PASSWORD_ENV]["valueFrom"]["secretKeyRef"]["name"] == f"{RELEASE}-redis-gateway"
+    assert env_of(container)["ELASTUNE_REDIS_USERNAME"]["value"] == "elastune-gateway"
+    assert all("password" not in arg.lower() for arg in container["args"])
+    no_acl = render("redis.bundled.acl.enabled=false")
+    (container,) = gateway_pod(no_acl)["containers"]
     assert (
         env_of(container)[PASSWORD_ENV]["valueFrom"]
-        == env_of(operator_container(docs))[PASSWORD_ENV]["valueFrom"]
+        == env_of(operator_container(no_acl))[PASSWORD_ENV]["valueFrom"]
     )
-    assert all("password" not in arg.lower() for arg in container["args"])
     (container,) = gateway_pod(render(*EXTERNAL_REDIS))["containers"]
     assert env_of(container)[PASSWORD_ENV]["valueFrom"]["secretKeyRef"]["name"] == "managed-redis"
     (container,) = gateway_pod(render(*COMBINATIONS["external-redis-no-auth"]))["containers"]
@@ -698,7 +704,7 @@ def test_bundled_redis_password_comes_from_a_secret() -> None:
     }
     redis = named(docs, "Deployment", f"{RELEASE}-redis")["spec"]["template"]["spec"]
     (container,) = redis["containers"]
-    assert env_of(container)["REDISCLI_AUTH"]["valueFrom"]["secretKeyRef"]["name"] == f"{RELEASE}-redis"
+    assert env_of(container)["OPERATOR_PASSWORD"]["valueFrom"]["secretKeyRef"]["name"] == f"{RELEASE}-redis"
     # The password is never a literal in a pod spec or on a command line.
     assert password not in json.dumps([d for d in docs if d["kind"] != "Secret"])
     assert redis["automountServiceAccountToken"] is False
@@ -747,9 +753,10 @@ def test_example_warm_pool_matches_the_manifest() -> None:
     assert env["HF_HUB_OFFLINE"] == next(e for e in manifest_env if e["name"] == "HF_HUB_OFFLINE")
     assert env["ELASTUNE_REDIS_URL"]["value"] == f"redis://{RELEASE}-redis.{NAMESPACE}.svc:6379/0"
     assert env["ELASTUNE_REDIS_PASSWORD"]["valueFrom"]["secretKeyRef"] == {
-        "name": f"{RELEASE}-redis",
+        "name": f"{RELEASE}-redis-worker",
         "key": "password",
     }
+    assert env["ELASTUNE_REDIS_USERNAME"]["value"] == "elastune-worker"
     assert not of_kind(render(), "WarmPool")
 
 

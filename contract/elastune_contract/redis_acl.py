@@ -47,7 +47,8 @@ def acl_rules(role: Role, namespace: str = "elastune") -> str:
     a set of commands over a set of key patterns; a command must fit one of them with all its keys."""
     ns = namespace
     if role == "operator":
-        return f"resetkeys resetchannels ~{ns}:* ~elastune:* -@all +@all -@dangerous {_CONNECT}"
+        keys = " ".join(dict.fromkeys([f"~{ns}:*", "~elastune:*"]))  # the bus, and the gradient keys
+        return f"resetkeys resetchannels {keys} -@all +@all -@dangerous {_CONNECT}"
     if role == "gateway":
         selectors = [
             f"%R~{ns}:workers %R~{ns}:worker:* +smembers +mget",

@@ -146,3 +146,42 @@ namespace. */}}
 {{ toYaml . }}
 {{- end }}
 {{- end }}
+
+
+{{/* Redis users per role (DESIGN.md §6 Tenancy): the bundled Redis with redis.bundled.acl.enabled runs
+ACL users operator, gateway and worker (elastune_contract/redis_acl.py; tests/security check the rules
+below are that module's, character for character), each with its own password Secret; the worker's is
+the only credential the operator copies into WarmPool namespaces. */}}
+{{- define "elastune.redisAcl" -}}
+{{- and .Values.redis.bundled.enabled .Values.redis.bundled.acl.enabled }}
+{{- end }}
+
+{{- define "elastune.redisGatewaySecretName" -}}
+{{- printf "%s-redis-gateway" (include "elastune.fullname" .) }}
+{{- end }}
+
+{{- define "elastune.redisWorkerSecretName" -}}
+{{- printf "%s-redis-worker" (include "elastune.fullname" .) }}
+{{- end }}
+
+{{/* The Secret the worker pods read their Redis password from (copied into each WarmPool namespace) and
+its key: the worker user's with ACLs, else the one Redis password. */}}
+{{- define "elastune.workerRedisSecret" -}}
+{{- if eq (include "elastune.redisAcl" .) "true" }}{{ include "elastune.redisWorkerSecretName" . }}{{ else }}{{ include "elastune.redisSecretName" . }}{{ end }}
+{{- end }}
+
+{{- define "elastune.workerRedisSecretKey" -}}
+{{- if eq (include "elastune.redisAcl" .) "true" }}password{{ else }}{{ .Values.redis.auth.secretKey }}{{ end }}
+{{- end }}
+
+{{- define "elastune.redisAclRules.operator" -}}
+resetkeys resetchannels ~elastune:* -@all +@all -@dangerous +ping +hello +auth +client|setname +client|getname +client|id
+{{- end }}
+
+{{- define "elastune.redisAclRules.gateway" -}}
+resetkeys resetchannels -@all +ping +hello +auth +client|setname +client|getname +client|id +multi +exec +discard (%R~elastune:workers %R~elastune:worker:* +smembers +mget) (~elastune:workers +srem) (%R~elastune:serving-pools +hgetall +hlen) (~elastune:requests:* +hincrby +expire +hgetall) (~elastune:demand:* +set +get)
+{{- end }}
+
+{{- define "elastune.redisAclRules.worker" -}}
+resetkeys resetchannels -@all +ping +hello +auth +client|setname +client|getname +client|id +multi +exec +discard (~elastune:worker:* +set) (~elastune:workers +sadd +srem) (~elastune:assign:* +blpop) (~elastune:job:*:events +xadd +expire) (%R~elastune:job:*:cancel:* +exists) (%R~elastune:placement:* +hgetall) (~elastune:worker:* ~elastune:assign:* ~elastune:placement:* +del) (~elastune:*:grad:* ~elastune:*:merged:* +set +get +mget +del)
+{{- end }}

@@ -10,6 +10,10 @@ from pathlib import Path
 
 from elastune_operator.scheduling.policy import POLICY_NAMES, PolicyName
 
+WORKER_PASSWORD_ENV = "ELASTUNE_REDIS_WORKER_PASSWORD"
+"""The workers' Redis ACL password, copied into WarmPool namespaces (from a Secret; not a setting field, so
+it never appears in a settings dump)."""
+
 
 class SettingsError(ValueError):
     pass
@@ -24,6 +28,10 @@ class OperatorSettings:
     empty for a Redis without auth. The operator itself reads ELASTUNE_REDIS_PASSWORD."""
     redis_secret_key: str = "password"
     """ELASTUNE_REDIS_SECRET_KEY: the key of the password inside that Secret."""
+    redis_worker_username: str | None = None
+    """ELASTUNE_REDIS_WORKER_USERNAME: the workers' Redis ACL user (the chart's bundled Redis:
+    elastune-worker); the operator then copies ELASTUNE_REDIS_WORKER_PASSWORD, not its own password, into
+    the WarmPool namespaces (its own user is ELASTUNE_REDIS_USERNAME)."""
     channel_url: str | None = None
     """ELASTUNE_CHANNEL_URL: gradient storage channel (redis:// or memcached://); default: the bus."""
     cold_pool_gpus: int = 32
@@ -67,6 +75,7 @@ class OperatorSettings:
             "redis_url": "ELASTUNE_REDIS_URL",
             "redis_secret": "ELASTUNE_REDIS_SECRET",
             "redis_secret_key": "ELASTUNE_REDIS_SECRET_KEY",
+            "redis_worker_username": "ELASTUNE_REDIS_WORKER_USERNAME",
             "channel_url": "ELASTUNE_CHANNEL_URL",
             "cold_pool_gpus": "ELASTUNE_COLD_POOL_GPUS",
             "work_dir": "ELASTUNE_WORK_DIR",
