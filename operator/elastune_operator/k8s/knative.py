@@ -22,6 +22,7 @@ from __future__ import annotations
 import base64
 import json
 import logging
+import secrets
 import time
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
@@ -56,6 +57,13 @@ COST_REMOVE = "-1000"
 COST_BUSY = "1000"
 """Pods running a job: removed last (never, as long as idle pods are released instead)."""
 WORKER_PORT = 8080
+VISIBILITY = "networking.knative.dev/visibility"
+"""``cluster-local`` on the Service: no route through the cluster's ingress (DESIGN §6 Tenancy)."""
+WORKER_CONTROL_SECRET = "elastune-worker-control"
+"""The Secret (key ``token``) the operator writes into each WarmPool namespace: the bearer token the
+worker's control endpoints (adapter load/unload, /status) need. Distinct from any Redis credential."""
+WORKER_CONTROL_KEY = "token"
+WORKER_CONTROL_DIR = "/var/run/elastune/control"
 POD_POLL_S = 2.0
 """At most one list of a namespace's pool pods this often (exited() is asked every 50 ms round)."""
 
@@ -77,6 +85,7 @@ def service_manifest(
     redis_secret: str | None,
     secret_key: str = "password",
     s3_secrets: Collection[str] = (),
+    redis_username: str | None = None,
 ) -> dict[str, Any]:
     """The Knative Service of a WarmPool with ``desired`` warm GPUs (pods); ``s3_secrets``: the Secrets
     the pool's LoRAAdapters and TuningJobs name for s3:// artifacts, mounted for the workers to read."""
@@ -99,6 +108,7 @@ def service_manifest(
         {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
         # Where pod_volumes mounts the claims; fixed so worker.env cannot move pvc:// elsewhere.
         {"name": PVC_ROOT_ENV, "value": DEFAULT_PVC_ROOT},
+        {"name": "ELASTUNE_CONTROL_TOKEN_FILE", "value": f"{WORKER_CONTROL_DIR}/{WORKER_CONTROL_KEY}"},
     ]
     if redis_secret:
         env.append(
@@ -107,12 +117,17 @@ def service_manifest(
                 "valueFrom": {"secretKeyRef": {"name": redis_secret, "key": secret_key}},
             }
         )
+    if redis_username:  # the worker's Redis ACL user (the chart's bundled Redis: elastune-worker)
+        env.append({"name": "ELASTUNE_REDIS_USERNAME", "value": redis_username})
     names = {e["name"] for e in env}
     env += [
         e.model_dump(by_alias=True, exclude_none=True) for e in spec.worker.env or [] if e.name not in names
     ]
     labels = {LABEL_WARM_POOL: name, LABEL_MODEL: _label_value(spec.model)}
     volumes, mounts = pod_volumes(pool)
+    control = {"secretName": WORKER_CONTROL_SECRET, "items": [{"key": WORKER_CONTROL_KEY, "path": "token"}]}
+    volumes.append({"name": "control-token", "secret": control})
+    mounts.append({"name": "control-token", "mountPath": WORKER_CONTROL_DIR, "readOnly": True})
     for i, secret in enumerate(sorted(s3_secrets)):
         # optional: a Secret named wrong or not created yet must not keep the pool's pods from starting;
         # the worker reports StorageSecretNotFound on the resource instead.
@@ -141,6 +156,8 @@ def service_manifest(
         ],
         # Busy workers finish their step and report before they go; long grace for checkpoints.
         "timeoutSeconds": 3600,
+        # A worker talks to Redis, never to the Kubernetes API: no ServiceAccount token in its pods.
+        "automountServiceAccountToken": False,
     }
     if volumes:
         pod_spec["volumes"] = volumes
@@ -155,7 +172,8 @@ def service_manifest(
         "metadata": {
             "name": name,
             "namespace": ns,
-            "labels": labels,
+            # Reached only inside the cluster (the gateway), never through Knative's ingress.
+            "labels": {**labels, VISIBILITY: "cluster-local"},
             "ownerReferences": [
                 {
                     "apiVersion": f"{GROUP}/v1alpha1",
@@ -218,14 +236,23 @@ class KnativeBackend:
         redis_password: str | None = None,
         pod_rules: PodFailureRules | None = None,
         clock: Callable[[], float] = time.time,
+        network_policy: dict[str, Any] | None = None,
+        redis_username: str | None = None,
     ) -> None:
         self.custom = client.CustomObjectsApi(api_client)
         self.core = client.CoreV1Api(api_client)
+        self.networking = client.NetworkingV1Api(api_client)
+        self.network_policy = network_policy
+        self.redis_username = redis_username
+        """The workers' Redis ACL user (ELASTUNE_REDIS_WORKER_USERNAME); ``redis_password`` is then its."""
+        """``{"name", "ingress"}`` (ELASTUNE_WORKER_NETWORK_POLICY): written into each pool namespace."""
         self.redis_url = redis_url
         self.redis_secret = redis_secret
         self.secret_key = secret_key
         self.redis_password = redis_password
         self._secret_in: set[str] = set()  # namespaces whose Secret copy is written
+        self._control_in: set[str] = set()  # namespaces whose worker control Secret exists
+        self._policy_in: set[str] = set()  # namespaces whose worker NetworkPolicy is written
         self.pools: dict[str, tuple[WarmPool, int]] = {}  # pool name -> (resource, desired size)
         self.s3_secrets: dict[str, set[str]] = {}  # pool name -> Secrets its resources name for s3://
         self.pod_rules = pod_rules or PodFailureRules()
@@ -245,6 +272,8 @@ class KnativeBackend:
         desired = max(desired, pool.spec.min_warm_gpus)
         self.pools[name] = (pool, desired)
         self.copy_redis_secret(ns)
+        self.write_control_secret(ns)
+        self.write_network_policy(ns)
         self._apply(name)
         return desired
 
@@ -275,6 +304,63 @@ class KnativeBackend:
                 raise
             self.core.patch_namespaced_secret(self.redis_secret, ns, {"data": data})
         self._secret_in.add(ns)
+
+    def write_control_secret(self, ns: str) -> None:
+        """The worker control token of the pools of ``ns`` (their pods mount it): a random one, created
+        once per namespace and kept (a 409 leaves the one there: rotating it means deleting the Secret and
+        the pods). Per namespace, so one tenant's token opens no other tenant's workers; create is all
+        the operator needs (it never reads the token back)."""
+        if ns in self._control_in:
+            return
+        token = secrets.token_urlsafe(32)
+        body = {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {
+                "name": WORKER_CONTROL_SECRET,
+                "namespace": ns,
+                "labels": {"app.kubernetes.io/managed-by": "elastune-operator"},
+            },
+            "type": "Opaque",
+            "data": {WORKER_CONTROL_KEY: base64.b64encode(token.encode()).decode()},
+        }
+        try:
+            self.core.create_namespaced_secret(ns, body)
+            log.info("wrote the worker control Secret %s into namespace %s", WORKER_CONTROL_SECRET, ns)
+        except ApiException as exc:
+            if exc.status != 409:
+                raise
+        self._control_in.add(ns)
+
+    def write_network_policy(self, ns: str) -> None:
+        """Cluster-wide installs: only the gateway, the operator, Knative's system namespace and
+        Prometheus (the chart's list) reach the worker pods of ``ns``. Create, or patch the one there
+        (the chart's RBAC grants get/patch of that one name); once per namespace per operator run."""
+        if self.network_policy is None or ns in self._policy_in:
+            return
+        name = self.network_policy["name"]
+        body = {
+            "apiVersion": "networking.k8s.io/v1",
+            "kind": "NetworkPolicy",
+            "metadata": {
+                "name": name,
+                "namespace": ns,
+                "labels": {"app.kubernetes.io/managed-by": "elastune-operator"},
+            },
+            "spec": {
+                "podSelector": {"matchExpressions": [{"key": LABEL_WARM_POOL, "operator": "Exists"}]},
+                "policyTypes": ["Ingress"],
+                "ingress": self.network_policy["ingress"],
+            },
+        }
+        try:
+            self.networking.create_namespaced_network_policy(ns, body)
+            log.info("wrote the worker NetworkPolicy %s into namespace %s", name, ns)
+        except ApiException as exc:
+            if exc.status != 409:
+                raise
+            self.networking.patch_namespaced_network_policy(name, ns, {"spec": body["spec"]})
+        self._policy_in.add(ns)
 
     def use_s3_secret(self, pool: str, secret: str) -> None:
         """Mount ``secret`` (its name only: the operator never reads it) into the pool's pods; a new one
@@ -400,8 +486,9 @@ class KnativeBackend:
         ns = wp.metadata.namespace or "default"
         desired = min(desired, self._cap.get(name, desired))
         body = service_manifest(
-            wp, desired, self.redis_url, self.redis_secret, self.secret_key, self.s3_secrets.get(name, ())
-        )
+            wp, desired, self.redis_url, self.redis_secret, self.secret_key, self.s3_secrets.get(name, ()),
+            redis_username=self.redis_username,
+        )  # fmt: skip
         try:
             self.custom.create_namespaced_custom_object(
                 KNATIVE_GROUP, KNATIVE_VERSION, ns, KNATIVE_PLURAL, body

@@ -11,6 +11,7 @@ kopf handlers must never sleep.
 from __future__ import annotations
 
 import functools
+import json
 import logging
 import os
 import queue
@@ -59,7 +60,7 @@ from elastune_operator.control.serving import AdapterRecord
 from elastune_operator.failpoints import PUBLISH_AFTER_CREATE, failpoint
 from elastune_operator.k8s.knative import KnativeBackend
 from elastune_operator.k8s.pod_status import PodFailureRules
-from elastune_operator.k8s.settings import OperatorSettings
+from elastune_operator.k8s.settings import WORKER_PASSWORD_ENV, OperatorSettings
 from elastune_operator.metrics import ControlMetrics
 
 log = logging.getLogger("elastune.operator")
@@ -98,8 +99,13 @@ class Runtime:
             settings.redis_url,
             settings.redis_secret,
             settings.redis_secret_key,
-            redis_password=os.environ.get(PASSWORD_ENV) or urlsplit(settings.redis_url).password,
+            # What the workers get: the worker ACL user's password when there is one, never the operator's.
+            redis_password=os.environ.get(WORKER_PASSWORD_ENV)
+            or os.environ.get(PASSWORD_ENV)
+            or urlsplit(settings.redis_url).password,
+            redis_username=settings.redis_worker_username,
             pod_rules=PodFailureRules(unschedulable_grace_s=settings.pod_unschedulable_grace_s),
+            network_policy=json.loads(settings.worker_network_policy or "null"),
         )
         core_settings = CoreSettings(
             cold_capacity=settings.cold_pool_gpus,
