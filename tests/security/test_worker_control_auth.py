@@ -109,3 +109,20 @@ def test_local_backend_gives_its_workers_a_token_file_per_run(tmp_path: Path) ->
     env = dict(line.split("=", 1) for line in (tmp_path / "env.txt").read_text().splitlines() if "=" in line)
     assert env["ELASTUNE_CONTROL_TOKEN_FILE"] == str(b.control_token_file)
     assert b.control_token not in (tmp_path / "env.txt").read_text()
+
+
+def test_the_token_comes_from_the_mounted_file_first(tmp_path: Path) -> None:
+    """Pods get it as a file (the operator's Secret, mounted); an empty file is refused, never a guessable
+    token; without any, a random one (the control routes closed over HTTP)."""
+    from elastune_worker.server.control_auth import control_token
+
+    f = tmp_path / "token"
+    f.write_text("from-the-secret\n")
+    env = {"ELASTUNE_CONTROL_TOKEN_FILE": str(f), "ELASTUNE_CONTROL_TOKEN": "from-env"}
+    assert control_token(env) == ("from-the-secret", str(f))
+    assert control_token({"ELASTUNE_CONTROL_TOKEN": "from-env"})[0] == "from-env"
+    f.write_text("")
+    with pytest.raises(ValueError, match="empty"):
+        control_token(env)
+    token, source = control_token({})
+    assert source == "random" and len(token) >= 32 and token != control_token({})[0]

@@ -181,6 +181,12 @@ def serve(opts: ServeOptions, out: TextIO = sys.stdout, err: TextIO = sys.stderr
             flush=True,
         )
         print(f"state, logs and status in {state_dir}; Ctrl-C stops", file=err, flush=True)
+        print(
+            f"workers' control token (Bearer, for /v1/load_lora_adapter and /v1/unload_lora_adapter on a "
+            f"worker): {backend.control_token_file}",
+            file=err,
+            flush=True,
+        )
         stop = install_stop()
         deadline = time.monotonic() + opts.timeout if opts.timeout else None
         while not stop.requested and (deadline is None or time.monotonic() < deadline):
