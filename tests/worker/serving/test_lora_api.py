@@ -125,7 +125,7 @@ def test_bad_artifacts_are_4xx_naming_the_problem_and_show_on_the_record(worker,
         (tmp_path / "nowhere", "is not a directory"),
         (A.ensure_tiny_adapter(64), "rank 64 is outside 1..32"),
         (gpt2_lora, "another base model"),
-        ("s3://bucket/adapter", "not supported yet"),
+        ("https://example.invalid/adapter", "not supported yet"),
     ]
     for path, why in cases:
         r = load(w, "bad", path)
@@ -134,7 +134,7 @@ def test_bad_artifacts_are_4xx_naming_the_problem_and_show_on_the_record(worker,
     deadline = time.time() + 15
     while time.time() < deadline:
         rec = bus.workers()["w-lora"]
-        if rec.serving is not None and rec.serving.adapter_error and "s3://" in rec.serving.adapter_error:
+        if rec.serving is not None and rec.serving.adapter_error and "https://" in rec.serving.adapter_error:
             break
         time.sleep(0.3)
     else:
