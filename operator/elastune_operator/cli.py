@@ -270,6 +270,11 @@ def build_parser() -> argparse.ArgumentParser:
             "FCFS vs SJF (predicted, oracle lengths) job completion times on the engine, 3 batching settings",
         ),
         (
+            "chaos",
+            "elastune_worker.bench.chaos",
+            "faults injected into a local stack (Redis flushed/down, lost result, poison, ...): held or lost",
+        ),
+        (
             "coserve",
             "elastune_worker.bench.coserve",
             "FlexLLM co-serving vs temporal sharing vs spatial split: finetune tok/s, TPOT SLO attainment",
@@ -353,6 +358,7 @@ WORKER_COMMANDS: dict[tuple[str, ...], list[str]] = {
     ("bench", "route"): ["elastune_gateway.bench.route"],
     ("bench", "lora"): ["elastune_worker.bench.lora"],
     ("bench", "ssjf"): ["elastune_worker.bench.ssjf"],
+    ("bench", "chaos"): ["elastune_worker.bench.chaos"],
 }
 
 
