@@ -5,10 +5,7 @@ disconnects mid-stream, concurrent requests."""
 from __future__ import annotations
 
 import asyncio
-import os
 import re
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -19,8 +16,9 @@ openai = pytest.importorskip("openai")
 httpx = pytest.importorskip("httpx")
 pytest.importorskip("torch")
 
+from worker_process import served_worker  # noqa: E402
+
 from elastune_contract.protocol import Bus  # noqa: E402
-from elastune_worker.tiny import build as B  # noqa: E402
 
 MODEL = "tiny-llama"
 NAMESPACE: dict[str, str] = {}
@@ -28,30 +26,10 @@ NAMESPACE: dict[str, str] = {}
 
 @pytest.fixture(scope="module")
 def worker(redis_server: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    path = B.ensure_tiny_model(spec=B.TINY_LLAMA_SPEC)
     ns = NAMESPACE["ns"] = f"api{time.time_ns()}"
     log_path = tmp_path_factory.mktemp("worker") / "worker.log"
-    cmd = [sys.executable, "-m", "elastune_worker", "serve", "--pool", "p", "--model", str(path)]
-    cmd += ["--redis-url", redis_server.url, "--namespace", ns, "--worker-id", "w-api", "--port", "0"]
-    cmd += ["--served-model-name", MODEL, "--kv-cache-tokens", "16384"]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "OMP_WAIT_POLICY": "PASSIVE"}
-    with log_path.open("wb") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
-    bus = Bus(redis_server.url, ns)
-    try:
-        deadline = time.time() + 180
-        while time.time() < deadline:
-            rec = bus.workers().get("w-api")
-            if rec is not None and rec.url and httpx.get(rec.url + "/readyz").status_code == 200:
-                yield rec.url
-                return
-            assert proc.poll() is None, log_path.read_text()
-            time.sleep(0.2)
-        pytest.fail("worker never became ready: " + log_path.read_text()[-2000:])
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
-        bus.close()
+    with served_worker(redis_server.url, ns, "w-api", log_path, MODEL) as url:
+        yield url
 
 
 @pytest.fixture(scope="module")

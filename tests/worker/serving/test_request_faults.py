@@ -14,10 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import shutil
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -29,16 +26,16 @@ openai = pytest.importorskip("openai")
 httpx = pytest.importorskip("httpx")
 pytest.importorskip("torch")
 
+from worker_process import served_worker  # noqa: E402
+
 from elastune_contract.openai_api.limits import (  # noqa: E402
     DEFAULT_MAX_PROMPT_CHARS,
     DEFAULT_MAX_REQUEST_BYTES,
     DEFAULT_MAX_STOP_CHARS,
     DEFAULT_MAX_STOP_TOKEN_IDS,
 )
-from elastune_contract.protocol import Bus  # noqa: E402
 from elastune_worker.serving.sampler import FAILPOINT_SEED  # noqa: E402
 from elastune_worker.tiny import adapters as A  # noqa: E402
-from elastune_worker.tiny import build as B  # noqa: E402
 
 MODEL = "tiny-llama"
 PROMPT = "Read the record and return one value. book: Dune →"
@@ -47,32 +44,12 @@ CONTROL_TOKEN = "faults-control-token"
 
 @pytest.fixture(scope="module")
 def worker(redis_server: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    path = B.ensure_tiny_model(spec=B.TINY_LLAMA_SPEC)
-    ns = f"faults{time.time_ns()}"
+    env = {"ELASTUNE_FAILPOINT": "sampler-raise", "ELASTUNE_CONTROL_TOKEN": CONTROL_TOKEN}  # control: loads
     log_path = tmp_path_factory.mktemp("worker") / "worker.log"
-    cmd = [sys.executable, "-m", "elastune_worker", "serve", "--pool", "p", "--model", str(path)]
-    cmd += ["--redis-url", redis_server.url, "--namespace", ns, "--worker-id", "w-faults", "--port", "0"]
-    cmd += ["--served-model-name", MODEL, "--kv-cache-tokens", "16384", "--enable-lora"]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "OMP_WAIT_POLICY": "PASSIVE"}
-    env["ELASTUNE_FAILPOINT"] = "sampler-raise"
-    env["ELASTUNE_CONTROL_TOKEN"] = CONTROL_TOKEN  # adapter load/unload need it
-    with log_path.open("wb") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
-    bus = Bus(redis_server.url, ns)
-    try:
-        deadline = time.time() + 180
-        while time.time() < deadline:
-            rec = bus.workers().get("w-faults")
-            if rec is not None and rec.url and httpx.get(rec.url + "/readyz").status_code == 200:
-                yield rec.url
-                return
-            assert proc.poll() is None, log_path.read_text()
-            time.sleep(0.2)
-        pytest.fail("worker never became ready: " + log_path.read_text()[-2000:])
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
-        bus.close()
+    with served_worker(
+        redis_server.url, f"faults{time.time_ns()}", "w-faults", log_path, MODEL, ("--enable-lora",), env
+    ) as url:
+        yield url
 
 
 @pytest.fixture(scope="module")
