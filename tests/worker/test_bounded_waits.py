@@ -9,31 +9,17 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import pytest
-from test_control_core import MODEL, Clock, FakeBackend, cond, job, pop, post, run_to_dispatch, worker
+from test_control_core import MODEL, cond, job, pop, post, run_to_dispatch, worker
+from test_control_core import env as env  # the core under test, a fixture shared with test_control_core
 
 from elastune_contract.protocol import Assignment, Bus, WorkerState
 from elastune_contract.vocabulary import Reason
 from elastune_operator.control import core as core_module
 from elastune_operator.control.core import ControlCore
 from elastune_operator.control.deadlines import AttemptDeadlines
-from elastune_operator.control.records import CoreSettings, JobRecord, PoolConfig
+from elastune_operator.control.records import JobRecord
 
 LIMITS = AttemptDeadlines()  # the core's defaults
-
-
-@pytest.fixture
-def env(redis_server: Any, tmp_path: Path) -> dict[str, Any]:
-    import time
-
-    bus = Bus(redis_server.url, namespace=f"waits{time.time_ns()}")
-    backend, clock = FakeBackend(), Clock()
-    settings = CoreSettings(cold_capacity=4, channel_url=redis_server.url, work_dir=tmp_path, max_attempts=2)
-    pool = PoolConfig(
-        "pool", MODEL, max_warm=4, idle_window_seconds=30, cold_start_seconds=5, seconds_per_iteration=0.1
-    )
-    core = ControlCore(backend, bus, settings, [pool], clock=clock)
-    return {"bus": bus, "backend": backend, "clock": clock, "core": core, "settings": settings, "pool": pool}
 
 
 def busy(env: dict[str, Any], wid: str, a: Assignment) -> None:

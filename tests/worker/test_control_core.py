@@ -62,7 +62,7 @@ def env(redis_server: Any, tmp_path: Path) -> dict[str, Any]:
         "pool", MODEL, max_warm=4, idle_window_seconds=30, cold_start_seconds=5, seconds_per_iteration=0.1
     )
     core = ControlCore(backend, bus, settings, [pool], clock=clock)
-    return {"bus": bus, "backend": backend, "clock": clock, "core": core}
+    return {"bus": bus, "backend": backend, "clock": clock, "core": core, "settings": settings, "pool": pool}
 
 
 def job(name: str, *, model: str = MODEL, deadline: str = "10m", iterations: int = 50) -> JobRecord:

@@ -13,10 +13,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from test_control_core import MODEL, Clock, FakeBackend, job
 
 from elastune_contract.api.loraadapter import LoRAAdapterSpec
-from elastune_contract.api.resources import parse_resource
-from elastune_contract.api.tuningjob import TuningJobSpec
 from elastune_contract.api.warmpool import ServingSpec
 from elastune_contract.protocol import (
     Bus,
@@ -33,44 +32,13 @@ from elastune_contract.servers import Server
 from elastune_operator.control.backend import WorkerExit
 from elastune_operator.control.core import ControlCore
 from elastune_operator.control.lifecycle import succeeded
-from elastune_operator.control.records import CoreSettings, JobRecord, PoolConfig
+from elastune_operator.control.records import CoreSettings, PoolConfig
 from elastune_operator.control.serving import AdapterRecord
 from real_servers import start_redis, stop
 
-MODEL = "test/model"
 ROUND = 0.05
 SILENT_S = 4.0
 """Longer than the fleet's grace for a missing record (three heartbeats), after its TTL expired."""
-
-
-class FakeBackend:
-    def __init__(self) -> None:
-        self.grown: list[tuple[str, int]] = []
-        self.shrunk: list[str] = []
-        self.dead: dict[str, WorkerExit] = {}
-
-    def grow(self, pool: str, model: str, count: int) -> None:
-        self.grown.append((pool, count))
-
-    def shrink(self, pool: str, worker_ids: list[str]) -> None:
-        self.shrunk += worker_ids
-
-    def mark_busy(self, pool: str, worker_ids: list[str], busy: bool) -> None:
-        pass
-
-    def exited(self) -> dict[str, WorkerExit]:
-        return dict(self.dead)
-
-    def close(self) -> None:
-        pass
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.t = 1_800_000_000.0
-
-    def __call__(self) -> float:
-        return self.t
 
 
 @pytest.fixture(scope="module")
@@ -142,24 +110,6 @@ def serving_pod(env: dict[str, Any], wid: str) -> None:
     assert wid in env["core"].fleet.gpu_of
 
 
-def job(name: str) -> JobRecord:
-    res = parse_resource(
-        {
-            "apiVersion": "elastune.dev/v1alpha1",
-            "kind": "TuningJob",
-            "metadata": {"name": name, "namespace": "ns"},
-            "spec": {
-                "model": MODEL,
-                "dataset": "/d.jsonl",
-                "termination": {"maxIterations": 10},
-                "deadline": "10m",
-            },
-        }
-    )
-    assert isinstance(res.spec, TuningJobSpec)
-    return JobRecord(f"ns/{name}", res.spec, 1_800_000_000.0, "/d.jsonl", f"/out/{name}", generation=1)
-
-
 def poison(core: ControlCore, kind: str) -> float:
     value = core.metrics.registry.get_sample_value("elastune_control_poison_records_total", {"kind": kind})
     return value or 0.0
@@ -212,7 +162,7 @@ def test_a_worker_lost_for_a_missing_record_that_registers_again_is_used_again(e
     )
     assert returned == 1
     # ... and used: a job goes to it.
-    rec = job("after-return")
+    rec = job("after-return", iterations=10)
     core.submit(rec)
     rounds(env, 2, beat=["w1"])
     a = bus.pop_assignment("w1", timeout=0.5)
@@ -249,7 +199,7 @@ def test_a_garbage_worker_record_is_skipped_and_counted_once_while_the_rounds_go
 def test_a_malformed_event_is_skipped_and_counted_and_the_job_still_finishes(env: dict[str, Any]) -> None:
     core, bus = env["core"], env["bus"]
     serving_pod(env, "w1")
-    rec = job("poisoned-stream")
+    rec = job("poisoned-stream", iterations=10)
     core.submit(rec)
     rounds(env, 2, beat=["w1"])
     a = bus.pop_assignment("w1", timeout=0.5)
