@@ -468,11 +468,15 @@ def exp_paused_worker(stack: Stack, within: float) -> Outcome:
     os.kill(pid, signal.SIGSTOP)
     try:
         expired = wait_until(lambda: wid not in stack.bus.workers(), pause + 5, 0.5)
+        t_exp = time.monotonic()
+        endpoints = stack.http.get(stack.url + "/readyz").json().get("endpoints")
         try:
             during: object = stack.http.post(stack.url + "/v1/completions", timeout=20, json={
                 "model": MODEL, "prompt": "1 m ->", "max_tokens": 2}).status_code  # fmt: skip
         except httpx.HTTPError as exc:
             during = f"no answer in 20 s ({type(exc).__name__})"
+        after = time.monotonic() - t_exp
+        during = f"{during} ({after:.0f} s after the record expired; gateway endpoints {endpoints})"
     finally:
         os.kill(pid, signal.SIGCONT)
     t0 = time.monotonic()
@@ -711,18 +715,15 @@ def run(plan: Plan, root: Path, only: set[str] | None = None, out: Any = sys.std
             record(name, partial(fns[name], stack))
             if not stack.serve_alive():
                 last = [ln for ln in stack.serve_log_text().splitlines() if ln.strip()][-1:]
-                plan.results[name].detail += (
+                plan.results[
+                    name
+                ].detail += (
                     f"; `elastune serve` EXITED (code {stack.serve.returncode}: {(last or [''])[0][:160]})"
-                    " - a fresh stack for the next experiment"
                 )
                 plan.results[name].held = False
-                stack.close()
-                stack = None
-            elif not stack.wait_serving(plan.recover_s):
-                print(
-                    f"[chaos] the stack does not serve {plan.recover_s:.0f} s after {name}: a fresh one",
-                    file=out,
-                )
+            # A lost experiment, or a stack that does not serve after it: the next one gets a fresh stack.
+            if not plan.results[name].held or not stack.wait_serving(plan.recover_s):
+                print(f"[chaos] a fresh stack after {name}", file=out, flush=True)
                 stack.close()
                 stack = None
     finally:
@@ -750,7 +751,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--keep", metavar="DIR", help="keep state and logs in DIR (default: a temporary folder)")
     args = ap.parse_args(argv)
     plan = Plan(
-        quick=args.quick, recover_s=45.0 if args.quick else 90.0, redis_down_s=8.0 if args.quick else 20.0
+        quick=args.quick, recover_s=30.0 if args.quick else 90.0, redis_down_s=8.0 if args.quick else 20.0
     )
     t0 = time.monotonic()
     if args.keep:
