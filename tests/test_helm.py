@@ -716,6 +716,27 @@ def test_bundled_redis_password_comes_from_a_secret() -> None:
     assert service["spec"]["ports"][0]["port"] == 6379
 
 
+def test_bundled_redis_keeps_an_append_only_file_on_a_claim_unless_told_not_to() -> None:
+    docs = render()
+    redis = named(docs, "Deployment", f"{RELEASE}-redis")["spec"]["template"]["spec"]
+    script = redis["containers"][0]["args"][0]
+    assert "--appendonly yes" in script and "--dir /data" in script
+    data = next(v for v in redis["volumes"] if v["name"] == "data")
+    assert data == {"name": "data", "persistentVolumeClaim": {"claimName": f"{RELEASE}-redis"}}
+    claim = named(docs, "PersistentVolumeClaim", f"{RELEASE}-redis")
+    assert claim["spec"]["resources"]["requests"]["storage"] == "2Gi"
+    assert claim["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
+    # An existing claim is used as is; without persistence an emptyDir (container restarts only).
+    existing = named(render("redis.bundled.persistence.existingClaim=mine"), "Deployment", f"{RELEASE}-redis")
+    assert {"name": "data", "persistentVolumeClaim": {"claimName": "mine"}} in existing["spec"]["template"][
+        "spec"
+    ]["volumes"]
+    off = render("redis.bundled.persistence.enabled=false")
+    assert not [d for d in off if d["kind"] == "PersistentVolumeClaim"]
+    volumes = named(off, "Deployment", f"{RELEASE}-redis")["spec"]["template"]["spec"]["volumes"]
+    assert {"name": "data", "emptyDir": {}} in volumes
+
+
 def test_explicit_password_is_used() -> None:
     secret = named(render("redis.auth.password=s3cret-pass"), "Secret", f"{RELEASE}-redis")
     assert base64.b64decode(secret["data"]["password"]) == b"s3cret-pass"

@@ -362,3 +362,36 @@ def test_the_operator_pod_deleted_mid_job_the_job_still_succeeds_exactly_once(cl
     again = job_of(world, name)
     assert condition(again, C.SUCCEEDED) == condition(job, C.SUCCEEDED), again["status"]
     assert again["status"]["completionTime"] == status["completionTime"], again["status"]
+
+
+def test_a_redis_pod_replaced_comes_back_with_what_it_held(cluster: PodWorld) -> None:
+    """The chart's bundled Redis keeps an append-only file on its claim: a new Redis pod (the old one
+    deleted) holds the keys the old one had, not an empty registry."""
+    import base64
+
+    import redis
+
+    core = client.CoreV1Api(cluster.api)
+    secret = core.read_namespaced_secret("elastune-redis", RELEASE_NAMESPACE)
+    password = base64.b64decode(secret.data["password"]).decode()
+    url = cluster.service_url(RELEASE_NAMESPACE, "elastune-redis", 6379).replace("http://", "redis://")
+    r = redis.Redis.from_url(url, username="elastune-operator", password=password, socket_timeout=5)
+    r.set("elastune:podworld:probe", "kept")
+    time.sleep(1.5)  # appendfsync everysec
+    (old,) = cluster.pods(RELEASE_NAMESPACE, "app.kubernetes.io/component=redis")
+    core.delete_namespaced_pod(old["metadata"]["name"], RELEASE_NAMESPACE)
+
+    def new_pod_ready() -> bool:
+        ready = cluster.wait_ready(RELEASE_NAMESPACE, "app.kubernetes.io/component=redis", timeout=60)
+        return ready[0]["metadata"]["name"] != old["metadata"]["name"]
+
+    wait_for("a new Redis pod", new_pod_ready, 90)
+    value = wait_for("Redis to answer", lambda: _get(r, "elastune:podworld:probe"), 30)
+    assert value == b"kept"
+
+
+def _get(r: Any, key: str) -> Any:
+    try:
+        return r.get(key) or b"<missing>"
+    except Exception:
+        return None
