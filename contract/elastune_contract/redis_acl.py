@@ -6,11 +6,12 @@ gradient keys of the worker's all-reduce (``elastune:{job}:{step}:grad|merged:..
   CONFIG, ACL SETUSER, KEYS, DEBUG, SHUTDOWN, ...).
 - gateway: reads the registry (worker records, pool records) and writes only its own traffic signals:
   request counts per window and demand for a pool at zero; SREM of expired ids from the worker set (what
-  ``Bus.workers`` prunes).
+  ``Bus.workers`` prunes); reads the API key map (hashes and scopes, ``api_keys.py``) and counts per-key
+  usage under ``{ns}:ratelimit:*``.
 - worker (the only credential copied into WarmPool namespaces): its registry record and the worker set,
   its assignment queue (BLPOP), job events (XADD) and cancel flags (read), placements (read, and DEL:
   ``Bus.forget_worker`` on exit), gradients. It cannot FLUSHALL, CONFIG, ACL, write pool records,
-  placements, assignments, demand or request counts.
+  placements, assignments, demand or request counts, and cannot read the API key map.
 
 Known limit: all workers share the worker user, so one worker can still overwrite another worker's
 record under ``{ns}:worker:*`` (Redis ACLs cannot tie a key to the client): the gateway must only forward
@@ -56,6 +57,9 @@ def acl_rules(role: Role, namespace: str = "elastune") -> str:
             f"%R~{ns}:serving-pools +hgetall +hlen",
             f"~{ns}:requests:* +hincrby +expire +hgetall",
             f"~{ns}:demand:* +set +get",
+            # API keys (api_keys.py): the hashed key map, read only; per-key counters of rate limits.
+            f"%R~{ns}:api-keys +hgetall",
+            f"~{ns}:ratelimit:* +incr +incrby +expire +get +mget",
         ]
     elif role == "worker":
         selectors = [

@@ -219,3 +219,52 @@ def test_a_real_worker_and_gateway_serve_with_their_own_users(
     finally:
         for p in procs:
             p.stop()
+
+
+def test_the_api_key_map_is_read_by_the_gateway_only(acl_redis: Any, monkeypatch) -> None:
+    """Issue 25 item 2: the operator publishes hashed keys with their scopes; the gateway reads the map and
+    counts per-key limits with its own user; the worker credential can neither read nor write it."""
+    import asyncio
+
+    from elastune_contract.api_keys import KeySecret, api_keys_key, key_digest, key_map, publish
+    from elastune_gateway.server.auth import KeyTable, RateLimiter
+    from elastune_gateway.server.metrics import GatewayMetrics
+
+    secret = KeySecret(namespace="team-a", name="k", key="sk-acl", models=None, requests_per_minute=2,
+                       tokens_per_minute=None)  # fmt: skip
+    publish(raw(acl_redis, "operator"), NS, key_map([secret], {"team-a": ["m"]}))
+    w, g = raw(acl_redis, "worker"), raw(acl_redis, "gateway")
+    refused(lambda: w.hgetall(api_keys_key(NS)))
+    refused(lambda: w.hget(api_keys_key(NS), key_digest("sk-acl")))
+    refused(lambda: w.hkeys(api_keys_key(NS)))
+    refused(lambda: w.hset(api_keys_key(NS), "x", "{}"))
+    refused(lambda: w.delete(api_keys_key(NS)))
+    refused(lambda: w.incr(f"{NS}:ratelimit:x:requests:1"))
+    refused(lambda: g.hset(api_keys_key(NS), "x", "{}"))  # the gateway reads it, never writes it
+    refused(lambda: g.delete(api_keys_key(NS)))
+
+    monkeypatch.setenv("ELASTUNE_REDIS_USERNAME", DEFAULT_USERS["gateway"])
+    monkeypatch.setenv("ELASTUNE_REDIS_PASSWORD", PASSWORDS["gateway"])
+    metrics = GatewayMetrics()
+    table = KeyTable(Bus(acl_redis.url, NS).redis, NS, metrics)
+    table.refresh()
+    principal = table.authenticate("Bearer sk-acl")
+    assert principal.record.models == ("m",) and principal.name == "team-a/k"
+
+    async def admit_three() -> list[str]:
+        limiter = RateLimiter(acl_redis.url, NS, metrics)
+        out = []
+        try:
+            for _ in range(3):
+                try:
+                    out.append((await limiter.admit(principal)).headers["x-ratelimit-remaining-requests"])
+                except Exception as exc:  # the third: 429
+                    out.append(str(getattr(exc, "status", exc)))
+        finally:
+            await limiter.close()
+        return out
+
+    if 60 - time.time() % 60 < 3:
+        time.sleep(60 - time.time() % 60 + 0.2)
+    assert asyncio.run(admit_three()) == ["1", "0", "429"]
+    assert metrics.rate_limit_errors._value.get() == 0  # counted in Redis, not failed open

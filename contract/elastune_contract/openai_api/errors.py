@@ -9,6 +9,8 @@ import json
 
 ERROR_TYPES = {
     400: "BadRequestError",
+    401: "AuthenticationError",
+    403: "PermissionDeniedError",
     404: "NotFoundError",
     405: "MethodNotAllowedError",
     413: "RequestTooLargeError",

@@ -40,6 +40,10 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
                    help="SSJF predictor (python -m elastune_worker.ssjf); without it: FCFS")  # fmt: skip
     add_limit_args(p.add_argument_group("request limits (bodies over the size: 413; the others: 400)"),
                    defaults.request_limits())  # fmt: skip
+    p.add_argument("--auth", choices=("required", "off"), default=defaults.auth,
+                   help="required: /v1 requests need an API key (Authorization: Bearer; keys from the map "
+                        "the operator publishes from labelled Secrets); off: anyone who reaches the port "
+                        "may use it")  # fmt: skip
     p.add_argument("--log-level", default="info")
     return p
 
@@ -56,7 +60,7 @@ def settings_from(args: argparse.Namespace) -> GatewaySettings:
             redis_url=args.redis_url, namespace=args.namespace, default_policy=args.policy,
             pool_policies=pools, hold_timeout_s=args.hold_timeout, max_waiting=args.max_waiting,
             failure_cooldown_s=args.failure_cooldown, read_timeout_s=args.read_timeout,
-            length_predictor_url=args.length_predictor_url,
+            length_predictor_url=args.length_predictor_url, auth=args.auth,
             **dataclasses.asdict(limits_from(args)),
         )  # fmt: skip
     except ValidationError as exc:
@@ -67,6 +71,11 @@ def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per forwarded request otherwise
     settings = settings_from(args)
+    if settings.auth == "off" and args.host not in ("127.0.0.1", "::1", "localhost"):
+        logging.getLogger("elastune.gateway").warning(
+            "authentication is off (--auth=off) and the gateway listens on %s: anyone who reaches it may use "
+            "every model", args.host,
+        )  # fmt: skip
     app = create_app(Gateway(settings))
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, access_log=False)
     return 0

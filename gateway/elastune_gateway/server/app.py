@@ -7,9 +7,9 @@ import logging
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import FastAPI, Request
+from fastapi import Depends, FastAPI, Request
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -26,6 +26,7 @@ from elastune_contract.openai_api.protocol import (
     ModelList,
 )
 
+from .auth import Principal
 from .service import Gateway
 
 log = logging.getLogger("elastune.gateway")
@@ -34,8 +35,11 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
     code: {"model": ErrorResponse, "description": why}
     for code, why in (
         (400, "Invalid request: malformed body, unsupported option, prompt over the context"),
+        (401, "No API key, or one that is not (or no longer) valid (authentication required)"),
+        (403, "The API key may not use this model"),
         (404, "Unknown model"),
-        (429, "Too many requests waiting for warm endpoints (Retry-After)"),
+        (429, "The API key's requests/min or tokens/min used up (Retry-After, x-ratelimit-*), or too many "
+              "requests waiting for warm endpoints (Retry-After)"),
         (502, "The endpoint serving the request failed"),
         (503, "No warm endpoint within the pool's hold timeout (Retry-After)"),
         (504, "The endpoint did not answer within the read timeout"),
@@ -44,6 +48,20 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
 _STREAM: dict[int | str, dict[str, Any]] = {
     200: {"content": {"text/event-stream": {}}, "description": "The answer, or SSE chunks when stream"}
 }
+
+
+async def _principal(request: Request) -> Principal | None:
+    """401 without a valid key when authentication is required (before the body is validated)."""
+    keys = request.app.state.keys
+    if keys is None:
+        return None
+    p: Principal = keys.authenticate(request.headers.get("authorization"))
+    request.state.principal = p
+    return p
+
+
+Caller = Annotated[Principal | None, Depends(_principal)]
+"""The request's API key (None with authentication off)."""
 
 
 def create_app(gateway: Gateway) -> FastAPI:
@@ -72,8 +90,20 @@ def create_app(gateway: Gateway) -> FastAPI:
         if str(scope.get("path", "")).startswith("/v1/"):
             model = scope.get("state", {}).get("model", "-")  # a known model only: no label per typo
             metrics.requests.labels(model, str(status)).inc()
+            key = scope.get("state", {}).get("principal")
+            if key is not None:
+                metrics.key_requests.labels(key.name, str(status)).inc()
 
     app.add_middleware(ResponseStatusHook, on_response=count)
+
+    keys = app.state.keys = gateway.keys
+
+    async def admit(p: Principal | None, model: str) -> dict[str, str]:
+        """403 for a model outside the key's scope, then 429 past its limits; the x-ratelimit-* headers."""
+        if p is None or keys is None or gateway.limiter is None:
+            return {}
+        keys.authorize(p, model)
+        return (await gateway.limiter.admit(p)).headers
 
     @app.get("/healthz", tags=["health"])
     async def healthz() -> dict[str, str]:
@@ -110,12 +140,15 @@ def create_app(gateway: Gateway) -> FastAPI:
             metrics.endpoints.labels(ep.model, state).inc()
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
-    @app.get("/v1/models", response_model=ModelList, tags=["openai"])
-    async def models() -> dict[str, Any]:
+    @app.get("/v1/models", response_model=ModelList, tags=["openai"], responses={401: _ERRORS[401]})
+    async def models(p: Caller) -> dict[str, Any]:
+        """The models known now; with authentication, only those the key may use."""
+        allowed = None if p is None else set(p.record.models)
         data = [
             {"id": m.name, "object": "model", "created": created, "owned_by": "elastune", "root": m.name,
              "parent": m.parent, "max_model_len": m.max_model_len}
             for m in gateway.directory.models().values()
+            if allowed is None or m.name in allowed
         ]  # fmt: skip
         return {"object": "list", "data": data}
 
@@ -125,9 +158,14 @@ def create_app(gateway: Gateway) -> FastAPI:
         responses={**_STREAM, **_ERRORS},
         tags=["openai"],
     )
-    async def completions(body: CompletionRequest, request: Request) -> Response:
+    async def completions(
+        body: CompletionRequest, request: Request, p: Caller
+    ) -> Response:
         _check(body)
-        return await gateway.completions(body, request)
+        quota = await admit(p, body.model)
+        response = await gateway.completions(body, request)
+        response.headers.update(quota)
+        return response
 
     @app.post(
         "/v1/chat/completions",
@@ -135,9 +173,14 @@ def create_app(gateway: Gateway) -> FastAPI:
         responses={**_STREAM, **_ERRORS},
         tags=["openai"],
     )
-    async def chat(body: ChatCompletionRequest, request: Request) -> Response:
+    async def chat(
+        body: ChatCompletionRequest, request: Request, p: Caller
+    ) -> Response:
         _check(body)
-        return await gateway.chat(body, request)
+        quota = await admit(p, body.model)
+        response = await gateway.chat(body, request)
+        response.headers.update(quota)
+        return response
 
     def _check(body: CompletionRequest | ChatCompletionRequest) -> None:
         """Size limits, before any routing work (the workers check the same again)."""

@@ -85,3 +85,21 @@ class GatewayMetrics:
             "elastune_gateway_length_predictor_configured",
             "1 when an SSJF length predictor is configured (else requests queue FCFS)", registry=r,
         )  # fmt: skip
+        # Per API key (label: the key's Secret as namespace/name, never the key).
+        self.key_requests = Counter(
+            "elastune_gateway_key_requests", "Requests answered per API key and HTTP status", ["key", "code"],
+            registry=r,
+        )  # fmt: skip
+        self.key_tokens = Counter(
+            "elastune_gateway_key_tokens", "Tokens used per API key, by kind (prompt, completion)",
+            ["key", "kind"], registry=r,
+        )  # fmt: skip
+        self.rate_limited = Counter(
+            "elastune_gateway_rate_limited_requests",
+            "Requests refused with 429 per API key and limit (requests, tokens)", ["key", "limit"],
+            registry=r,
+        )  # fmt: skip
+        self.rate_limit_errors = Counter(
+            "elastune_gateway_rate_limit_errors",
+            "Rate-limit counts Redis did not answer (the request was let through)", registry=r,
+        )  # fmt: skip

@@ -30,6 +30,7 @@ from elastune_contract.protocol import Bus, ServingDemand
 
 from ..routing.factory import make_router
 from ..routing.policy import NoEndpointError, RequestView, Router, RoutingPolicyName
+from .auth import KeyTable, Principal, RateLimiter
 from .directory import Directory, Endpoint, KnownModel
 from .forward import EndpointTimeout, EndpointUnavailable, open_response
 from .ledger import InFlight, Ledger
@@ -58,6 +59,12 @@ class Gateway:
         self._client: httpx.AsyncClient | None = None
         self.predictor: LengthPredictor | None = None
         self._refresher: asyncio.Task[None] | None = None
+        self.keys: KeyTable | None = None
+        self.limiter: RateLimiter | None = None
+        if settings.auth == "required":
+            self.keys = KeyTable(self.bus.redis, settings.namespace, self.metrics)
+            self.limiter = RateLimiter(settings.redis_url, settings.namespace, self.metrics)
+        self._keys_read_at = 0.0
 
     # -- lifecycle --------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -72,6 +79,9 @@ class Gateway:
         else:
             log.info("no length predictor configured (--length-predictor-url): requests queue FCFS")
         await self.directory.refresh()
+        if self.keys is not None:
+            await asyncio.to_thread(self.keys.refresh)
+            self._keys_read_at = time.monotonic()
         self._refresher = asyncio.create_task(self._refresh_loop(), name="registry-refresh")
 
     async def stop(self) -> None:
@@ -80,12 +90,18 @@ class Gateway:
             await asyncio.gather(self._refresher, return_exceptions=True)
         if self._client is not None:
             await self._client.aclose()
+        if self.limiter is not None:
+            await self.limiter.close()
         self.bus.close()
 
     async def _refresh_loop(self) -> None:
         while True:
             await asyncio.sleep(self.settings.refresh_s)
             await self.directory.refresh()
+            due = time.monotonic() - self._keys_read_at >= self.settings.auth_refresh_s
+            if self.keys is not None and due:
+                await asyncio.to_thread(self.keys.refresh)  # revocations take effect within this period
+                self._keys_read_at = time.monotonic()
             now = time.time()
             for model, since in list(self._waiting.items()):
                 if since:
@@ -185,7 +201,7 @@ class Gateway:
                 raise APIError(504, f"{exc}; the request was not retried") from exc
             if body.stream and response.status_code == 200:
                 return StreamingResponse(
-                    self._relay(response, entry, router, model, arrived, wants_usage),
+                    self._relay(response, entry, router, model, arrived, wants_usage, _principal(request)),
                     media_type="text/event-stream",
                     headers={"Cache-Control": "no-cache", "x-elastune-endpoint": endpoint.id},
                     # A client gone before the relay started never runs its finally: close here too.
@@ -299,12 +315,14 @@ class Gateway:
         arrived: float,
         request: Request,
     ) -> Response:
-        output_tokens = 0
+        output_tokens = prompt_tokens = 0
         try:
             content = await response.aread()
             if response.status_code == 200:
                 with contextlib.suppress(ValueError, KeyError, TypeError):
-                    output_tokens = int(json.loads(content)["usage"]["completion_tokens"])
+                    usage = json.loads(content)["usage"]
+                    output_tokens = int(usage["completion_tokens"])
+                    prompt_tokens = int(usage.get("prompt_tokens") or 0)
         except httpx.TimeoutException as exc:
             self.metrics.upstream_failures.labels(entry.endpoint, "timeout").inc()
             raise APIError(504, f"no answer from {entry.endpoint} within the read timeout") from exc
@@ -315,6 +333,7 @@ class Gateway:
         finally:
             await response.aclose()
             self._done(entry, router, output_tokens)
+            self._count_usage(_principal(request), prompt_tokens, output_tokens)
         self.metrics.latency.labels(model.name).observe(time.monotonic() - arrived)
         media = response.headers.get("content-type", "application/json")
         return Response(content, status_code=response.status_code, media_type=media)
@@ -327,11 +346,12 @@ class Gateway:
         model: KnownModel,
         arrived: float,
         wants_usage: bool,
+        principal: Principal | None = None,
     ) -> AsyncIterator[bytes]:
         """The worker's SSE events as they come; its usage event (asked for, to learn the output length)
         is passed on only when the client asked for it. A worker that fails mid-stream ends the stream
         with an OpenAI error event (the status line went out with the first byte)."""
-        output_tokens = 0
+        output_tokens = prompt_tokens = 0
         pending = b""
         first = True
         try:
@@ -347,6 +367,7 @@ class Gateway:
                     if b'"usage"' in event:
                         usage_only, tokens = _usage_event(event)
                         output_tokens = tokens if tokens is not None else output_tokens
+                        prompt_tokens = _prompt_tokens(event) or prompt_tokens
                         if usage_only and not wants_usage:
                             continue
                     out.append(event + b"\n\n")
@@ -365,7 +386,31 @@ class Gateway:
             with anyio.CancelScope(shield=True):  # also when the client went away: close the upstream
                 await response.aclose()
             self._done(entry, router, output_tokens)
+            self._count_usage(principal, prompt_tokens, output_tokens)
             self.metrics.latency.labels(model.name).observe(time.monotonic() - arrived)
+
+    def _count_usage(self, principal: Principal | None, prompt_tokens: int, completion_tokens: int) -> None:
+        """A key's tokens: in its metrics, and against its tokens/min (counted in Redis)."""
+        if principal is None:
+            return
+        if prompt_tokens:
+            self.metrics.key_tokens.labels(principal.name, "prompt").inc(prompt_tokens)
+        if completion_tokens:
+            self.metrics.key_tokens.labels(principal.name, "completion").inc(completion_tokens)
+        if self.limiter is not None:
+            self.limiter.add_tokens(principal, prompt_tokens + completion_tokens)
+
+
+def _principal(request: Request) -> Principal | None:
+    return getattr(request.state, "principal", None)
+
+
+def _prompt_tokens(event: bytes) -> int:
+    try:
+        usage = json.loads(event.removeprefix(b"data: ").strip()).get("usage") or {}
+        return int(usage.get("prompt_tokens") or 0)
+    except (ValueError, AttributeError, TypeError):
+        return 0
 
 
 def _usage_event(event: bytes) -> tuple[bool, int | None]:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, Field
 
 from elastune_contract.openai_api.limits import (
@@ -60,6 +62,14 @@ class GatewaySettings(BaseModel):
     """Characters of one stop string; more: 400 (``stop``)."""
     max_stop_token_ids: int = Field(default=DEFAULT_MAX_STOP_TOKEN_IDS, ge=1)
     """stop_token_ids one request may name; more: 400 (``stop_token_ids``)."""
+
+    auth: Literal["required", "off"] = "off"
+    """``required``: every /v1 request needs ``Authorization: Bearer <key>`` of a key in the map the
+    operator publishes (API key Secrets; 401/403/429). The chart turns it on (gateway.auth.enabled);
+    ``elastune serve`` turns it on when its -f files hold key Secrets, else serves on loopback only."""
+    auth_refresh_s: float = Field(default=1.0, gt=0)
+    """How often the key map is re-read: a revoked key stops working within this (plus the operator's
+    reaction to the Secret event)."""
 
     def request_limits(self) -> RequestLimits:
         return RequestLimits(

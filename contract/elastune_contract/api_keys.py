@@ -1,0 +1,165 @@
+"""API keys (DESIGN.md §6 Tenancy, issue 25 items 2-3): the Secret a user writes, the record the operator
+publishes for the gateway, and the Redis keys both use.
+
+A key is a Kubernetes Secret labelled ``elastune.dev/api-key: "true"`` in the namespace whose models it
+reaches, with ``stringData.key`` (the key itself), optional ``models`` (comma-separated; default: every
+model of that namespace: its WarmPools' models and its LoRAAdapters), ``requestsPerMinute`` and
+``tokensPerMinute`` (prompt + completion tokens).
+
+Least privilege: the gateway never reads Secrets. The operator (which may list/watch Secrets in the
+namespaces it watches) publishes only the SHA-256 of each key with its scope and limits, as one Redis hash
+``{ns}:api-keys`` (field: the hex digest, value: an ``ApiKeyRecord``), and rewrites it on Secret events and
+periodically, so a deleted or changed key stops working within seconds. The gateway reads that hash with
+its Redis user (the worker's user cannot: redis_acl.py) and counts per-key usage in fixed one-minute
+windows under ``{ns}:ratelimit:{digest[:16]}:{requests|tokens}:{minute}``, so limits hold across replicas.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+from collections.abc import Iterable, Mapping
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+API_KEY_LABEL = "elastune.dev/api-key"
+"""The label (value ``"true"``) that makes a Secret an API key."""
+RATE_WINDOW_SECONDS = 60
+"""Limits are per minute, counted in fixed windows of this length."""
+
+
+class ApiKeyRecord(BaseModel):
+    """What the gateway knows of one key (never the key itself)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    secret: str
+    """``namespace/name`` of the Secret: the label of the key's metrics and what logs name."""
+    models: tuple[str, ...]
+    """The served model names the key may use (resolved by the operator; empty: none)."""
+    requests_per_minute: int | None = Field(default=None, ge=1)
+    tokens_per_minute: int | None = Field(default=None, ge=1)
+
+
+class InvalidApiKeySecret(ValueError):
+    """A labelled Secret that cannot be a key (no ``key``, a limit that is not a positive integer)."""
+
+
+def key_digest(key: str) -> str:
+    """The SHA-256 of a key, hex: the only form of it outside its Secret."""
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+def api_keys_key(ns: str) -> str:
+    return f"{ns}:api-keys"
+
+
+def rate_key(ns: str, digest: str, kind: Literal["requests", "tokens"], window: int) -> str:
+    return f"{ns}:ratelimit:{digest[:16]}:{kind}:{window}"
+
+
+def is_api_key_secret(doc: Mapping[str, Any]) -> bool:
+    meta = doc.get("metadata") or {}
+    labels = meta.get("labels") or {} if isinstance(meta, Mapping) else {}
+    return (
+        doc.get("kind", "Secret") == "Secret"
+        and isinstance(labels, Mapping)
+        and str(labels.get(API_KEY_LABEL, "")).lower() == "true"
+    )
+
+
+class KeySecret(BaseModel):
+    """A labelled Secret, read: its key, the models it names (None: all of its namespace's) and limits."""
+
+    model_config = ConfigDict(frozen=True)
+
+    namespace: str
+    name: str
+    key: str
+    models: tuple[str, ...] | None
+    requests_per_minute: int | None
+    tokens_per_minute: int | None
+
+    @property
+    def id(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+    def record(self, namespace_models: Iterable[str]) -> ApiKeyRecord:
+        """The published record: the key's models within its namespace's (never another namespace's)."""
+        mine = set(namespace_models)
+        models = sorted(mine if self.models is None else mine & set(self.models))
+        return ApiKeyRecord(
+            secret=self.id, models=tuple(models),
+            requests_per_minute=self.requests_per_minute, tokens_per_minute=self.tokens_per_minute,
+        )  # fmt: skip
+
+
+def read_secret(doc: Mapping[str, Any], default_namespace: str = "default") -> KeySecret:
+    """A Secret (``data`` base64 as the API returns it, or ``stringData`` as written) as a KeySecret."""
+    meta = doc.get("metadata") or {}
+    data: dict[str, str] = {}
+    for k, v in (doc.get("data") or {}).items():
+        try:
+            data[str(k)] = base64.b64decode(str(v)).decode()
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise InvalidApiKeySecret(f"data.{k} is not base64 of UTF-8 text") from exc
+    data.update({str(k): str(v) for k, v in (doc.get("stringData") or {}).items()})
+    key = data.get("key", "").strip()
+    where = f"Secret {meta.get('namespace') or default_namespace}/{meta.get('name')}"
+    if not key:
+        raise InvalidApiKeySecret(f"{where}: no `key`")
+    models = None
+    if data.get("models", "").strip():
+        models = tuple(m.strip() for m in data["models"].split(",") if m.strip())
+    limits: dict[str, int | None] = {}
+    for field in ("requestsPerMinute", "tokensPerMinute"):
+        raw = data.get(field, "").strip()
+        if not raw:
+            limits[field] = None
+            continue
+        try:
+            value = int(raw)
+        except ValueError:
+            value = 0
+        if value < 1:
+            raise InvalidApiKeySecret(f"{where}: {field} must be a positive integer, got {raw!r}")
+        limits[field] = value
+    return KeySecret(
+        namespace=str(meta.get("namespace") or default_namespace), name=str(meta.get("name") or ""),
+        key=key, models=models,
+        requests_per_minute=limits["requestsPerMinute"], tokens_per_minute=limits["tokensPerMinute"],
+    )  # fmt: skip
+
+
+def key_map(
+    secrets: Iterable[KeySecret], namespace_models: Mapping[str, Iterable[str]]
+) -> dict[str, ApiKeyRecord]:
+    """digest → record for every key Secret (namespace_models: namespace → its served model names).
+    Two Secrets holding the same key: the first by namespace/name wins."""
+    out: dict[str, ApiKeyRecord] = {}
+    for s in sorted(secrets, key=lambda s: s.id):
+        out.setdefault(key_digest(s.key), s.record(namespace_models.get(s.namespace, ())))
+    return out
+
+
+def publish(redis: Any, ns: str, records: Mapping[str, ApiKeyRecord]) -> None:
+    """Replace the whole map in one transaction (a key missing from ``records`` stops working)."""
+    pipe = redis.pipeline(transaction=True)
+    pipe.delete(api_keys_key(ns))
+    if records:
+        pipe.hset(api_keys_key(ns), mapping={d: r.model_dump_json() for d, r in records.items()})
+    pipe.execute()
+
+
+def parse_map(raw: Mapping[str, str]) -> tuple[dict[str, ApiKeyRecord], int]:
+    """The gateway's view of the map: (digest → record, malformed entries skipped)."""
+    out: dict[str, ApiKeyRecord] = {}
+    bad = 0
+    for digest, text in raw.items():
+        try:
+            out[digest] = ApiKeyRecord.model_validate(json.loads(text))
+        except (ValidationError, ValueError, TypeError):
+            bad += 1
+    return out, bad

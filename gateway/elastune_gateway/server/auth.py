@@ -1,0 +1,255 @@
+"""API keys at the gateway (issue 25 items 2-3): Bearer authentication against the hashed key map the
+operator publishes (``elastune_contract.api_keys``), the key's model scope, and per-key requests/min and
+tokens/min counted in Redis so the limits hold across gateway replicas.
+
+The hot path costs one dict lookup of the key's SHA-256 (the map is re-read with the registry, every
+``auth_refresh_s``) and, for a key with limits, one pipelined Redis round trip (INCR + EXPIRE of the
+minute's request counter, GET of its token counter); a key already over a limit in this window is refused
+from memory, without Redis. Tokens (prompt + completion, from the worker's usage) are added after the
+answer, off the request's path. Windows are fixed minutes: a burst at a window's edge may reach twice the
+limit over 60 s, as with every fixed-window limiter. When Redis cannot be reached the limits fail open
+(counted, logged once) and the last key map read stays in force, so a revocation made during an outage
+takes effect when Redis answers again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any, Literal, cast
+from urllib.parse import urlsplit
+
+import redis
+import redis.asyncio as aioredis
+
+from elastune_contract.api_keys import (
+    RATE_WINDOW_SECONDS,
+    ApiKeyRecord,
+    api_keys_key,
+    key_digest,
+    parse_map,
+    rate_key,
+)
+from elastune_contract.openai_api.errors import APIError
+from elastune_contract.protocol import PASSWORD_ENV, USERNAME_ENV
+
+from .metrics import GatewayMetrics
+
+log = logging.getLogger("elastune.gateway")
+
+AuthMode = Literal["required", "off"]
+
+
+@dataclass(frozen=True, slots=True)
+class Principal:
+    """The caller of one request: its key's digest and record."""
+
+    digest: str
+    record: ApiKeyRecord
+
+    @property
+    def name(self) -> str:
+        return self.record.secret
+
+
+@dataclass
+class _Window:
+    requests: int = 0
+    tokens: int = 0
+
+
+@dataclass
+class Quota:
+    """What a request learned of its key's limits: the ``x-ratelimit-*`` headers."""
+
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+def _reset(seconds: float) -> str:
+    """OpenAI's duration format of the reset headers (``1s``, ``6m0s``)."""
+    s = max(1, int(seconds + 0.999))
+    return f"{s // 60}m{s % 60}s" if s >= 60 else f"{s}s"
+
+
+class KeyTable:
+    """The key map as last read from Redis (digest → record)."""
+
+    def __init__(self, bus_redis: redis.Redis, ns: str, metrics: GatewayMetrics) -> None:
+        self.redis, self.ns, self.metrics = bus_redis, ns, metrics
+        self.keys: dict[str, ApiKeyRecord] = {}
+        self.read_at: float | None = None
+        self._failing = False
+
+    def refresh(self) -> None:
+        """Blocking (run in a thread): re-read the map; on failure keep the last one."""
+        try:
+            raw = cast(dict[str, str], self.redis.hgetall(api_keys_key(self.ns)))
+        except redis.RedisError as exc:
+            if not self._failing:
+                log.warning("cannot read the API key map (keeping the last one read): %s", exc)
+            self._failing = True
+            return
+        if self._failing:
+            log.info("the API key map is readable again")
+        self._failing = False
+        keys, bad = parse_map(raw)
+        if bad:
+            self.metrics.poison_records.labels("api_key").inc(bad)
+        self.keys, self.read_at = keys, time.monotonic()
+
+    def authenticate(self, authorization: str | None) -> Principal:
+        if not authorization:
+            self.metrics.rejected.labels("unauthenticated").inc()
+            raise APIError(
+                401, "You didn't provide an API key. You need to provide your API key in an Authorization "
+                "header using Bearer auth (i.e. Authorization: Bearer YOUR_KEY).",
+                headers={"WWW-Authenticate": "Bearer"},
+            )  # fmt: skip
+        scheme, _, key = authorization.strip().partition(" ")
+        digest = key_digest(key.strip()) if scheme.lower() == "bearer" and key.strip() else ""
+        record = self.keys.get(digest) if digest else None
+        if record is None:
+            self.metrics.rejected.labels("unauthenticated").inc()
+            raise APIError(
+                401, "Incorrect API key provided. Give a key from a Secret labelled elastune.dev/api-key.",
+                headers={"WWW-Authenticate": "Bearer"},
+            )  # fmt: skip
+        return Principal(digest, record)
+
+    def authorize(self, principal: Principal, model: str) -> None:
+        if model not in principal.record.models:
+            self.metrics.rejected.labels("forbidden").inc()
+            raise APIError(403, f"The API key {principal.name} may not use the model `{model}`.", "model")
+
+
+class RateLimiter:
+    """Per-key requests/min and tokens/min in Redis, one pipelined round trip per request."""
+
+    def __init__(self, url: str, ns: str, metrics: GatewayMetrics, socket_timeout: float = 2.0) -> None:
+        extra: dict[str, Any] = {}
+        if urlsplit(url).password is None and os.environ.get(PASSWORD_ENV):
+            extra["password"] = os.environ[PASSWORD_ENV]
+        if urlsplit(url).username is None and os.environ.get(USERNAME_ENV):
+            extra["username"] = os.environ[USERNAME_ENV]
+        self.redis = aioredis.Redis.from_url(
+            url, socket_timeout=socket_timeout, socket_connect_timeout=socket_timeout,
+            decode_responses=True, **extra,
+        )  # fmt: skip
+        self.ns, self.metrics = ns, metrics
+        self._over: dict[str, tuple[int, str]] = {}
+        """digest → (window, which limit) for keys known to be over a limit in that window."""
+        self._failing = False
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    async def close(self) -> None:
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.redis.aclose()
+
+    async def admit(self, p: Principal) -> Quota:
+        """Count one request of ``p``; raise 429 when one of its limits is used up in this minute."""
+        rpm, tpm = p.record.requests_per_minute, p.record.tokens_per_minute
+        if rpm is None and tpm is None:
+            return Quota()
+        now = time.time()
+        window = int(now // RATE_WINDOW_SECONDS)
+        reset_in = (window + 1) * RATE_WINDOW_SECONDS - now
+        over = self._over.get(p.digest)
+        if over is not None and over[0] == window:
+            self._refuse(p, over[1], rpm, tpm, reset_in, None)
+        used = _Window()
+        try:
+            pipe = self.redis.pipeline(transaction=False)
+            if rpm is not None:
+                key = rate_key(self.ns, p.digest, "requests", window)
+                pipe.incr(key)
+                pipe.expire(key, 2 * RATE_WINDOW_SECONDS)
+            if tpm is not None:
+                pipe.get(rate_key(self.ns, p.digest, "tokens", window))
+            replies = await pipe.execute()
+            if rpm is not None:
+                used.requests = int(replies[0])
+            if tpm is not None:
+                used.tokens = int(replies[-1] or 0)
+            self._recovered()
+        except (redis.RedisError, OSError, ValueError) as exc:
+            self._failed(exc)
+            return Quota()
+        if rpm is not None and used.requests > rpm:
+            self._over[p.digest] = (window, "requests")
+            self._refuse(p, "requests", rpm, tpm, reset_in, used)
+        if tpm is not None and used.tokens >= tpm:
+            self._over[p.digest] = (window, "tokens")
+            self._refuse(p, "tokens", rpm, tpm, reset_in, used)
+        return Quota(_headers(rpm, tpm, used, reset_in))
+
+    def _refuse(
+        self,
+        p: Principal,
+        which: str,
+        rpm: int | None,
+        tpm: int | None,
+        reset_in: float,
+        used: _Window | None,
+    ) -> None:
+        self.metrics.rate_limited.labels(p.name, which).inc()
+        used = used or _Window(requests=rpm or 0, tokens=tpm or 0)
+        if which == "requests":
+            used.requests = max(used.requests, rpm or 0)
+        else:
+            used.tokens = max(used.tokens, tpm or 0)
+        headers = _headers(rpm, tpm, used, reset_in)
+        headers["Retry-After"] = str(max(1, int(reset_in + 0.999)))
+        limit = rpm if which == "requests" else tpm
+        unit = "requests" if which == "requests" else "tokens (prompt + completion)"
+        raise APIError(
+            429, f"Rate limit reached for API key {p.name}: {limit} {unit} per minute. "
+            f"Retry after {headers['Retry-After']} s.",
+            headers=headers,
+        )  # fmt: skip
+
+    def add_tokens(self, p: Principal, tokens: int) -> None:
+        """Count a finished request's tokens against its key's tokens/min (in the background)."""
+        if p.record.tokens_per_minute is None or tokens <= 0:
+            return
+        task = asyncio.get_running_loop().create_task(self._add_tokens(p, tokens))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _add_tokens(self, p: Principal, tokens: int) -> None:
+        window = int(time.time() // RATE_WINDOW_SECONDS)
+        key = rate_key(self.ns, p.digest, "tokens", window)
+        try:
+            pipe = self.redis.pipeline(transaction=False)
+            pipe.incrby(key, tokens)
+            pipe.expire(key, 2 * RATE_WINDOW_SECONDS)
+            await pipe.execute()
+        except (redis.RedisError, OSError) as exc:
+            self._failed(exc)
+
+    def _failed(self, exc: BaseException) -> None:
+        self.metrics.rate_limit_errors.inc()
+        if not self._failing:
+            log.warning("cannot count rate limits in Redis (limits not enforced meanwhile): %s", exc)
+        self._failing = True
+
+    def _recovered(self) -> None:
+        if self._failing:
+            log.info("rate limits counted in Redis again")
+        self._failing = False
+
+
+def _headers(rpm: int | None, tpm: int | None, used: _Window, reset_in: float) -> dict[str, str]:
+    out: dict[str, str] = {}
+    if rpm is not None:
+        out["x-ratelimit-limit-requests"] = str(rpm)
+        out["x-ratelimit-remaining-requests"] = str(max(0, rpm - used.requests))
+        out["x-ratelimit-reset-requests"] = _reset(reset_in)
+    if tpm is not None:
+        out["x-ratelimit-limit-tokens"] = str(tpm)
+        out["x-ratelimit-remaining-tokens"] = str(max(0, tpm - used.tokens))
+        out["x-ratelimit-reset-tokens"] = _reset(reset_in)
+    return out

@@ -1,0 +1,220 @@
+"""API keys at the gateway (issue 25 items 2-3), over HTTP with the real ``openai`` client: the real
+gateway (``--auth required``) in front of a real tiny-Llama worker with a LoRA adapter, and the key map in
+a real Redis as the operator publishes it (``elastune_contract.api_keys``: SHA-256 digests, scopes and
+limits, never a key). No key or a wrong key: 401; a model outside the key's scope: 403; /v1/models lists
+only the key's models; requests/min and tokens/min give 429 with Retry-After and OpenAI's x-ratelimit-*
+headers; usage is counted per key (label: the Secret's namespace/name); a key removed from the map stops
+working within seconds."""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+openai = pytest.importorskip("openai")
+httpx = pytest.importorskip("httpx")
+pytest.importorskip("torch")
+
+from elastune_contract.api_keys import KeySecret, key_map, publish  # noqa: E402
+from elastune_contract.protocol import Bus  # noqa: E402
+from elastune_gateway.bench.processes import (  # noqa: E402
+    ServiceProcess,
+    start_gateway,
+    start_worker,
+    wait_for_endpoints,
+)
+from elastune_worker.tiny import adapters as A  # noqa: E402
+from elastune_worker.tiny import build as B  # noqa: E402
+
+MODEL = "tiny-llama"
+NS = "team-a"
+KEYS = {  # Secret name -> (key, models, requestsPerMinute, tokensPerMinute)
+    "full": ("sk-full-0123456789", None, None, None),
+    "narrow": ("sk-narrow-0123456789", (MODEL,), None, None),
+    "rpm": ("sk-rpm-0123456789", None, 3, None),
+    "tpm": ("sk-tpm-0123456789", None, None, 5),
+}
+
+
+def secrets(names: list[str]) -> list[KeySecret]:
+    return [
+        KeySecret(namespace=NS, name=n, key=k, models=m, requests_per_minute=r, tokens_per_minute=t)
+        for n, (k, m, r, t) in KEYS.items()
+        if n in names
+    ]
+
+
+class Stack:
+    def __init__(self, redis_url: str, ns: str, logs: Path) -> None:
+        self.redis_url, self.ns, self.logs = redis_url, ns, logs
+        self.bus = Bus(redis_url, ns)
+        self.worker: ServiceProcess | None = None
+        self.gateway: ServiceProcess | None = None
+
+    def publish(self, names: list[str]) -> None:
+        publish(self.bus.redis, self.ns, key_map(secrets(names), {NS: [MODEL, "units"]}))
+
+    @property
+    def url(self) -> str:
+        assert self.gateway is not None
+        return self.gateway.url
+
+
+@pytest.fixture(scope="module")
+def stack(redis_server: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    s = Stack(redis_server.url, f"keys{time.time_ns()}", tmp_path_factory.mktemp("keys"))
+    try:
+        s.publish(list(KEYS))
+        units = A.ensure_tiny_adapter(8)
+        s.worker = start_worker(
+            s.redis_url, s.ns, "w-a", B.ensure_tiny_model(spec=B.TINY_LLAMA_SPEC), MODEL, s.logs,
+            "--kv-cache-tokens", "4096", "--max-model-len", "256", "--lora-modules", f"units={units}",
+        )  # fmt: skip
+        s.gateway = start_gateway(s.redis_url, s.ns, s.logs, "--auth", "required")
+        wait_for_endpoints(s.url, 1)
+        yield s
+        assert s.gateway.alive(), "the gateway crashed:\n" + s.gateway.log_tail()
+    finally:
+        for p in (s.worker, s.gateway):
+            if p is not None:
+                p.stop()
+        s.bus.close()
+
+
+def client(url: str, key: str) -> Any:
+    return openai.OpenAI(base_url=url + "/v1", api_key=key, max_retries=0, timeout=60)
+
+
+KW: dict[str, Any] = {"prompt": "198 km →", "max_tokens": 4, "temperature": 0}
+
+
+def test_no_key_and_a_wrong_key_get_401(stack: Stack) -> None:
+    r = httpx.post(stack.url + "/v1/completions", json={"model": MODEL, **KW}, timeout=30)
+    assert r.status_code == 401, r.text
+    assert r.json()["error"]["type"] == "AuthenticationError"
+    assert httpx.get(stack.url + "/v1/models", timeout=30).status_code == 401
+    with pytest.raises(openai.AuthenticationError):
+        client(stack.url, "sk-not-a-key").completions.create(model=MODEL, **KW)
+    with pytest.raises(openai.AuthenticationError):
+        client(stack.url, "sk-not-a-key").models.list()
+    r = httpx.post(
+        stack.url + "/v1/completions", json={"model": MODEL, **KW}, timeout=30,
+        headers={"Authorization": f"Basic {KEYS['full'][0]}"},
+    )  # fmt: skip
+    assert r.status_code == 401  # only Bearer
+
+
+def test_a_key_serves_its_models_and_lists_only_them(stack: Stack) -> None:
+    full, narrow = client(stack.url, KEYS["full"][0]), client(stack.url, KEYS["narrow"][0])
+    assert sorted(m.id for m in full.models.list().data) == [MODEL, "units"]
+    assert [m.id for m in narrow.models.list().data] == [MODEL]
+    assert full.completions.create(model="units", **KW).choices[0].text
+    assert narrow.completions.create(model=MODEL, **KW).choices[0].text
+    chunks = list(full.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=3, stream=True
+    ))  # fmt: skip
+    assert chunks
+
+
+def test_a_model_outside_the_scope_gets_403(stack: Stack) -> None:
+    narrow = client(stack.url, KEYS["narrow"][0])
+    with pytest.raises(openai.PermissionDeniedError) as info:
+        narrow.completions.create(model="units", **KW)
+    assert "units" in str(info.value)
+    with pytest.raises(openai.PermissionDeniedError):
+        narrow.chat.completions.create(model="units", messages=[{"role": "user", "content": "x"}])
+    with pytest.raises(openai.PermissionDeniedError):  # out of scope, whether it exists or not
+        narrow.completions.create(model="someone-elses", **KW)
+
+
+def test_requests_per_minute_gives_429_with_retry_after_and_ratelimit_headers(stack: Stack) -> None:
+    body = {"model": MODEL, **KW}
+    auth = {"Authorization": f"Bearer {KEYS['rpm'][0]}"}
+    # Start in a fresh minute when this one is about to end (the window is a fixed minute).
+    if 60 - time.time() % 60 < 8:
+        time.sleep(60 - time.time() % 60 + 0.5)
+    seen = []
+    for _ in range(3):
+        r = httpx.post(stack.url + "/v1/completions", json=body, headers=auth, timeout=60)
+        assert r.status_code == 200, r.text
+        seen.append(r.headers)
+    assert [h["x-ratelimit-remaining-requests"] for h in seen] == ["2", "1", "0"]
+    assert seen[0]["x-ratelimit-limit-requests"] == "3"
+    assert re.fullmatch(r"\d+s", seen[0]["x-ratelimit-reset-requests"])
+    r = httpx.post(stack.url + "/v1/completions", json=body, headers=auth, timeout=60)
+    assert r.status_code == 429, r.text
+    assert r.json()["error"]["type"] == "RateLimitError"
+    assert 1 <= int(r.headers["Retry-After"]) <= 60
+    assert r.headers["x-ratelimit-limit-requests"] == "3"
+    assert r.headers["x-ratelimit-remaining-requests"] == "0"
+    assert "x-ratelimit-reset-requests" in r.headers
+    with pytest.raises(openai.RateLimitError):
+        client(stack.url, KEYS["rpm"][0]).completions.create(model=MODEL, **KW)
+    # Another key is not throttled by this one.
+    assert client(stack.url, KEYS["full"][0]).completions.create(model=MODEL, **KW).choices
+
+
+def test_tokens_per_minute_gives_429_once_used(stack: Stack) -> None:
+    if 60 - time.time() % 60 < 8:
+        time.sleep(60 - time.time() % 60 + 0.5)
+    auth = {"Authorization": f"Bearer {KEYS['tpm'][0]}"}
+    r = httpx.post(stack.url + "/v1/completions", json={"model": MODEL, **KW}, headers=auth, timeout=60)
+    assert r.status_code == 200, r.text
+    assert r.headers["x-ratelimit-limit-tokens"] == "5"
+    used = r.json()["usage"]["total_tokens"]
+    assert used > 5
+    deadline = time.time() + 5
+    while time.time() < deadline:  # the tokens are counted after the answer, in the background
+        r = httpx.post(stack.url + "/v1/completions", json={"model": MODEL, **KW}, headers=auth, timeout=60)
+        if r.status_code == 429:
+            break
+        time.sleep(0.1)
+    assert r.status_code == 429, r.text
+    assert r.headers["x-ratelimit-remaining-tokens"] == "0"
+    assert "Retry-After" in r.headers and "x-ratelimit-reset-tokens" in r.headers
+
+
+def test_usage_is_counted_per_key_and_never_names_the_key(stack: Stack) -> None:
+    text = httpx.get(stack.url + "/metrics", timeout=10).text
+    ok = _sum(text, "elastune_gateway_key_requests_total", key=f"{NS}/full", code="200")
+    assert ok >= 3
+    assert _sum(text, "elastune_gateway_key_requests_total", key=f"{NS}/narrow", code="403") >= 3
+    assert _sum(text, "elastune_gateway_key_requests_total", key=f"{NS}/rpm", code="429") >= 2
+    assert _sum(text, "elastune_gateway_key_tokens_total", key=f"{NS}/full", kind="prompt") > 0
+    assert _sum(text, "elastune_gateway_key_tokens_total", key=f"{NS}/full", kind="completion") > 0
+    assert _sum(text, "elastune_gateway_rate_limited_requests_total", key=f"{NS}/tpm", limit="tokens") >= 1
+    assert _sum(text, "elastune_gateway_rejected_requests_total", reason="unauthenticated") >= 4
+    for key, *_ in KEYS.values():
+        assert key not in text
+
+
+def test_a_key_removed_from_the_map_stops_working_within_seconds(stack: Stack) -> None:
+    full = client(stack.url, KEYS["full"][0])
+    assert full.completions.create(model=MODEL, **KW).choices
+    stack.publish(["narrow", "rpm", "tpm"])  # the operator saw the Secret deleted
+    removed = time.monotonic()
+    while True:
+        try:
+            full.models.list()
+        except openai.AuthenticationError:
+            break
+        assert time.monotonic() - removed < 5, "the revoked key still works after 5 s"
+        time.sleep(0.1)
+    with pytest.raises(openai.AuthenticationError):
+        full.completions.create(model=MODEL, **KW)
+    assert client(stack.url, KEYS["narrow"][0]).models.list().data  # the others still work
+    stack.publish(list(KEYS))
+
+
+def _sum(text: str, name: str, **labels: str) -> float:
+    total = 0.0
+    for m in re.finditer(rf"^{re.escape(name)}\{{([^}}]*)\}} (\S+)$", text, re.M):
+        got = dict(re.findall(r'(\w+)="([^"]*)"', m.group(1)))
+        if all(got.get(k) == v for k, v in labels.items()):
+            total += float(m.group(2))
+    return total
