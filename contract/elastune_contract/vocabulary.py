@@ -37,6 +37,9 @@ class Reason:
     SPEC_CHANGE_IGNORED: Final = "SpecChangeIgnored"
     # Scheduled
     PENDING: Final = "Pending"
+    # Tenancy: the only WarmPool of the job's or adapter's model is in another namespace and its
+    # spec.allowedNamespaces does not list this one (the job waits; the adapter is not served)
+    POOL_NOT_SHARED: Final = "PoolNotShared"
     POOL_GROWING: Final = "PoolGrowing"
     WARM_GPUS_ASSIGNED: Final = "WarmGPUsAssigned"
     RESCHEDULING: Final = "Rescheduling"
@@ -91,6 +94,9 @@ class Reason:
     RANK_ABOVE_MAXIMUM: Final = "RankAboveMaximum"
     NAME_CLASHES_WITH_MODEL: Final = "NameClashesWithModel"
     DUPLICATE_ADAPTER_NAME: Final = "DuplicateAdapterName"
+    # WarmPool Ready: configured, or refused because another namespace's WarmPool serves its model
+    POOL_CONFIGURED: Final = "Configured"
+    DUPLICATE_WARM_POOL: Final = "DuplicateWarmPool"
     ADAPTER_LOAD_FAILED: Final = "AdapterLoadFailed"
     ADAPTER_LOADED: Final = "AdapterLoaded"
     NO_WARM_POD: Final = "NoWarmPod"

@@ -1,6 +1,7 @@
 """WarmPool: GPUs kept loaded with one LLM so jobs start without a cold start (PromptTuner §4)."""
 
-from typing import Any, Literal
+from collections.abc import Sequence
+from typing import Annotated, Any, Literal
 
 from pydantic import ConfigDict, Field, ValidationInfo, field_validator
 
@@ -25,6 +26,19 @@ RoutingPolicyName = Literal[
 ]
 
 DEFAULT_WORKER_IMAGE = "ghcr.io/elastune/worker:0.1.0"
+
+#: spec.allowedNamespaces entry that admits jobs and adapters of every namespace.
+ALL_NAMESPACES = "*"
+#: A namespace name (an RFC 1123 label), or "*" for all.
+AllowedNamespace = Annotated[
+    str, Field(min_length=1, max_length=63, pattern=r"^(\*|[a-z0-9]([-a-z0-9]*[a-z0-9])?)$")
+]
+
+
+def namespace_admitted(namespace: str, own: str, allowed: Sequence[str] | None) -> bool:
+    """Whether a job or adapter of ``namespace`` may use a pool of namespace ``own`` whose
+    spec.allowedNamespaces is ``allowed``."""
+    return namespace == own or ALL_NAMESPACES in (allowed or ()) or namespace in (allowed or ())
 
 
 class Toleration(ApiModel):
@@ -226,6 +240,11 @@ class WarmPoolSpec(ApiModel):
     the pool never grows for requests alone (no serving replicas; requests are held up to 60 s)."""
     volumes: list[VolumeMount] | None = None
     """PersistentVolumeClaims mounted into every worker pod (adapter artifacts, shared checkpoints)."""
+    allowed_namespaces: list[AllowedNamespace] | None = Field(default=None, max_length=256)
+    """Namespaces whose TuningJobs and LoRAAdapters may run on this pool, besides its own (Gateway API's
+    allowedRoutes in spirit). Unset or empty: its own namespace only. "*" admits every namespace. A
+    job of another namespace runs in this pool's pods and writes its default artifact and checkpoints
+    to this pool's jobStorage claim; its s3:// Secrets must exist in this pool's namespace."""
 
     @field_validator("volumes")
     @classmethod
@@ -252,6 +271,10 @@ class WarmPoolSpec(ApiModel):
     def idle_window_seconds(self) -> int:
         """The idle window in seconds."""
         return units.parse_duration(self.idle_window)
+
+    def admits(self, namespace: str, own: str) -> bool:
+        """Whether a job or adapter of ``namespace`` may use this pool, which lives in ``own``."""
+        return namespace_admitted(namespace, own, self.allowed_namespaces)
 
 
 class WarmPoolStatus(ApiModel):

@@ -114,8 +114,8 @@ class ControlCore:
     # -- pools and jobs -----------------------------------------------------------------------------
     def add_pool(self, pool: PoolConfig) -> None:
         known = self.pools.get(pool.model)
-        if known is not None and known.name != pool.name:
-            raise ValueError(f"model {pool.model!r} already has a warm pool ({known.name})")
+        if known is not None and (known.namespace, known.name) != (pool.namespace, pool.name):
+            raise ValueError(f"model {pool.model!r} already has a warm pool ({known.namespace}/{known.name})")
         if known is None:
             self.state.add_llm(pool.model)
             self.fleet.add_model(pool.model)
@@ -128,7 +128,9 @@ class ControlCore:
                 max_gpus_per_job=max(1, pool.max_warm),
             )
         )
-        self.serving.add_pool(pool.name, pool.model, pool.serving)
+        self.serving.add_pool(
+            pool.name, pool.model, pool.serving, namespace=pool.namespace, allowed=pool.allowed_namespaces
+        )
         self._serving_need.pop(pool.model, None)
         self._set_limits(pool, 0)
 

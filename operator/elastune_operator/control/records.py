@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from elastune_contract.api.tuningjob import TuningJobSpec, TuningJobStatus
-from elastune_contract.api.warmpool import ServingSpec
+from elastune_contract.api.warmpool import ServingSpec, namespace_admitted
 from elastune_contract.protocol import WORKER_TTL_SECONDS
 from elastune_operator.scheduling.policy import ROUND_SECONDS, PolicyName
 
@@ -25,6 +25,13 @@ class PoolConfig:
     seconds_per_iteration: float = 0.05
     serving: ServingSpec | None = None
     """The WarmPool's serving section (None: the engine's defaults, no serving replicas)."""
+    namespace: str = "default"
+    allowed_namespaces: tuple[str, ...] = ()
+    """Namespaces besides its own whose jobs and adapters may use it ("*": all; WarmPool
+    spec.allowedNamespaces)."""
+
+    def admits(self, namespace: str) -> bool:
+        return namespace_admitted(namespace, self.namespace, self.allowed_namespaces)
 
 
 @dataclass

@@ -143,6 +143,8 @@ def pool_config(wp: WarmPool, cap: int | None = None) -> PoolConfig:
         cold_start_seconds=float(cold if cold is not None else DEFAULT_COLD_START_SECONDS),
         seconds_per_iteration=float(units.parse_decimal(spi)) if spi else DEFAULT_SECONDS_PER_ITERATION,
         serving=spec.serving,
+        namespace=wp.metadata.namespace or "default",
+        allowed_namespaces=tuple(spec.allowed_namespaces or ()),
     )
 
 

@@ -31,7 +31,7 @@ from typing import Literal
 from elastune_contract.api import units
 from elastune_contract.api.common import ConditionStatus, set_condition
 from elastune_contract.api.loraadapter import AdapterPlacement, LoRAAdapterSpec, LoRAAdapterStatus
-from elastune_contract.api.warmpool import ServingSpec
+from elastune_contract.api.warmpool import ServingSpec, namespace_admitted
 from elastune_contract.protocol import (
     Bus,
     PlacedAdapter,
@@ -84,6 +84,8 @@ class _Pool:
     name: str
     model: str
     spec: ServingSpec
+    namespace: str = "default"
+    allowed: tuple[str, ...] = ()
 
 
 class ServingControl:
@@ -113,8 +115,16 @@ class ServingControl:
         self._last_tick: float | None = None
 
     # -- pools --------------------------------------------------------------------------------------
-    def add_pool(self, name: str, model: str, spec: ServingSpec | None) -> None:
-        self.pools[model] = _Pool(name, model, spec or DEFAULT_SERVING)
+    def add_pool(
+        self,
+        name: str,
+        model: str,
+        spec: ServingSpec | None,
+        *,
+        namespace: str = "default",
+        allowed: tuple[str, ...] = (),
+    ) -> None:
+        self.pools[model] = _Pool(name, model, spec or DEFAULT_SERVING, namespace, allowed)
         for rec in self.adapters.values():
             if rec.spec.base_model == model:
                 self._validate(rec)
@@ -180,6 +190,13 @@ class ServingControl:
             rec.problem = artifacts.Problem(
                 Reason.UNKNOWN_MODEL,
                 f"no WarmPool serves baseModel {rec.spec.base_model!r} (pools serve: {known})",
+            )
+        elif not namespace_admitted(rec.namespace, pool.namespace, pool.allowed):
+            rec.problem = artifacts.Problem(
+                Reason.POOL_NOT_SHARED,
+                f"the WarmPool of baseModel {rec.spec.base_model!r} is {pool.namespace}/{pool.name}, "
+                f"which does not admit namespace {rec.namespace}: create a WarmPool in {rec.namespace}, "
+                f"or have {pool.namespace}/{pool.name} list {rec.namespace} in spec.allowedNamespaces",
             )
         else:
             found = artifacts.inspect(

@@ -28,6 +28,7 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from elastune_contract.api import units
+from elastune_contract.api.common import ConditionStatus, set_condition
 from elastune_contract.api.constants import (
     API_VERSION,
     GROUP,
@@ -48,7 +49,7 @@ from elastune_contract.vocabulary import ConditionType, Reason
 from elastune_operator.control.core import ControlCore, PublishRefused
 from elastune_operator.control.deadlines import AttemptDeadlines
 from elastune_operator.control.lifecycle import is_terminal
-from elastune_operator.control.records import CoreSettings, JobRecord
+from elastune_operator.control.records import CoreSettings, JobRecord, PoolConfig
 from elastune_operator.control.resources import (
     OutputNotDurable,
     artifact_location,
@@ -136,7 +137,10 @@ class Runtime:
         self._dirty: dict[str, JobRecord] = {}
         self._adapters_dirty: dict[str, AdapterRecord] = {}
         self._posted: dict[str, set[tuple[str, str, str]]] = {}  # job key -> conditions already evented
-        self._pools: dict[str, WarmPool] = {}  # "ns/name" -> resource
+        self._pools: dict[str, WarmPool] = {}  # "ns/name" -> resource (the pools the core runs)
+        self._rejected: dict[str, WarmPool] = {}  # "ns/name" -> a WarmPool whose model has a pool
+        self._pool_conditions: dict[str, list[Any]] = {}  # "ns/name" -> its Ready condition
+        self._held: dict[str, dict[str, Any]] = {}  # job key -> body: its model's pool does not admit it
         self._pool_status: dict[str, dict[str, Any]] = {}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -198,28 +202,67 @@ class Runtime:
 
     # -- commands (called from kopf handlers) -------------------------------------------------------
     def upsert_pool(self, body: dict[str, Any]) -> None:
+        """Configure the pool, or refuse it (Ready=False, DuplicateWarmPool) when a WarmPool of another
+        namespace/name already serves its model: a refused pool touches nothing of the other one. Jobs
+        held because no pool admitted their namespace are tried again."""
         pool = parse_resource(body)
         assert isinstance(pool, WarmPool)
+        retry: list[dict[str, Any]] = self.call(functools.partial(self._apply_pool, pool), wait=30)
+        for held in retry:
+            self.submit_job(held)
 
-        def apply() -> None:
-            key = f"{pool.metadata.namespace}/{pool.metadata.name}"
-            self._pools[key] = pool
-            self.core.add_pool(pool_config(pool))
-            self.backend.register(pool)
+    def _apply_pool(self, pool: WarmPool) -> list[dict[str, Any]]:
+        """In the core thread: accept or refuse ``pool``; returns the held jobs of its model."""
+        key = f"{pool.metadata.namespace or 'default'}/{pool.metadata.name}"
+        model = pool.spec.model
+        owner = next((k for k, p in self._pools.items() if k != key and p.spec.model == model), None)
+        if owner is not None:
+            self._rejected[key] = pool
+            self._pool_condition(
+                key,
+                "False",
+                Reason.DUPLICATE_WARM_POOL,
+                f"model {model!r} already has WarmPool {owner}; one WarmPool serves a model. Delete this "
+                f"one and use {owner} (its owner lists this namespace in spec.allowedNamespaces), or "
+                f"serve another model",
+            )
+            log.warning("WarmPool %s refused: model %s already has WarmPool %s", key, model, owner)
+            return []
+        self.core.add_pool(pool_config(pool))
+        self._rejected.pop(key, None)
+        self._pools[key] = pool
+        self.backend.register(pool)
+        admits = ", ".join([pool.metadata.namespace or "default", *(pool.spec.allowed_namespaces or [])])
+        self._pool_condition(key, "True", Reason.POOL_CONFIGURED, f"serves {model} to namespaces {admits}")
+        return [b for b in self._held.values() if (b.get("spec") or {}).get("model") == model]
 
-        self.call(apply, wait=30)
+    def _pool_condition(self, key: str, status: ConditionStatus, reason: str, message: str) -> None:
+        self._pool_conditions[key] = set_condition(
+            self._pool_conditions.get(key), ConditionType.READY, status, reason, message
+        )
 
     def delete_pool(self, body: dict[str, Any]) -> None:
+        """Keyed by namespace/name: a refused duplicate goes without touching the pool that serves its
+        model; a configured pool's jobs fail (WarmPoolDeleted), and a refused pool of the same model,
+        if any, is configured in its place."""
         meta = body.get("metadata", {})
-        key = f"{meta.get('namespace')}/{meta.get('name')}"
+        key = f"{meta.get('namespace') or 'default'}/{meta.get('name')}"
 
-        def apply() -> None:
+        def apply() -> WarmPool | None:
+            self._pool_conditions.pop(key, None)
+            self._pool_status.pop(key, None)
+            if self._rejected.pop(key, None) is not None:
+                return None
             pool = self._pools.pop(key, None)
-            if pool is not None:
-                self.core.remove_pool(pool.spec.model, f"WarmPool {key} was deleted")
-                self.backend.unregister(pool.metadata.name)
+            if pool is None:
+                return None
+            self.core.remove_pool(pool.spec.model, f"WarmPool {key} was deleted")
+            self.backend.unregister(pool.metadata.name or "")
+            return next((p for p in self._rejected.values() if p.spec.model == pool.spec.model), None)
 
-        self.call(apply, wait=30)
+        waiting = self.call(apply, wait=30)
+        if waiting is not None:
+            self.upsert_pool(waiting.model_dump(by_alias=True, mode="json", exclude_none=True))
 
     def submit_job(self, body: dict[str, Any]) -> None:
         meta = body.get("metadata", {})
@@ -241,6 +284,11 @@ class Runtime:
             self._mount_s3_secret(ns, job.spec.model, job.spec.output.secret_name)
 
         def submit() -> None:
+            cfg = self.core.pools.get(job.spec.model)
+            if cfg is not None and not is_terminal(rec) and not cfg.admits(rec.key.split("/", 1)[0]):
+                self._hold(body, rec, cfg)
+                return
+            self._held.pop(rec.key, None)
             if self._place_storage(job, rec, meta):
                 self.core.submit(rec)
 
@@ -249,14 +297,39 @@ class Runtime:
         self.call(submit)
         log.info("submitted %s", key)
 
+    def _hold(self, body: dict[str, Any], rec: JobRecord, cfg: PoolConfig) -> None:
+        """In the core thread: the only pool of the job's model is another namespace's and does not
+        admit the job's: it is not scheduled (Scheduled=False, PoolNotShared) and waits, tried again
+        whenever a WarmPool of its model is applied."""
+        ns = rec.key.split("/", 1)[0]
+        first = rec.key not in self._held
+        self._held[rec.key] = body
+        message = (
+            f"the WarmPool of model {rec.llm!r} is {cfg.namespace}/{cfg.name}, which does not admit "
+            f"namespace {ns}: create a WarmPool in {ns}, or have {cfg.namespace}/{cfg.name} list {ns} "
+            "in spec.allowedNamespaces"
+        )
+        rec.status.observed_generation = rec.generation
+        for ctype, status, reason, text in (
+            (ConditionType.ACCEPTED, "True", Reason.VALIDATED, "spec is valid; waiting for a WarmPool"),
+            (ConditionType.SCHEDULED, "False", Reason.POOL_NOT_SHARED, message),
+            (ConditionType.SUCCEEDED, "Unknown", Reason.PENDING, ""),
+        ):
+            rec.status.conditions = set_condition(
+                rec.status.conditions, ctype, status, reason, text, observed_generation=rec.generation
+            )
+        self._dirty[rec.key] = rec
+        if first:
+            name = rec.key.split("/", 1)[1]
+            self._event(ns, name, KIND_TUNING_JOB, Reason.POOL_NOT_SHARED, message, True, rec.uid)
+
     def _place_storage(self, job: TuningJob, rec: JobRecord, meta: dict[str, Any]) -> bool:
         """In the core thread: the job's artifact and checkpoints on its pool's durable claims
         (``durable_storage``), or the job refused with the reason (False). Nothing in a pod's filesystem
         outlives the pod; a job that already ended keeps its status, and one whose model no pool serves
         is failed by the core (UnknownModel)."""
         cfg = self.core.pools.get(job.spec.model)
-        mine = {(cfg.name, cfg.model)} if cfg else set()
-        pool = next((p for p in self._pools.values() if (p.metadata.name, p.spec.model) in mine), None)
+        pool = self._pools.get(f"{cfg.namespace}/{cfg.name}") if cfg else None
         if pool is None or is_terminal(rec):
             return True
         try:
@@ -269,7 +342,11 @@ class Runtime:
         return True
 
     def cancel_job(self, key: str) -> None:
-        self.call(lambda: self.core.cancel(key), wait=30)
+        def apply() -> None:
+            self._held.pop(key, None)
+            self.core.cancel(key)
+
+        self.call(apply, wait=30)
         self._posted.pop(key, None)
 
     def upsert_adapter(self, body: dict[str, Any]) -> None:
@@ -537,13 +614,26 @@ class Runtime:
                 iteration_seconds={str(k): units.format_decimal(round(v, 6)) for k, v in observed.items()}
                 or None,
             ).model_dump(by_alias=True, mode="json", exclude_none=True)
-            if self._pool_status.get(key) == status:
-                continue
-            ns, name = key.split("/", 1)
-            try:
-                self.api.patch_namespaced_custom_object_status(
-                    GROUP, VERSION, ns, PLURAL_WARM_POOLS, name, {"status": status}
-                )
-                self._pool_status[key] = status
-            except ApiException as exc:
-                log.debug("pool status patch failed: %s", exc.reason)
+            self._write_pool_status(key, status)
+        for key, pool in self._rejected.items():
+            status = WarmPoolStatus(observed_generation=pool.metadata.generation).model_dump(
+                by_alias=True, mode="json", exclude_none=True
+            )
+            self._write_pool_status(key, status)
+
+    def _write_pool_status(self, key: str, status: dict[str, Any]) -> None:
+        conditions = self._pool_conditions.get(key)
+        if conditions:
+            status["conditions"] = [
+                c.model_dump(by_alias=True, mode="json", exclude_none=True) for c in conditions
+            ]
+        if self._pool_status.get(key) == status:
+            return
+        ns, name = key.split("/", 1)
+        try:
+            self.api.patch_namespaced_custom_object_status(
+                GROUP, VERSION, ns, PLURAL_WARM_POOLS, name, {"status": status}
+            )
+            self._pool_status[key] = status
+        except ApiException as exc:
+            log.debug("pool status patch failed: %s", exc.reason)
