@@ -284,8 +284,12 @@ def test_cluster_wide_rbac_covers_what_the_operator_does() -> None:
 # The operator copies the workers' Redis password Secret (the worker ACL user's with the bundled Redis)
 # into the namespaces of its WarmPools' workers: create (which RBAC cannot restrict by name) and get/patch
 # of that one name, nothing else on Secrets.
+API_KEY_SECRET_RULE = {"apiGroups": [""], "resources": ["secrets"], "verbs": ["list", "watch"]}
+"""API keys (gateway.auth.enabled, the default): the operator reads labelled Secrets to publish their
+digests; RBAC cannot narrow list/watch by label."""
 REDIS_SECRET_RULES = [
     {"apiGroups": [""], "resources": ["secrets"], "verbs": ["create"]},
+    API_KEY_SECRET_RULE,
     {
         "apiGroups": [""],
         "resources": ["secrets"],
@@ -315,16 +319,37 @@ def test_operator_may_manage_lora_adapters_and_copy_only_the_redis_secret() -> N
     ):
         for verb in verbs:
             assert grants(rules, "elastune.dev", resource, verb), (resource, verb)
-    # Secrets: no list/watch (which would read every Secret), update or delete anywhere.
-    for verb in ("list", "watch", "update", "delete", "deletecollection"):
+    # Secrets: no update or delete anywhere; list/watch only for API keys (gateway.auth.enabled).
+    for verb in ("update", "delete", "deletecollection"):
         assert not grants(rules, "", "secrets", verb), verb
     assert secret_rules(rules) == REDIS_SECRET_RULES
+    no_keys = named(render("gateway.auth.enabled=false"), "ClusterRole", f"{RELEASE}-operator")["rules"]
+    for verb in ("list", "watch"):  # which would read every Secret
+        assert not grants(no_keys, "", "secrets", verb), verb
     # The name follows an existing Secret; without Redis auth there is nothing to copy, but the worker
     # control token is still written (create only: the operator never reads it back).
     existing = named(render(*EXTERNAL_REDIS), "ClusterRole", f"{RELEASE}-operator")["rules"]
-    assert secret_rules(existing)[1]["resourceNames"] == ["managed-redis"]
+    assert secret_rules(existing)[2]["resourceNames"] == ["managed-redis"]
     no_auth = named(render(*COMBINATIONS["external-redis-no-auth"]), "ClusterRole", f"{RELEASE}-operator")
-    assert secret_rules(no_auth["rules"]) == REDIS_SECRET_RULES[:1]
+    assert secret_rules(no_auth["rules"]) == REDIS_SECRET_RULES[:2]
+
+
+def test_gateway_authenticates_api_keys_by_default_and_the_operator_publishes_them() -> None:
+    docs = render()
+    (container,) = gateway_pod(docs)["containers"]
+    _, settings = gateway_settings(container)
+    assert settings.auth == "required"
+    operator_env = {e["name"]: e.get("value") for e in operator_container(docs)["env"]}
+    assert operator_env["ELASTUNE_API_KEYS"] == "true"
+    off = render("gateway.auth.enabled=false")
+    assert gateway_settings(gateway_pod(off)["containers"][0])[1].auth == "off"
+    assert {e["name"]: e.get("value") for e in operator_container(off)["env"]}["ELASTUNE_API_KEYS"] == "false"
+    # Namespaced installs: the Secret list/watch is bound in the watched namespaces only.
+    namespaced = render(*COMBINATIONS["namespaced"])
+    rules = named(namespaced, "ClusterRole", f"{RELEASE}-operator")["rules"]
+    assert API_KEY_SECRET_RULE in rules
+    cluster_rules = named(namespaced, "ClusterRole", f"{RELEASE}-operator-cluster")["rules"]
+    assert not any("secrets" in r["resources"] for r in cluster_rules)
 
 
 def test_namespaced_rbac_binds_only_the_watched_namespaces() -> None:

@@ -179,9 +179,17 @@ resetkeys resetchannels ~elastune:* -@all +@all -@dangerous +ping +hello +auth +
 {{- end }}
 
 {{- define "elastune.redisAclRules.gateway" -}}
-resetkeys resetchannels -@all +ping +hello +auth +client|setname +client|getname +client|id +multi +exec +discard (%R~elastune:workers %R~elastune:worker:* +smembers +mget) (~elastune:workers +srem) (%R~elastune:serving-pools +hgetall +hlen) (~elastune:requests:* +hincrby +expire +hgetall) (~elastune:demand:* +set +get)
+resetkeys resetchannels -@all +ping +hello +auth +client|setname +client|getname +client|id +multi +exec +discard (%R~elastune:workers %R~elastune:worker:* +smembers +mget) (~elastune:workers +srem) (%R~elastune:serving-pools +hgetall +hlen) (~elastune:requests:* +hincrby +expire +hgetall) (~elastune:demand:* +set +get) (%R~elastune:api-keys +hgetall) (~elastune:ratelimit:* +incr +incrby +expire +get +mget)
 {{- end }}
 
 {{- define "elastune.redisAclRules.worker" -}}
 resetkeys resetchannels -@all +ping +hello +auth +client|setname +client|getname +client|id +multi +exec +discard (~elastune:worker:* +set) (~elastune:workers +sadd +srem) (~elastune:assign:* +blpop) (~elastune:job:*:events +xadd +expire) (%R~elastune:job:*:cancel:* +exists) (%R~elastune:placement:* +hgetall) (~elastune:worker:* ~elastune:assign:* ~elastune:placement:* +del) (~elastune:*:grad:* ~elastune:*:merged:* +set +get +mget +del)
+{{- end }}
+
+{{/*
+"true" when the gateway authenticates API keys (the operator then publishes the key map and may
+list/watch Secrets).
+*/}}
+{{- define "elastune.apiKeys" -}}
+{{- if and .Values.gateway.enabled .Values.gateway.auth .Values.gateway.auth.enabled -}}true{{- else -}}false{{- end -}}
 {{- end }}

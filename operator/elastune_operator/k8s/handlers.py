@@ -9,15 +9,25 @@ Run with ``elastune operator [kopf run flags]`` (e.g. ``--all-namespaces --liven
   apiserver without CEL the operator ignores them and says so in a Warning event: the job keeps
   running with the spec it was accepted with. Delete and re-create it to change the spec.
 - WarmPool create/resume/update → the pool is (re)configured and its Knative Service applied; delete →
-  jobs that still need it fail with WarmPoolDeleted (the Service goes with its owner reference).
+  jobs that still need it fail with WarmPoolDeleted (the Service goes with its owner reference). One
+  WarmPool serves a model: another of the same model (any namespace) is refused (Ready=False,
+  DuplicateWarmPool) and touches nothing; deleting it touches nothing either (keyed by namespace/name),
+  and when the serving pool goes a refused one takes its place.
+- Tenancy: a TuningJob or LoRAAdapter uses its model's WarmPool only when the pool is in its namespace or
+  lists that namespace in spec.allowedNamespaces ("*": all); otherwise the job waits (Scheduled=False,
+  PoolNotShared) and the adapter is not served (Ready=False, PoolNotShared) until the pool admits it.
 - LoRAAdapter create/resume/update → validated against its artifact and placed on the pool's pods
   (status follows what the workers really hold); delete → unloaded from every pod, and only then does
   kopf remove our finalizer (retried every 2 s while a pod still holds it).
+- Secret events (every Secret of the watched namespaces: RBAC cannot narrow list/watch by label, and a
+  key whose label was removed must stop working too) → the API key map the gateway reads: SHA-256 of each
+  labelled key with its scope and limits (elastune_operator.api_keys), never the key.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 from typing import Any
 
 import kopf
@@ -32,11 +42,15 @@ from elastune_contract.api.constants import (
     VERSION,
 )
 from elastune_contract.vocabulary import Reason
+from elastune_operator.api_keys import ApiKeyPublisher, namespace_models
 from elastune_operator.k8s.runtime import Runtime
 from elastune_operator.k8s.settings import OperatorSettings
 
 log = logging.getLogger("elastune.operator")
 RUNTIME: Runtime | None = None
+API_KEYS: ApiKeyPublisher | None = None
+API_KEYS_ENV = "ELASTUNE_API_KEYS"
+"""``false``: no API key Secrets are watched (the gateway runs without authentication)."""
 
 
 def _runtime() -> Runtime:
@@ -92,6 +106,17 @@ def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
 
         start_http_server(opts.metrics_port, registry=RUNTIME.metrics.registry)
     RUNTIME.start()
+    global API_KEYS
+    runtime = RUNTIME
+    API_KEYS = ApiKeyPublisher(
+        runtime.bus.redis, runtime.bus.ns,
+        # In the core thread, where pools and adapters change.
+        lambda: runtime.call(
+            lambda: namespace_models(runtime._pools.values(), runtime.core.serving.adapters.values()), wait=10
+        ),
+    )  # fmt: skip
+    if os.environ.get(API_KEYS_ENV, "true").lower() != "false":
+        API_KEYS.start()
     log.info(
         "elastune operator started: bus %s, %d GPUs in the cold pool", opts.redis_url, opts.cold_pool_gpus
     )
@@ -99,6 +124,8 @@ def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
 
 @kopf.on.cleanup()
 def cleanup(**_: Any) -> None:
+    if API_KEYS is not None:
+        API_KEYS.stop()
     if RUNTIME is not None:
         RUNTIME.stop()
 
@@ -148,3 +175,19 @@ def lora_adapter_deleted(namespace: str, name: str, **_: Any) -> None:
     held = _counted("loraadapter_delete", _runtime().delete_adapter, namespace, name)
     if held:
         raise kopf.TemporaryError(f"still loaded on {', '.join(held)}; unloading", delay=2)
+
+
+def secret_event(event: Any, body: kopf.Body, namespace: str | None, name: str, **_: Any) -> None:
+    """API key Secrets → the hashed key map (a deleted one, or one no longer labelled, stops working)."""
+    if API_KEYS is None:  # not started yet: the Secrets are all listed again when it is
+        return
+    if event.get("type") == "DELETED":
+        API_KEYS.deleted(f"{namespace}/{name}")
+    else:
+        API_KEYS.seen(_plain(body))
+
+
+if os.environ.get(API_KEYS_ENV, "true").lower() != "false":
+    # The chart sets it false with gateway.auth.enabled=false: then the operator has no list/watch on
+    # Secrets and watches none.
+    kopf.on.event("", "v1", "secrets")(secret_event)

@@ -18,6 +18,7 @@ from pathlib import Path
 import yaml
 
 from elastune_contract.api.constants import S3_SECRETS_ROOT_ENV
+from elastune_contract.api_keys import is_api_key_secret
 
 _NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
 _KEY = re.compile(r"^[-._a-zA-Z0-9]+$")
@@ -29,6 +30,8 @@ def worker_env(files: list[Path], state_dir: Path) -> dict[str, str]:
     for file in files:
         for doc in yaml.safe_load_all(Path(file).read_text()):
             if isinstance(doc, dict) and doc.get("kind") == "Secret" and doc.get("apiVersion") == "v1":
+                if is_api_key_secret(doc):
+                    continue  # API keys go to the gateway as hashes (local.api_keys), never to workers
                 name = str((doc.get("metadata") or {}).get("name") or "")
                 data = {k: base64.b64decode(str(v)).decode() for k, v in (doc.get("data") or {}).items()}
                 data.update({k: str(v) for k, v in (doc.get("stringData") or {}).items()})

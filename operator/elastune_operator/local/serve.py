@@ -29,13 +29,18 @@ from elastune_contract.api.tuningjob import TuningJob
 from elastune_contract.api.warmpool import WarmPool
 from elastune_contract.protocol import BusUnreachable
 from elastune_contract.servers import Server, ServerError, free_port
+from elastune_operator.api_keys import namespace_models
 from elastune_operator.control.core import ControlCore
 from elastune_operator.control.records import CoreSettings, JobRecord
 from elastune_operator.control.resources import artifact_dir, job_record, pool_config, worker_serving_args
 from elastune_operator.control.serving import AdapterRecord
 from elastune_operator.local import s3_secrets
+from elastune_operator.local.api_keys import KeyFileError, LocalKeys
 from elastune_operator.local.backend import LocalBackend
 from elastune_operator.local.run import RunError, connect_bus, install_stop, resolve_dataset
+
+KEYS_REREAD_S = 2.0
+"""How often the -f files are read again for API key Secrets (revocation within seconds)."""
 
 
 @dataclass
@@ -162,10 +167,18 @@ def serve(opts: ServeOptions, out: TextIO = sys.stdout, err: TextIO = sys.stderr
                 )
             )
         core.tick()  # pool records in the registry before the gateway reads it: the models are listed at once
+        keys = LocalKeys(
+            lambda: _manifest_files(opts.files), bus.redis, bus.ns,
+            lambda: namespace_models(pools, core.serving.adapters.values()),
+        )  # fmt: skip
+        try:
+            auth = "required" if keys.publish() else "off"
+        except (KeyFileError, OSError, yaml.YAMLError) as exc:
+            raise RunError(f"cannot read the API key Secrets: {exc}") from exc
         port = opts.port or free_port()
         log = (state_dir / "logs" / "gateway.log").open("ab")
         argv = [sys.executable, "-m", "elastune_gateway.server", "--redis-url", redis_url]
-        argv += ["--host", "127.0.0.1", "--port", str(port)]
+        argv += ["--host", "127.0.0.1", "--port", str(port), "--auth", auth]
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         gateway = subprocess.Popen(
             argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
@@ -180,6 +193,16 @@ def serve(opts: ServeOptions, out: TextIO = sys.stdout, err: TextIO = sys.stderr
             file=out,
             flush=True,
         )
+        if auth == "off":
+            print(
+                "no API key Secret (label elastune.dev/api-key: \"true\") in the -f files: authentication "
+                "is off, so the gateway listens on loopback (127.0.0.1) only",
+                file=err,
+                flush=True,
+            )
+        else:
+            print("API keys from the -f files: requests need Authorization: Bearer <key>", file=err,
+                  flush=True)  # fmt: skip
         print(f"state, logs and status in {state_dir}; Ctrl-C stops", file=err, flush=True)
         print(
             f"workers' control token (Bearer, for /v1/load_lora_adapter and /v1/unload_lora_adapter on a "
@@ -189,8 +212,15 @@ def serve(opts: ServeOptions, out: TextIO = sys.stdout, err: TextIO = sys.stderr
         )
         stop = install_stop()
         deadline = time.monotonic() + opts.timeout if opts.timeout else None
+        next_keys = time.monotonic() + KEYS_REREAD_S
         while not stop.requested and (deadline is None or time.monotonic() < deadline):
             core.tick()
+            if auth == "required" and time.monotonic() >= next_keys:
+                next_keys = time.monotonic() + KEYS_REREAD_S
+                try:
+                    keys.publish()  # a key Secret removed from the files stops working within seconds
+                except Exception as exc:  # Redis away a moment: the next round writes it again
+                    print(f"cannot publish the API keys: {exc}", file=err, flush=True)
             if gateway.poll() is not None:
                 raise RunError(
                     f"the gateway exited with code {gateway.returncode}; see {state_dir}/logs/gateway.log"
