@@ -48,6 +48,7 @@ from elastune_contract.protocol import (
     worker_key,
 )
 from elastune_contract.servers import binary, free_port
+from elastune_worker.serving.sampler import FAILPOINT_SEED, SAMPLER_RAISE
 
 MODEL = "elastune/tiny-llama"
 ADAPTER = "units"
@@ -55,6 +56,9 @@ BROKEN_MODEL = "elastune/no-such-model"
 JOB = "chaos-job"
 #: Two shared cores: one torch thread per process, and no spinning OpenMP threads.
 _ENV = {"OMP_NUM_THREADS": "1", "OMP_WAIT_POLICY": "PASSIVE", "HF_HUB_OFFLINE": "1"}
+#: The worker's sampling failpoint, armed on the stack's workers: only a request with seed
+#: FAILPOINT_SEED fails in the engine step, as a sampling bug hit by one request would.
+SAMPLER_FAILPOINT = SAMPLER_RAISE
 _DATASET = Path(__file__).resolve().parents[3] / "manifests" / "data" / "extract.jsonl"
 
 
@@ -174,7 +178,11 @@ class Stack:
         self.serve_log = root / "serve.log"
         with self.serve_log.open("wb") as out:
             self.serve = subprocess.Popen(
-                cmd, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **_ENV}, start_new_session=True
+                cmd,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env={**os.environ, **_ENV, "ELASTUNE_FAILPOINT": SAMPLER_FAILPOINT},
+                start_new_session=True,
             )
         self.http = httpx.Client(timeout=120)
 
@@ -232,19 +240,21 @@ class Stack:
         self.redis.stop()
 
 
-def worker_pid(worker_id: str) -> int | None:
-    """The pid of the local worker process started with ``--worker-id worker_id`` (by `elastune serve`)."""
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            argv = (entry / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        has_id = b"elastune_worker" in argv and b"--worker-id" in argv
-        if has_id and argv[argv.index(b"--worker-id") + 1].decode() == worker_id:
-            return int(entry.name)
-    return None
+def worker_pid(stack: Stack, worker_id: str) -> int | None:
+    """The pid of this stack's worker process ``worker_id``: the pid in its registry record, checked to be
+    a child of this stack's `elastune serve` started with ``--worker-id worker_id`` (never another
+    stack's process that happens to use the same worker id)."""
+    rec = stack.bus.workers().get(worker_id)
+    if rec is None or not rec.pid:
+        return None
+    proc = Path("/proc") / str(rec.pid)
+    try:
+        argv = (proc / "cmdline").read_bytes().split(b"\0")
+        ppid = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+    ours = ppid == stack.serve.pid and b"--worker-id" in argv
+    return rec.pid if ours and argv[argv.index(b"--worker-id") + 1].decode() == worker_id else None
 
 
 @contextmanager
@@ -324,7 +334,7 @@ def exp_result_suppressed(stack: Stack, timeout: float) -> Outcome:
     retried it a few seconds, then allowed again: the job ends Succeeded with exactly one result event."""
 
     def running() -> bool:
-        return stack.job_condition("Running") == "True" and (stack.job_status().get("iterations") or 0) > 0
+        return stack.job_condition("Running") == "True"
 
     def ended() -> bool:
         return "True" in (stack.job_condition("Succeeded"), stack.job_condition("Failed"))
@@ -396,33 +406,44 @@ def exp_poison(stack: Stack, within: float) -> Outcome:
 
 
 def exp_bad_request(stack: Stack) -> Outcome:
-    def stream(i: int) -> tuple[int, int, str]:
-        body = {"model": ADAPTER if i % 2 else MODEL, "prompt": f"{i} km ->", "max_tokens": 96,
-                "temperature": 0.8, "seed": i, "stream": True}  # fmt: skip
+    """8 streams; while they run, one request with seed 2**64 (must be refused with a 400 naming it) and
+    one whose sampling raises inside the engine step (the worker's ``sampler-raise`` failpoint, armed on
+    this stack's workers: seed FAILPOINT_SEED): only that request fails, the 8 complete."""
+
+    def stream(i: int, seed: int) -> tuple[int, int, str, float]:
+        body = {"model": ADAPTER if i % 2 else MODEL, "prompt": f"{i} km ->", "max_tokens": 192,
+                "temperature": 0.8, "seed": seed, "stream": True}  # fmt: skip
         chunks, finish = 0, ""
         with (
             httpx.Client(timeout=120) as http,
             http.stream("POST", stack.url + "/v1/completions", json=body) as r,
         ):
             if r.status_code != 200:
-                return r.status_code, 0, ""
+                return r.status_code, 0, r.read().decode()[:80], time.monotonic()
             for line in r.iter_lines():
                 if line.startswith("data: ") and line != "data: [DONE]":
                     doc = json.loads(line[6:])
                     if "error" in doc:
-                        return 500, chunks, "error: " + str(doc["error"])[:80]
+                        return 500, chunks, "error: " + str(doc["error"])[:80], time.monotonic()
                     chunks += 1
                     finish = doc["choices"][0].get("finish_reason") or finish
-        return 200, chunks, finish
+        return 200, chunks, finish, time.monotonic()
 
     with ThreadPoolExecutor(9) as pool:
-        futures = [pool.submit(stream, i) for i in range(8)]
-        time.sleep(0.3)
+        futures = [pool.submit(stream, i, i) for i in range(8)]
+        time.sleep(0.2)
+        poisoned = pool.submit(stream, 8, FAILPOINT_SEED)
         bad = stack.complete(MODEL, seed=18446744073709551616, temperature=0.8)
+        t_bad = time.monotonic()
         results = [f.result() for f in futures]
-    complete = sum(code == 200 and finish in ("length", "stop") for code, _, finish in results)
-    detail = f"seed 2**64 answered {bad.status_code} ({bad.text[:90]!r}); {complete}/8 streams completed"
-    return Outcome(bad.status_code == 400 and complete == 8, detail)
+        p_code, p_chunks, p_end, _ = poisoned.result()
+    complete = sum(code == 200 and finish in ("length", "stop") for code, _, finish, _ in results)
+    running = sum(t_end > t_bad for *_, t_end in results)
+    failed_alone = p_code != 200 or p_end.startswith("error")
+    detail = (f"seed 2**64 answered {bad.status_code} ({bad.text[:70]!r}) while {running}/8 streams ran; "
+              f"a request failing inside the sampling step: {p_code} after {p_chunks} chunks ({p_end!r}); "
+              f"{complete}/8 streams completed")  # fmt: skip
+    return Outcome(bad.status_code == 400 and complete == 8 and failed_alone, detail)
 
 
 def exp_unload(stack: Stack, within: float) -> Outcome:
@@ -461,7 +482,7 @@ def exp_paused_worker(stack: Stack, within: float) -> Outcome:
     if not workers:
         return Outcome(False, "no serving worker registered")
     wid = sorted(workers)[0]
-    pid = worker_pid(wid)
+    pid = worker_pid(stack, wid)
     if pid is None:
         return Outcome(False, f"no process found for worker {wid}")
     pause = WORKER_TTL_SECONDS + 5
@@ -645,7 +666,7 @@ class Plan:
     quick: bool
     recover_s: float = 60.0
     redis_down_s: float = 20.0
-    job_iterations: int = 600
+    job_iterations: int = 1500
     results: dict[str, Outcome] = field(default_factory=dict)
 
 
@@ -674,12 +695,18 @@ def experiments(plan: Plan) -> dict[str, Callable[[Stack], Outcome]]:
     }
 
 
-def start_stack(root: Path, job_iterations: int, out: Any) -> Stack:
+def start_stack(root: Path, job_iterations: int, out: Any, *, wait: bool = True) -> Stack:
+    """A stack; with ``wait``, returned once the base model and the adapter answer."""
     stack = Stack(root, job_iterations=job_iterations)
-    ready = stack.wait_serving(240)
-    if ready is None:
+    if not wait:
+        return stack
+    try:
+        ready = stack.wait_serving(240)
+        if ready is None:
+            raise RuntimeError(f"the stack never served:\n{stack.serve_log_text()[-3000:]}")
+    except BaseException:
         stack.close()
-        raise RuntimeError(f"the stack never served:\n{stack.serve_log_text()[-3000:]}")
+        raise
     print(f"[chaos] stack serving after {ready:.0f} s", file=out, flush=True)
     return stack
 
@@ -711,7 +738,8 @@ def run(plan: Plan, root: Path, only: set[str] | None = None, out: Any = sys.std
                 n_stacks += 1
                 long_job = n_stacks == 1 and "result-suppressed" in todo
                 iterations = plan.job_iterations if long_job else 5
-                stack = start_stack(root / f"stack-{n_stacks}", iterations, out)
+                # The TuningJob runs while the stack starts: its experiment starts with the stack.
+                stack = start_stack(root / f"stack-{n_stacks}", iterations, out, wait=not long_job)
             record(name, partial(fns[name], stack))
             if not stack.serve_alive():
                 last = [ln for ln in stack.serve_log_text().splitlines() if ln.strip()][-1:]
