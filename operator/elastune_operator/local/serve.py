@@ -175,6 +175,16 @@ def serve(opts: ServeOptions, out: TextIO = sys.stdout, err: TextIO = sys.stderr
             auth = "required" if keys.publish() else "off"
         except (KeyFileError, OSError, yaml.YAMLError) as exc:
             raise RunError(f"cannot read the API key Secrets: {exc}") from exc
+        if auth == "off":
+            print(
+                "no API key Secret (label elastune.dev/api-key: \"true\") in the -f files: authentication "
+                "is off, so the gateway listens on loopback (127.0.0.1) only",
+                file=err,
+                flush=True,
+            )
+        else:
+            print("API keys from the -f files: requests need Authorization: Bearer <key>", file=err,
+                  flush=True)  # fmt: skip
         port = opts.port or free_port()
         log = (state_dir / "logs" / "gateway.log").open("ab")
         argv = [sys.executable, "-m", "elastune_gateway.server", "--redis-url", redis_url]
@@ -193,16 +203,6 @@ def serve(opts: ServeOptions, out: TextIO = sys.stdout, err: TextIO = sys.stderr
             file=out,
             flush=True,
         )
-        if auth == "off":
-            print(
-                "no API key Secret (label elastune.dev/api-key: \"true\") in the -f files: authentication "
-                "is off, so the gateway listens on loopback (127.0.0.1) only",
-                file=err,
-                flush=True,
-            )
-        else:
-            print("API keys from the -f files: requests need Authorization: Bearer <key>", file=err,
-                  flush=True)  # fmt: skip
         print(f"state, logs and status in {state_dir}; Ctrl-C stops", file=err, flush=True)
         print(
             f"workers' control token (Bearer, for /v1/load_lora_adapter and /v1/unload_lora_adapter on a "
