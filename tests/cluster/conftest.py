@@ -10,12 +10,16 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
+from openai import AuthenticationError, OpenAI
 
 from elastune_testing.podworld import PodWorld, available
 
 RELEASE_NAMESPACE = "elastune-system"
 TENANT = "team-a"
 MODEL = "elastune/tiny-llama"
+API_KEY = "team-a-podworld-key"
+"""The tenant's API key: a Secret labelled elastune.dev/api-key in its namespace (the chart turns
+gateway authentication on; the operator publishes the key's hash and scope)."""
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -39,11 +43,30 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PodWorld]:
         w.helm_install("operator.peering.enabled=false")
         for component in ("redis", "operator", "gateway"):
             w.wait_ready(RELEASE_NAMESPACE, f"app.kubernetes.io/component={component}", timeout=120)
+        w.apply(
+            {
+                "apiVersion": "v1",
+                "kind": "Secret",
+                "metadata": {
+                    "name": "team-a-key",
+                    "namespace": TENANT,
+                    "labels": {"elastune.dev/api-key": "true"},
+                },
+                "stringData": {"key": API_KEY},
+            }
+        )
         yield w
 
 
 def gateway_url(world: PodWorld) -> str:
     return world.service_url(RELEASE_NAMESPACE, "elastune-gateway", 8000) + "/v1"
+
+
+def served(client: OpenAI) -> set[str]:
+    try:
+        return {m.id for m in client.models.list().data}
+    except AuthenticationError:  # the operator publishes a new key's hash within seconds
+        return set()
 
 
 def warm_pool(name: str, namespace: str = TENANT, **spec: object) -> dict[str, object]:

@@ -10,9 +10,9 @@ import time
 from typing import Any
 
 from kubernetes import client as k8s
-from openai import NotFoundError, OpenAI
+from openai import AuthenticationError, NotFoundError, OpenAI
 
-from conftest import MODEL, TENANT, gateway_url, warm_pool
+from conftest import API_KEY, MODEL, TENANT, gateway_url, served, warm_pool
 from elastune_testing.podworld import PodWorld
 
 POOL = "serve-a"
@@ -20,7 +20,7 @@ SELECTOR = f"elastune.dev/warmpool={POOL}"
 
 
 def openai_client(world: PodWorld, timeout: float = 60) -> OpenAI:
-    return OpenAI(base_url=gateway_url(world), api_key="unused", max_retries=0, timeout=timeout)
+    return OpenAI(base_url=gateway_url(world), api_key=API_KEY, max_retries=0, timeout=timeout)
 
 
 def adapter_status(world: PodWorld, name: str) -> dict[str, Any]:
@@ -37,10 +37,16 @@ def test_a_request_for_a_pool_at_zero_waits_and_is_answered_from_a_worker_pods_a
     world.apply(warm_pool(POOL, volumes=[{"claimName": "adapters"}], serving={"minReplicas": 0}))
     client = openai_client(world, timeout=300)
     deadline = time.monotonic() + 60
-    while MODEL not in {m.id for m in client.models.list().data}:  # the pool's model is known at zero
+    while MODEL not in served(client):  # the key is published and the pool's model is known at zero
         assert time.monotonic() < deadline, "the gateway never listed the pool's model"
         time.sleep(1)
     assert not world.pods(TENANT, SELECTOR), "a pool at zero has pods"
+    anonymous = OpenAI(base_url=gateway_url(world), api_key="not-a-key", max_retries=0, timeout=30)
+    try:
+        anonymous.models.list()
+        raise AssertionError("the chart's gateway answered a request without a valid key")
+    except AuthenticationError:
+        pass
     out = client.completions.create(model=MODEL, prompt="12 km →", max_tokens=4, temperature=0)
     assert out.choices[0].text, out
     workers = world.wait_ready(TENANT, SELECTOR, timeout=10)  # the request waited for this pod

@@ -13,7 +13,7 @@ from typing import Any
 from kubernetes import client
 from openai import OpenAI
 
-from conftest import MODEL, TENANT, gateway_url, warm_pool
+from conftest import API_KEY, MODEL, TENANT, gateway_url, served, warm_pool
 from elastune_testing.podworld import PodWorld
 
 DATA = Path(__file__).resolve().parents[2] / "manifests" / "data" / "extract.jsonl"
@@ -117,9 +117,9 @@ def test_a_tuning_job_on_a_worker_pod_publishes_an_artifact_other_pods_read(worl
     ):
         assert time.monotonic() < deadline, "no new worker pod"
         time.sleep(0.5)
-    api = OpenAI(base_url=gateway_url(world), api_key="unused", max_retries=0, timeout=60)
+    api = OpenAI(base_url=gateway_url(world), api_key=API_KEY, max_retries=0, timeout=60)
     deadline = time.monotonic() + 120
-    while "author-prompt" not in {m.id for m in api.models.list().data}:
+    while "author-prompt" not in served(api):
         assert time.monotonic() < deadline, (
             "the published prompt never reached the gateway: "
             + json.dumps(custom_object(world, "loraadapters", "author-prompt").get("status"))
