@@ -218,16 +218,17 @@ def test_an_assignment_the_engine_refuses_to_co_serve_is_tuned_dedicated_and_say
     from elastune_worker.serving.config import EngineConfig
     from elastune_worker.serving.coserve_task import CoServeRefused, CoServeRequest
     from elastune_worker.serving.engine import LLMEngine
-    from elastune_worker.serving.streams import engine_call
+    from elastune_worker.serving.engine_loop import engine_call
+    from elastune_worker.serving.messages import EngineOp
     from elastune_worker.tuning.trainer import TuningConfig
 
     engine = LLMEngine(model, EngineConfig(kv_cache_tokens=1024))
     records = tiny_tasks.make_task(TASK, n_train=8, n_eval=2, seed=1)
     long_job = TuningConfig(max_iterations=1000, virtual_tokens=4, max_length=48)
     busy = CoServeRequest("other", long_job, list(records.train), [], str(tmp_path / "o"))
-    engine_call(engine, "coserve_start", busy)
+    engine_call(engine, EngineOp.COSERVE_START, busy)
     with pytest.raises(CoServeRefused, match="already co-serves"):
-        engine_call(engine, "coserve_start", busy)
+        engine_call(engine, EngineOp.COSERVE_START, busy)
 
     bus = Bus(redis_server.url, f"refuse{time.time_ns()}")
     call = lambda op, arg: engine_call(engine, op, arg)  # noqa: E731 - the engine runs in this process

@@ -40,6 +40,7 @@ from elastune_worker.comm import (
 )
 from elastune_worker.server.metrics import WorkerMetrics
 from elastune_worker.server.models import LoadedModel, ModelLoadError, load_model
+from elastune_worker.serving.messages import EngineOp
 from elastune_worker.storage import s3
 from elastune_worker.tuning.data import DatasetError, load_dataset, split
 from elastune_worker.tuning.trainer import CheckpointMismatch, StepInfo, Trainer, TuningConfig
@@ -76,7 +77,7 @@ class AgentConfig:
     """What the worker serves right now, published with every heartbeat."""
     on_heartbeat: Callable[[], None] | None = None
     """Runs before each heartbeat's publish (applies the control plane's adapter placement)."""
-    engine_call: Callable[[], Callable[[str, Any], Any] | None] | None = None
+    engine_call: Callable[[], Callable[[EngineOp, Any], Any] | None] | None = None
     """A call into the serving engine (run between its steps), or None while no engine serves:
     co-served assignments run through it."""
 
@@ -227,7 +228,7 @@ class Agent:
             self._set(state=WorkerState.READY, job=None, attempt=None, rank=None, world=None)
         return outcome
 
-    def _engine_call(self) -> Callable[[str, Any], Any] | None:
+    def _engine_call(self) -> Callable[[EngineOp, Any], Any] | None:
         return self.cfg.engine_call() if self.cfg.engine_call is not None else None
 
     def _train(self, a: Assignment, coserve: bool = False) -> None:
@@ -372,7 +373,7 @@ class Agent:
     def _coserve(
         self,
         a: Assignment,
-        call: Callable[[str, Any], Any],
+        call: Callable[[EngineOp, Any], Any],
         cfg: TuningConfig,
         train: list,
         evals: list,
@@ -390,7 +391,7 @@ class Agent:
             collective_timeout_s=a.collective_timeout_s,
         )  # fmt: skip
         lead = a.rank == 0
-        p = call("coserve_start", req)  # raises CoServeRefused before anything ran
+        p = call(EngineOp.COSERVE_START, req)  # raises CoServeRefused before anything ran
         self._post(self._event(a, "started", coserved=True))
         if lead:
             self._post(
@@ -405,10 +406,10 @@ class Agent:
         reported, t_reported = p.iterations, time.monotonic()
         while not p.done:
             if cancelled() or self._stop.is_set():
-                call("coserve_stop", None)
+                call(EngineOp.COSERVE_STOP, None)
                 raise Cancelled()
             time.sleep(poll_s)
-            p = call("coserve_poll", None)
+            p = call(EngineOp.COSERVE_POLL, None)
             if p.iterations - reported >= a.progress_every or (p.done and p.iterations > reported):
                 now = time.monotonic()
                 self.metrics.steps.inc(p.iterations - reported)
@@ -421,9 +422,9 @@ class Agent:
                     )  # fmt: skip
                 reported, t_reported = p.iterations, now
         if p.dropped is not None:
-            call("coserve_stop", None)
+            call(EngineOp.COSERVE_STOP, None)
             raise RuntimeError(f"the serving engine gave the co-served job up: {p.dropped}")
-        r = call("coserve_finish", a.artifact_dir)
+        r = call(EngineOp.COSERVE_FINISH, a.artifact_dir)
         if r is None:  # not rank 0
             return
         _upload(a, r.artifact, published)

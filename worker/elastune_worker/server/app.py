@@ -41,6 +41,7 @@ from elastune_worker.serving.api.app import create_app
 from elastune_worker.serving.api.metrics import ServingMetrics
 from elastune_worker.serving.client import EngineServingClient
 from elastune_worker.serving.config import EngineConfig
+from elastune_worker.serving.messages import EngineOp
 from elastune_worker.serving.server import (
     add_engine_args,
     engine_config,
@@ -226,7 +227,7 @@ def main(argv: list[str] | None = None) -> int:
             adapter.load_seconds = placement.load_seconds.get(adapter.name)
         return state
 
-    def engine_call() -> Callable[[str, Any], Any] | None:
+    def engine_call() -> Callable[[EngineOp, Any], Any] | None:
         client = serving.get("client")
         if client is None:
             return None

@@ -1,4 +1,5 @@
-"""The engine behind the OpenAI API: ``AsyncEngine`` as an ``api.client.EngineClient``."""
+"""The engine behind the OpenAI API: ``AsyncEngine`` or ``ProcessEngine`` as an ``api.client.EngineClient``
+(the API hands the engine its own ``SamplingParams`` and reads its ``RequestOutput``s)."""
 
 from __future__ import annotations
 
@@ -9,10 +10,11 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from elastune_contract.protocol import AdapterState, ServingCost, ServingState
-from elastune_worker.serving.api.client import GenerationDelta, GenerationParams
 from elastune_worker.serving.config import EngineConfig
-from elastune_worker.serving.engine import EngineStats, RequestOutput
+from elastune_worker.serving.engine import EngineStats
 from elastune_worker.serving.lora.manager import AdapterInfo
+from elastune_worker.serving.messages import EngineOp
+from elastune_worker.serving.outputs import RequestOutput
 from elastune_worker.serving.sampling import SamplingParams
 
 #: Used when a model ships no chat template (GPT-2): role-tagged turns, then the assistant's tag.
@@ -42,7 +44,7 @@ class RunningEngine(Protocol):
 
     def stats(self) -> EngineStats: ...
 
-    async def call(self, op: str, arg: Any) -> Any: ...
+    async def call(self, op: EngineOp, arg: Any = None) -> Any: ...
 
 
 @dataclass(frozen=True)
@@ -78,34 +80,16 @@ class EngineServingClient:
         text = "".join(FALLBACK_CHAT_TEMPLATE.format(**t) for t in turns) + "assistant:"
         return self.encode(text)
 
-    async def generate(
+    def generate(
         self,
         request_id: str,
         prompt_token_ids: list[int],
-        params: GenerationParams,
+        params: SamplingParams,
         priority: int,
         lora: str | None = None,
-    ) -> AsyncGenerator[GenerationDelta, None]:
+    ) -> AsyncGenerator[RequestOutput, None]:
         self.last_request_at = time.time()
-        sampling = SamplingParams(
-            max_tokens=params.max_tokens,
-            temperature=params.temperature,
-            top_p=params.top_p,
-            top_k=params.top_k,
-            seed=params.seed,
-            stop=params.stop,
-            stop_token_ids=params.stop_token_ids,
-            ignore_eos=params.ignore_eos,
-        )
-        outputs = self.engine.generate(request_id, prompt_token_ids, sampling, priority=priority, lora=lora)
-        try:
-            async for o in outputs:
-                yield GenerationDelta(
-                    o.text, o.new_token_ids, o.finished, o.finish_reason, o.prompt_tokens,
-                    o.completion_tokens, o.cached_tokens,
-                )  # fmt: skip
-        finally:
-            await outputs.aclose()  # aborts the request if it is unfinished
+        return self.engine.generate(request_id, prompt_token_ids, params, priority=priority, lora=lora)
 
     def serving_state(self) -> ServingState:
         """What the worker publishes with its heartbeat for the gateway."""
@@ -144,7 +128,7 @@ class EngineServingClient:
         """Registers an adapter or soft prompt; a failure is kept (published with the worker's record)
         until the next load succeeds."""
         try:
-            info: AdapterInfo = await self.engine.call("load_lora", (name, path))
+            info: AdapterInfo = await self.engine.call(EngineOp.LOAD_LORA, (name, path))
         except Exception as exc:
             self.adapter_error = f"{name} ({path}): {exc}"
             raise
@@ -152,7 +136,7 @@ class EngineServingClient:
         return info
 
     async def unload_lora(self, name: str) -> None:
-        await self.engine.call("unload_lora", name)
+        await self.engine.call(EngineOp.UNLOAD_LORA, name)
 
     def stats(self) -> dict[str, float]:
         s = dataclasses.asdict(self.engine.stats())

@@ -21,6 +21,7 @@ from elastune_worker.serving.lora.manager import AdapterInfo, LoRAManager
 from elastune_worker.serving.lora.storage import resolve_artifact
 from elastune_worker.serving.lora.weights import AdapterError, LoRAWeights
 from elastune_worker.serving.model_runner import ModelRunner
+from elastune_worker.serving.outputs import RequestOutput
 from elastune_worker.serving.sampling import SamplingParams
 from elastune_worker.serving.scheduler import Scheduler, SchedulerOutput
 from elastune_worker.serving.sequence import Sequence
@@ -32,26 +33,6 @@ from elastune_worker.serving.soft_prompts import (
 )
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(slots=True)
-class RequestOutput:
-    request_id: str
-    new_token_ids: list[int]
-    text: str
-    """Text added by this step (stop strings trimmed)."""
-    finished: bool
-    finish_reason: str | None
-    """stop | length | abort once finished."""
-    prompt_tokens: int
-    completion_tokens: int
-    cached_tokens: int
-    error: str | None = None
-    """Set when this request failed inside a step (finished, reason abort): the others went on."""
-
-
-class RequestFailed(RuntimeError):
-    """One request failed inside a step (sampling, its adapter or soft prompt); the others go on."""
 
 
 @dataclass

@@ -3,15 +3,14 @@ SSE chunks, sockets) and the engine's Python (scheduling, batching, detokenizing
 instead of taking turns on one interpreter lock.
 
 The parent keeps the same interface as ``AsyncEngine`` (``generate`` yields ``RequestOutput``s; leaving
-early aborts). Commands go to the child over one pipe; after every step the child sends the step's
-outputs and its stats back over another, read by a thread of the parent that hands each output to
-its request's asyncio queue.
+early aborts). The child runs the same engine loop (engine_loop.py); the typed messages (messages.py)
+go to it over one pipe and come back over another (after every step: the step's outputs and its
+stats), read by a thread of the parent that hands each output to its request's asyncio queue.
 """
 
 from __future__ import annotations
 
 import contextlib
-import logging
 import multiprocessing as mp
 import threading
 from multiprocessing.connection import Connection
@@ -21,15 +20,19 @@ from typing import Any
 from elastune_worker.serving.config import EngineConfig
 from elastune_worker.serving.cpu_binding import bind_process
 from elastune_worker.serving.engine import EngineStats, LLMEngine
+from elastune_worker.serving.engine_loop import EngineLoop
+from elastune_worker.serving.messages import (
+    EngineInput,
+    EngineOutput,
+    EngineReady,
+    EngineStartFailed,
+    Shutdown,
+)
 from elastune_worker.serving.model_runner import pick_device
 from elastune_worker.serving.profile import profile_costs
-from elastune_worker.serving.streams import Command, RequestStreams, engine_call
+from elastune_worker.serving.streams import EngineError, RequestStreams
 
-log = logging.getLogger("elastune.serving")
-
-
-class EngineError(RuntimeError):
-    """The engine process failed or is gone."""
+__all__ = ["EngineError", "ProcessEngine"]
 
 
 def _child(
@@ -52,53 +55,23 @@ def _child(
         engine = LLMEngine(Path(path), config)
         cost = engine.cost = profile_costs(engine)
     except Exception as exc:
-        results.send(("failed", f"{type(exc).__name__}: {exc}"))
+        results.send(EngineStartFailed(f"{type(exc).__name__}: {exc}"))
         return
-    ready = (engine.max_model_len, engine.vocab_size, cost, cpus if bound else None, torch.get_num_threads())
-    results.send(("ready", ready))
-    # The stats before any request (adapter slots, KV capacity): the registry record and the control
-    # plane's placement read them before the first request arrives.
-    results.send(("stats", engine.stats()))
-    fresh = True  # the parent's stats reflect the engine's state
-    while True:
-        idle = not engine.has_work()
-        if idle and not fresh:  # about to block: the last aborts/finishes must show in the metrics
-            results.send(("stats", engine.stats()))
-            fresh = True
-        if idle or commands.poll(0):
-            fresh = False
-            try:
-                kind, arg = commands.recv()
-            except EOFError:
-                return
-            if kind == "stop":
-                return
-            if kind == "add":
-                rid, prompt, params, priority, extra_key, lora = arg
-                try:
-                    engine.add_request(rid, prompt, params, priority=priority, extra_key=extra_key, lora=lora)
-                except Exception as exc:
-                    results.send(("error", (rid, f"{exc}")))
-            elif kind == "abort":
-                engine.abort(arg)
-            elif kind == "call":
-                token, op, call_arg = arg
-                try:
-                    result, error = engine_call(engine, op, call_arg), None
-                except Exception as exc:
-                    result, error = None, exc
-                # The stats travel with the reply: the caller sees the change once its call returns.
-                results.send(("reply", (token, error, result, engine.stats())))
-            continue  # drain every pending command before the next step
+    threads = torch.get_num_threads()
+    results.send(EngineReady(engine.max_model_len, engine.vocab_size, cost, cpus if bound else None, threads))
+
+    def receive(block: bool) -> EngineInput | None:
+        if not block and not commands.poll(0):
+            return None
         try:
-            outputs = engine.step()
-        except Exception as exc:  # a bug in a step: fail the requests in flight, keep serving
-            log.exception("engine step failed")
-            for rid in list(engine.scheduler.requests):
-                engine.abort(rid)
-                results.send(("failed", (rid, f"engine step failed: {type(exc).__name__}: {exc}")))
-            continue
-        results.send(("step", (outputs, engine.stats())))
+            msg: EngineInput = commands.recv()
+        except EOFError:  # the parent is gone
+            return Shutdown()
+        return msg
+
+    # Idle at first: the loop sends the stats before any request (adapter slots, KV capacity), which
+    # the registry record and the control plane's placement read before the first request arrives.
+    EngineLoop(engine, receive, results.send).run()
 
 
 class ProcessEngine(RequestStreams):
@@ -127,10 +100,11 @@ class ProcessEngine(RequestStreams):
             daemon=True,
         )
         self.proc.start()
-        kind, arg = self._results.recv()
-        if kind != "ready":
-            raise EngineError(f"the engine process failed to start: {arg}")
-        self.max_model_len, self.vocab_size, self.cost, self.engine_cpus, self.engine_threads = arg
+        ready: EngineReady | EngineStartFailed = self._results.recv()
+        if isinstance(ready, EngineStartFailed):
+            raise EngineError(f"the engine process failed to start: {ready.message}")
+        self.max_model_len, self.vocab_size, self.cost = ready.max_model_len, ready.vocab_size, ready.cost
+        self.engine_cpus, self.engine_threads = ready.cpus, ready.threads
         if tokenizer is None:
             from transformers import AutoTokenizer
 
@@ -144,12 +118,9 @@ class ProcessEngine(RequestStreams):
     def encode(self, prompt: str) -> list[int]:
         return list(self.tokenizer(prompt)["input_ids"])
 
-    def stats(self) -> EngineStats:
-        return self._stats
-
-    def _send(self, cmd: Command) -> None:
+    def _send(self, msg: EngineInput) -> None:
         with self._send_lock:
-            self._commands.send(cmd)
+            self._commands.send(msg)
 
     def _can_abort(self) -> bool:
         return self.proc.is_alive()
@@ -157,23 +128,10 @@ class ProcessEngine(RequestStreams):
     def _read(self) -> None:
         while True:
             try:
-                kind, arg = self._results.recv()
+                msg: EngineOutput = self._results.recv()
             except (EOFError, OSError):
                 break
-            if kind == "step":
-                outputs, self._stats = arg
-                self._deliver_many(outputs)
-            elif kind == "stats":
-                self._stats = arg
-            elif kind == "error":  # the request was refused (bad input): the caller's 4xx
-                rid, message = arg
-                self._deliver(rid, ValueError(message))
-            elif kind == "failed":  # the engine failed while running it
-                rid, message = arg
-                self._deliver(rid, EngineError(message))
-            elif kind == "reply":
-                token, error, result, self._stats = arg
-                self._resolve(token, error, result)
+            self._receive(msg)
         self._fail_calls(EngineError("the engine process exited"))
         for rid in self._waiting():  # the engine process died: nobody waits forever
             self._deliver(rid, EngineError("the engine process exited"))
@@ -181,7 +139,7 @@ class ProcessEngine(RequestStreams):
     def close(self) -> None:
         if self.proc.is_alive():
             with contextlib.suppress(OSError):
-                self._send(("stop", None))
+                self._send(Shutdown())
             self.proc.join(timeout=10)
         if self.proc.is_alive():
             self.proc.kill()

@@ -1,5 +1,7 @@
 """The caller side of an engine that runs elsewhere (a thread or a process): one asyncio queue per
-request, filled from the engine's side, read by ``generate``; leaving ``generate`` early aborts."""
+request, filled from the engine's side, read by ``generate``; leaving ``generate`` early aborts. What
+crosses to the engine and back are the typed messages of ``messages.py``; the engine's side is
+``engine_loop.EngineLoop``."""
 
 from __future__ import annotations
 
@@ -8,25 +10,49 @@ import threading
 import uuid
 from collections.abc import AsyncGenerator
 from concurrent.futures import Future
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from elastune_worker.serving.engine import RequestFailed, RequestOutput
+from elastune_worker.serving.messages import (
+    AbortRequest,
+    AddRequest,
+    CallReply,
+    EngineCall,
+    EngineInput,
+    EngineOp,
+    EngineOutput,
+    RequestErrored,
+    RequestRefused,
+    StatsUpdate,
+    StepOutputs,
+)
+from elastune_worker.serving.outputs import RequestFailed, RequestOutput
 from elastune_worker.serving.sampling import SamplingParams
 
-Command = tuple[str, Any]
+if TYPE_CHECKING:
+    from elastune_worker.serving.engine import EngineStats
+
+
+class EngineError(RuntimeError):
+    """The engine failed while it ran a request, or it is gone."""
 
 
 class RequestStreams:
-    """Subclasses send commands to their engine (``_send``) and call ``_deliver`` / ``_deliver_many``
-    from the thread that receives the engine's outputs."""
+    """Subclasses send messages to their engine (``_send``) and hand each message of the engine to
+    ``_receive``, from the thread that gets them."""
 
     def __init__(self) -> None:
         self._sinks: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue[Any]]] = {}
         self._calls: dict[str, Future[Any]] = {}
         self._lock = threading.Lock()
+        self._stats: EngineStats | None = None
 
-    def _send(self, cmd: Command) -> None:
+    def _send(self, msg: EngineInput) -> None:
         raise NotImplementedError
+
+    def stats(self) -> EngineStats:
+        """The engine's stats after its last step, idle moment or call."""
+        assert self._stats is not None, "the engine has sent no stats yet"
+        return self._stats
 
     def _can_abort(self) -> bool:
         return True
@@ -49,7 +75,7 @@ class RequestStreams:
             self._sinks[request_id] = (loop, sink)
         finished = False
         try:
-            self._send(("add", (request_id, prompt, params, priority, extra_key, lora)))
+            self._send(AddRequest(request_id, prompt, params, priority, extra_key, lora))
             while True:
                 item = await sink.get()
                 if isinstance(item, BaseException):
@@ -65,26 +91,41 @@ class RequestStreams:
             with self._lock:
                 self._sinks.pop(request_id, None)
             if not finished and self._can_abort():
-                self._send(("abort", request_id))
+                self._send(AbortRequest(request_id))
 
-    async def call(self, op: str, arg: Any) -> Any:
-        """Run ``engine_call(engine, op, arg)`` on the engine's side (between steps) and return its result
-        (or raise its exception): adapter management."""
+    async def call(self, op: EngineOp, arg: Any = None) -> Any:
+        """Run ``op`` on the engine (between steps: ``engine_loop.engine_call``) and return its result
+        (or raise its exception): adapter management, co-served tuning."""
         fut: Future[Any] = Future()
-        token = uuid.uuid4().hex
+        call_id = uuid.uuid4().hex
         with self._lock:
-            self._calls[token] = fut
-        self._send(("call", (token, op, arg)))
+            self._calls[call_id] = fut
+        self._send(EngineCall(call_id, op, arg))
         return await asyncio.wrap_future(fut)
 
-    def _resolve(self, token: str, error: BaseException | None, result: Any) -> None:
+    def _receive(self, msg: EngineOutput) -> None:
+        """A message of the engine, on the thread that receives them."""
+        if isinstance(msg, StepOutputs):
+            self._stats = msg.stats
+            self._deliver_many(msg.outputs)
+        elif isinstance(msg, StatsUpdate):
+            self._stats = msg.stats
+        elif isinstance(msg, RequestRefused):  # the caller's 4xx
+            self._deliver(msg.request_id, ValueError(msg.message))
+        elif isinstance(msg, RequestErrored):  # the engine failed while running it
+            self._deliver(msg.request_id, EngineError(msg.message))
+        elif isinstance(msg, CallReply):
+            self._stats = msg.stats  # before the caller resumes: it sees the change
+            self._resolve(msg)
+
+    def _resolve(self, reply: CallReply) -> None:
         with self._lock:
-            fut = self._calls.pop(token, None)
+            fut = self._calls.pop(reply.call_id, None)
         if fut is not None:
-            if error is not None:
-                fut.set_exception(error)
+            if reply.error is not None:
+                fut.set_exception(reply.error)
             else:
-                fut.set_result(result)
+                fut.set_result(reply.result)
 
     def _fail_calls(self, error: BaseException) -> None:
         with self._lock:
@@ -122,44 +163,11 @@ class RequestStreams:
                     del self._sinks[rid]
             if self._can_abort():
                 for rid in dead:
-                    self._send(("abort", rid))
+                    self._send(AbortRequest(rid))
 
     def _waiting(self) -> list[str]:
         with self._lock:
             return list(self._sinks)
-
-
-def engine_call(engine: Any, op: str, arg: Any) -> Any:
-    """The engine-side half of ``RequestStreams.call`` (``engine`` is an ``LLMEngine``)."""
-    if op == "load_lora":
-        name, path = arg
-        return engine.load_lora(name, path)
-    if op == "unload_lora":
-        return engine.unload_lora(arg)
-    if op.startswith("coserve_"):
-        return _coserve_call(engine, op, arg)
-    raise ValueError(f"unknown engine call {op!r}")
-
-
-def _coserve_call(engine: Any, op: str, arg: Any) -> Any:
-    """A co-served tuning assignment (serving.coserve_task): start, poll, finish, stop."""
-    from elastune_worker.serving.coserve_task import CoServeTask
-
-    if op == "coserve_start":
-        engine.coserve_task = CoServeTask(engine, arg)
-        return engine.coserve_task.poll()
-    task = engine.coserve_task
-    if task is None:
-        raise RuntimeError("no co-served job on this engine")
-    if op == "coserve_poll":
-        return task.poll()
-    engine.coserve_task = None
-    if op == "coserve_finish":
-        return task.finish(arg)
-    if op == "coserve_stop":
-        task.stop()
-        return None
-    raise ValueError(f"unknown engine call {op!r}")
 
 
 def _put_all(items: list[tuple[asyncio.Queue[Any], Any]]) -> None:

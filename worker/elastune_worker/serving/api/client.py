@@ -8,39 +8,10 @@ lets tests name exactly what they exercise.
 from __future__ import annotations
 
 from collections.abc import AsyncGenerator, Sequence
-from dataclasses import dataclass, field
 from typing import Protocol
 
-
-@dataclass(frozen=True, slots=True)
-class GenerationParams:
-    """Sampling and stopping, as the API validated them."""
-
-    max_tokens: int
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = -1
-    seed: int | None = None
-    stop: tuple[str, ...] = ()
-    stop_token_ids: tuple[int, ...] = ()
-    ignore_eos: bool = False
-
-
-@dataclass(slots=True)
-class GenerationDelta:
-    """What one engine step added to one request."""
-
-    text: str
-    """New text (stop strings already trimmed)."""
-    token_ids: list[int] = field(default_factory=list)
-    finished: bool = False
-    finish_reason: str | None = None
-    """stop | length | abort once finished."""
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    """Generated tokens so far, this delta included."""
-    cached_tokens: int = 0
-    """Prompt tokens served from the prefix cache."""
+from elastune_worker.serving.outputs import RequestOutput
+from elastune_worker.serving.sampling import SamplingParams
 
 
 class AdapterView(Protocol):
@@ -81,12 +52,12 @@ class EngineClient(Protocol):
         self,
         request_id: str,
         prompt_token_ids: list[int],
-        params: GenerationParams,
+        params: SamplingParams,
         priority: int,
         lora: str | None = None,
-    ) -> AsyncGenerator[GenerationDelta, None]:
-        """Deltas until one is finished (with LoRA adapter ``lora`` when given). Closing the iterator
-        early aborts the request and frees its KV blocks (a client that disconnects)."""
+    ) -> AsyncGenerator[RequestOutput, None]:
+        """The engine's outputs until one is finished (with LoRA adapter ``lora`` when given). Closing the
+        iterator early aborts the request and frees its KV blocks (a client that disconnects)."""
         ...
 
     def adapters(self) -> Sequence[AdapterView]:

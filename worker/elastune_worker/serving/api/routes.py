@@ -31,8 +31,10 @@ from elastune_contract.openai_api.protocol import (
     UnloadLoRAAdapterRequest,
     _Request,
 )
-from elastune_worker.serving.api.client import EngineBusy, EngineClient, GenerationDelta, GenerationParams
+from elastune_worker.serving.api.client import EngineBusy, EngineClient
 from elastune_worker.serving.api.metrics import ServingMetrics
+from elastune_worker.serving.outputs import RequestOutput
+from elastune_worker.serving.sampling import SamplingParams
 
 _ERRORS: dict[int | str, dict[str, Any]] = {
     code: {"model": ErrorResponse, "description": why}
@@ -187,7 +189,7 @@ def _refuse_unsupported(body: _Request) -> None:
 
 def _params(
     body: _Request, max_tokens: int | None, prompt_len: int, context: int, engine: EngineClient
-) -> GenerationParams:
+) -> SamplingParams:
     """The request's sampling, every value checked here (the numbers' ranges in the request model, the
     token ids against the vocabulary): nothing reaches the engine that could fail a step."""
     vocab = getattr(engine, "vocab_size", None)
@@ -211,16 +213,19 @@ def _params(
             f"completion). Reduce the prompt or max_tokens (at most {room} here).",
             "max_tokens",
         )
-    return GenerationParams(
-        max_tokens=max_tokens if max_tokens is not None else room,
-        temperature=body.temperature,
-        top_p=body.top_p,
-        top_k=body.top_k,
-        seed=body.seed,
-        stop=tuple(body.stop or ()),
-        stop_token_ids=tuple(body.stop_token_ids or ()),
-        ignore_eos=body.ignore_eos,
-    )
+    try:
+        return SamplingParams(
+            max_tokens=max_tokens if max_tokens is not None else room,
+            temperature=body.temperature,
+            top_p=body.top_p,
+            top_k=body.top_k,
+            seed=body.seed,
+            stop=tuple(body.stop or ()),
+            stop_token_ids=tuple(body.stop_token_ids or ()),
+            ignore_eos=body.ignore_eos,
+        )
+    except ValueError as exc:  # the request model checks these ranges first: this is a backstop
+        raise APIError(400, str(exc)) from exc
 
 
 class _Run:
@@ -231,7 +236,7 @@ class _Run:
         engine: EngineClient,
         rid: str,
         ids: list[int],
-        params: GenerationParams,
+        params: SamplingParams,
         priority: int,
         metrics: ServingMetrics | None,
         lora: str | None = None,
@@ -240,9 +245,9 @@ class _Run:
         self.metrics, self.lora = metrics, lora
         self.start = time.perf_counter()
         self.first: float | None = None
-        self.last = GenerationDelta(text="", prompt_tokens=len(ids))
+        self.last = RequestOutput(rid, [], "", False, None, len(ids), 0, 0)
 
-    async def deltas(self) -> AsyncGenerator[GenerationDelta, None]:
+    async def deltas(self) -> AsyncGenerator[RequestOutput, None]:
         it = self.engine.generate(self.rid, self.ids, self.params, self.priority, self.lora)
         try:
             async for d in _refusals_as_400(it):
@@ -287,8 +292,8 @@ class _Run:
 
 
 async def _refusals_as_400(
-    it: AsyncGenerator[GenerationDelta, None],
-) -> AsyncGenerator[GenerationDelta, None]:
+    it: AsyncGenerator[RequestOutput, None],
+) -> AsyncGenerator[RequestOutput, None]:
     """The engine refuses a request with ValueError (input it cannot take): that is the client's 400.
     A failure while it ran (RuntimeError: it failed inside a step, the engine is gone) is a 500 that
     says what failed."""
