@@ -183,3 +183,44 @@ def test_engine_call_takes_only_typed_operations():
     assert engine_call(engine, M.EngineOp.LOAD_LORA, ("x", "/p")) == "x@/p"  # type: ignore[arg-type]
     with pytest.raises(RuntimeError, match="no co-served job"):
         engine_call(engine, M.EngineOp.COSERVE_STOP, None)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("where", ["thread", "process"])
+def test_both_engines_answer_the_same_across_their_boundary(where):
+    """The thread and the process run the same loop: a refusal is the caller's ValueError, a call's
+    exception comes back as itself, outputs stream until finished, the stats follow."""
+    pytest.importorskip("torch")
+    import asyncio
+
+    from elastune_worker.serving.async_engine import AsyncEngine
+    from elastune_worker.serving.config import EngineConfig
+    from elastune_worker.serving.engine import LLMEngine
+    from elastune_worker.serving.engine_process import ProcessEngine
+    from elastune_worker.tiny import build as B
+
+    path = B.ensure_tiny_model()
+    config = EngineConfig(kv_cache_tokens=1024)
+    eng = AsyncEngine(LLMEngine(path, config)) if where == "thread" else ProcessEngine(path, config)
+
+    async def collect(rid: str, prompt: list[int], lora: str | None = None) -> list[RequestOutput]:
+        return [o async for o in eng.generate(rid, prompt, PARAMS, lora=lora)]
+
+    async def main() -> None:
+        with pytest.raises(ValueError, match="the prompt is empty"):
+            await collect("empty", [])
+        with pytest.raises(ValueError, match="adapter 'nope' cannot serve"):
+            await collect("no-adapter", [1, 2], lora="nope")
+        with pytest.raises(KeyError, match="nope"):
+            await eng.call(M.EngineOp.UNLOAD_LORA, "nope")
+        outs = await collect("ok", [1, 2, 3])
+        assert outs[-1].finished and sum(len(o.new_token_ids) for o in outs) == outs[-1].completion_tokens
+        for _ in range(100):
+            if eng.stats().steps > 0 and eng.stats().num_requests_running == 0:
+                break
+            await asyncio.sleep(0.02)
+        assert eng.stats().steps > 0 and eng.stats().num_requests_running == 0
+
+    try:
+        asyncio.run(main())
+    finally:
+        eng.close()
