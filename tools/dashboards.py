@@ -349,7 +349,25 @@ def jobs_and_slos() -> dashboard_builders.Dashboard:
                     "Unexpected errors in reconcile handlers over the window (the object is retried).",
                     "short",
                     [(f"sum by (handler) ({increase('elastune_handler_errors_total')})", "{{handler}}")],
-                    span=24,
+                    bars=True,
+                ),
+                graph(
+                    "Registry: re-assertions, poison records, returning workers",
+                    "What the control plane rewrote in Redis (periodic, after a reconnect, after Redis lost "
+                    "it), malformed entries it skipped by kind, and workers used again after their record "
+                    "had expired, over the window.",
+                    "short",
+                    [
+                        (
+                            f"sum by (why) ({increase('elastune_control_reasserts_total')})",
+                            "re-assert {{why}}",
+                        ),
+                        (
+                            f"sum by (kind) ({increase('elastune_control_poison_records_total')})",
+                            "poison {{kind}}",
+                        ),
+                        (f"sum ({increase('elastune_control_workers_returned_total')})", "workers returned"),
+                    ],
                     bars=True,
                 ),
             ],
@@ -1042,6 +1060,60 @@ def serving() -> dashboard_builders.Dashboard:
                             "{{outcome}}",
                         ),
                         ("max(elastune_gateway_length_predictor_configured)", "configured"),
+                    ],
+                    span=8,
+                ),
+            ],
+        ),
+        (
+            "Gateway: API keys and registry",
+            [
+                graph(
+                    "Requests and tokens per API key",
+                    "Answers per second by key (the Secret's namespace/name, never the key) and status, and "
+                    "tokens per second by kind.",
+                    "short",
+                    [
+                        (
+                            f"sum by (key, code) ({rate('elastune_gateway_key_requests_total')})",
+                            "{{key}} {{code}}",
+                        ),
+                        (
+                            f"sum by (key, kind) ({rate('elastune_gateway_key_tokens_total')})",
+                            "{{key}} {{kind}} tokens",
+                        ),
+                    ],
+                    span=8,
+                ),
+                graph(
+                    "Rate limited",
+                    "Requests refused with 429 per second by key and limit (requests or tokens per minute); "
+                    "limiter errors are requests let through while Redis could not count them.",
+                    "short",
+                    [
+                        (
+                            f"sum by (key, limit) ({rate('elastune_gateway_rate_limited_requests_total')})",
+                            "{{key}} {{limit}}",
+                        ),
+                        (f"sum({rate('elastune_gateway_rate_limit_errors_total')})", "limiter errors"),
+                    ],
+                    span=8,
+                ),
+                graph(
+                    "Registry view",
+                    "Age of the gateway's last good registry view (it routes from it while a refresh fails), "
+                    "failed refreshes per second, and malformed registry entries skipped by kind.",
+                    "short",
+                    [
+                        ("max(elastune_gateway_registry_age_seconds)", "view age (s)"),
+                        (
+                            f"sum({rate('elastune_gateway_registry_refresh_failures_total')})",
+                            "refresh failures",
+                        ),
+                        (
+                            f"sum by (kind) ({rate('elastune_gateway_poison_records_total')})",
+                            "poison {{kind}}",
+                        ),
                     ],
                     span=8,
                 ),
