@@ -38,4 +38,6 @@ def test_two_cheap_experiments_hold_and_are_written_as_json(
 
 def test_table_marks_lost_experiments() -> None:
     text = chaos.table({"a": chaos.Outcome(True, "fine"), "bb": chaos.Outcome(False, "404 for 80 s")})
-    assert "| a  | held | fine |" in text and "| bb | LOST | 404 for 80 s |" in text
+    rows = [[cell.strip() for cell in line.strip("|").split("|")] for line in text.splitlines()]
+    assert rows[0] == ["experiment", "held/lost", "what was seen"]
+    assert rows[2:] == [["a", "held", "fine"], ["bb", "LOST", "404 for 80 s"]]
