@@ -38,6 +38,7 @@ from elastune_operator.control.resources import (
 )
 from elastune_operator.local import s3_secrets
 from elastune_operator.local.backend import LocalBackend
+from elastune_operator.local.rounds import Rounds
 from elastune_operator.scheduling.policy import PolicyName
 
 log = logging.getLogger("elastune.run")
@@ -231,8 +232,9 @@ def run(opts: RunOptions, out: TextIO = sys.stdout, err: TextIO = sys.stderr) ->
         stop = install_stop()
         deadline = time.monotonic() + opts.timeout if opts.timeout else None
         last_draw = 0.0
+        rounds = Rounds(core, err)
         while not core.done():
-            core.tick()
+            rounds.tick()
             if stop.requested:
                 raise RunError("interrupted: jobs left unfinished (their checkpoints are kept)")
             if deadline is not None and time.monotonic() > deadline:

@@ -37,6 +37,7 @@ from elastune_operator.control.serving import AdapterRecord
 from elastune_operator.local import s3_secrets
 from elastune_operator.local.api_keys import KeyFileError, LocalKeys
 from elastune_operator.local.backend import LocalBackend
+from elastune_operator.local.rounds import Rounds
 from elastune_operator.local.run import RunError, connect_bus, install_stop, resolve_dataset
 
 KEYS_REREAD_S = 2.0
@@ -213,8 +214,9 @@ def serve(opts: ServeOptions, out: TextIO = sys.stdout, err: TextIO = sys.stderr
         stop = install_stop()
         deadline = time.monotonic() + opts.timeout if opts.timeout else None
         next_keys = time.monotonic() + KEYS_REREAD_S
+        rounds = Rounds(core, err)
         while not stop.requested and (deadline is None or time.monotonic() < deadline):
-            core.tick()
+            rounds.tick()
             if auth == "required" and time.monotonic() >= next_keys:
                 next_keys = time.monotonic() + KEYS_REREAD_S
                 try:
