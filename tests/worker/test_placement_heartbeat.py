@@ -88,3 +88,39 @@ def test_the_heartbeat_stays_fresh_while_a_placed_adapter_loads_slowly(bus: Bus)
         client.release.set()
         agent.stop()
         beat.join(timeout=10)
+
+
+class EngineLikeClient:
+    """What the engine holds, changed by loads and unloads from anyone (the placement or the HTTP API)."""
+
+    def __init__(self) -> None:
+        self.present: set[str] = set()
+        self.loads = 0
+
+    async def load_lora(self, name: str, path: str) -> None:
+        self.present.add(name)
+        self.loads += 1
+
+    async def unload_lora(self, name: str) -> None:
+        self.present.discard(name)
+
+    def adapters(self) -> list[Any]:
+        return [type("Info", (), {"name": n})() for n in sorted(self.present)]
+
+
+def test_a_placed_adapter_unloaded_behind_the_placements_back_is_loaded_again(
+    bus: Bus, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from elastune_worker.server import placement
+
+    monkeypatch.setattr(placement, "STATS_GRACE_SECONDS", 0.0, raising=False)
+    client = EngineLikeClient()
+    sync = AdapterSync(bus, "w-back", lambda: client)
+    bus.set_placement("w-back", {"units": PlacedAdapter(url="/adapters/units", tier="host")})
+    sync.sync()
+    assert client.present == {"units"} and client.loads == 1
+    client.present.discard("units")  # POST /v1/unload_lora_adapter with the control token
+    sync.sync()
+    assert client.present == {"units"} and client.loads == 2, "still placed here, so loaded again"
+    sync.sync()
+    assert client.loads == 2  # nothing to do while the engine has it

@@ -32,6 +32,8 @@ from elastune_worker.storage import s3
 
 log = logging.getLogger("elastune.worker")
 STORAGE_RETRY_SECONDS = 30.0
+STATS_GRACE_SECONDS = 3.0
+"""How old a load must be before the engine's adapter list (its last stats) may say it is gone."""
 
 
 class AdapterSync:
@@ -49,6 +51,7 @@ class AdapterSync:
         """Storage failures are retried (a Secret or object created, an endpoint back); others are not."""
         self.failed_urls: dict[str, str] = {}
         self.load_seconds: dict[str, float] = {}
+        self.loaded_at: dict[str, float] = {}
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
         self._start_lock = threading.Lock()
@@ -79,6 +82,7 @@ class AdapterSync:
         if client is None:
             return
         desired = self.bus.placement(self.worker_id)
+        self._forget_unloaded_elsewhere(client)
         for name in sorted(set(self.managed) - set(desired)):
             self._unload(client, name)
         for name, placed in desired.items():
@@ -98,6 +102,23 @@ class AdapterSync:
             self.retry_at.pop(name, None)
             self.failed_urls.pop(name, None)
 
+    def _forget_unloaded_elsewhere(self, client: Any) -> None:
+        """Level-triggered against the engine, not only against what this sync did: an adapter it loaded
+        that the engine no longer has (unloaded through /v1/unload_lora_adapter) is loaded again while
+        it stays placed here. The engine's list is a snapshot of its last stats, so a load younger than
+        STATS_GRACE_SECONDS is not judged by it."""
+        try:
+            present = {a.name for a in client.adapters()}
+        except Exception:  # the engine restarting: judge next pass
+            return
+        now = time.monotonic()
+        for name in [n for n in self.managed if n not in present]:
+            if now - self.loaded_at.get(name, now) >= STATS_GRACE_SECONDS:
+                log.warning(
+                    "placed adapter %s was unloaded behind the placement's back: loading it again", name
+                )
+                self.managed.pop(name, None)
+
     def _load(self, client: Any, name: str, placed: PlacedAdapter) -> None:
         t0 = time.perf_counter()
         try:
@@ -115,6 +136,7 @@ class AdapterSync:
             return
         self.load_seconds[name] = time.perf_counter() - t0
         self.managed[name] = placed.url
+        self.loaded_at[name] = time.monotonic()
         self.errors.pop(name, None)
         self.reasons.pop(name, None)
         self.retry_at.pop(name, None)
