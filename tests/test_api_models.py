@@ -488,7 +488,9 @@ def test_condition_constants_fit_the_schema() -> None:
     types = [value for key, value in vars(ConditionType).items() if key.isupper()]
     assert len(set(reasons)) == len(reasons) >= 20
     assert {"InvalidSpec", "UnknownModel", "DatasetNotFound", "LatencyBudgetExceeded"} <= set(reasons)
-    assert set(types) == {"Accepted", "Scheduled", "Running", "Succeeded", "Failed", "Ready", "Loaded", "Published"}
+    assert set(types) == {
+        "Accepted", "Scheduled", "Running", "Succeeded", "Failed", "Ready", "Loaded", "Published",
+    }  # fmt: skip
     for reason in reasons:
         for type_ in types:
             Condition(
