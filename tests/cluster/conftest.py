@@ -40,7 +40,14 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PodWorld]:
     root = tmp_path_factory.mktemp("podworld")
     with PodWorld.start(root, gpu_nodes=2) as w:
         # kopf peering needs the KopfPeering CRD the chart's hook creates; one operator runs standalone.
-        w.helm_install("operator.peering.enabled=false")
+        w.helm_install(
+            "operator.peering.enabled=false",
+            # Pods that cannot be scheduled fail their pool's jobs after 3 s here, not the default 60 s.
+            strings=(
+                "operator.extraEnv[0].name=ELASTUNE_POD_UNSCHEDULABLE_GRACE",
+                "operator.extraEnv[0].value=3",
+            ),
+        )
         for component in ("redis", "operator", "gateway"):
             w.wait_ready(RELEASE_NAMESPACE, f"app.kubernetes.io/component={component}", timeout=120)
         w.apply(

@@ -258,6 +258,26 @@ def test_a_pool_whose_pods_crash_loop_fails_its_job_with_CrashLoopBackOff(cluste
     wait_for("the crashing pool's pods gone", lambda: pool_pods_gone(world, "crashing"), 30)
 
 
+def test_a_pool_whose_pods_cannot_be_scheduled_fails_its_job_with_Unschedulable(cluster: PodWorld) -> None:
+    """Every emulated GPU node has one GPU; pods asking for two stay Pending, PodScheduled=False
+    Unschedulable (the chart's operator here waits ELASTUNE_POD_UNSCHEDULABLE_GRACE=3 s, not 60)."""
+    world = cluster
+    model = "elastune/tiny-llama-too-big"
+    pool = warm_pool(
+        "too-big", model=model, maxWarmGPUs=2, gpusPerPod=2, idleWindow="600s", volumes=_volumes()
+    )
+    world.apply(pool)
+    world.apply(tuning_job("too-big-job", model=model))
+    try:
+        job = wait_finished(world, "too-big-job", timeout=120)
+        assert_failed_with(job, Reason.UNSCHEDULABLE)
+        assert "Insufficient nvidia.com/gpu" in condition(job, C.SUCCEEDED)["message"], job["status"]
+        assert_operator_healthy(world)
+    finally:
+        delete(world, "warmpools", "too-big")
+    wait_for("the unschedulable pool's pods gone", lambda: pool_pods_gone(world, "too-big"), 30)
+
+
 # -- a worker pod killed mid-job ----------------------------------------------------------------------
 def test_a_worker_pod_killed_mid_job_resumes_from_its_newest_checkpoint_on_another_pod(
     cluster: PodWorld,

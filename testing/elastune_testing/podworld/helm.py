@@ -22,9 +22,12 @@ def helm_binary() -> str:
     return str(module.find_binary("helm"))
 
 
-def template(release: str, namespace: str, *sets: str) -> list[dict[str, Any]]:
+def template(release: str, namespace: str, *sets: str, strings: tuple[str, ...] = ()) -> list[dict[str, Any]]:
+    """``sets`` as --set, ``strings`` as --set-string (an env value of digits stays a string)."""
     argv = [helm_binary(), "template", release, str(CHART), "--namespace", namespace]
     for s in sets:
         argv += ["--set", s]
+    for s in strings:
+        argv += ["--set-string", s]
     out = subprocess.run(argv, check=True, capture_output=True, text=True).stdout
     return [d for d in yaml.safe_load_all(out) if d]

@@ -149,11 +149,13 @@ class PodWorld:
             if doc:
                 apply_object(self.api, doc, namespace)
 
-    def helm_install(self, *sets: str, release: str = "elastune") -> list[dict[str, Any]]:
+    def helm_install(
+        self, *sets: str, strings: tuple[str, ...] = (), release: str = "elastune"
+    ) -> list[dict[str, Any]]:
         """`helm template` of the chart, applied: the operator, gateway and Redis pods start from it."""
         from elastune_testing.podworld.helm import template
 
-        docs = template(release, RELEASE_NAMESPACE, *sets)
+        docs = template(release, RELEASE_NAMESPACE, *sets, strings=strings)
         self.apply(docs, RELEASE_NAMESPACE)
         return docs
 
