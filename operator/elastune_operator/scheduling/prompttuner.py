@@ -58,9 +58,13 @@ count so a job is never grown for twice);
 
 from __future__ import annotations
 
+import heapq
 import math
 from bisect import bisect_left, bisect_right
+from collections.abc import Iterable
 from dataclasses import dataclass, field
+from itertools import chain
+from operator import attrgetter
 from typing import Literal
 
 import numpy as np
@@ -210,22 +214,26 @@ class PromptTunerPolicy:
         if self._cache.fresh(state, now):
             return RoundDecision()
         r = self._begin(state, now)
-        hopeless: list[Job] = []
-        delayed: list[Job] = []
+        # Per LLM, the jobs Algorithm 1 left to Algorithm 2 (delayed) and to best effort (hopeless),
+        # each run in deadline order; consumed merged by deadline, lazily: the loops below usually stop
+        # after a few dozen jobs of a thousand (nothing left to grow with or reserve).
+        hopeless: list[Iterable[Job]] = []
+        delayed: list[Iterable[Job]] = []
+        needed: set[str] = set()
         for llm in state.pending:
-            self._warm_allocation(state, r, llm, hopeless, delayed)
+            self._warm_allocation(state, r, llm, hopeless, delayed, needed)
         if r.cold_free > 0 or any(r.free.values()):
             # Otherwise (exact shortcut) nothing is left to grow with, reserve or hand out, so
             # Algorithm 2 and best effort could not change this round's decision.
-            self._build_free_times(state, r, {j.llm for j in delayed} | {j.llm for j in hopeless})
-            delayed.sort(key=_deadline)
-            for job in delayed:
+            self._build_free_times(state, r, needed)
+            missed: list[Job] = []
+            for job in _by_deadline(delayed):
                 if r.cold_free <= 0 and r.total_unreserved <= 0:
                     break  # absorbing within a round: nothing left to grow with or to reserve
                 if self._cold_allocation(state, r, job) is _PROJECTED_MISS:
-                    hopeless.append(job)
-            hopeless.sort(key=_deadline)
-            for job in hopeless:
+                    missed.append(job)
+            hopeless.append(missed)  # in deadline order too, after the runs of equal deadlines
+            for job in _by_deadline(hopeless):
                 if r.cold_free <= 0 and r.total_unreserved <= 0:
                     break
                 self._best_effort(state, r, job)
@@ -260,8 +268,17 @@ class PromptTunerPolicy:
 
     # -- Algorithm 1 --------------------------------------------------------------------------------
     def _warm_allocation(
-        self, state: ClusterState, r: _Round, llm: str, hopeless: list[Job], delayed: list[Job]
+        self,
+        state: ClusterState,
+        r: _Round,
+        llm: str,
+        hopeless: list[Iterable[Job]],
+        delayed: list[Iterable[Job]],
+        needed: set[str],
     ) -> None:
+        """Algorithm 1 for one LLM. Appends (in deadline order) the jobs it leaves waiting to
+        ``delayed`` and those projected to miss their SLO to ``hopeless`` as one run each, and the LLM
+        to ``needed`` if it left any."""
         est = self.estimator
         free = r.free[llm]
         serving = r.serving[llm]
@@ -273,31 +290,32 @@ class PromptTunerPolicy:
         q = self._queue(state, llm)
         if not q.jobs:
             return
-        tbl, neg, overhead = est.curve(llm)
-        table = np.asarray(tbl)
-        n_tbl = len(tbl)
-        # Vectorised est.fewest_gpus over the SLO-sorted queue: smallest a with T_warm(a) ≤ time
-        # left, T_warm(a) = (bank + overhead) + rem × table[a-1] exactly as the estimator computes it.
+        tbl, _, overhead = est.curve(llm)
+        # T_warm(a) = (bank + overhead) + rem × table[a-1], exactly as the estimator computes it. The
+        # table is non-increasing (Estimator keeps it so) and rem ≥ 0, so T_warm(a) is too, float
+        # rounding included: a job fits on some a iff it fits on the most GPUs.
         base = q.bank + overhead
         left = q.deadline - r.now
-        with np.errstate(divide="ignore", invalid="ignore"):
-            x = np.where(q.rem > 0, -(left - base) / q.rem, -np.inf)
-        fewest = np.clip(np.searchsorted(np.asarray(neg), x, side="left") + 1, 1, n_tbl)
-        for _ in range(2):  # settle rounding ties of the bisection guess with the exact comparison
-            lower = np.maximum(fewest - 1, 1)
-            fewest = np.where((fewest > 1) & (base + q.rem * table[lower - 1] <= left), lower, fewest)
-            fits = base + q.rem * table[fewest - 1] <= left
-            fewest = np.where(~fits & (fewest < n_tbl), fewest + 1, fewest)
-        feasible = base + q.rem * table[fewest - 1] <= left
+        fastest = base + q.rem * tbl[-1]
+        feasible = fastest <= left
         if feasible.any():
             # A feasible job turns hopeless once even the most GPUs could not finish it in time.
-            r.note(float((q.deadline - (base + q.rem * table[-1]))[feasible].min()))
+            r.note(float((q.deadline - fastest)[feasible].min()))
+        # Vectorised est.fewest_gpus over the SLO-sorted queue, needed only if Algorithm 1 has GPUs to
+        # hand out: the smallest a that fits, for every job and every a at once (a few thousand
+        # numbers: cheaper than bisecting).
+        fewest = _NO_INDEX
+        if free or serving:
+            fits = base[:, None] + q.rem[:, None] * np.asarray(tbl) <= left[:, None]
+            fewest = fits.argmax(axis=1) + 1
         i = 0
         n = len(q.jobs)
+        waits: list[Job] = []
+        misses: list[Job] = []
         while i < n and (free or serving):  # Algorithm 1 proper: sequential, it consumes the idle GPUs
             job = q.jobs[i]
             if not feasible[i]:
-                hopeless.append(job)
+                misses.append(job)
             else:
                 a = int(fewest[i])
                 if a <= len(free):
@@ -309,14 +327,19 @@ class PromptTunerPolicy:
                 ):
                     pass
                 elif self.config.warm_allocator:
-                    delayed.append(job)
+                    waits.append(job)
                 else:
                     self._piecemeal(state, r, job, free)
             i += 1
-        if i < n:  # no idle GPU left: the rest are classified in bulk
-            rest = np.arange(i, n)
-            delayed.extend(q.jobs[k] for k in rest[feasible[i:]])
-            hopeless.extend(q.jobs[k] for k in rest[~feasible[i:]])
+        # No idle GPU left: the rest are classified in bulk, and listed only as far as they are read.
+        rest_waits = np.flatnonzero(feasible[i:]) + i if i < n else _NO_INDEX
+        rest_misses = np.flatnonzero(~feasible[i:]) + i if i < n else _NO_INDEX
+        if waits or len(rest_waits):
+            delayed.append(chain(waits, map(q.jobs.__getitem__, rest_waits)))
+            needed.add(llm)
+        if misses or len(rest_misses):
+            hopeless.append(chain(misses, map(q.jobs.__getitem__, rest_misses)))
+            needed.add(llm)
 
     def _queue(self, state: ClusterState, llm: str) -> _Queue:
         """The LLM's pending jobs sorted by deadline, with their numbers as arrays; rebuilt only when
@@ -324,13 +347,16 @@ class PromptTunerPolicy:
         version = (id(state), state.pending_version[llm])
         q = self._queues.get(llm)
         if q is None or q.version != version:
-            jobs = sorted((state.jobs[j] for j in state.pending[llm]), key=_deadline)
+            jobs = sorted(map(state.jobs.__getitem__, state.pending[llm]), key=_deadline)
+            n = len(jobs)
+            planned = np.fromiter(map(_planned, jobs), float, n)
+            done = np.fromiter(map(_done, jobs), float, n)
             q = _Queue(
                 version,
                 jobs,
-                np.array([j.deadline for j in jobs], dtype=float),
-                np.array([j.remaining_iterations for j in jobs], dtype=float),
-                np.array([j.bank_seconds for j in jobs], dtype=float),
+                np.fromiter(map(_deadline, jobs), float, n),
+                np.maximum(planned - done, 0.0),  # Job.remaining_iterations, element by element
+                np.fromiter(map(_bank_seconds, jobs), float, n),
             )
             self._queues[llm] = q
         return q
@@ -716,5 +742,16 @@ def _poisson_quantile(mean: float, q: float) -> int:
     return n
 
 
-def _deadline(job: Job) -> float:
-    return job.deadline
+_deadline = attrgetter("deadline")
+_planned = attrgetter("planned_iterations")
+_done = attrgetter("done_iterations")
+_bank_seconds = attrgetter("bank_seconds")
+_NO_INDEX = np.zeros(0, dtype=np.intp)
+
+
+def _by_deadline(runs: list[Iterable[Job]]) -> Iterable[Job]:
+    """The runs (each in deadline order) merged by deadline; equal deadlines keep the runs' order, so
+    this is ``sorted(chain(*runs), key=deadline)`` without reading more than is consumed."""
+    if len(runs) == 1:
+        return runs[0]
+    return heapq.merge(*runs, key=_deadline)

@@ -9,6 +9,7 @@ maxima over the grid; Table 8's absolute figures with PromptTuner's at medium lo
 
 from __future__ import annotations
 
+import gc
 import json
 import sys
 import time
@@ -26,6 +27,7 @@ from .experiments import (
     SLO_LEVELS,
     SPEND_MECHANISMS,
     Cell,
+    ScaleResult,
     ablations,
     end_to_end,
     idle_window_sweep,
@@ -50,7 +52,9 @@ MEDIUM_TARGETS = {
 }
 TABLE8_TOLERANCE = 0.15
 """PromptTuner's violations and cost at medium, S = 1.0 should be within 15 % of Table 8's."""
-ROUND_TARGETS_MS = {"mean": 1.0, "max": 10.0}
+ROUND_TARGETS_MS = {"mean": 0.5, "max": 5.0}
+"""Issue 27: the round at 1,000 GPUs as fast as before co-serving joined it (0.36–0.52 ms mean)."""
+SCALE_REPETITIONS = 5
 
 
 def _ratio(baseline: float, ours: float) -> float:
@@ -356,17 +360,18 @@ def run(
     )
     runs = {name: run_profile(name, seed_list, sim, p) for name in profiles}
 
-    # Wall-clock round times are sensitive to other load on the machine: three repetitions, and the
-    # one with the median worst round is reported (all three are in the JSON).
-    reps = sorted(
-        (scale_run(seconds=60.0 if quick else 120.0) for _ in range(3)), key=lambda s: s.round_ms_max
-    )
-    scale = reps[1]
+    # Wall-clock round times are sensitive to other load on the machine: five repetitions, and the
+    # one with the median worst round is reported (all are in the JSON). Each starts from a collected
+    # heap with what the profile runs left alive frozen (gc.freeze), so a round is never the one that
+    # pays for collecting or scanning the simulations before it; collections of the scale run's own
+    # objects still land in its rounds, as they would in the operator.
+    reps = sorted((_scale_rep(60.0 if quick else 120.0) for _ in range(SCALE_REPETITIONS)), key=_worst)
+    scale = reps[len(reps) // 2]
     p(
         f"\nScale — {scale.gpus} GPUs, ≥{scale.min_pending} pending jobs, {scale.llms} LLMs, "
         f"{scale.rounds} rounds: round mean {scale.round_ms_mean:.3f} ms, max {scale.round_ms_max:.3f} ms, "
         f"p99 {scale.round_ms_p99:.3f} ms ({scale.recomputed_rounds} recomputed, "
-        f"mean {scale.recomputed_ms_mean:.3f} ms); max of the 3 repetitions: "
+        f"mean {scale.recomputed_ms_mean:.3f} ms); max of the {len(reps)} repetitions: "
         f"{', '.join(f'{r.round_ms_max:.2f}' for r in reps)} ms; paper: 13 / 67 ms at 96 GPUs"
     )
 
@@ -414,6 +419,19 @@ def run(
         plot(runs, head.name, plot_path)
         p(f"wrote {plot_path}")
     return result
+
+
+def _scale_rep(seconds: float) -> ScaleResult:
+    gc.collect()
+    gc.freeze()
+    try:
+        return scale_run(seconds=seconds)
+    finally:
+        gc.unfreeze()
+
+
+def _worst(s: ScaleResult) -> float:
+    return s.round_ms_max
 
 
 def plot(runs: dict[str, ProfileRun], headline: str, path: Path) -> None:
