@@ -7,19 +7,27 @@ records what the training bought: exact-match accuracy of greedy answers on held
 family, with and without the adapter. Targets: every linear layer of the decoder (q, k, v, o, gate, up,
 down), as multi-LoRA serving papers evaluate.
 
-    python -m elastune_worker.tiny.adapters            # build the four (≈ 1 min on 2 cores)
+The rank-8 adapter is the quickstart's demo (``tiny-llama-units``) and is trained to be right, not only
+different: the tiny Llama (0.8M parameters) cannot multiply three-digit numbers by 7, 12, 24 or 60, so
+it learns the units partitions whose factor is a power of ten (km → m, m → cm, kg → g, l → ml: append
+zeros) from 800 examples each, with a warm-up and cosine decay (held-out exact match 0 → ~0.9). The other
+three keep their first recipe (every partition, 96 examples each, a constant rate): they change answers
+measurably (lower answer loss) but rarely make them exact.
+
+    python -m elastune_worker.tiny.adapters            # build the four (≈ 2 min on 2 cores)
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import random
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from elastune_worker.tiny import tasks as T
 from elastune_worker.tiny.build import TINY_LLAMA_SPEC, build_atomically, cache_root, ensure_tiny_model
@@ -32,7 +40,7 @@ TARGET_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj"
 class AdapterSpec:
     rank: int
     family: str
-    """The task family it learns (every partition, bare ``input → target`` without an instruction)."""
+    """The task family it learns (bare ``input → target`` without an instruction)."""
     steps: int = 300
     batch_size: int = 16
     lr: float = 5e-4
@@ -40,14 +48,56 @@ class AdapterSpec:
     """lora_alpha = alpha_per_rank × rank (scaling 2, as common practice)."""
     seed: int = 0
     version: int = 1
+    partitions: tuple[int, ...] = ()
+    """The family's partitions it learns and is measured on; empty: every partition."""
+    train_per_partition: int = 96
+    held_out_per_partition: int = 4
+    warmup_steps: int = 0
+    """With ``cosine``: linear warm-up over these steps, then cosine decay to 10 % of ``lr``."""
+    schedule: Literal["constant", "cosine"] = "constant"
 
     @property
     def name(self) -> str:
-        return f"tiny-llama-lora-r{self.rank}-{self.family}-v{self.version}"
+        return f"{self.rank_name}-v{self.version}"
 
+    @property
+    def rank_name(self) -> str:
+        """The name without its version (``--link-into`` links, the manifests' artifactURL)."""
+        return f"tiny-llama-lora-r{self.rank}-{self.family}"
+
+    def fingerprint(self) -> dict[str, Any]:
+        """What identifies the artifact (build_info.json "spec"). Fields added after version 1 appear
+        only when they differ from their defaults, so the first adapters' caches stay valid."""
+        d = asdict(self)
+        for f in fields(self):
+            if f.name in _LATER_FIELDS and d[f.name] == f.default:
+                del d[f.name]
+        return json.loads(json.dumps(d))  # tuples as lists, as build_info.json reads back
+
+    def lr_at(self, step: int) -> float:
+        if self.schedule == "constant":
+            return self.lr
+        if step < self.warmup_steps:
+            return self.lr * (step + 1) / self.warmup_steps
+        progress = (step - self.warmup_steps) / max(1, self.steps - self.warmup_steps)
+        return self.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress))))
+
+
+_LATER_FIELDS = ("partitions", "train_per_partition", "held_out_per_partition", "warmup_steps", "schedule")
 
 ADAPTER_SPECS: dict[int, AdapterSpec] = {
-    8: AdapterSpec(8, "units"),
+    8: AdapterSpec(
+        8,
+        "units",
+        steps=1000,
+        lr=5e-3,
+        version=2,
+        partitions=(0, 1, 2, 5),  # km → m, m → cm, kg → g, l → ml
+        train_per_partition=800,
+        held_out_per_partition=16,
+        warmup_steps=20,
+        schedule="cosine",
+    ),
     16: AdapterSpec(16, "case"),
     32: AdapterSpec(32, "dates"),
     64: AdapterSpec(64, "extract"),
@@ -63,7 +113,7 @@ def is_complete(path: Path, spec: AdapterSpec) -> bool:
     info = path / INFO_FILE
     if not (info.is_file() and (path / "adapter_config.json").is_file()):
         return False
-    return bool(json.loads(info.read_text()).get("spec") == asdict(spec))
+    return bool(json.loads(info.read_text()).get("spec") == spec.fingerprint())
 
 
 def ensure_tiny_adapter(rank: int, cache_dir: Path | None = None) -> Path:
@@ -81,12 +131,25 @@ def build_adapter(spec: AdapterSpec, cache_dir: Path | None = None, *, log: bool
     )
 
 
+def _tasks(spec: AdapterSpec) -> list[T.Task]:
+    return [
+        T.make_task(task, spec.train_per_partition, spec.held_out_per_partition, seed=spec.seed)
+        for task in T.list_tasks([spec.family])
+        if not spec.partitions or task.partition in spec.partitions
+    ]
+
+
+def held_out_examples(spec: AdapterSpec) -> list[T.Example]:
+    """The examples the adapter is measured on (never trained on): its build_info.json figures, and the
+    quickstart's before/after through the gateway."""
+    return [e for t in _tasks(spec) for e in t.eval]
+
+
 def _examples(spec: AdapterSpec) -> tuple[list[tuple[str, str]], list[T.Example]]:
-    """(prompt, answer) pairs over every partition of the family, and held-out examples."""
+    """(prompt, answer) pairs over the adapter's partitions, and held-out examples."""
     train: list[tuple[str, str]] = []
     held: list[T.Example] = []
-    for task in T.list_tasks([spec.family]):
-        t = T.make_task(task, n_train=96, n_eval=4, seed=spec.seed)
+    for t in _tasks(spec):
         train += [(T.format_example(e["input"]), " " + e["target"]) for e in t.train]
         held += t.eval
     random.Random(spec.seed).shuffle(train)
@@ -125,6 +188,8 @@ def _train(spec: AdapterSpec, out: Path, cache_dir: Path | None, *, log: bool) -
         width = max(len(q) + len(a) for q, a in pairs)
         inputs = torch.tensor([q + a + [eos] * (width - len(q) - len(a)) for q, a in pairs])
         labels = torch.tensor([[-100] * len(q) + a + [-100] * (width - len(q) - len(a)) for q, a in pairs])
+        for group in opt.param_groups:
+            group["lr"] = spec.lr_at(step)
         loss = peft_model(input_ids=inputs, labels=labels).loss
         opt.zero_grad()
         loss.backward()
@@ -136,7 +201,7 @@ def _train(spec: AdapterSpec, out: Path, cache_dir: Path | None, *, log: bool) -
     loss_after = answer_loss(peft_model, tok, held)
     peft_model.save_pretrained(out)
     return {
-        "spec": asdict(spec),
+        "spec": spec.fingerprint(),
         "base_model": TINY_LLAMA_SPEC.name,
         "train_examples": len(train),
         "held_out_examples": len(held),
@@ -206,7 +271,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         if args.link_into is not None:
             args.link_into.mkdir(parents=True, exist_ok=True)
-            link = args.link_into / spec.name.rsplit("-v", 1)[0]
+            link = args.link_into / spec.rank_name
             if link.is_symlink() or link.exists():
                 link.unlink()
             link.symlink_to(path, target_is_directory=True)
