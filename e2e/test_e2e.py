@@ -199,6 +199,17 @@ def gateway_url() -> Iterator[str]:
         proc.terminate()
 
 
+E2E_API_KEY = "e2e-serving-key"
+
+
+def _key_works(client: Any) -> bool | None:
+    try:
+        client.models.list()
+    except Exception:
+        return None
+    return True
+
+
 def test_serving_end_to_end(cluster_ready: None, gateway_url: str) -> None:
     """Issue 15 on a real cluster: a pool that scales from zero, LoRAAdapters of ranks 8 and 16 (built
     into the worker image under /app/adapters), one whose artifact does not exist, tune -> serve, and
@@ -209,7 +220,7 @@ def test_serving_end_to_end(cluster_ready: None, gateway_url: str) -> None:
     worker["resources"] = {"requests": {"cpu": "500m", "memory": "1536Mi"}, "limits": {"memory": "1536Mi"}}
     if WORKER_IMAGE:
         worker["image"] = WORKER_IMAGE
-    job["spec"]["dataset"] = "data/extract.jsonl"  # /app/data in the worker image
+    job["spec"]["dataset"] = "data/person-city.jsonl"  # /app/data in the worker image
     job["spec"]["termination"]["maxIterations"] = 10
     adapters = [
         lora("e2e-units", "/app/adapters/tiny-llama-lora-r8-units", 8),
@@ -222,7 +233,21 @@ def test_serving_end_to_end(cluster_ready: None, gateway_url: str) -> None:
         apply(pool)
         for a in adapters:
             apply(a)
-        client = openai.OpenAI(base_url=gateway_url, api_key="unused", timeout=600, max_retries=0)
+        # The chart's gateway asks for a key: a Secret labelled elastune.dev/api-key in this namespace.
+        apply(
+            {
+                "apiVersion": "v1",
+                "kind": "Secret",
+                "metadata": {
+                    "name": "e2e-key",
+                    "namespace": NAMESPACE,
+                    "labels": {"elastune.dev/api-key": "true"},
+                },
+                "stringData": {"key": E2E_API_KEY},
+            }
+        )
+        client = openai.OpenAI(base_url=gateway_url, api_key=E2E_API_KEY, timeout=600, max_retries=0)
+        wait_for("the key to be published", lambda: _key_works(client), 60)
         wait_for(
             "the gateway to list the adapters",
             lambda: "e2e-case" in {m.id for m in client.models.list()},
@@ -262,7 +287,9 @@ def test_serving_end_to_end(cluster_ready: None, gateway_url: str) -> None:
         wait_for(
             "the published prompt listed", lambda: published in {m.id for m in client.models.list()}, 300
         )
-        tuned = client.completions.create(model=published, prompt="title: Dune; author:", max_tokens=4)
+        tuned = client.completions.create(
+            model=published, prompt="name: dara; age: 48; city: turin →", max_tokens=4
+        )
         assert tuned.model == published
 
         kubectl("delete", "loraadapter", "e2e-case", "-n", NAMESPACE, "--timeout=180s")
@@ -272,6 +299,7 @@ def test_serving_end_to_end(cluster_ready: None, gateway_url: str) -> None:
         for name in names:
             kubectl("delete", "loraadapter", name, "-n", NAMESPACE, "--ignore-not-found", "--timeout=180s")
         kubectl("delete", "tuningjob", job["metadata"]["name"], "-n", NAMESPACE, "--ignore-not-found")
+        kubectl("delete", "secret", "e2e-key", "-n", NAMESPACE, "--ignore-not-found")
         kubectl("delete", "warmpool", pool["metadata"]["name"], "-n", NAMESPACE, "--ignore-not-found")
     # The published adapter goes with its job (owner reference).
     wait_for(
