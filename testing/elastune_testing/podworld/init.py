@@ -14,8 +14,7 @@ import os
 import subprocess
 import sys
 
-# Host directories a container has its own copy of: a mount point under them is made in a private tmpfs.
-SHADOWABLE = frozenset({"/mnt", "/run", "/media", "/srv", "/opt"})
+from elastune_testing.podworld.spec import SHADOWABLE
 
 
 def _mount(*args: str) -> None:
@@ -46,7 +45,9 @@ def main() -> None:
 
     def bind(source: str, target: str, read_only: bool) -> None:
         make_mountpoint(target)
-        _mount("--bind", f"/proc/{os.getpid()}/fd/{held[source]}", target)
+        # --no-canonicalize: mount(8) would resolve the /proc link to its path string, which inside this
+        # namespace may name the new empty mount point (a source under /tmp bound at the same path).
+        _mount("--bind", "--no-canonicalize", f"/proc/{os.getpid()}/fd/{held[source]}", target)
         if read_only:
             _mount("-o", "remount,bind,ro", target)
 

@@ -35,8 +35,8 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from elastune_testing.podworld import spec as S
-from elastune_testing.podworld.init import SHADOWABLE
 from elastune_testing.podworld.network import PodNetwork
+from elastune_testing.podworld.spec import SHADOWABLE
 
 log = logging.getLogger("elastune.podworld.kubelet")
 GPU = "nvidia.com/gpu"

@@ -24,6 +24,8 @@ from pathlib import Path
 from typing import Any
 
 SA_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
+# Host directories a container has its own copy of: a mount point under them is made in a private tmpfs.
+SHADOWABLE = frozenset({"/mnt", "/run", "/media", "/srv", "/opt"})
 Lookup = Callable[[str, str, str], "dict[str, Any] | None"]
 """(kind: 'Secret' | 'ConfigMap' | 'PersistentVolumeClaim', namespace, name) -> the object or None."""
 
