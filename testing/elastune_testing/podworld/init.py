@@ -55,12 +55,13 @@ def main() -> None:
     # A container's /mnt is its image's (empty), never the node's.
     _mount("-t", "tmpfs", "-o", "mode=755,size=16m", "tmpfs", "/mnt")
     shadowed.add("/mnt")
-    # Paths the image carries (venv, checkout, model cache) are read-only in the pod; under /tmp they
-    # come back over the private tmpfs.
-    for path in plan["binds"]:
-        bind(path, path, True)
     for m in sorted(plan["mounts"], key=lambda m: m["target"].count("/")):
         bind(m["source"], m["target"], m["read_only"])
+    # Paths the image carries (venv, checkout, model cache) are read-only in the pod and stay visible
+    # over the volumes: here they lie where the host keeps them, possibly under /tmp, where a pod often
+    # mounts an emptyDir (the chart's operator does) that would hide them, unlike a real image's files.
+    for path in plan["binds"]:
+        bind(path, path, True)
     os.chdir(plan["workdir"])
     argv = plan["argv"]
     try:
