@@ -408,3 +408,68 @@ def test_the_pool_pods_mount_the_named_secrets_read_only_and_optional() -> None:
     ]
     env = json.dumps(pod["containers"][0]["env"])
     assert "AWS_" not in env, "only the Secret's name reaches the pod spec, as a volume"
+
+
+def test_elastune_serve_serves_a_lora_adapter_from_s3(
+    tmp_path: Path,
+    emulator: s3_emulator.S3Emulator,
+    tiny_lora: dict[str, Any],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`elastune serve -f` with a Secret manifest and a LoRAAdapter whose artifactURL is s3://: the worker
+    downloads it with the Secret the adapter names and the gateway answers with it."""
+    import subprocess
+    import sys
+
+    import openai
+    import yaml
+
+    from elastune_contract.servers import free_port
+
+    for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_ENDPOINT_URL"):
+        monkeypatch.delenv(key, raising=False)
+    docs = [
+        {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "s3-good"},
+         "stringData": emulator.secret_keys()},
+        {"apiVersion": "elastune.dev/v1alpha1", "kind": "WarmPool", "metadata": {"name": "tiny-llama"},
+         "spec": {"model": MODEL, "maxWarmGPUs": 1, "idleWindow": "600s", "serving": {"minReplicas": 1}}},
+        {"apiVersion": "elastune.dev/v1alpha1", "kind": "LoRAAdapter", "metadata": {"name": "units-s3"},
+         "spec": {"baseModel": MODEL, "artifactURL": f"s3://{BUCKET}/adapters/tiny-r8", "rank": 8,
+                  "artifactSecret": "s3-good"}},
+    ]  # fmt: skip
+    folder = tmp_path / "manifests"
+    folder.mkdir()
+    for doc in docs:
+        (folder / f"{doc['metadata']['name']}.yaml").write_text(yaml.safe_dump(doc))
+    port, state = free_port(), tmp_path / "state"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "elastune_operator.cli", "serve", "-f", str(folder), "--port", str(port),
+         "--workers", "1", "--state-dir", str(state)],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env={**os.environ, "HF_HUB_OFFLINE": "1"},
+    )  # fmt: skip
+    try:
+        client = openai.OpenAI(
+            base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", timeout=120, max_retries=0
+        )
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                if "units-s3" in {m.id for m in client.models.list().data}:
+                    break
+            except openai.APIConnectionError:
+                pass
+            assert time.monotonic() < deadline and proc.poll() is None, "serve never listed units-s3"
+            time.sleep(0.5)
+        answer = client.completions.create(model="units-s3", prompt="12 km →", max_tokens=6, temperature=0)
+        assert answer.model == "units-s3" and answer.choices[0].text
+        status = yaml.safe_load((state / "status" / "loraadapter-default-units-s3.yaml").read_text())[
+            "status"
+        ]
+        assert status.get("loadedOn"), status  # downloaded with the named Secret and loaded on the worker
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
