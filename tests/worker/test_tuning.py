@@ -197,7 +197,8 @@ def test_load_dataset_empty(tmp_path: Path):
 
 
 @pytest.mark.parametrize(
-    "uri", ["s3://bucket/d.jsonl", "http://h/d.jsonl", "https://h/d.jsonl"]  # pvc://: test_dataset_uri.py
+    "uri",
+    ["s3://bucket/d.jsonl", "http://h/d.jsonl", "https://h/d.jsonl"],  # pvc://: test_dataset_uri.py
 )
 def test_load_dataset_unsupported_scheme(uri: str):
     with pytest.raises(DatasetError) as err:

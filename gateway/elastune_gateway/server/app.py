@@ -38,8 +38,11 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
         (401, "No API key, or one that is not (or no longer) valid (authentication required)"),
         (403, "The API key may not use this model"),
         (404, "Unknown model"),
-        (429, "The API key's requests/min or tokens/min used up (Retry-After, x-ratelimit-*), or too many "
-              "requests waiting for warm endpoints (Retry-After)"),
+        (
+            429,
+            "The API key's requests/min or tokens/min used up (Retry-After, x-ratelimit-*), or too many "
+            "requests waiting for warm endpoints (Retry-After)",
+        ),
         (502, "The endpoint serving the request failed"),
         (503, "No warm endpoint within the pool's hold timeout (Retry-After)"),
         (504, "The endpoint did not answer within the read timeout"),
@@ -158,9 +161,7 @@ def create_app(gateway: Gateway) -> FastAPI:
         responses={**_STREAM, **_ERRORS},
         tags=["openai"],
     )
-    async def completions(
-        body: CompletionRequest, request: Request, p: Caller
-    ) -> Response:
+    async def completions(body: CompletionRequest, request: Request, p: Caller) -> Response:
         _check(body)
         quota = await admit(p, body.model)
         response = await gateway.completions(body, request)
@@ -173,9 +174,7 @@ def create_app(gateway: Gateway) -> FastAPI:
         responses={**_STREAM, **_ERRORS},
         tags=["openai"],
     )
-    async def chat(
-        body: ChatCompletionRequest, request: Request, p: Caller
-    ) -> Response:
+    async def chat(body: ChatCompletionRequest, request: Request, p: Caller) -> Response:
         _check(body)
         quota = await admit(p, body.model)
         response = await gateway.chat(body, request)

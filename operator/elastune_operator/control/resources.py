@@ -85,9 +85,7 @@ def durable_storage(job: TuningJob, pool: WarmPool) -> DurableStorage:
         # checkpoints go on the jobStorage claim when the pool has one, so a lost pod's job resumes;
         # without one they stay in the pod (a retry then starts over), the artifact is still safe.
         root = default or S3_STAGING_ROOT
-        return DurableStorage(
-            artifact_location(job, root), storage.join(root, "checkpoints", ns, name)
-        )
+        return DurableStorage(artifact_location(job, root), storage.join(root, "checkpoints", ns, name))
     if not uri and default is None:
         raise OutputNotDurable(
             f"no spec.output.uri and WarmPool {pool_name} declares no jobStorage volume: the artifact "

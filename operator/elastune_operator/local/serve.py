@@ -178,7 +178,7 @@ def serve(opts: ServeOptions, out: TextIO = sys.stdout, err: TextIO = sys.stderr
             raise RunError(f"cannot read the API key Secrets: {exc}") from exc
         if auth == "off":
             print(
-                "no API key Secret (label elastune.dev/api-key: \"true\") in the -f files: authentication "
+                'no API key Secret (label elastune.dev/api-key: "true") in the -f files: authentication '
                 "is off, so the gateway listens on loopback (127.0.0.1) only",
                 file=err,
                 flush=True,
