@@ -9,8 +9,10 @@ from __future__ import annotations
 import base64
 import os
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -23,6 +25,8 @@ from elastune_operator.k8s.knative import service_manifest
 from elastune_operator.k8s.settings import OperatorSettings
 from test_helm import RELEASE, named, render
 
+REPO = Path(__file__).resolve().parents[2]
+
 
 def container(docs: tuple[dict[str, Any], ...], name: str) -> dict[str, Any]:
     return named(docs, "Deployment", name)["spec"]["template"]["spec"]["containers"][0]
@@ -30,6 +34,13 @@ def container(docs: tuple[dict[str, Any], ...], name: str) -> dict[str, Any]:
 
 def secret(docs: tuple[dict[str, Any], ...], name: str, key: str = "password") -> str:
     return base64.b64decode(named(docs, "Secret", name)["data"][key]).decode()
+
+
+def test_the_chart_s_rules_file_is_generated_from_the_contract() -> None:
+    """helm/elastune/files/redis-acl-rules.yaml is tools/redis_acl_chart.py's output, not a hand copy."""
+    assert subprocess.call([sys.executable, str(REPO / "tools" / "redis_acl_chart.py"), "--check"]) == 0, (
+        "run python tools/redis_acl_chart.py"
+    )
 
 
 def test_the_chart_s_rules_are_the_contract_s() -> None:
