@@ -25,8 +25,8 @@ from prometheus_client.metrics import MetricWrapperBase
 from elastune_gateway.server.metrics import GatewayMetrics
 from elastune_operator.metrics import ControlMetrics
 from elastune_worker.server.metrics import WorkerMetrics
+from elastune_worker.serving.api.client import LoRAInfo
 from elastune_worker.serving.api.metrics import ServingMetrics
-from elastune_worker.serving.client import LoRAInfo
 
 REPO = Path(__file__).resolve().parents[1]
 DASHBOARD_DIR = REPO / "helm" / "elastune" / "dashboards"

@@ -216,10 +216,10 @@ def test_an_assignment_the_engine_refuses_to_co_serve_is_tuned_dedicated_and_say
     another job), the worker tunes the assignment dedicated and its started event says why."""
     from elastune_worker.server.agent import Agent, AgentConfig
     from elastune_worker.serving.config import EngineConfig
-    from elastune_worker.serving.coserve_task import CoServeRefused, CoServeRequest
-    from elastune_worker.serving.engine import LLMEngine
-    from elastune_worker.serving.engine_loop import engine_call
-    from elastune_worker.serving.messages import EngineOp
+    from elastune_worker.serving.core.engine import LLMEngine
+    from elastune_worker.serving.coserve.task import CoServeRefused, CoServeRequest
+    from elastune_worker.serving.frontend.engine_loop import engine_call
+    from elastune_worker.serving.frontend.messages import EngineOp
     from elastune_worker.tuning.trainer import TuningConfig
 
     engine = LLMEngine(model, EngineConfig(kv_cache_tokens=1024))

@@ -22,7 +22,7 @@ from elastune_contract.api.constants import PVC_ROOT_ENV  # noqa: E402
 from elastune_contract.api.loraadapter import LoRAAdapterSpec  # noqa: E402
 from elastune_operator.control import artifacts  # noqa: E402
 from elastune_worker.server.agent import Agent, AgentConfig  # noqa: E402
-from elastune_worker.serving.lora.storage import resolve_artifact  # noqa: E402
+from elastune_worker.serving.runner.lora.storage import resolve_artifact  # noqa: E402
 from elastune_worker.tiny import build as tiny_build  # noqa: E402
 from elastune_worker.tiny import tasks as tiny_tasks  # noqa: E402
 from test_durable_storage import NS, Operator, wait_for  # noqa: E402

@@ -1,6 +1,6 @@
 """One serving endpoint in the simulator: a continuous-batching engine modelled by its cost functions.
 
-Each iteration (as in ``worker/elastune_worker/serving/scheduler.py``): running requests first — a
+Each iteration (as in ``worker/elastune_worker/serving/core/scheduler.py``): running requests first — a
 decoding request takes one token, a request still prefilling takes a chunk of at most
 ``chunk_tokens`` (Preble's 512) within the iteration's token budget — then waiting requests are
 admitted in the local queue's order (FCFS, or Preble's P = 10 priority groups) while the budget,

@@ -48,7 +48,7 @@ from elastune_contract.protocol import (
     worker_key,
 )
 from elastune_contract.servers import binary, free_port
-from elastune_worker.serving.sampler import FAILPOINT_SEED, SAMPLER_RAISE
+from elastune_worker.serving.runner.sampler import FAILPOINT_SEED, SAMPLER_RAISE
 
 MODEL = "elastune/tiny-llama"
 ADAPTER = "units"

@@ -145,8 +145,8 @@ def replay(engine: Any, trace: Trace, between: Any = None, idle: Any = None) -> 
 def run_coserve(
     engine: Any, trainer: Any, trace: Trace, slo_s: float, cost: Any, args: argparse.Namespace
 ) -> RunResult:
-    from elastune_worker.serving.coserve import CoServeConfig, CoServePlanner, LatencyModel
-    from elastune_worker.serving.coserve_runner import CoServedJob
+    from elastune_worker.serving.coserve.job import CoServedJob
+    from elastune_worker.serving.coserve.planner import CoServeConfig, CoServePlanner, LatencyModel
 
     job = CoServedJob(trainer, served_model_dir=engine.model_path, micro_batch=args.micro_batch)
     per_token = max(cost.prefill_s_per_token, 1e-6)
@@ -310,8 +310,8 @@ def main(argv: list[str] | None = None) -> int:
     from transformers import AutoTokenizer
 
     from elastune_worker.serving.config import EngineConfig
-    from elastune_worker.serving.engine import LLMEngine
-    from elastune_worker.serving.profile import profile_costs
+    from elastune_worker.serving.core.engine import LLMEngine
+    from elastune_worker.serving.core.profile import profile_costs
     from elastune_worker.serving.sampling import SamplingParams
     from elastune_worker.tiny.build import TINY_LLAMA_SPEC, ensure_tiny_model
     from elastune_worker.tuning.trainer import Trainer

@@ -34,7 +34,7 @@ def _engine(mode: str, gbps: float, max_loras: int, kernel: str = "padded", adap
     workers = 2 if mode == "cpu_assisted_procs" else 0
     mode = "cpu_assisted" if mode == "cpu_assisted_procs" else mode
     from elastune_worker.serving.config import EngineConfig
-    from elastune_worker.serving.engine import LLMEngine
+    from elastune_worker.serving.core.engine import LLMEngine
     from elastune_worker.tiny import adapters as A
     from elastune_worker.tiny import build as B
 

@@ -253,7 +253,7 @@ def lora_modules() -> list[str]:
 
 def engine_binding() -> dict[str, Any]:
     """The CPU binding the standalone server's ``--engine-cpus auto`` picks here (cpu_binding.py)."""
-    from elastune_worker.serving.cpu_binding import plan_here
+    from elastune_worker.serving.runner.cpu_binding import plan_here
 
     plan = plan_here("auto")
     if plan is None:

@@ -82,7 +82,7 @@ def workload(
 # -- the engine -------------------------------------------------------------------------------------
 def make_engine(model: Path, batching: str, policy: str, args: argparse.Namespace, tokenizer: Any) -> Any:
     from elastune_worker.serving.config import EngineConfig
-    from elastune_worker.serving.engine import LLMEngine
+    from elastune_worker.serving.core.engine import LLMEngine
 
     config = EngineConfig(
         max_num_seqs=args.max_num_seqs,

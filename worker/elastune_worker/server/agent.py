@@ -40,7 +40,7 @@ from elastune_worker.comm import (
 )
 from elastune_worker.server.metrics import WorkerMetrics
 from elastune_worker.server.models import LoadedModel, ModelLoadError, load_model
-from elastune_worker.serving.messages import EngineOp
+from elastune_worker.serving.frontend.messages import EngineOp
 from elastune_worker.storage import s3
 from elastune_worker.tuning.data import DatasetError, load_dataset, split
 from elastune_worker.tuning.trainer import CheckpointMismatch, StepInfo, Trainer, TuningConfig
@@ -268,7 +268,7 @@ class Agent:
         )
         cancelled = _CancelCheck(self.bus, a.job, a.attempt)
         if coserve:
-            from elastune_worker.serving.coserve_task import CoServeRefused
+            from elastune_worker.serving.coserve.task import CoServeRefused
 
             call = self._engine_call()
             assert call is not None
@@ -381,9 +381,9 @@ class Agent:
         cancelled: Callable[[], bool],
         published: str | None = None,
     ) -> None:
-        """The assignment inside the serving engine's iterations (serving.coserve_task): started, polled
+        """The assignment inside the serving engine's iterations (serving.coserve.task): started, polled
         for progress, checkpoints and cancellation every poll, finished with the artifact."""
-        from elastune_worker.serving.coserve_task import DEFAULT_TPOT_SLO_S, CoServeRequest
+        from elastune_worker.serving.coserve.task import DEFAULT_TPOT_SLO_S, CoServeRequest
 
         req = CoServeRequest(
             a.job, cfg, train, evals, a.checkpoint_dir, a.tpot_slo_s or DEFAULT_TPOT_SLO_S, rank=a.rank,
@@ -484,7 +484,7 @@ def _upload(a: Assignment, local: str, published: str | None) -> None:
 
 def _with_local_paths(a: Assignment) -> Assignment:
     """The assignment with its checkpoint and artifact locations as paths in this pod: a pvc:// URI is
-    the claim's mount, through the one resolver the adapter loader (serving.lora.storage) reads by."""
+    the claim's mount, through the one resolver the adapter loader (serving.runner.lora.storage) reads by."""
     try:
         ckpt, out = (str(storage.local_path(u)) for u in (a.checkpoint_dir, a.artifact_dir))
     except ValueError as exc:

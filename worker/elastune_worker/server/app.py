@@ -39,9 +39,9 @@ from elastune_worker.server.models import LoadedModel
 from elastune_worker.server.placement import AdapterSync
 from elastune_worker.serving.api.app import create_app
 from elastune_worker.serving.api.metrics import ServingMetrics
-from elastune_worker.serving.client import EngineServingClient
 from elastune_worker.serving.config import EngineConfig
-from elastune_worker.serving.messages import EngineOp
+from elastune_worker.serving.frontend.client import EngineServingClient
+from elastune_worker.serving.frontend.messages import EngineOp
 from elastune_worker.serving.server import (
     add_engine_args,
     engine_config,

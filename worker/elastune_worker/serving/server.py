@@ -17,13 +17,13 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 
 from elastune_contract.openai_api.limits import add_limit_args
 from elastune_worker.serving.config import BatchingName, EngineConfig, QueuePolicyName
-from elastune_worker.serving.cpu_binding import bind_process, plan_here, validate_spec
+from elastune_worker.serving.runner.cpu_binding import bind_process, plan_here, validate_spec
 
 _DEFAULTS = EngineConfig()
 
 
 def add_engine_args(p: argparse.ArgumentParser, engine_cpus: str = "auto") -> None:
-    """The engine's flags; ``engine_cpus``: the default CPU binding (cpu_binding.py)."""
+    """The engine's flags; ``engine_cpus``: the default CPU binding (runner/cpu_binding.py)."""
     g = p.add_argument_group("engine")
     g.add_argument("--served-model-name", help="the model id clients send (default: --model)")
     g.add_argument(
@@ -179,15 +179,15 @@ def start_engine(
     bind_frontend: bool = False,
 ) -> Any:
     """The engine in its own process (default), or on a thread of this one. ``cpus``: the engine
-    process's CPU binding (cpu_binding.py); ``bind_frontend``: this process then keeps to the CPUs
+    process's CPU binding (runner/cpu_binding.py); ``bind_frontend``: this process then keeps to the CPUs
     left over (the serving-only server; the worker's tuning needs every CPU)."""
     log = logging.getLogger("elastune.serving")
     if in_thread:
-        from elastune_worker.serving.async_engine import AsyncEngine
-        from elastune_worker.serving.engine import LLMEngine
+        from elastune_worker.serving.core.engine import LLMEngine
+        from elastune_worker.serving.frontend.async_engine import AsyncEngine
 
         return AsyncEngine(LLMEngine(path, config, tokenizer=tokenizer))
-    from elastune_worker.serving.engine_process import ProcessEngine
+    from elastune_worker.serving.frontend.engine_process import ProcessEngine
 
     plan = plan_here(cpus)
     engine = ProcessEngine(
@@ -229,7 +229,7 @@ def main(argv: list[str] | None = None) -> int:
     from elastune_contract.openai_api.limits import limits_from
     from elastune_worker.serving.api.app import create_app
     from elastune_worker.serving.api.metrics import ServingMetrics
-    from elastune_worker.serving.client import EngineServingClient
+    from elastune_worker.serving.frontend.client import EngineServingClient
 
     name = args.served_model_name or args.model
     client = EngineServingClient(

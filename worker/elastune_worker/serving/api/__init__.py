@@ -1,1 +1,1 @@
-"""The worker's OpenAI-compatible HTTP API (FastAPI) over an ``EngineClient`` (see client.py)."""
+"""The worker's OpenAI-compatible HTTP API (FastAPI) over an ``EngineClient`` (see api/client.py)."""

@@ -8,6 +8,7 @@ lets tests name exactly what they exercise.
 from __future__ import annotations
 
 from collections.abc import AsyncGenerator, Sequence
+from dataclasses import dataclass
 from typing import Protocol
 
 from elastune_worker.serving.outputs import RequestOutput
@@ -28,6 +29,17 @@ class AdapterView(Protocol):
 
     @property
     def tier(self) -> str: ...
+
+
+@dataclass(frozen=True)
+class LoRAInfo:
+    """The engine's adapters for the metrics endpoint: requests running and waiting per adapter."""
+
+    running: list[str]
+    waiting: list[str]
+    max_loras: int
+    resident: dict[str, int]
+    """LoRA adapters per tier (device, host)."""
 
 
 class EngineBusy(Exception):

@@ -1,0 +1,499 @@
+"""The engine core, in the shape of vLLM's EngineCore and nano-vllm: ``add_request`` / ``step`` /
+``abort``. Each step schedules (scheduler.py), runs one batched forward (runner/model_runner.py), appends the
+sampled tokens, detokenizes and decides which requests finished."""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from elastune_contract.protocol import ServingCost
+from elastune_worker.serving.config import EngineConfig
+from elastune_worker.serving.core.detokenizer import IncrementalDetokenizer
+from elastune_worker.serving.core.scheduler import Scheduler, SchedulerOutput
+from elastune_worker.serving.core.sequence import Sequence
+from elastune_worker.serving.coserve.planner import CoServePlanner, FinetuneJob, IterationPlan
+from elastune_worker.serving.outputs import RequestOutput
+from elastune_worker.serving.runner.lora.cpu_workers import CpuLoRAPool
+from elastune_worker.serving.runner.lora.manager import AdapterInfo, LoRAManager
+from elastune_worker.serving.runner.lora.storage import resolve_artifact
+from elastune_worker.serving.runner.lora.weights import AdapterError, LoRAWeights
+from elastune_worker.serving.runner.model_runner import ModelRunner
+from elastune_worker.serving.runner.soft_prompts import (
+    PLACEHOLDER_TOKEN,
+    SoftPrompt,
+    is_prompt_learning,
+    load_soft_prompt,
+)
+from elastune_worker.serving.sampling import SamplingParams
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class EngineStats:
+    num_requests_running: int = 0
+    num_requests_waiting: int = 0
+    kv_cache_usage_perc: float = 0.0
+    prefix_cache_queries_tokens: int = 0
+    prefix_cache_hits_tokens: int = 0
+    preemptions: int = 0
+    steps: int = 0
+    step_seconds: float = 0.0
+    """Time spent in steps so far."""
+    coserve_seconds: float = 0.0
+    """Of which the co-served finetuning share (the rest is inference)."""
+    loras: tuple[AdapterInfo, ...] = ()
+    """Loaded adapters and their tier now (device | host | storage)."""
+    max_loras: int = 0
+    """Device adapter slots (0: LoRA not enabled)."""
+    lora_running: dict[str, int] = field(default_factory=dict)
+    """Running requests per adapter (an adapter in use is never unloaded or moved)."""
+    lora_waiting: dict[str, int] = field(default_factory=dict)
+    lora_counters: dict[str, float] = field(default_factory=dict)
+    """Cumulative adapter loads, load seconds and evictions per tier, and CPU-assisted prefill steps."""
+    extra: dict[str, float] = field(default_factory=dict)
+
+
+class LLMEngine:
+    def __init__(
+        self, model_path: str | Path, config: EngineConfig | None = None, tokenizer: Any = None
+    ) -> None:
+        self.config = config or EngineConfig()
+        self.model_path = Path(model_path)
+        self.runner = ModelRunner(self.model_path, self.config)
+        if tokenizer is None:
+            from transformers import AutoTokenizer
+
+            tokenizer = AutoTokenizer.from_pretrained(self.model_path, local_files_only=True)
+        self.tokenizer = tokenizer
+        self.max_model_len = self.runner.max_model_len
+        self.vocab_size = self.runner.vocab_size
+        eos = self.runner.hf_config.get("eos_token_id", tokenizer.eos_token_id)
+        self.eos_token_ids = set(eos if isinstance(eos, list) else [eos]) - {None}
+        self.scheduler = Scheduler(self.config, self.max_model_len)
+        self.soft_prompts: dict[str, SoftPrompt] = {}
+        self.loras: LoRAManager | None = None
+        if self.config.enable_lora:
+            r = self.runner
+            self.loras = LoRAManager(
+                self.config, r.model.lora_shapes(), r.model.num_layers, r.device, r.dtype
+            )
+            r.lora_device = self.loras.device
+            if self.config.lora_cpu_workers and self.config.lora_load_mode == "cpu_assisted":
+                dims = [d for shape in r.model.lora_shapes().values() for d in shape]
+                r.lora_cpu_pool = CpuLoRAPool(
+                    self.config.lora_cpu_workers, self.config.max_num_batched_tokens, max(dims)
+                )
+        self._detok: dict[str, IncrementalDetokenizer] = {}
+        self._steps = 0
+        self._step_seconds = 0.0
+        self._coserve_seconds = 0.0
+        self._coserve: tuple[FinetuneJob, CoServePlanner] | None = None
+        self.cpu_assisted_steps = 0
+        self.cpu_assisted_prefills = 0
+        """Steps whose cold adapters' deltas were computed on the CPU while their copy was in flight."""
+        self.coserve_task: Any = None
+        """The co-served assignment running here (serving.coserve.task.CoServeTask), if any."""
+        self.cost: ServingCost | None = None
+        """The profiled cost lines (set by the process that profiled it): the co-serving planner's start."""
+        self.coserve_dropped: list[tuple[FinetuneJob, str]] = []
+        """Co-served jobs given up after a failure, with the reason."""
+
+    # -- requests -----------------------------------------------------------------------------------
+    def encode(self, prompt: str) -> list[int]:
+        return list(self.tokenizer(prompt)["input_ids"])
+
+    def add_request(
+        self,
+        request_id: str,
+        prompt: str | list[int],
+        params: SamplingParams | None = None,
+        *,
+        priority: int = 0,
+        arrival_time: float | None = None,
+        extra_key: str | None = None,
+        lora: str | None = None,
+    ) -> None:
+        """Queue a request. ValueError (nothing allocated) for an empty prompt, one that leaves no room
+        in the context, token ids outside the vocabulary, or an adapter that is not loaded."""
+        params = params or SamplingParams()
+        soft = self.soft_prompts.get(lora) if lora is not None else None
+        if lora is not None and soft is None and (self.loras is None or not self.loras.has(lora)):
+            why = "LoRA is not enabled on this engine" if self.loras is None else "it is not loaded"
+            raise AdapterError(f"adapter {lora!r} cannot serve: {why}")
+        ids = self.encode(prompt) if isinstance(prompt, str) else list(prompt)
+        if not ids:
+            raise ValueError("the prompt is empty")
+        if any(not 0 <= t < self.vocab_size for t in ids):
+            raise ValueError(f"prompt token ids must be in [0, {self.vocab_size})")
+        virtual = soft.num_virtual_tokens if soft is not None else 0
+        if virtual + len(ids) >= self.max_model_len:
+            extra = f" ({virtual} virtual tokens of its soft prompt included)" if virtual else ""
+            raise ValueError(
+                f"the prompt has {virtual + len(ids)} tokens{extra}; the model's context is "
+                f"{self.max_model_len} tokens"
+            )
+        # The prefix cache keys blocks by adapter or soft prompt too: the same tokens have other K/V.
+        kind = "soft" if soft is not None else "lora"
+        seq = Sequence(
+            request_id,
+            [PLACEHOLDER_TOKEN] * virtual + ids,
+            params,
+            arrival=time.monotonic() if arrival_time is None else arrival_time,
+            priority=priority,
+            extra_key=extra_key if lora is None else f"{kind}:{lora}/{extra_key or ''}",
+            lora=lora if soft is None else None,
+            soft_prompt=lora if soft is not None else None,
+            num_virtual_tokens=virtual,
+        )
+        self.scheduler.add(seq)
+        self._detok[request_id] = IncrementalDetokenizer(self.tokenizer, params.stop, ids)
+
+    def abort(self, request_id: str) -> bool:
+        """Stop a request now and free its KV blocks; False if it is not in the engine."""
+        seq = self.scheduler.requests.get(request_id)
+        if seq is None:
+            return False
+        self._finish(seq, "abort")
+        return True
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    def has_work(self) -> bool:
+        """Requests to run, or a co-served job with steps left (it runs in otherwise idle iterations)."""
+        return self.has_unfinished() or self.coserving()
+
+    def coserving(self) -> bool:
+        """A co-served job has work now (a failing job is dropped here too: the loop asks this)."""
+        if self._coserve is None:
+            return False
+        try:
+            return self._coserve[0].state() is not None
+        except Exception as exc:
+            self._drop_coserve(f"co-served finetuning failed: {type(exc).__name__}: {exc}")
+            return False
+
+    # -- the step -----------------------------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        """One iteration. A failure that belongs to one request (its sampling, its adapter's activation,
+        a soft prompt or adapter gone) ends that request alone, with an output carrying ``error``;
+        anything else raises (the caller fails what is in flight)."""
+        t0 = time.perf_counter()
+        if self.loras is not None:
+            self._prepare_loras()
+        out = self.scheduler.schedule()
+        coserve = self._coserve
+        if not out.chunks and coserve is None:
+            return []
+        sampled: dict[str, int] = {}
+        failed: dict[str, str] = {}
+        if out.chunks:
+            slots, host = None, None
+            self._check_adapters(out, failed)
+            if self.loras is not None:
+                names = {c.seq.lora for c in out.chunks if c.seq.lora is not None}
+                if names:
+                    busy = {s.lora for s in self.scheduler.running if s.lora is not None}
+                    slots = self._activate(names, busy, out, failed)
+                    names = {c.seq.lora for c in out.chunks if c.seq.lora is not None}
+                    host = self._cold_adapters(names) if names else None
+                    if host:
+                        self._count_cpu_assisted(out, host)
+            if out.chunks:
+                sampled = self.runner.execute(out, slots, self.soft_prompts or None, host)
+                failed.update(self.runner.sampler.take_failures())
+        ft_start = time.perf_counter()
+        plan, finetune = self._coserve_share(out.num_tokens) if coserve is not None else (None, 0)
+        ft_s = time.perf_counter() - ft_start  # the finetuning share alone, for its latency model
+        if not out.chunks and not finetune and not failed:
+            return []
+        outputs = []
+        for seq in self.scheduler.update(out, sampled):
+            if seq.request_id not in failed:
+                outputs.append(self._emit(seq))
+        for rid, why in failed.items():
+            outputs.append(self._fail(rid, why))
+        self._steps += 1
+        elapsed = time.perf_counter() - t0
+        self._step_seconds += elapsed
+        self._coserve_seconds += ft_s if coserve is not None else 0.0
+        if coserve is not None and plan is not None:  # the online refit (FlexLLM §6.2)
+            coserve[1].observe(plan, finetune, elapsed - ft_s, ft_s)
+        return outputs
+
+    def _check_adapters(self, out: SchedulerOutput, failed: dict[str, str]) -> None:
+        """Drop (and fail) the chunks whose soft prompt or adapter is no longer loaded."""
+        for c in out.chunks:
+            seq = c.seq
+            if seq.soft_prompt is not None and seq.soft_prompt not in self.soft_prompts:
+                failed[seq.request_id] = f"soft prompt {seq.soft_prompt!r} is no longer loaded"
+            elif seq.lora is not None and (self.loras is None or not self.loras.has(seq.lora)):
+                failed[seq.request_id] = f"adapter {seq.lora!r} is no longer loaded"
+        if failed:
+            out.chunks = [c for c in out.chunks if c.seq.request_id not in failed]
+
+    def _activate(
+        self, names: set[str], busy: set[str], out: SchedulerOutput, failed: dict[str, str]
+    ) -> dict[str, int]:
+        """Device slots of this step's adapters. An adapter that fails to activate (its weights
+        unreadable from storage, a copy failing) fails the requests that use it, not the step."""
+        assert self.loras is not None
+        try:
+            return self.loras.activate(names, busy)
+        except Exception as exc:
+            if len(names) == 1:
+                bad = {n: exc for n in names}
+            else:  # which one: each alone
+                bad = {}
+                for n in sorted(names):
+                    try:
+                        self.loras.activate({n}, busy)
+                    except Exception as one:
+                        bad[n] = one
+                if not bad:
+                    raise  # only together: not one adapter's fault
+        log.warning("adapters %s failed to activate: %s", sorted(bad), bad)
+        for c in out.chunks:
+            if c.seq.lora in bad:
+                why = bad[c.seq.lora]
+                failed[c.seq.request_id] = (
+                    f"adapter {c.seq.lora!r} failed to load: {type(why).__name__}: {why}"
+                )
+        out.chunks = [c for c in out.chunks if c.seq.request_id not in failed]
+        rest = names - set(bad)
+        return self.loras.activate(rest, busy - set(bad)) if rest else {}
+
+    def _fail(self, request_id: str, why: str) -> RequestOutput:
+        """End one request with an error (its KV blocks freed); the step goes on for the others."""
+        seq = self.scheduler.requests.get(request_id)
+        log.warning("request %s failed in a step: %s", request_id, why)
+        if seq is None:
+            return RequestOutput(request_id, [], "", True, "abort", 0, 0, 0, error=why)
+        output = RequestOutput(
+            request_id,
+            [],
+            "",
+            True,
+            "abort",
+            len(seq.prompt_token_ids) - seq.num_virtual_tokens,
+            len(seq.output_token_ids),
+            seq.num_cached_tokens,
+            error=why,
+        )
+        self._finish(seq, "abort")
+        return output
+
+    # -- co-serving ---------------------------------------------------------------------------------
+    def attach_coserve(self, job: FinetuneJob, planner: CoServePlanner) -> None:
+        """Co-serve ``job``: every step gives it what ``planner`` leaves beside the inference tokens."""
+        self._coserve = (job, planner)
+
+    def detach_coserve(self) -> FinetuneJob | None:
+        job = self._coserve[0] if self._coserve is not None else None
+        self._coserve = None
+        return job
+
+    def _coserve_share(self, inference_tokens: int) -> tuple[IterationPlan | None, int]:
+        """Run this iteration's finetuning share: the plan and what ran of it in token equivalents. A
+        failing job is dropped with its reason and detached: inference never fails because of it."""
+        assert self._coserve is not None
+        job, planner = self._coserve
+        try:
+            plan = planner.plan(inference_tokens, job.state())
+            return plan, job.run(plan)
+        except Exception as exc:
+            self._drop_coserve(f"co-served finetuning failed: {type(exc).__name__}: {exc}")
+            return None, 0
+
+    def _drop_coserve(self, reason: str) -> None:
+        """Detach the failing co-served job and tell it why; inference never fails because of it."""
+        assert self._coserve is not None
+        job = self._coserve[0]
+        log.warning("dropping the co-served job: %s", reason)
+        self._coserve = None
+        self.coserve_dropped.append((job, reason))
+        try:
+            job.drop(reason)
+        except Exception:  # its cleanup failing must not fail the step either
+            log.exception("dropping the co-served job failed")
+
+    def _emit(self, seq: Sequence) -> RequestOutput:
+        tok, p = seq.output_token_ids[-1], seq.params
+        text, stopped = self._detok[seq.request_id].add(tok)
+        reason = None
+        if stopped or tok in p.stop_token_ids or (not p.ignore_eos and tok in self.eos_token_ids):
+            reason = "stop"
+        elif len(seq.output_token_ids) >= p.max_tokens or seq.num_tokens >= self.max_model_len:
+            reason = "length"
+        if reason is not None:
+            if not stopped:
+                text += self._detok[seq.request_id].flush()
+            self._finish(seq, reason)
+        return RequestOutput(
+            seq.request_id,
+            [tok],
+            text,
+            reason is not None,
+            reason,
+            len(seq.prompt_token_ids) - seq.num_virtual_tokens,
+            len(seq.output_token_ids),
+            seq.num_cached_tokens,
+        )
+
+    def _finish(self, seq: Sequence, reason: str) -> None:
+        self.scheduler.finish(seq, reason)
+        self._detok.pop(seq.request_id, None)
+        self.runner.sampler.forget(seq.request_id)
+
+    # -- adapters -----------------------------------------------------------------------------------
+    def _prepare_loras(self) -> None:
+        """Before scheduling: start loading the adapters the queue's head needs (async, cpu_assisted) and,
+        for async, hold back requests whose adapter is not on the device yet."""
+        assert self.loras is not None
+        mode = self.config.lora_load_mode
+        if mode in ("async", "cpu_assisted"):
+            busy = {s.lora for s in self.scheduler.running if s.lora is not None}
+            head = [s.lora for s in itertools.islice(self.scheduler.waiting, 32) if s.lora is not None]
+            self.loras.prefetch(head, busy)
+        self.scheduler.blocked_loras = self.loras.not_ready() if mode == "async" else set()
+
+    def _cold_adapters(self, names: set[str]) -> dict[str, LoRAWeights] | None:
+        """This step's adapters whose copy is in flight: cpu_assisted computes their deltas from the
+        host copy (CaraServe); ondmd waits here for the copy to finish."""
+        assert self.loras is not None
+        loading = self.loras.device.loading() & names
+        if not loading:
+            return None
+        if self.config.lora_load_mode == "ondmd":
+            device = self.loras.device
+            started = time.perf_counter()
+            device.wait_copies(loading)  # on demand: the whole step waits for the copy (CUDA: real)
+            emulated = [device.ready_at[n] for n in loading if n in device.ready_at]
+            if emulated:  # ... or for its emulated time on a CPU-only machine
+                time.sleep(max(0.0, max(emulated) - device.clock()))
+            device.wait_seconds += time.perf_counter() - started
+            device.loading()
+            return None
+        if self.config.lora_load_mode == "cpu_assisted":
+            self.cpu_assisted_steps += 1
+            return {n: self.loras.host.get(n) for n in loading}
+        return None
+
+    def _count_cpu_assisted(self, out: SchedulerOutput, host: dict[str, LoRAWeights]) -> None:
+        """Requests whose prefill runs CPU-assisted in this step, each counted once."""
+        for c in out.chunks:
+            seq = c.seq
+            if seq.lora in host and not seq.cpu_assisted and c.start < len(seq.prompt_token_ids):
+                seq.cpu_assisted = True
+                self.cpu_assisted_prefills += 1
+
+    def load_lora(self, name: str, path: str) -> AdapterInfo:
+        """vLLM's load_lora_adapter: read and check the adapter into host memory; it goes to the device
+        with its first request. AdapterError (the caller's 400) when it cannot serve here."""
+        local = resolve_artifact(path)
+        if is_prompt_learning(local):
+            if self.loras is not None and self.loras.has(name):
+                raise AdapterError(f"{name!r} is already loaded as a LoRA adapter")
+            r = self.runner
+            sp = load_soft_prompt(name, local, r.hidden_size, r.device, r.dtype)
+            self.soft_prompts[name] = sp
+            return AdapterInfo(name, sp.path, 0, "device")
+        if self.loras is None:
+            raise AdapterError("LoRA is not enabled on this engine (start it with --enable-lora)")
+        if name in self.soft_prompts:
+            raise AdapterError(f"{name!r} is already loaded as a soft prompt")
+        return self.loras.register(name, local)
+
+    def unload_lora(self, name: str) -> None:
+        """KeyError when it is not loaded; AdapterError while requests use it."""
+        users = sum(1 for s in self.scheduler.requests.values() if name in (s.lora, s.soft_prompt))
+        if name in self.soft_prompts:
+            if users:
+                raise AdapterError(
+                    f"soft prompt {name!r} is in use by {users} request(s); unload it when they finish"
+                )
+            del self.soft_prompts[name]
+            return
+        if self.loras is None:
+            raise KeyError(name)
+        self.loras.unregister(name, users)
+        if self.runner.lora_cpu_pool is not None:
+            self.runner.lora_cpu_pool.forget(name)
+
+    def list_loras(self) -> list[AdapterInfo]:
+        """LoRA adapters, and soft prompts (rank 0, always on the device: a few embedding rows)."""
+        soft = [AdapterInfo(sp.name, sp.path, 0, "device") for sp in self.soft_prompts.values()]
+        return ([] if self.loras is None else self.loras.adapters()) + soft
+
+    # -- conveniences -------------------------------------------------------------------------------
+    def generate(
+        self,
+        prompts: list[str | list[int]],
+        params: SamplingParams | None = None,
+        loras: list[str | None] | None = None,
+    ) -> list[list[int]]:
+        """All prompts together (each with its adapter from ``loras``), stepped to the end; the generated
+        token ids of each, in order."""
+        ids = [f"gen-{i}" for i in range(len(prompts))]
+        adapters = loras or [None] * len(prompts)
+        for rid, prompt, lora in zip(ids, prompts, adapters, strict=True):
+            self.add_request(rid, prompt, params, lora=lora)
+        tokens: dict[str, list[int]] = {rid: [] for rid in ids}
+        while self.has_unfinished():
+            for o in self.step():
+                tokens[o.request_id] += o.new_token_ids
+        return [tokens[rid] for rid in ids]
+
+    def reset_counters(self) -> None:
+        """Forget start-up work (profiling): its cached blocks and its statistics."""
+        b = self.scheduler.blocks
+        b.reset_prefix_cache()
+        b.queried_tokens = b.hit_tokens = 0
+        self.scheduler.num_preemptions = 0
+        self._steps, self._step_seconds = 0, 0.0
+
+    def stats(self) -> EngineStats:
+        s, b = self.scheduler, self.scheduler.blocks
+        return EngineStats(
+            num_requests_running=len(s.running),
+            num_requests_waiting=len(s.waiting),
+            kv_cache_usage_perc=b.usage(),
+            prefix_cache_queries_tokens=b.queried_tokens,
+            prefix_cache_hits_tokens=b.hit_tokens,
+            preemptions=s.num_preemptions,
+            steps=self._steps,
+            step_seconds=self._step_seconds,
+            coserve_seconds=self._coserve_seconds,
+            loras=tuple(self.list_loras()),
+            max_loras=self.config.max_loras if self.loras is not None else 0,
+            lora_running=_count(q.lora for q in s.running),
+            lora_waiting=_count(q.lora for q in s.waiting),
+            lora_counters=self._lora_counters(),
+        )
+
+    def _lora_counters(self) -> dict[str, float]:
+        if self.loras is None:
+            return {}
+        host, device = self.loras.host, self.loras.device
+        return {
+            "host_loads": host.loads, "host_load_seconds": host.load_seconds,
+            "host_evictions": host.evictions, "device_loads": device.loads,
+            "device_load_seconds": device.load_seconds, "device_evictions": device.evictions,
+            "cpu_assisted_steps": self.cpu_assisted_steps,
+            "cpu_assisted_prefills": self.cpu_assisted_prefills,
+        }  # fmt: skip
+
+
+def _count(names: Iterable[str | None]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for n in names:
+        if n is not None:
+            out[n] = out.get(n, 0) + 1
+    return out

@@ -1,0 +1,129 @@
+"""The one engine loop: it applies the front end's messages (``messages.EngineInput``) to an
+``LLMEngine``, steps it while there is work and emits what happened (``messages.EngineOutput``). The
+engine thread (``async_engine.py``) and the engine process (``engine_process.py``) run it; they differ
+only in how messages travel.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from elastune_worker.serving.frontend.messages import (
+    AbortRequest,
+    AddRequest,
+    CallReply,
+    EngineCall,
+    EngineInput,
+    EngineOp,
+    EngineOutput,
+    RequestErrored,
+    RequestRefused,
+    Shutdown,
+    StatsUpdate,
+    StepOutputs,
+)
+
+if TYPE_CHECKING:
+    from elastune_worker.serving.core.engine import LLMEngine
+
+log = logging.getLogger("elastune.serving")
+
+Receive = Callable[[bool], EngineInput | None]
+"""The next message; ``True``: wait for one, ``False``: None when none is pending. A ``Shutdown`` when
+the sender is gone."""
+Emit = Callable[[EngineOutput], None]
+
+
+class EngineLoop:
+    def __init__(self, engine: LLMEngine, receive: Receive, emit: Emit) -> None:
+        self.engine, self.receive, self.emit = engine, receive, emit
+
+    def run(self) -> None:
+        """Until a ``Shutdown``: every pending message is applied before the next step; idle, the loop
+        blocks on the next message, having emitted the stats once."""
+        engine = self.engine
+        fresh = False  # the front end's stats reflect the engine's state
+        while True:
+            idle = not engine.has_work()
+            if idle and not fresh:  # about to block: the last aborts/finishes must show in the metrics
+                self.emit(StatsUpdate(engine.stats()))
+                fresh = True
+            msg = self.receive(idle)
+            if msg is not None:
+                if isinstance(msg, Shutdown):
+                    return
+                fresh = False
+                self.apply(msg)
+                continue  # drain every pending message before the next step
+            self.step()
+
+    def apply(self, msg: EngineInput) -> None:
+        engine = self.engine
+        if isinstance(msg, AddRequest):
+            try:
+                engine.add_request(
+                    msg.request_id,
+                    msg.prompt,
+                    msg.params,
+                    priority=msg.priority,
+                    extra_key=msg.extra_key,
+                    lora=msg.lora,
+                )
+            except ValueError as exc:  # bad input is the caller's: hand the error back
+                self.emit(RequestRefused(msg.request_id, str(exc)))
+            except Exception as exc:
+                log.exception("adding request %s failed", msg.request_id)
+                self.emit(RequestErrored(msg.request_id, f"{type(exc).__name__}: {exc}"))
+        elif isinstance(msg, AbortRequest):
+            engine.abort(msg.request_id)
+        elif isinstance(msg, EngineCall):
+            try:
+                result, error = engine_call(engine, msg.op, msg.arg), None
+            except Exception as exc:
+                result, error = None, exc
+            self.emit(CallReply(msg.call_id, result, error, engine.stats()))
+
+    def step(self) -> None:
+        engine = self.engine
+        try:
+            outputs = engine.step()
+        except Exception as exc:  # a bug in a step: fail the requests in flight, keep serving
+            log.exception("engine step failed")
+            for rid in list(engine.scheduler.requests):
+                engine.abort(rid)
+                self.emit(RequestErrored(rid, f"engine step failed: {type(exc).__name__}: {exc}"))
+            return
+        self.emit(StepOutputs(outputs, engine.stats()))
+
+
+def engine_call(engine: LLMEngine, op: EngineOp, arg: Any) -> Any:
+    """Runs an ``EngineCall`` on the engine: adapter management and co-served tuning."""
+    if op is EngineOp.LOAD_LORA:
+        name, path = arg
+        return engine.load_lora(name, path)
+    if op is EngineOp.UNLOAD_LORA:
+        return engine.unload_lora(arg)
+    return _coserve_call(engine, op, arg)
+
+
+def _coserve_call(engine: LLMEngine, op: EngineOp, arg: Any) -> Any:
+    """A co-served tuning assignment (serving.coserve.task): start, poll, finish, stop."""
+    from elastune_worker.serving.coserve.task import CoServeTask
+
+    if op is EngineOp.COSERVE_START:
+        engine.coserve_task = CoServeTask(engine, arg)
+        return engine.coserve_task.poll()
+    task = engine.coserve_task
+    if task is None:
+        raise RuntimeError("no co-served job on this engine")
+    if op is EngineOp.COSERVE_POLL:
+        return task.poll()
+    engine.coserve_task = None
+    if op is EngineOp.COSERVE_FINISH:
+        return task.finish(arg)
+    if op is EngineOp.COSERVE_STOP:
+        task.stop()
+        return None
+    raise ValueError(f"unknown engine call {op!r}")

@@ -1,0 +1,222 @@
+"""The adapter tiers: host memory (max CPU adapters, LRU over registered adapters read from storage) and
+the device (max adapters in fixed slots, LRU; an adapter that running requests use is never evicted).
+
+Device slots are preallocated buffers per (layer, target): A of shape (slots, max rank, in) and B×scaling
+of shape (slots, out, max rank); an adapter of rank r fills the first r rows/columns of its slot and the
+rest stays zero, so the padded kernel can read any slot at the batch's max rank.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from elastune_worker.serving.runner.lora.weights import AdapterError, LoRAWeights
+
+
+@dataclass
+class Registered:
+    name: str
+    path: str
+    rank: int
+
+
+class HostLoRAs:
+    """Registered adapters (name → storage path) and an LRU of those read into host memory."""
+
+    def __init__(self, max_cpu_loras: int, read: Callable[[str, str], LoRAWeights]) -> None:
+        self.max_cpu_loras = max_cpu_loras
+        self._read = read
+        self.registered: dict[str, Registered] = {}
+        self.cache: OrderedDict[str, LoRAWeights] = OrderedDict()
+        self.storage_loads = 0
+        """Re-reads from storage of adapters evicted from host memory."""
+        self.loads = 0
+        """Reads from storage into host memory (registrations and re-reads)."""
+        self.load_seconds = 0.0
+        self.evictions = 0
+
+    def register(self, name: str, path: str) -> LoRAWeights:
+        """Reads and checks it now (a bad artifact is refused at registration, not at its first request)."""
+        if name in self.registered and self.registered[name].path != path:
+            raise AdapterError(f"adapter {name!r} is already loaded from {self.registered[name].path}")
+        weights = self._timed_read(name, path)
+        self.registered[name] = Registered(name, path, weights.rank)
+        self._put(weights)
+        return weights
+
+    def unregister(self, name: str) -> None:
+        self.registered.pop(name, None)
+        self.cache.pop(name, None)
+
+    def get(self, name: str) -> LoRAWeights:
+        w = self.cache.get(name)
+        if w is None:
+            reg = self.registered.get(name)
+            if reg is None:
+                raise AdapterError(f"adapter {name!r} is not loaded")
+            w = self._timed_read(name, reg.path)  # evicted from host memory: read again from storage
+            self.storage_loads += 1
+            self._put(w)
+        else:
+            self.cache.move_to_end(name)
+        return w
+
+    def _timed_read(self, name: str, path: str) -> LoRAWeights:
+        started = time.perf_counter()
+        w = self._read(name, path)
+        self.loads += 1
+        self.load_seconds += time.perf_counter() - started
+        return w
+
+    def _put(self, w: LoRAWeights) -> None:
+        self.cache[w.name] = w
+        self.cache.move_to_end(w.name)
+        while len(self.cache) > self.max_cpu_loras:
+            self.cache.popitem(last=False)
+            self.evictions += 1
+
+
+class DeviceLoRAs:
+    def __init__(
+        self,
+        max_loras: int,
+        max_rank: int,
+        shapes: dict[str, tuple[int, int]],
+        num_layers: int,
+        device: torch.device,
+        dtype: torch.dtype,
+    ) -> None:
+        self.max_loras, self.max_rank = max_loras, max_rank
+        self.shapes, self.num_layers = shapes, num_layers
+        self.device, self.dtype = device, dtype
+        self.a = {
+            (layer, t): torch.zeros(max_loras, max_rank, fan_in, device=device, dtype=dtype)
+            for layer in range(num_layers)
+            for t, (fan_in, _) in shapes.items()
+        }
+        self.b = {
+            (layer, t): torch.zeros(max_loras, fan_out, max_rank, device=device, dtype=dtype)
+            for layer in range(num_layers)
+            for t, (_, fan_out) in shapes.items()
+        }
+        self.slot_of: OrderedDict[str, int] = OrderedDict()
+        """Resident adapters by LRU order (least recent first) → slot."""
+        self.ready_at: dict[str, float] = {}
+        """Adapters whose (emulated) copy is still in flight → monotonic time it completes."""
+        self.copy_events: dict[str, Any] = {}
+        """CUDA: adapters whose copy on the side stream has not completed → its event."""
+        self._stream: Any = None
+        self.emulated_gbps = 0.0
+        self.wait_seconds = 0.0
+        """Time steps spent waiting for copies (on-demand loading)."""
+        self.clock: Callable[[], float] = time.monotonic
+        self.rank = [0] * max_loras
+        self.loads = 0
+        """Copies host → device."""
+        self.load_seconds = 0.0
+        self.evictions = 0
+        """Resident adapters pushed out of their slot by another (LRU)."""
+
+    def free_slots(self) -> list[int]:
+        used = set(self.slot_of.values())
+        return [s for s in range(self.max_loras) if s not in used]
+
+    def loading(self) -> set[str]:
+        """Adapters whose copy is still in flight (finished ones are marked ready)."""
+        now = self.clock()
+        for name in [n for n, t in self.ready_at.items() if t <= now]:
+            del self.ready_at[name]
+        for name in [n for n, e in self.copy_events.items() if e.query()]:
+            del self.copy_events[name]
+        return set(self.ready_at) | set(self.copy_events)
+
+    def wait_copies(self, names: set[str]) -> None:
+        """Block until the real (CUDA) copies of ``names`` are done (on-demand loading)."""
+        for name in names:
+            event = self.copy_events.pop(name, None)
+            if event is not None:
+                event.synchronize()
+
+    def _copy_stream(self) -> Any:
+        if self.device.type != "cuda":
+            return None
+        if self._stream is None:
+            self._stream = torch.cuda.Stream(self.device)
+        return self._stream
+
+    def copy_seconds(self, rank: int) -> float:
+        """EMULATED host→device copy time (0 without emulation): a Llama-2-7B adapter of this rank on
+        q, k, v in fp16 (rank × 3 × 8,192 × 2 B × 32 layers) at ``emulated_gbps``."""
+        if self.emulated_gbps <= 0:
+            return 0.0
+        return rank * 3 * 8192 * 2 * 32 / (self.emulated_gbps * 1e9)
+
+    def can_place(self, busy: set[str]) -> bool:
+        return bool(self.free_slots()) or any(n not in busy for n in self.slot_of)
+
+    def activate(self, names: Iterable[str], host: HostLoRAs, busy: set[str]) -> dict[str, int]:
+        """Slots of ``names`` (all resident after the call; a new one may still be in flight, see
+        ``loading``). Loading one evicts the least recently used resident adapter outside ``names`` and
+        ``busy`` (adapters of running requests)."""
+        wanted = list(dict.fromkeys(names))
+        if len(wanted) > self.max_loras:
+            raise AdapterError(f"{len(wanted)} adapters in one batch, the device holds {self.max_loras}")
+        for name in wanted:
+            if name in self.slot_of:
+                self.slot_of.move_to_end(name)
+                continue
+            free = self.free_slots()
+            if free:
+                slot = free[0]
+            else:
+                keep = set(wanted) | busy
+                victim = next((n for n in self.slot_of if n not in keep), None)
+                if victim is None:
+                    raise AdapterError("every device adapter slot is in use by running requests")
+                slot = self.slot_of.pop(victim)
+                self.ready_at.pop(victim, None)
+                self.evictions += 1
+            w = host.get(name)
+            self._copy_in(slot, w)
+            self.slot_of[name] = slot
+            seconds = self.copy_seconds(w.rank)
+            if seconds > 0:
+                self.ready_at[name] = self.clock() + seconds
+        return {n: self.slot_of[n] for n in wanted}
+
+    def evict(self, name: str) -> None:
+        self.ready_at.pop(name, None)
+        self.copy_events.pop(name, None)
+        slot = self.slot_of.pop(name, None)
+        if slot is not None:
+            self.rank[slot] = 0
+
+    def _copy_in(self, slot: int, w: LoRAWeights) -> None:
+        """Host → device. On CUDA the copy runs on a side stream and the adapter counts as loading
+        until its event completes (CaraServe's window for the CPU path); on CPU it is a memory copy
+        (its device time is the emulation's)."""
+        started = time.perf_counter()
+        stream = self._copy_stream()
+        with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
+            for key, a in self.a.items():
+                b = self.b[key]
+                a[slot].zero_()
+                b[slot].zero_()
+                src_a, src_b = w.a.get(key), w.b.get(key)
+                if src_a is not None and src_b is not None:
+                    a[slot, : w.rank].copy_(src_a.to(self.dtype), non_blocking=True)
+                    b[slot, :, : w.rank].copy_(src_b.to(self.dtype), non_blocking=True)
+        if stream is not None:
+            event = torch.cuda.Event()
+            event.record(stream)
+            self.copy_events[w.name] = event
+        self.rank[slot] = w.rank
+        self.loads += 1
+        self.load_seconds += time.perf_counter() - started

@@ -1,0 +1,181 @@
+"""Llama-family decoder (RMSNorm, RoPE, SwiGLU, grouped-query attention) over the paged KV cache."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from elastune_worker.serving.runner.attention import AttentionMetadata, paged_attention
+from elastune_worker.serving.runner.lora.kernels import LoRABatch
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x32.to(dtype)
+
+
+def rope_table(
+    head_dim: int, max_pos: int, theta: float, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
+    inv_freq = 1.0 / (
+        theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64, device=device).float() / head_dim)
+    )
+    freqs = torch.outer(torch.arange(max_pos, device=device).float(), inv_freq)
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return emb.cos(), emb.sin()
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+class LlamaLayer(nn.Module):
+    def __init__(self, cfg: dict[str, Any], index: int = 0) -> None:
+        super().__init__()
+        self.index = index
+        h, self.n_heads, self.n_kv = (
+            cfg["hidden_size"],
+            cfg["num_attention_heads"],
+            cfg["num_key_value_heads"],
+        )
+        self.head_dim = cfg.get("head_dim") or h // self.n_heads
+        bias = bool(cfg.get("attention_bias", False))
+        # q, k and v projections as one matmul (the loader stacks their weights), likewise gate and up:
+        # fewer, larger kernels per layer; LoRA deltas are added per slice (q, k, v; gate, up).
+        self.q_size, self.kv_size = self.n_heads * self.head_dim, self.n_kv * self.head_dim
+        self.qkv_proj = nn.Linear(h, self.q_size + 2 * self.kv_size, bias=bias)
+        self.o_proj = nn.Linear(self.n_heads * self.head_dim, h, bias=bias)
+        inter, mlp_bias = cfg["intermediate_size"], bool(cfg.get("mlp_bias", False))
+        self.intermediate = inter
+        self.gate_up_proj = nn.Linear(h, 2 * inter, bias=mlp_bias)
+        self.down_proj = nn.Linear(inter, h, bias=mlp_bias)
+        eps = cfg.get("rms_norm_eps", 1e-6)
+        self.input_layernorm = RMSNorm(h, eps)
+        self.post_attention_layernorm = RMSNorm(h, eps)
+        self.scale = self.head_dim**-0.5
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        kv: tuple[torch.Tensor, torch.Tensor],
+        meta: AttentionMetadata,
+        lora: LoRABatch | None = None,
+    ) -> torch.Tensor:
+        t, i = x.shape[0], self.index
+        h = self.input_layernorm(x)
+        qkv = self.qkv_proj(h)
+        if lora is not None:
+            qs, ks = self.q_size, self.q_size + self.kv_size
+            lora.add(qkv[:, :qs], h, i, "q_proj")
+            lora.add(qkv[:, qs:ks], h, i, "k_proj")
+            lora.add(qkv[:, ks:], h, i, "v_proj")
+        q, k, v = qkv.split((self.q_size, self.kv_size, self.kv_size), dim=-1)
+        q = q.view(t, self.n_heads, self.head_dim)
+        k = k.view(t, self.n_kv, self.head_dim)
+        v = v.view(t, self.n_kv, self.head_dim)
+        q = q * cos + _rotate_half(q) * sin
+        k = k * cos + _rotate_half(k) * sin
+        a = paged_attention(q, k, v, kv[0], kv[1], meta, self.scale).reshape(t, -1)
+        o = self.o_proj(a)
+        if lora is not None:
+            lora.add(o, a, i, "o_proj")
+        x = x + o
+        h = self.post_attention_layernorm(x)
+        gate_up = self.gate_up_proj(h)
+        if lora is not None:
+            lora.add(gate_up[:, : self.intermediate], h, i, "gate_proj")
+            lora.add(gate_up[:, self.intermediate :], h, i, "up_proj")
+        gate, up = gate_up.split(self.intermediate, dim=-1)
+        m = F.silu(gate) * up
+        d = self.down_proj(m)
+        if lora is not None:
+            lora.add(d, m, i, "down_proj")
+        return x + d
+
+    def lora_shapes(self) -> dict[str, tuple[int, int]]:
+        """(in, out) of every linear layer an adapter may target, by its transformers name."""
+        h = self.input_layernorm.weight.shape[0]
+        return {
+            "q_proj": (h, self.q_size), "k_proj": (h, self.kv_size), "v_proj": (h, self.kv_size),
+            "o_proj": (self.q_size, h), "gate_proj": (h, self.intermediate),
+            "up_proj": (h, self.intermediate), "down_proj": (self.intermediate, h),
+        }  # fmt: skip
+
+
+class LlamaModel(nn.Module):
+    """Weight names follow transformers' LlamaForCausalLM (``model.layers.N.self_attn.q_proj`` ...),
+    remapped by the loader."""
+
+    def __init__(self, cfg: dict[str, Any]) -> None:
+        super().__init__()
+        self.cfg = cfg
+        h = cfg["hidden_size"]
+        self.embed_tokens = nn.Embedding(cfg["vocab_size"], h)
+        self.layers = nn.ModuleList(LlamaLayer(cfg, i) for i in range(cfg["num_hidden_layers"]))
+        self.norm = RMSNorm(h, cfg.get("rms_norm_eps", 1e-6))
+        self.lm_head = nn.Linear(h, cfg["vocab_size"], bias=False)
+        self.n_kv_heads: int = cfg["num_key_value_heads"]
+        self.head_dim: int = cfg.get("head_dim") or h // cfg["num_attention_heads"]
+        rope = cfg.get("rope_parameters") or {}
+        self.rope_theta = float(rope.get("rope_theta", cfg.get("rope_theta", 10000.0)))
+        self._rope: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.layers)
+
+    def lora_shapes(self) -> dict[str, tuple[int, int]]:
+        first: LlamaLayer = self.layers[0]  # type: ignore[assignment]
+        return first.lora_shapes()
+
+    def forward(
+        self,
+        tokens: torch.Tensor,
+        meta: AttentionMetadata,
+        kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+        lora: LoRABatch | None = None,
+        embeds: tuple[torch.Tensor, torch.Tensor] | None = None,
+    ) -> torch.Tensor:
+        """``embeds``: (rows, vectors) replacing those rows' input embeddings (soft prompts)."""
+        if self._rope is None or self._rope[0].device != tokens.device:
+            cos, sin = rope_table(
+                self.head_dim, self.cfg["max_position_embeddings"], self.rope_theta, tokens.device
+            )
+            self._rope = (cos.to(self.embed_tokens.weight.dtype), sin.to(self.embed_tokens.weight.dtype))
+        cos = self._rope[0][meta.positions].unsqueeze(1)
+        sin = self._rope[1][meta.positions].unsqueeze(1)
+        x = self.embed_tokens(tokens)
+        if embeds is not None:
+            x[embeds[0]] = embeds[1]
+        for layer, kv in zip(self.layers, kv_caches, strict=True):
+            x = layer(x, cos, sin, kv, meta, lora)
+        x = self.norm(x[meta.logits_index])
+        return self.lm_head(x)
+
+    #: Checkpoint weights stacked into one of this module's parameters: (its name, slice order).
+    STACKED: ClassVar[dict[str, tuple[str, ...]]] = {
+        "qkv_proj": ("q_proj", "k_proj", "v_proj"),
+        "gate_up_proj": ("gate_proj", "up_proj"),
+    }
+
+    @staticmethod
+    def remap(name: str) -> str:
+        """transformers' parameter name -> this module's (a stacked slice keeps its own name here)."""
+        name = name.removeprefix("model.")
+        for old, new in (("self_attn.", ""), ("mlp.", "")):
+            name = name.replace(old, new)
+        return name

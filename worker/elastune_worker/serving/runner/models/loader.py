@@ -1,0 +1,93 @@
+"""Load an HF-format model directory (config.json + *.safetensors) into Elastune's own modules."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import safe_open
+
+from elastune_worker.serving.runner.models.gpt2 import GPT2Model
+from elastune_worker.serving.runner.models.llama import LlamaModel
+
+#: model_type of config.json -> implementation. Llama-family models share the architecture.
+PagedModel = LlamaModel | GPT2Model
+ARCHITECTURES: dict[str, type[PagedModel]] = {
+    "llama": LlamaModel,
+    "mistral": LlamaModel,
+    "qwen2": LlamaModel,
+    "gpt2": GPT2Model,
+}
+_IGNORED_SUFFIXES = (".attn.bias", ".attn.masked_bias", "rotary_emb.inv_freq")
+
+
+class UnsupportedModel(ValueError):
+    pass
+
+
+def read_config(path: Path) -> dict[str, Any]:
+    try:
+        cfg: dict[str, Any] = json.loads((Path(path) / "config.json").read_text())
+    except (OSError, ValueError) as exc:
+        raise UnsupportedModel(f"{path}: no readable config.json ({exc})") from exc
+    return cfg
+
+
+def context_length(cfg: dict[str, Any]) -> int:
+    return int(cfg.get("max_position_embeddings") or cfg.get("n_positions") or 2048)
+
+
+def load_model(path: Path, device: torch.device, dtype: torch.dtype) -> tuple[PagedModel, dict[str, Any]]:
+    cfg = read_config(path)
+    kind = cfg.get("model_type", "")
+    impl = ARCHITECTURES.get(kind)
+    if impl is None:
+        raise UnsupportedModel(
+            f"{path}: model_type {kind!r} is not supported (supported: {', '.join(ARCHITECTURES)})"
+        )
+    with torch.device("meta"):
+        model = impl(cfg)
+    params = dict(model.named_parameters())
+    stacked: dict[str, tuple[str, ...]] = getattr(impl, "STACKED", {})
+    part_of = {part: (whole, i) for whole, parts in stacked.items() for i, part in enumerate(parts)}
+    pieces: dict[str, dict[int, torch.Tensor]] = {}
+    loaded: dict[str, torch.Tensor] = {}
+    files = sorted(Path(path).glob("*.safetensors"))
+    if not files:
+        raise UnsupportedModel(f"{path}: no *.safetensors weights")
+    for f in files:
+        with safe_open(str(f), framework="pt") as st:
+            for name in st.keys():  # noqa: SIM118 - safe_open is not a mapping
+                if name.endswith(_IGNORED_SUFFIXES):
+                    continue
+                ours = impl.remap(name)
+                t = st.get_tensor(name)
+                if getattr(impl, "transposed", lambda _n: False)(ours):
+                    t = t.t()
+                prefix, _, leaf = ours.rpartition(".")
+                module, _, part = prefix.rpartition(".")
+                if part in part_of:
+                    whole, index = part_of[part]
+                    pieces.setdefault(f"{module}.{whole}.{leaf}", {})[index] = t
+                    continue
+                if ours not in params:
+                    raise UnsupportedModel(f"{path}: unexpected weight {name!r}")
+                loaded[ours] = t.to(dtype).contiguous()
+    for ours, parts in pieces.items():
+        if ours not in params or len(parts) != len(stacked[ours.rsplit(".", 2)[-2]]):
+            raise UnsupportedModel(f"{path}: incomplete weights for {ours}")
+        loaded[ours] = torch.cat([parts[i] for i in sorted(parts)], dim=0).to(dtype).contiguous()
+    tied = (
+        "lm_head.weight" in params and "lm_head.weight" not in loaded and cfg.get("tie_word_embeddings", True)
+    )
+    if tied:
+        loaded["lm_head.weight"] = loaded["embed_tokens.weight"]
+    missing = sorted(set(params) - set(loaded))
+    if missing:
+        raise UnsupportedModel(f"{path}: weights missing for {', '.join(missing[:5])}")
+    model.load_state_dict({k: v.to(device) for k, v in loaded.items()}, assign=True, strict=True)
+    if tied:  # one tensor for both, as the checkpoint means
+        model.lm_head.weight = model.embed_tokens.weight  # type: ignore[union-attr]
+    return model.eval(), cfg
