@@ -11,8 +11,7 @@ in tests/worker/test_pvc_artifacts.py.
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,126 +19,32 @@ import pytest
 
 pytest.importorskip("kmock")
 
-from kubernetes import client, config
-from kubernetes.client.rest import ApiException
-
-from elastune_contract.api.constants import GROUP, PLURAL_TUNING_JOBS, PLURAL_WARM_POOLS, VERSION
+from elastune_contract.api.constants import GROUP, VERSION
 from elastune_contract.api.resources import parse_resource
-from elastune_contract.protocol import Bus, Event, WorkerRecord, WorkerState
+from elastune_contract.protocol import Event
 from elastune_contract.vocabulary import Reason
-from elastune_operator.k8s.runtime import Runtime
-from elastune_operator.k8s.settings import OperatorSettings
-from elastune_testing.emulator import start_emulator
-
-NS = "default"
-MODEL = "test/model"
-
-
-def wait_for(what: str, check: Callable[[], Any], timeout: float = 20.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
-
-
-class Operator:
-    """Runtime (core thread + Knative backend) on the emulator; the test creates objects and hands them
-    to it as kopf's handlers would."""
-
-    def __init__(self, tmp: Path, redis_url: str, model: str = MODEL) -> None:
-        self.model = model
-        self.emulator = start_emulator(tmp / "emulator")
-        api = config.new_client_from_config(config_file=str(self.emulator.kubeconfig_path))
-        self.custom = client.CustomObjectsApi(api)
-        self.bus = Bus(redis_url, f"durable{time.time_ns()}")
-        settings = OperatorSettings(
-            redis_url=redis_url,
-            redis_secret=None,
-            work_dir=tmp / "pod-tmp",  # the pods' /tmp: what must never hold a user's artifact
-            metrics_port=0,
-            namespace=self.bus.ns,
-            cold_pool_gpus=2,
-        )
-        self.runtime = Runtime(settings, api, bus=self.bus)
-        self.runtime.start()
-
-    def close(self) -> None:
-        self.runtime.stop()
-        self.emulator.stop()
-
-    def pool(self, name: str, volumes: list[dict[str, Any]] | None = None) -> dict[str, Any]:
-        body = {
-            "apiVersion": f"{GROUP}/{VERSION}",
-            "kind": "WarmPool",
-            "metadata": {"name": name, "namespace": NS},
-            "spec": {"model": self.model, "maxWarmGPUs": 2, **({"volumes": volumes} if volumes else {})},
-        }
-        created = self.custom.create_namespaced_custom_object(GROUP, VERSION, NS, PLURAL_WARM_POOLS, body)
-        self.runtime.upsert_pool(created)
-        return created
-
-    def job(self, name: str, output: str | None = None, **extra: Any) -> dict[str, Any]:
-        spec: dict[str, Any] = {
-            "model": self.model,
-            "dataset": "/data/train.jsonl",
-            "termination": {"maxIterations": 20},
-            "deadline": "10m",
-            "promptBank": "never",
-            **extra,
-        }
-        if output:
-            spec["output"] = {"uri": output}
-        body = {
-            "apiVersion": f"{GROUP}/{VERSION}",
-            "kind": "TuningJob",
-            "metadata": {"name": name, "namespace": NS},
-            "spec": spec,
-        }
-        created = self.custom.create_namespaced_custom_object(GROUP, VERSION, NS, PLURAL_TUNING_JOBS, body)
-        self.runtime.submit_job(created)
-        return created
-
-    def conditions(self, name: str) -> dict[str, dict[str, Any]]:
-        try:
-            obj = self.custom.get_namespaced_custom_object(GROUP, VERSION, NS, PLURAL_TUNING_JOBS, name)
-        except ApiException:
-            return {}
-        return {c["type"]: c for c in (obj.get("status") or {}).get("conditions", [])}
-
-    def status(self, name: str) -> dict[str, Any]:
-        obj = self.custom.get_namespaced_custom_object(GROUP, VERSION, NS, PLURAL_TUNING_JOBS, name)
-        return obj.get("status") or {}
-
-    def worker(self, wid: str, pool: str) -> None:
-        now = time.time()
-        self.bus.publish_worker(
-            WorkerRecord(
-                id=wid, pool=pool, model=self.model, state=WorkerState.READY, started_at=now - 3,
-                ready_at=now, heartbeat=now,
-            )
-        )  # fmt: skip
+from operator_site import MODEL, NS, OperatorSite, wait_for
 
 
 @pytest.fixture
-def operator(tmp_path: Path, redis_server: Any) -> Iterator[Operator]:
-    op = Operator(tmp_path, redis_server.url)
+def operator(tmp_path: Path, redis_server: Any) -> Iterator[OperatorSite]:
+    site = OperatorSite(tmp_path, redis_server.url, "durable")
     try:
-        yield op
+        yield site
     finally:
-        op.close()
+        site.close()
 
 
-def test_a_job_whose_output_could_only_land_in_a_pod_is_refused_with_the_reason(operator: Operator) -> None:
+def test_a_job_whose_output_could_only_land_in_a_pod_is_refused_with_the_reason(
+    operator: OperatorSite,
+) -> None:
     operator.pool("tiny", volumes=[{"claimName": "adapters", "readOnly": True}, {"claimName": "out"}])
     operator.job("no-output")  # the default artifact would go to the pods' /tmp
-    operator.job("pod-path", output="/tmp/prompts/x")
-    operator.job("file-pod-path", output="file:///var/prompts/x")
-    operator.job("unmounted-claim", output="pvc://elsewhere/prompts/x")
-    operator.job("on-the-claim", output="pvc://out/prompts/x")
-    operator.job("on-the-mount", output="/mnt/pvc/out/prompts/y")
+    operator.job("pod-path", output={"uri": "/tmp/prompts/x"})
+    operator.job("file-pod-path", output={"uri": "file:///var/prompts/x"})
+    operator.job("unmounted-claim", output={"uri": "pvc://elsewhere/prompts/x"})
+    operator.job("on-the-claim", output={"uri": "pvc://out/prompts/x"})
+    operator.job("on-the-mount", output={"uri": "/mnt/pvc/out/prompts/y"})
 
     for name in ("no-output", "pod-path", "file-pod-path", "unmounted-claim"):
         conds = wait_for(f"{name} refused", lambda n=name: operator.conditions(n).get("Failed"))
@@ -157,14 +62,14 @@ def test_a_job_whose_output_could_only_land_in_a_pod_is_refused_with_the_reason(
 
 
 def test_checkpoints_and_default_artifacts_go_to_the_pools_durable_claim_and_succeeded_names_it(
-    operator: Operator,
+    operator: OperatorSite,
 ) -> None:
     volumes = [{"claimName": "adapters", "readOnly": True}, {"claimName": "shared", "jobStorage": True}]
     operator.pool("tiny", volumes=volumes)
     job = operator.job("tuned")
     uid = wait_for("the job in the core", lambda: operator.runtime.core.jobs.get(f"{NS}/tuned")).uid
     wait_for("the pool to grow", lambda: operator.runtime.backend.pools["tiny"][1] >= 1)
-    operator.worker("tiny-pod-1", "tiny")
+    operator.ready_worker("tiny-pod-1", "tiny")
     a = wait_for("an assignment", lambda: operator.bus.pop_assignment("tiny-pod-1", timeout=0.2))
     # Under the claim every pod of the pool mounts, not under the pod's own /tmp (ELASTUNE_WORK_DIR).
     assert a.checkpoint_dir == f"pvc://shared/elastune/checkpoints/{NS}/tuned/{uid}"

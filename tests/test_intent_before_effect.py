@@ -15,113 +15,50 @@ import pytest
 
 pytest.importorskip("kmock")
 
-from kubernetes import client, config
 from kubernetes.client.rest import ApiException
 
 from elastune_contract.api.constants import (
     GROUP,
     PLURAL_LORA_ADAPTERS,
     PLURAL_TUNING_JOBS,
-    PLURAL_WARM_POOLS,
     VERSION,
 )
-from elastune_contract.protocol import Assignment, Bus, WorkerRecord, WorkerState
+from elastune_contract.protocol import Assignment
 from elastune_contract.vocabulary import Reason
-from elastune_operator.k8s.runtime import Runtime
-from elastune_operator.k8s.settings import OperatorSettings
-from elastune_testing.emulator import start_emulator
-from test_durable_storage import MODEL, NS, wait_for
+from operator_site import MODEL, NS, OperatorSite, wait_for
 
 V = f"{GROUP}/{VERSION}"
+JOB_STORAGE = [{"claimName": "shared", "jobStorage": True}]
 
 
-class Site:
-    """The emulator and Redis outlive the operator: ``operator()`` starts a fresh Runtime (a restart)."""
+def succeeded_job(site: OperatorSite, name: str, publish: str) -> dict[str, Any]:
+    """A job whose stored status says it succeeded (as an operator before a restart left it)."""
+    site.job(name, submit=False, output={"publish": publish})
+    stamp = "2026-01-01T00:00:00Z"
+    cond = {"status": "True", "reason": "MaxIterations", "message": "", "lastTransitionTime": stamp}
+    status = {
+        "conditions": [
+            {"type": "Accepted", **cond, "reason": "Validated"},
+            {"type": "Succeeded", **cond},
+        ],
+        "artifactURI": f"pvc://shared/elastune/artifacts/{NS}/{name}",
+        "iterations": 20,
+        "attempts": 1,
+    }
+    site.custom.patch_namespaced_custom_object_status(
+        GROUP, VERSION, NS, PLURAL_TUNING_JOBS, name, {"status": status}
+    )
+    body = site.get(PLURAL_TUNING_JOBS, name)
+    assert body is not None
+    return body
 
-    def __init__(self, tmp: Path, redis_url: str) -> None:
-        self.tmp, self.redis_url = tmp, redis_url
-        self.emulator = start_emulator(tmp / "emulator")
-        self.api = config.new_client_from_config(config_file=str(self.emulator.kubeconfig_path))
-        self.custom = client.CustomObjectsApi(self.api)
-        self.ns = f"intent{time.time_ns()}"
-        self.runtimes: list[Runtime] = []
 
-    def operator(self) -> Runtime:
-        for old in self.runtimes:
-            old.stop()
-        bus = Bus(self.redis_url, self.ns)
-        settings = OperatorSettings(
-            redis_url=self.redis_url, redis_secret=None, work_dir=self.tmp / "pod-tmp", metrics_port=0,
-            namespace=self.ns, cold_pool_gpus=2,
-        )  # fmt: skip
-        rt = Runtime(settings, self.api, bus=bus)
-        rt.start()
-        self.runtimes.append(rt)
-        return rt
-
-    def close(self) -> None:
-        for rt in self.runtimes:
-            rt.stop()
-        self.emulator.stop()
-
-    def create(self, plural: str, body: dict[str, Any]) -> dict[str, Any]:
-        return self.custom.create_namespaced_custom_object(GROUP, VERSION, NS, plural, body)
-
-    def get(self, plural: str, name: str) -> dict[str, Any] | None:
-        try:
-            return self.custom.get_namespaced_custom_object(GROUP, VERSION, NS, plural, name)
-        except ApiException as exc:
-            if exc.status == 404:
-                return None
-            raise
-
-    def status(self, name: str) -> dict[str, Any]:
-        return (self.get(PLURAL_TUNING_JOBS, name) or {}).get("status") or {}
-
-    def condition(self, name: str, ctype: str) -> dict[str, Any] | None:
-        return next((c for c in self.status(name).get("conditions", []) if c["type"] == ctype), None)
-
-    def job(self, name: str, **output: Any) -> dict[str, Any]:
-        spec: dict[str, Any] = {
-            "model": MODEL, "dataset": "/data/train.jsonl", "termination": {"maxIterations": 20},
-            "deadline": "10m", "promptBank": "never",
-        }  # fmt: skip
-        if output:
-            spec["output"] = output
-        return self.create(
-            PLURAL_TUNING_JOBS,
-            {"apiVersion": V, "kind": "TuningJob", "metadata": {"name": name}, "spec": spec},
-        )
-
-    def succeeded_job(self, name: str, publish: str) -> dict[str, Any]:
-        """A job whose stored status says it succeeded (as an operator before a restart left it)."""
-        self.job(name, publish=publish)
-        stamp = "2026-01-01T00:00:00Z"
-        cond = {"status": "True", "reason": "MaxIterations", "message": "", "lastTransitionTime": stamp}
-        status = {
-            "conditions": [
-                {"type": "Accepted", **cond, "reason": "Validated"},
-                {"type": "Succeeded", **cond},
-            ],
-            "artifactURI": f"pvc://shared/elastune/artifacts/{NS}/{name}",
-            "iterations": 20,
-            "attempts": 1,
-        }
-        self.custom.patch_namespaced_custom_object_status(
-            GROUP, VERSION, NS, PLURAL_TUNING_JOBS, name, {"status": status}
-        )
-        body = self.get(PLURAL_TUNING_JOBS, name)
-        assert body is not None
-        return body
-
-    def adapter(self, name: str, owners: list[dict[str, Any]] | None = None) -> dict[str, Any]:
-        meta: dict[str, Any] = {"name": name}
-        if owners:
-            meta["ownerReferences"] = owners
-        spec = {"baseModel": MODEL, "artifactURL": "pvc://shared/users/own"}
-        return self.create(
-            PLURAL_LORA_ADAPTERS, {"apiVersion": V, "kind": "LoRAAdapter", "metadata": meta, "spec": spec}
-        )
+def users_adapter(site: OperatorSite, name: str, owners: list[dict[str, Any]] | None = None) -> None:
+    """A LoRAAdapter made with kubectl (not handed to the runtime), optionally owned by someone."""
+    meta = {"ownerReferences": owners} if owners else {}
+    site.create(
+        PLURAL_LORA_ADAPTERS, name, {"baseModel": MODEL, "artifactURL": "pvc://shared/users/own"}, **meta
+    )
 
 
 def owner(job: dict[str, Any]) -> dict[str, Any]:
@@ -130,23 +67,17 @@ def owner(job: dict[str, Any]) -> dict[str, Any]:
 
 
 @pytest.fixture
-def site(tmp_path: Path, redis_server: Any) -> Iterator[Site]:
-    s = Site(tmp_path, redis_server.url)
+def site(tmp_path: Path, redis_server: Any) -> Iterator[OperatorSite]:
+    s = OperatorSite(tmp_path, redis_server.url, "intent")
     try:
         yield s
     finally:
         s.close()
 
 
-def test_the_attempt_is_in_the_stored_status_before_its_assignment_reaches_redis(site: Site) -> None:
-    rt = site.operator()
-    pool = {"model": MODEL, "maxWarmGPUs": 2, "volumes": [{"claimName": "shared", "jobStorage": True}]}
-    rt.upsert_pool(
-        site.create(
-            PLURAL_WARM_POOLS,
-            {"apiVersion": V, "kind": "WarmPool", "metadata": {"name": "tiny"}, "spec": pool},
-        )
-    )
+def test_the_attempt_is_in_the_stored_status_before_its_assignment_reaches_redis(site: OperatorSite) -> None:
+    rt = site.restart()
+    site.pool("tiny", volumes=JOB_STORAGE)
     seen: list[tuple[int, Any, Any]] = []  # (attempt pushed, stored status.attempts, stored Running)
     push = rt.bus.assign
 
@@ -156,24 +87,18 @@ def test_the_attempt_is_in_the_stored_status_before_its_assignment_reaches_redis
         push(worker_id, a)
 
     rt.bus.assign = assign  # type: ignore[method-assign]
-    rt.submit_job(site.job("ordered"))
+    site.job("ordered")
     wait_for("the pool to grow", lambda: rt.backend.pools["tiny"][1] >= 1)
-    now = time.time()
-    rt.bus.publish_worker(
-        WorkerRecord(
-            id="tiny-pod-1", pool="tiny", model=MODEL, state=WorkerState.READY, started_at=now - 3,
-            ready_at=now, heartbeat=now,
-        )
-    )  # fmt: skip
+    site.ready_worker("tiny-pod-1", "tiny")
     a = wait_for("the assignment", lambda: rt.bus.pop_assignment("tiny-pod-1", timeout=0.2))
     assert a.attempt == 1
     assert seen == [(1, 1, "True")], seen
 
 
 def test_status_says_published_only_once_the_adapter_exists_and_a_restart_republishes_once(
-    site: Site,
+    site: OperatorSite,
 ) -> None:
-    rt = site.operator()
+    rt = site.restart()
     real_create = rt.api.create_namespaced_custom_object
 
     def api_down_for_adapters(group: str, version: str, ns: str, plural: str, body: Any, **kw: Any) -> Any:
@@ -182,14 +107,14 @@ def test_status_says_published_only_once_the_adapter_exists_and_a_restart_republ
         return real_create(group, version, ns, plural, body, **kw)
 
     rt.api.create_namespaced_custom_object = api_down_for_adapters  # type: ignore[method-assign]
-    rt.submit_job(site.succeeded_job("pub", publish="pub-adapter"))
+    rt.submit_job(succeeded_job(site, "pub", publish="pub-adapter"))
     wait_for("the job in the core", lambda: f"{NS}/pub" in rt.core.jobs)
     time.sleep(1.0)  # rounds pass: the creation keeps failing
     assert site.get(PLURAL_LORA_ADAPTERS, "pub-adapter") is None
     assert "publishedAdapter" not in site.status("pub"), site.status("pub")
 
     # The operator restarts (the API takes the adapter now): published once, owned by the job.
-    rt = site.operator()
+    rt = site.restart()
     job = site.get(PLURAL_TUNING_JOBS, "pub")
     assert job is not None
     rt.submit_job(job)
@@ -199,8 +124,8 @@ def test_status_says_published_only_once_the_adapter_exists_and_a_restart_republ
     assert (site.condition("pub", "Published") or {}).get("reason") == Reason.PUBLISHED
 
     # Crashed after creating the adapter, before the status said so: taken as it is.
-    job2 = site.succeeded_job("pub2", publish="pub2-adapter")
-    site.adapter("pub2-adapter", owners=[owner(job2)])
+    job2 = succeeded_job(site, "pub2", publish="pub2-adapter")
+    users_adapter(site, "pub2-adapter", owners=[owner(job2)])
     rt.submit_job(job2)
     wait_for("publishedAdapter", lambda: site.status("pub2").get("publishedAdapter") == "pub2-adapter")
 
@@ -210,7 +135,7 @@ def test_status_says_published_only_once_the_adapter_exists_and_a_restart_republ
         for n in ("pub-adapter", "pub2-adapter")
     }  # type: ignore[index]
     statuses = {n: site.status(n) for n in ("pub", "pub2")}
-    rt = site.operator()
+    rt = site.restart()
     for n in ("pub", "pub2"):
         rt.submit_job(site.get(PLURAL_TUNING_JOBS, n))  # type: ignore[arg-type]
     wait_for("the jobs in the core", lambda: {f"{NS}/pub", f"{NS}/pub2"} <= set(rt.core.jobs))
@@ -219,14 +144,16 @@ def test_status_says_published_only_once_the_adapter_exists_and_a_restart_republ
     assert {n: site.status(n) for n in statuses} == statuses
 
 
-def test_a_publish_name_a_users_adapter_holds_becomes_a_condition_with_the_reason(site: Site) -> None:
-    site.adapter("mine")  # the user's own: no owner
-    site.adapter(
-        "theirs", owners=[{"apiVersion": V, "kind": "TuningJob", "name": "other", "uid": "uid-of-other"}]
+def test_a_publish_name_a_users_adapter_holds_becomes_a_condition_with_the_reason(site: OperatorSite) -> None:
+    users_adapter(site, "mine")  # the user's own: no owner
+    users_adapter(
+        site,
+        "theirs",
+        owners=[{"apiVersion": V, "kind": "TuningJob", "name": "other", "uid": "uid-of-other"}],
     )
-    rt = site.operator()
-    rt.submit_job(site.succeeded_job("wants-mine", publish="mine"))
-    rt.submit_job(site.succeeded_job("wants-theirs", publish="theirs"))
+    rt = site.restart()
+    rt.submit_job(succeeded_job(site, "wants-mine", publish="mine"))
+    rt.submit_job(succeeded_job(site, "wants-theirs", publish="theirs"))
     for name, taken in (("wants-mine", "mine"), ("wants-theirs", "theirs")):
         c = wait_for(f"{name}: Published", lambda n=name: site.condition(n, "Published"))
         assert (c["status"], c["reason"]) == ("False", Reason.PUBLISH_NAME_TAKEN), c
