@@ -42,21 +42,24 @@ from elastune_contract.api.constants import (
     VERSION,
 )
 from elastune_contract.vocabulary import Reason
-from elastune_operator.api_keys import ApiKeyPublisher, namespace_models
+from elastune_operator.api_keys import ApiKeyPublisher
 from elastune_operator.k8s.runtime import Runtime
 from elastune_operator.k8s.settings import OperatorSettings
 
 log = logging.getLogger("elastune.operator")
-RUNTIME: Runtime | None = None
-API_KEYS: ApiKeyPublisher | None = None
 API_KEYS_ENV = "ELASTUNE_API_KEYS"
 """``false``: no API key Secrets are watched (the gateway runs without authentication)."""
 
+# What the startup handler puts in kopf's operator memo (every resource memo is a shallow copy of it):
+MEMO_RUNTIME = "runtime"  # the Runtime that drives the control core
+MEMO_API_KEYS = "api_keys"  # the ApiKeyPublisher, only when API key Secrets are watched
 
-def _runtime() -> Runtime:
-    if RUNTIME is None:
+
+def _runtime(memo: kopf.Memo) -> Runtime:
+    runtime: Runtime | None = memo.get(MEMO_RUNTIME)
+    if runtime is None:
         raise kopf.TemporaryError("the runtime is starting", delay=1)
-    return RUNTIME
+    return runtime
 
 
 def _plain(body: Any) -> dict[str, Any]:
@@ -72,7 +75,7 @@ def _plain(body: Any) -> dict[str, Any]:
     return conv(body)
 
 
-def _counted(name: str, fn: Any, *args: Any) -> Any:
+def _counted(runtime: Runtime, name: str, fn: Any, *args: Any) -> Any:
     try:
         return fn(*args)
     except kopf.TemporaryError:
@@ -80,14 +83,12 @@ def _counted(name: str, fn: Any, *args: Any) -> Any:
     except TimeoutError as exc:
         raise kopf.TemporaryError(str(exc), delay=2) from exc
     except Exception:
-        if RUNTIME is not None:
-            RUNTIME.metrics.handler_errors.labels(name).inc()
+        runtime.metrics.handler_errors.labels(name).inc()
         raise
 
 
 @kopf.on.startup()
-def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
-    global RUNTIME
+def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
     settings.persistence.finalizer = FINALIZER
     # Handler progress in annotations, not status: our status schema is ours alone.
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
@@ -100,52 +101,49 @@ def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
     except config.ConfigException:
         config.load_kube_config()
     opts = OperatorSettings.from_env()
-    RUNTIME = Runtime(opts, client.ApiClient())
+    runtime = Runtime(opts, client.ApiClient())
     if opts.metrics_port:
         from prometheus_client import start_http_server
 
-        start_http_server(opts.metrics_port, registry=RUNTIME.metrics.registry)
-    RUNTIME.start()
-    global API_KEYS
-    runtime = RUNTIME
-    API_KEYS = ApiKeyPublisher(
-        runtime.bus.redis, runtime.bus.ns,
-        # In the core thread, where pools and adapters change.
-        lambda: runtime.call(
-            lambda: namespace_models(runtime._pools.values(), runtime.core.serving.adapters.values()), wait=10
-        ),
-    )  # fmt: skip
-    if os.environ.get(API_KEYS_ENV, "true").lower() != "false":
-        API_KEYS.start()
+        start_http_server(opts.metrics_port, registry=runtime.metrics.registry)
+    runtime.start()
+    memo[MEMO_RUNTIME] = runtime
+    if _api_keys_watched():
+        api_keys = ApiKeyPublisher(runtime.bus.redis, runtime.bus.ns, runtime.namespace_models)
+        api_keys.start()
+        memo[MEMO_API_KEYS] = api_keys
     log.info(
         "elastune operator started: bus %s, %d GPUs in the cold pool", opts.redis_url, opts.cold_pool_gpus
     )
 
 
 @kopf.on.cleanup()
-def cleanup(**_: Any) -> None:
-    if API_KEYS is not None:
-        API_KEYS.stop()
-    if RUNTIME is not None:
-        RUNTIME.stop()
+def cleanup(memo: kopf.Memo, **_: Any) -> None:
+    if (api_keys := memo.get(MEMO_API_KEYS)) is not None:
+        api_keys.stop()
+    if (runtime := memo.get(MEMO_RUNTIME)) is not None:
+        runtime.stop()
 
 
 @kopf.on.resume(GROUP, VERSION, PLURAL_WARM_POOLS)
 @kopf.on.create(GROUP, VERSION, PLURAL_WARM_POOLS)
 @kopf.on.update(GROUP, VERSION, PLURAL_WARM_POOLS, field="spec")
-def warm_pool_changed(body: kopf.Body, **_: Any) -> None:
-    _counted("warmpool", _runtime().upsert_pool, _plain(body))
+def warm_pool_changed(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    runtime = _runtime(memo)
+    _counted(runtime, "warmpool", runtime.upsert_pool, _plain(body))
 
 
 @kopf.on.delete(GROUP, VERSION, PLURAL_WARM_POOLS)
-def warm_pool_deleted(body: kopf.Body, **_: Any) -> None:
-    _counted("warmpool_delete", _runtime().delete_pool, _plain(body))
+def warm_pool_deleted(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    runtime = _runtime(memo)
+    _counted(runtime, "warmpool_delete", runtime.delete_pool, _plain(body))
 
 
 @kopf.on.resume(GROUP, VERSION, PLURAL_TUNING_JOBS)
 @kopf.on.create(GROUP, VERSION, PLURAL_TUNING_JOBS)
-def tuning_job_created(body: kopf.Body, **_: Any) -> None:
-    _counted("tuningjob", _runtime().submit_job, _plain(body))
+def tuning_job_created(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    runtime = _runtime(memo)
+    _counted(runtime, "tuningjob", runtime.submit_job, _plain(body))
 
 
 @kopf.on.update(GROUP, VERSION, PLURAL_TUNING_JOBS, field="spec")
@@ -159,35 +157,45 @@ def tuning_job_spec_changed(body: kopf.Body, **_: Any) -> None:
 
 
 @kopf.on.delete(GROUP, VERSION, PLURAL_TUNING_JOBS)
-def tuning_job_deleted(namespace: str, name: str, **_: Any) -> None:
-    _counted("tuningjob_delete", _runtime().cancel_job, f"{namespace}/{name}")
+def tuning_job_deleted(namespace: str, name: str, memo: kopf.Memo, **_: Any) -> None:
+    runtime = _runtime(memo)
+    _counted(runtime, "tuningjob_delete", runtime.cancel_job, f"{namespace}/{name}")
 
 
 @kopf.on.resume(GROUP, VERSION, PLURAL_LORA_ADAPTERS)
 @kopf.on.create(GROUP, VERSION, PLURAL_LORA_ADAPTERS)
 @kopf.on.update(GROUP, VERSION, PLURAL_LORA_ADAPTERS, field="spec")
-def lora_adapter_changed(body: kopf.Body, **_: Any) -> None:
-    _counted("loraadapter", _runtime().upsert_adapter, _plain(body))
+def lora_adapter_changed(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    runtime = _runtime(memo)
+    _counted(runtime, "loraadapter", runtime.upsert_adapter, _plain(body))
 
 
 @kopf.on.delete(GROUP, VERSION, PLURAL_LORA_ADAPTERS)
-def lora_adapter_deleted(namespace: str, name: str, **_: Any) -> None:
-    held = _counted("loraadapter_delete", _runtime().delete_adapter, namespace, name)
+def lora_adapter_deleted(namespace: str, name: str, memo: kopf.Memo, **_: Any) -> None:
+    runtime = _runtime(memo)
+    held = _counted(runtime, "loraadapter_delete", runtime.delete_adapter, namespace, name)
     if held:
         raise kopf.TemporaryError(f"still loaded on {', '.join(held)}; unloading", delay=2)
 
 
-def secret_event(event: Any, body: kopf.Body, namespace: str | None, name: str, **_: Any) -> None:
+def secret_event(
+    event: Any, body: kopf.Body, namespace: str | None, name: str, memo: kopf.Memo, **_: Any
+) -> None:
     """API key Secrets → the hashed key map (a deleted one, or one no longer labelled, stops working)."""
-    if API_KEYS is None:  # not started yet: the Secrets are all listed again when it is
+    api_keys: ApiKeyPublisher | None = memo.get(MEMO_API_KEYS)
+    if api_keys is None:  # not started yet: the Secrets are all listed again when it is
         return
     if event.get("type") == "DELETED":
-        API_KEYS.deleted(f"{namespace}/{name}")
+        api_keys.deleted(f"{namespace}/{name}")
     else:
-        API_KEYS.seen(_plain(body))
+        api_keys.seen(_plain(body))
 
 
-if os.environ.get(API_KEYS_ENV, "true").lower() != "false":
+def _api_keys_watched() -> bool:
+    return os.environ.get(API_KEYS_ENV, "true").lower() != "false"
+
+
+if _api_keys_watched():
     # The chart sets it false with gateway.auth.enabled=false: then the operator has no list/watch on
     # Secrets and watches none.
     kopf.on.event("", "v1", "secrets")(secret_event)

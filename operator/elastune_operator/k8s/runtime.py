@@ -46,6 +46,7 @@ from elastune_contract.api.tuningjob import TuningJob
 from elastune_contract.api.warmpool import WarmPool, WarmPoolStatus
 from elastune_contract.protocol import PASSWORD_ENV, Bus
 from elastune_contract.vocabulary import ConditionType, Reason
+from elastune_operator.api_keys import namespace_models
 from elastune_operator.control.core import ControlCore, PublishRefused
 from elastune_operator.control.deadlines import AttemptDeadlines
 from elastune_operator.control.lifecycle import is_terminal
@@ -396,6 +397,14 @@ class Runtime:
 
         held: list[str] = self.call(apply, wait=30)
         return held
+
+    def namespace_models(self) -> dict[str, set[str]]:
+        """namespace → the served names its API keys may reach by default (read in the core thread,
+        where pools and adapters change)."""
+        models: dict[str, set[str]] = self.call(
+            lambda: namespace_models(self._pools.values(), self.core.serving.adapters.values()), wait=10
+        )
+        return models
 
     def _refresh_pools(self) -> None:
         try:
