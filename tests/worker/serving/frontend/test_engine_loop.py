@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from elastune_worker.serving import messages as M
+from elastune_worker.serving.frontend import messages as M
 from elastune_worker.serving.frontend.engine_loop import EngineLoop, engine_call
 from elastune_worker.serving.outputs import RequestOutput
 from elastune_worker.serving.sampling import SamplingParams
