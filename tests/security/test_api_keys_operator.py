@@ -9,9 +9,6 @@ loopback only, unauthenticated), never handing them to workers."""
 from __future__ import annotations
 
 import base64
-import os
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,15 +16,14 @@ from typing import Any
 
 import httpx
 import pytest
-import yaml
 
 from elastune_contract.api_keys import api_keys_key
 from elastune_contract.openai_api.errors import APIError
 from elastune_contract.protocol import Bus
-from elastune_contract.servers import free_port
 from elastune_gateway.server.auth import KeyTable
 from elastune_gateway.server.metrics import GatewayMetrics
 from elastune_operator.api_keys import ApiKeyPublisher
+from serve_process import ElastuneServe, write_manifests
 
 
 def secret(ns: str, name: str, labelled: bool = True, **data: str) -> dict[str, Any]:
@@ -108,48 +104,14 @@ def test_the_map_is_reasserted_after_redis_lost_it(publisher: Any) -> None:
 MODEL = "elastune/tiny-llama"
 
 
-def _serve(tmp: Path, folder: Path) -> tuple[subprocess.Popen[bytes], str]:
-    port = free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "elastune_operator.cli", "serve", "-f", str(folder), "--port", str(port),
-         "--workers", "1", "--state-dir", str(tmp / "state")],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env={**os.environ, "HF_HUB_OFFLINE": "1"},
-    )  # fmt: skip
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while True:
-        assert proc.poll() is None, proc.stdout.read().decode() if proc.stdout else ""
-        try:
-            httpx.get(url + "/healthz", timeout=2)
-            return proc, url
-        except httpx.HTTPError:
-            assert time.monotonic() < deadline, "elastune serve never came up"
-            time.sleep(0.3)
-
-
-def _stop(proc: subprocess.Popen[bytes]) -> str:
-    proc.terminate()
-    try:
-        out, _ = proc.communicate(timeout=20)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        out, _ = proc.communicate()
-    return out.decode()
-
-
 def _manifests(tmp: Path, keys: list[dict[str, Any]]) -> Path:
-    folder = tmp / "manifests"
-    folder.mkdir()
     pool = {
         "apiVersion": "elastune.dev/v1alpha1", "kind": "WarmPool",
         "metadata": {"name": "tiny-llama", "namespace": "default"},
         "spec": {"model": MODEL, "maxWarmGPUs": 1, "idleWindow": "600s",
                  "serving": {"minReplicas": 0, "holdTimeout": "5s"}},
     }  # fmt: skip
-    (folder / "pool.yaml").write_text(yaml.safe_dump(pool))
-    for doc in keys:
-        (folder / f"key-{doc['metadata']['name']}.yaml").write_text(yaml.safe_dump(doc))
-    return folder
+    return write_manifests(tmp / "manifests", [pool, *keys])
 
 
 def test_serve_reads_key_secrets_from_its_files_and_a_removed_one_stops_working(tmp_path: Path) -> None:
@@ -157,7 +119,8 @@ def test_serve_reads_key_secrets_from_its_files_and_a_removed_one_stops_working(
         secret("default", "mine", key="sk-local-mine"),
         secret("default", "other", key="sk-local-other", models="not-served"),
     ])  # fmt: skip
-    proc, url = _serve(tmp_path, folder)
+    serve = ElastuneServe(folder, tmp_path / "state").wait_up()
+    url = serve.url
     try:
         assert httpx.get(url + "/v1/models", timeout=10).status_code == 401
         mine = {"Authorization": "Bearer sk-local-mine"}
@@ -173,18 +136,19 @@ def test_serve_reads_key_secrets_from_its_files_and_a_removed_one_stops_working(
         assert not list((tmp_path / "state").rglob("key")) or all(
             "sk-local" not in p.read_text() for p in (tmp_path / "state").rglob("key") if p.is_file()
         )  # never written for workers
-        (folder / "key-mine.yaml").unlink()
+        (folder / "secret-mine.yaml").unlink()
         eventually(lambda: httpx.get(url + "/v1/models", headers=mine, timeout=10).status_code, 401, within=8)
         assert httpx.get(url + "/v1/models", headers=other, timeout=10).status_code == 200
     finally:
-        out = _stop(proc)
+        out = serve.stop(timeout=20)
     assert "requests need Authorization: Bearer" in out
 
 
 def test_serve_without_keys_says_it_serves_on_loopback_only(tmp_path: Path) -> None:
-    proc, url = _serve(tmp_path, _manifests(tmp_path, []))
+    serve = ElastuneServe(_manifests(tmp_path, []), tmp_path / "state").wait_up()
+    url = serve.url
     try:
         assert httpx.get(url + "/v1/models", timeout=10).status_code == 200
     finally:
-        out = _stop(proc)
+        out = serve.stop(timeout=20)
     assert "authentication is off, so the gateway listens on loopback (127.0.0.1) only" in out, out

@@ -5,22 +5,18 @@ the pod and tier that really hold it; a bad adapter ends Ready=False with its re
 
 from __future__ import annotations
 
-import os
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
-import yaml
 
 torch = pytest.importorskip("torch")
 openai = pytest.importorskip("openai")
 
-from elastune_contract.servers import free_port  # noqa: E402
 from elastune_worker.tiny import adapters as tiny_adapters  # noqa: E402
 from elastune_worker.tiny import build as tiny_build  # noqa: E402
+from serve_process import ElastuneServe, write_manifests  # noqa: E402
 
 MODEL = "elastune/tiny-llama"
 
@@ -44,50 +40,29 @@ def manifests(root: Path, adapter_dir: Path) -> Path:
             "spec": {"baseModel": MODEL, "artifactURL": str(adapter_dir), "rank": 16},
         },
     ]  # fmt: skip
-    folder = root / "manifests"
-    folder.mkdir()
-    for doc in docs:
-        (folder / f"{doc['metadata']['name']}.yaml").write_text(yaml.safe_dump(doc))
-    return folder
+    return write_manifests(root / "manifests", docs)
 
 
 def test_scale_from_zero_lora_request_through_the_gateway(tmp_path: Path) -> None:
     tiny_build.ensure_tiny_model(spec=tiny_build.TINY_LLAMA_SPEC)
     adapter_dir = tiny_adapters.ensure_tiny_adapter(8)
-    port = free_port()
-    state = tmp_path / "state"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "elastune_operator.cli", "serve", "-f", str(manifests(tmp_path, adapter_dir)),
-         "--port", str(port), "--workers", "1", "--state-dir", str(state)],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env={**os.environ, "HF_HUB_OFFLINE": "1"},
-    )  # fmt: skip
+    serve = ElastuneServe(manifests(tmp_path, adapter_dir), tmp_path / "state")
     try:
-        client = openai.OpenAI(
-            base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", timeout=180, max_retries=0
-        )
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                models = {m.id for m in client.models.list().data}
-                break
-            except openai.APIConnectionError:
-                assert time.monotonic() < deadline, "the gateway never came up"
-                time.sleep(0.5)
+        client = serve.wait_up().openai_client()
+        models = {m.id for m in client.models.list().data}
         assert {MODEL, "units"} <= models and "rank-lie" not in models
-        assert not (state / "logs" / "tiny-llama-w1.log").exists()  # scaled to zero: no worker yet
+        assert not serve.log("tiny-llama-w1").exists()  # scaled to zero: no worker yet
         t0 = time.monotonic()
         answer = client.completions.create(model="units", prompt="12 km →", max_tokens=6, temperature=0)
         waited = time.monotonic() - t0
         assert answer.choices[0].text and answer.model == "units"
-        assert (state / "logs" / "tiny-llama-w1.log").exists()  # the request made the pool grow
+        assert serve.log("tiny-llama-w1").exists()  # the request made the pool grow
         assert waited > 1.0  # it waited for a worker to warm up (seconds on this CPU)
         with pytest.raises(openai.NotFoundError):
             client.completions.create(model="no-such-adapter", prompt="x", max_tokens=2)
 
         def status(name: str) -> dict:
-            return yaml.safe_load((state / "status" / f"loraadapter-default-{name}.yaml").read_text())[
-                "status"
-            ]
+            return serve.status("LoRAAdapter", name)
 
         deadline = time.monotonic() + 30
         while not status("units").get("loadedOn"):
@@ -99,7 +74,6 @@ def test_scale_from_zero_lora_request_through_the_gateway(tmp_path: Path) -> Non
         assert lie["Ready"]["status"] == "False" and lie["Ready"]["reason"] == "ArtifactMismatch"
         assert "rank 16 in the spec, 8 in the artifact" in lie["Ready"]["message"]
     finally:
-        proc.send_signal(signal.SIGINT)
-        out = proc.communicate(timeout=60)[0].decode()
-    assert proc.returncode == 0, out
-    assert f"OpenAI base URL: http://127.0.0.1:{port}/v1" in out
+        out = serve.stop(signal.SIGINT)
+    assert serve.proc.returncode == 0, out
+    assert f"OpenAI base URL: {serve.url}/v1" in out
