@@ -23,7 +23,6 @@ import time
 from collections.abc import Callable
 
 from elastune_contract import storage
-from elastune_contract.api import units
 from elastune_contract.api.loraadapter import LoRAAdapterSpec
 from elastune_contract.api.tuningjob import PromptBankMode
 from elastune_contract.coserve import coservable
@@ -187,7 +186,7 @@ class ControlCore:
             job.key,
             job.llm,
             job.created,
-            units.parse_duration(job.spec.deadline),
+            job.spec.deadline_seconds,
             job.spec.termination.max_iterations,
             done_iterations=done_iterations,
             bank_mode=job.spec.prompt_bank,
