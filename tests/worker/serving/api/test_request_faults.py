@@ -16,7 +16,7 @@ import asyncio
 import json
 import shutil
 import time
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -68,8 +68,8 @@ def _error(exc: Any, status: int, param: str | None) -> dict[str, Any]:
     return err
 
 
-async def _streams(url: str, n: int, bad: dict[str, Any] | None) -> tuple[list[Any], Any]:
-    """``n`` concurrent streams of 24 tokens each, and (once they are under way) the ``bad`` request."""
+async def _streams(url: str, n: int, spoiler: Callable[[], Awaitable[Any]]) -> tuple[list[Any], Any]:
+    """``n`` concurrent streams of 24 tokens each and, once they are under way, what ``spoiler`` sends."""
     aclient = openai.AsyncOpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=120)
     started = asyncio.Event()
 
@@ -86,15 +86,9 @@ async def _streams(url: str, n: int, bad: dict[str, Any] | None) -> tuple[list[A
                 reason = chunk.choices[0].finish_reason or reason
         return text, reason
 
-    async def spoiler() -> Any:
-        await started.wait()
-        try:
-            return await aclient.completions.create(model=MODEL, prompt=PROMPT, max_tokens=8, **(bad or {}))
-        except Exception as exc:  # what the test looks at
-            return exc
-
     tasks = [asyncio.create_task(one(i)) for i in range(n)]
-    spoiled = await spoiler() if bad is not None else None
+    await started.wait()
+    spoiled = await spoiler()
     results = await asyncio.gather(*tasks, return_exceptions=True)
     await aclient.close()
     return results, spoiled
@@ -103,7 +97,19 @@ async def _streams(url: str, n: int, bad: dict[str, Any] | None) -> tuple[list[A
 def test_a_seed_past_torchs_range_is_a_400_and_eight_streams_complete(worker: str, client: Any) -> None:
     """The case from issue 24: ``"seed": 18446744073709551616`` answered 500 and ended all 8 other
     streams with "engine step failed"."""
-    results, spoiled = asyncio.run(_streams(worker, 8, {"seed": 2**64, "temperature": 1.0}))
+
+    async def bad_seed() -> Any:
+        aclient = openai.AsyncOpenAI(base_url=worker + "/v1", api_key="unused", max_retries=0, timeout=120)
+        try:
+            return await aclient.completions.create(
+                model=MODEL, prompt=PROMPT, max_tokens=8, seed=2**64, temperature=1.0
+            )
+        except Exception as exc:  # what the test looks at
+            return exc
+        finally:
+            await aclient.close()
+
+    results, spoiled = asyncio.run(_streams(worker, 8, bad_seed))
     assert isinstance(spoiled, openai.BadRequestError), spoiled
     err = _error(spoiled, 400, "seed")
     assert "18446744073709551615" in err["message"]
@@ -147,45 +153,21 @@ def test_a_request_that_fails_inside_a_step_fails_alone(worker: str) -> None:
     """Sampling raises for one request (the failpoint): its stream ends with an error event, the 8
     streams batched with it in the same steps complete, and the worker serves on."""
 
-    async def run() -> tuple[list[Any], list[str]]:
-        aclient = openai.AsyncOpenAI(base_url=worker + "/v1", api_key="unused", max_retries=0, timeout=120)
-        started = asyncio.Event()
+    async def doomed() -> list[str]:
+        body = {"model": MODEL, "prompt": PROMPT, "max_tokens": 8, "temperature": 0.8,
+                "seed": FAILPOINT_SEED, "stream": True}  # fmt: skip
+        events = []
+        async with (
+            httpx.AsyncClient(timeout=60) as http,
+            http.stream("POST", worker + "/v1/completions", json=body) as resp,
+        ):
+            assert resp.status_code == 200
+            async for line in resp.aiter_lines():
+                if line.startswith("data: "):
+                    events.append(line[6:])
+        return events
 
-        async def one(i: int) -> tuple[str, str | None]:
-            stream = await aclient.completions.create(
-                model=MODEL, prompt=f"{PROMPT} {i}", max_tokens=24, temperature=0.8, seed=i, stream=True,
-                extra_body={"ignore_eos": True},
-            )  # fmt: skip
-            text, reason = "", None
-            async for chunk in stream:
-                if chunk.choices:
-                    started.set()
-                    text += chunk.choices[0].text
-                    reason = chunk.choices[0].finish_reason or reason
-            return text, reason
-
-        async def doomed() -> list[str]:
-            await started.wait()
-            body = {"model": MODEL, "prompt": PROMPT, "max_tokens": 8, "temperature": 0.8,
-                    "seed": FAILPOINT_SEED, "stream": True}  # fmt: skip
-            events = []
-            async with (
-                httpx.AsyncClient(timeout=60) as http,
-                http.stream("POST", worker + "/v1/completions", json=body) as resp,
-            ):
-                assert resp.status_code == 200
-                async for line in resp.aiter_lines():
-                    if line.startswith("data: "):
-                        events.append(line[6:])
-            return events
-
-        tasks = [asyncio.create_task(one(i)) for i in range(8)]
-        events = await doomed()
-        results = await asyncio.gather(*tasks, return_exceptions=True)
-        await aclient.close()
-        return results, events
-
-    results, events = asyncio.run(run())
+    results, events = asyncio.run(_streams(worker, 8, doomed))
     for r in results:
         assert not isinstance(r, BaseException), r
         assert r[1] == "length" and r[0], r
