@@ -6,7 +6,6 @@ like the default one), one torch thread per process so two workers fit on two co
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import os
@@ -43,27 +42,12 @@ from elastune_worker.tuning.trainer import (  # noqa: E402
     latest_checkpoint,
     load_artifact,
 )
+from tiny_test_model import TASK, TEST_SPEC  # noqa: E402 - shared with the operator tests
 
 ROOT = Path(__file__).resolve().parents[2]
 # peft 0.21 calls a transformers 5 API that warns about its own deprecation; nothing for us to change.
 pytestmark = pytest.mark.filterwarnings("ignore:.*is_gradient_checkpointing.*:FutureWarning")
 
-# A 2-layer, 64-wide variant of the tiny model: weakly pretrained (enough for prompts to matter), built
-# cold in seconds on two idle cores (the default model takes minutes) and cached under its own digest.
-TEST_SPEC = dataclasses.replace(
-    tiny_build.DEFAULT_SPEC,
-    vocab_size=768,
-    n_layer=2,
-    n_embd=64,
-    n_head=2,
-    n_positions=128,
-    examples_per_task=40,
-    block_size=64,
-    batch_size=16,
-    steps=250,
-    warmup_steps=20,
-)
-TASK = tiny_tasks.TaskSpec("classify", 0)
 INIT_TEXT = tiny_tasks.family_instructions(TASK.family)[0]
 
 # world=2 vs world=1 tolerance (torch.testing.assert_close: |Δ| <= ATOL + RTOL·|expected|). Observed on

@@ -28,7 +28,6 @@ pytest.importorskip("kmock")
 
 from kubernetes import client, config  # noqa: E402
 from kubernetes.client.rest import ApiException  # noqa: E402
-from test_tuning import TASK, TEST_SPEC  # noqa: E402 - the small model and task of the tuning tests
 
 from elastune_contract.api.constants import GROUP, PVC_ROOT_ENV, VERSION  # noqa: E402
 from elastune_contract.protocol import Bus  # noqa: E402
@@ -39,6 +38,7 @@ from elastune_testing.emulator import start_emulator  # noqa: E402
 from elastune_testing.knative_standin import KnativeStandIn  # noqa: E402
 from elastune_worker.tiny import build as tiny_build  # noqa: E402
 from elastune_worker.tiny import tasks as tiny_tasks  # noqa: E402
+from tiny_test_model import TASK, TEST_SPEC  # noqa: E402 - the small model and task of the worker tests
 
 NS = "default"
 

@@ -2,26 +2,22 @@
 (`python -m elastune_worker serve`) loading a tiny GPT-2, PromptTuner scheduling, real training.
 
 The example manifest runs on the default tiny model (the README's main job); the other cases use the
-small test variant of test_tuning.py through a WarmPool whose model is its local directory.
+small test model of the worker tests (tests/tiny_test_model.py) through a WarmPool whose model is its
+local directory.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 torch = pytest.importorskip("torch")
-
-from test_tuning import TASK, TEST_SPEC  # noqa: E402 - the small model and task of the tuning tests
 
 from elastune_contract.api.resources import parse_resource  # noqa: E402
 from elastune_contract.protocol import Bus  # noqa: E402
@@ -32,57 +28,11 @@ from elastune_worker.tiny import build as tiny_build  # noqa: E402
 from elastune_worker.tiny import tasks as tiny_tasks  # noqa: E402
 from elastune_worker.tuning.data import load_dataset, split  # noqa: E402
 from elastune_worker.tuning.trainer import evaluate_artifact  # noqa: E402
+from local_run import condition, elastune, status_of, tuning_job, warm_pool, write  # noqa: E402
+from tiny_test_model import TASK, TEST_SPEC  # noqa: E402 - the small model and task of the worker tests
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.filterwarnings("ignore:.*is_gradient_checkpointing.*:FutureWarning")
-
-
-def elastune(
-    *args: str, cwd: Path, timeout: float = 600, env: dict[str, str] | None = None
-) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE", **(env or {})}
-    cmd = [sys.executable, "-m", "elastune_operator.cli", *args]
-    return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
-
-
-def tuning_job(name: str, dataset: str, *, deadline: str = "10m", iterations: int = 20, **spec: Any) -> dict:
-    return {
-        "apiVersion": "elastune.dev/v1alpha1",
-        "kind": "TuningJob",
-        "metadata": {"name": name, "namespace": "default"},
-        "spec": {
-            "model": spec.pop("model", "test-tiny"),
-            "dataset": dataset,
-            "initialPrompt": tiny_tasks.family_instructions(TASK.family)[0],
-            "termination": {"maxIterations": iterations},
-            "deadline": deadline,
-            "hyperparameters": {"batchSize": 4, "virtualTokens": 4},
-            "promptBank": "never",
-            **spec,
-        },
-    }
-
-
-def warm_pool(model: str, name: str = "test-pool", **spec: Any) -> dict:
-    return {
-        "apiVersion": "elastune.dev/v1alpha1",
-        "kind": "WarmPool",
-        "metadata": {"name": name, "namespace": "default"},
-        "spec": {"model": model, "maxWarmGPUs": 2, "idleWindow": "60s", **spec},
-    }
-
-
-def write(path: Path, *docs: dict) -> Path:
-    path.write_text(yaml.safe_dump_all(docs, sort_keys=False))
-    return path
-
-
-def status_of(state_dir: Path, name: str) -> dict:
-    return yaml.safe_load((state_dir / "status" / "default" / f"{name}.yaml").read_text())["status"]
-
-
-def condition(status: dict, ctype: str) -> dict:
-    return next(c for c in status["conditions"] if c["type"] == ctype)
 
 
 @pytest.fixture(scope="module")
