@@ -35,6 +35,7 @@ from elastune_contract.vocabulary import PERMANENT_FAILURE_REASONS, Reason
 from elastune_operator.control.serving import AdapterRecord, ServingControl
 from elastune_worker.server.placement import AdapterSync
 from elastune_worker.storage import s3
+from serve_process import ElastuneServe, write_manifests
 
 BUCKET = "elastune-artifacts"
 
@@ -417,14 +418,6 @@ def test_elastune_serve_serves_a_lora_adapter_from_s3(
 ) -> None:
     """`elastune serve -f` with a Secret manifest and a LoRAAdapter whose artifactURL is s3://: the worker
     downloads it with the Secret the adapter names and the gateway answers with it."""
-    import subprocess
-    import sys
-
-    import openai
-    import yaml
-
-    from elastune_contract.servers import free_port
-
     for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_ENDPOINT_URL"):
         monkeypatch.delenv(key, raising=False)
     docs = [
@@ -436,39 +429,16 @@ def test_elastune_serve_serves_a_lora_adapter_from_s3(
          "spec": {"baseModel": MODEL, "artifactURL": f"s3://{BUCKET}/adapters/tiny-r8", "rank": 8,
                   "artifactSecret": "s3-good"}},
     ]  # fmt: skip
-    folder = tmp_path / "manifests"
-    folder.mkdir()
-    for doc in docs:
-        (folder / f"{doc['metadata']['name']}.yaml").write_text(yaml.safe_dump(doc))
-    port, state = free_port(), tmp_path / "state"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "elastune_operator.cli", "serve", "-f", str(folder), "--port", str(port),
-         "--workers", "1", "--state-dir", str(state)],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env={**os.environ, "HF_HUB_OFFLINE": "1"},
-    )  # fmt: skip
+    serve = ElastuneServe(write_manifests(tmp_path / "manifests", docs), tmp_path / "state")
     try:
-        client = openai.OpenAI(
-            base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", timeout=120, max_retries=0
-        )
+        client = serve.wait_up().openai_client(timeout=120)
         deadline = time.monotonic() + 120
-        while True:
-            try:
-                if "units-s3" in {m.id for m in client.models.list().data}:
-                    break
-            except openai.APIConnectionError:
-                pass
-            assert time.monotonic() < deadline and proc.poll() is None, "serve never listed units-s3"
+        while "units-s3" not in {m.id for m in client.models.list().data}:
+            assert time.monotonic() < deadline, "serve never listed units-s3"
             time.sleep(0.5)
         answer = client.completions.create(model="units-s3", prompt="12 km →", max_tokens=6, temperature=0)
         assert answer.model == "units-s3" and answer.choices[0].text
-        status = yaml.safe_load((state / "status" / "loraadapter-default-units-s3.yaml").read_text())[
-            "status"
-        ]
-        assert status.get("loadedOn"), status  # downloaded with the named Secret and loaded on the worker
+        # Downloaded with the named Secret and loaded on the worker.
+        assert serve.status("LoRAAdapter", "units-s3").get("loadedOn")
     finally:
-        proc.terminate()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        serve.stop()
