@@ -1,4 +1,5 @@
-"""Load an HF-format model directory (config.json + *.safetensors) into Elastune's own modules."""
+"""Load an HF-format model directory (config.json + *.safetensors) into Elastune's own modules; a
+config.json that asks for random weights (random_init.py) is built from the config alone."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from safetensors import safe_open
 
 from elastune_worker.serving.runner.models.gpt2 import GPT2Model
 from elastune_worker.serving.runner.models.llama import LlamaModel
+from elastune_worker.serving.runner.models.random_init import init_random, is_random
 
 #: model_type of config.json -> implementation. Llama-family models share the architecture.
 PagedModel = LlamaModel | GPT2Model
@@ -49,6 +51,11 @@ def load_model(path: Path, device: torch.device, dtype: torch.dtype) -> tuple[Pa
         )
     with torch.device("meta"):
         model = impl(cfg)
+    if is_random(cfg):
+        model = init_random(model, cfg, device, dtype)
+        if isinstance(model, LlamaModel) and cfg.get("tie_word_embeddings", True):
+            model.lm_head.weight = model.embed_tokens.weight
+        return model.eval(), cfg
     params = dict(model.named_parameters())
     stacked: dict[str, tuple[str, ...]] = getattr(impl, "STACKED", {})
     part_of = {part: (whole, i) for whole, parts in stacked.items() for i, part in enumerate(parts)}
