@@ -1,6 +1,7 @@
 """Real serving processes for benchmarks and tests: worker pods (``python -m elastune_worker serve``,
-started by module name: the gateway never imports the worker package) registered in a real Redis, and
-the gateway (``python -m elastune_gateway.server``) in front of them, over HTTP."""
+started by module name: the gateway never imports the worker package) registered in a real Redis, the
+gateway (``python -m elastune_gateway.server``) in front of them, over HTTP, and the peer routers
+(vllm-router, SGLang's smg) from their own venv (``tools/peer_routers_venv.sh``)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,6 +19,9 @@ import httpx
 
 from elastune_contract.protocol import Bus
 from elastune_contract.servers import free_port
+
+ROUTERS_VENV = Path(os.environ.get("ELASTUNE_CACHE", "~/.cache/elastune")).expanduser() / "venvs" / "routers"
+"""Where ``tools/peer_routers_venv.sh`` puts vllm-router==0.1.17 and sglang-router==0.3.2 (smg)."""
 
 #: Two shared cores: one torch thread per process, and no spinning OpenMP threads.
 _ENV = {"OMP_NUM_THREADS": "1", "OMP_WAIT_POLICY": "PASSIVE"}
@@ -108,14 +113,19 @@ def wait_for_worker(w: ServiceProcess, redis_url: str, namespace: str, timeout: 
 
 
 def start_gateway(
-    redis_url: str, namespace: str, log_dir: Path, *extra: str, timeout: float = 60.0
+    redis_url: str,
+    namespace: str,
+    log_dir: Path,
+    *extra: str,
+    timeout: float = 60.0,
+    env: dict[str, str] | None = None,
 ) -> ServiceProcess:
     """The gateway on a free port, returned once /readyz says it read the registry."""
     port = free_port()
     log = log_dir / f"gateway-{port}.log"
     cmd = [sys.executable, "-m", "elastune_gateway.server", "--redis-url", redis_url]
     cmd += ["--namespace", namespace, "--host", "127.0.0.1", "--port", str(port), *extra]
-    g = ServiceProcess(_spawn(cmd, log), f"http://127.0.0.1:{port}", log, "gateway")
+    g = ServiceProcess(_spawn(cmd, log, env), f"http://127.0.0.1:{port}", log, "gateway")
     deadline = time.time() + timeout
     while time.time() < deadline:
         if not g.alive():
@@ -138,3 +148,38 @@ def wait_for_endpoints(gateway_url: str, n: int, timeout: float = 30.0) -> None:
             return
         time.sleep(0.1)
     raise ProcessFailed(f"the gateway never saw {n} endpoints within {timeout:.0f} s")
+
+
+def start_peer(
+    kind: str, worker_urls: Sequence[str], logs: Path, model: str, policy: str = "cache_aware"
+) -> ServiceProcess:
+    """``vllm-router`` or ``smg`` in front of ``worker_urls``, returned once it routed a request for
+    ``model``; FileNotFoundError when its venv is missing, RuntimeError when it cannot route."""
+    binary = ROUTERS_VENV / "bin" / kind
+    if not binary.exists():
+        raise FileNotFoundError(
+            f"{binary} is missing: run tools/peer_routers_venv.sh (vllm-router==0.1.17, "
+            "sglang-router==0.3.2 in their own venv)"
+        )
+    port = free_port()
+    cmd = [str(binary), *(["launch"] if kind == "smg" else []), "--host", "127.0.0.1", "--port", str(port)]
+    cmd += ["--policy", policy, "--worker-urls", *worker_urls]
+    # Their metrics stay on (as ours), each on a port of its own: both default to 29000.
+    cmd += ["--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port())]
+    log = logs / f"{kind}-{port}.log"
+    with log.open("wb") as fh:
+        proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT)
+    peer = ServiceProcess(proc, f"http://127.0.0.1:{port}", log, kind)
+    deadline = time.time() + 60
+    body = {"model": model, "prompt": "hello", "max_tokens": 1}
+    while time.time() < deadline:
+        if not peer.alive():
+            raise RuntimeError(f"{kind} exited: {peer.log_tail(600)}")
+        try:
+            if httpx.post(peer.url + "/v1/completions", json=body, timeout=5).status_code == 200:
+                return peer
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.3)
+    peer.stop()
+    raise RuntimeError(f"{kind} never routed a request within 60 s: {peer.log_tail(600)}")

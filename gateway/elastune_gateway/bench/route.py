@@ -34,16 +34,22 @@ from typing import Any
 import httpx
 
 from elastune_contract.protocol import Bus, ServingCost
-from elastune_contract.servers import Server, free_port, start_redis
+from elastune_contract.servers import Server, start_redis
 
 from ..routing.cost import CostModel
 from ..routing.policy import RoutingPolicyName
 from ..server.views import cost_model
 from ..sim.experiments import Experiment, run_experiment
 from ..sim.metrics import percentile
-from .processes import ServiceProcess, start_gateway, start_worker, wait_for_endpoints, wait_for_worker
+from .processes import (
+    ServiceProcess,
+    start_gateway,
+    start_peer,
+    start_worker,
+    wait_for_endpoints,
+    wait_for_worker,
+)
 
-ROUTERS_VENV = Path(os.environ.get("ELASTUNE_CACHE", "~/.cache/elastune")).expanduser() / "venvs" / "routers"
 RESULTS = Path("benchmarks/results/route.json")
 OURS: dict[str, RoutingPolicyName] = {"round_robin": "roundRobin", "least_load": "leastLoad", "e2": "preble"}
 PEERS = {"vllm_router_cache_aware": "vllm-router", "smg_cache_aware": "smg"}
@@ -215,35 +221,6 @@ def service_time(url: str, model: str, prompts: Sequence[str], max_tokens: int) 
     return statistics.median(times)
 
 
-def start_peer(kind: str, worker_urls: Sequence[str], logs: Path) -> ServiceProcess:
-    binary = ROUTERS_VENV / "bin" / kind
-    if not binary.exists():
-        raise FileNotFoundError(
-            f"{binary} is missing: run tools/peer_routers_venv.sh (vllm-router==0.1.17, "
-            "sglang-router==0.3.2 in their own venv)"
-        )
-    port = free_port()
-    cmd = [str(binary), *(["launch"] if kind == "smg" else []), "--host", "127.0.0.1", "--port", str(port)]
-    cmd += ["--policy", "cache_aware", "--worker-urls", *worker_urls]
-    log = logs / f"{kind}-{port}.log"
-    with log.open("wb") as fh:
-        proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT)
-    peer = ServiceProcess(proc, f"http://127.0.0.1:{port}", log, kind)
-    deadline = time.time() + 60
-    body = {"model": Pool.MODEL, "prompt": "hello", "max_tokens": 1}
-    while time.time() < deadline:
-        if not peer.alive():
-            raise RuntimeError(f"{kind} exited: {peer.log_tail(600)}")
-        try:
-            if httpx.post(peer.url + "/v1/completions", json=body, timeout=5).status_code == 200:
-                return peer
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.3)
-    peer.stop()
-    raise RuntimeError(f"{kind} never routed a request within 60 s: {peer.log_tail(600)}")
-
-
 def run_real(setup: RealSetup, logs: Path, say: Callable[[str], None]) -> dict[str, Any]:
     redis = start_redis(logs)
     pool = Pool(setup, redis, logs)
@@ -272,7 +249,7 @@ def run_real(setup: RealSetup, logs: Path, say: Callable[[str], None]) -> dict[s
                     front = start_gateway(redis.url, pool.ns, logs, "--policy", OURS[name])
                     wait_for_endpoints(front.url, setup.workers)
                 else:
-                    front = start_peer(PEERS[name], urls, logs)
+                    front = start_peer(PEERS[name], urls, logs, Pool.MODEL)
             except (OSError, RuntimeError) as exc:
                 out[name] = {"skipped": str(exc)[:500]}
                 say(f"  {name:24s} skipped: {str(exc)[:160]}")
