@@ -16,7 +16,6 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("kmock")
 
-from test_tuning import TASK, TEST_SPEC  # noqa: E402 - the small model and task of the tuning tests
 
 from elastune_contract.api.constants import PVC_ROOT_ENV  # noqa: E402
 from elastune_contract.api.loraadapter import LoRAAdapterSpec  # noqa: E402
@@ -25,7 +24,8 @@ from elastune_worker.server.agent import Agent, AgentConfig  # noqa: E402
 from elastune_worker.serving.runner.lora.storage import resolve_artifact  # noqa: E402
 from elastune_worker.tiny import build as tiny_build  # noqa: E402
 from elastune_worker.tiny import tasks as tiny_tasks  # noqa: E402
-from test_durable_storage import NS, Operator, wait_for  # noqa: E402
+from operator_site import NS, OperatorSite, wait_for  # noqa: E402
+from tiny_test_model import TASK, TEST_SPEC  # noqa: E402 - the small model and task of the tuning tests
 
 
 def test_a_pvc_output_lands_where_the_adapter_loader_reads_it(
@@ -38,12 +38,12 @@ def test_a_pvc_output_lands_where_the_adapter_loader_reads_it(
     (claims / "shared").mkdir(parents=True)
     monkeypatch.setenv(PVC_ROOT_ENV, str(claims))
 
-    operator = Operator(tmp_path, redis_server.url, model=model)
+    operator = OperatorSite(tmp_path, redis_server.url, "pvc", model=model)
     try:
         operator.pool("tiny", volumes=[{"claimName": "shared"}])
         operator.job(
             "author",
-            output="pvc://shared/prompts/author",
+            output={"uri": "pvc://shared/prompts/author"},
             dataset=str(dataset),
             termination={"maxIterations": 4},
             hyperparameters={"batchSize": 4, "virtualTokens": 4},
@@ -51,7 +51,7 @@ def test_a_pvc_output_lands_where_the_adapter_loader_reads_it(
         wait_for("the pool to grow", lambda: operator.runtime.backend.pools["tiny"][1] >= 1)
         agent = Agent(AgentConfig("tiny-pod-1", "tiny", model), operator.bus)
         assert agent.load()
-        operator.worker("tiny-pod-1", "tiny")
+        operator.ready_worker("tiny-pod-1", "tiny")
         a = wait_for("an assignment", lambda: operator.bus.pop_assignment("tiny-pod-1", timeout=0.2))
         assert agent.run_assignment(a) == "succeeded"
 
