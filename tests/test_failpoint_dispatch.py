@@ -26,7 +26,7 @@ from elastune_contract.api.constants import GROUP, PLURAL_TUNING_JOBS, PLURAL_WA
 from elastune_contract.protocol import Bus, Event, WorkerRecord, WorkerState, assign_key
 from elastune_operator.failpoints import DISPATCH_AFTER_STATUS, EXIT_CODE, FAILPOINT_ENV
 from elastune_testing.emulator import start_emulator
-from test_durable_storage import MODEL, NS, wait_for
+from operator_site import MODEL, NS, wait_for
 
 V = f"{GROUP}/{VERSION}"
 WORKER = "tiny-pod-1"

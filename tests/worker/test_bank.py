@@ -34,7 +34,7 @@ from elastune_worker.tiny import tasks as T  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore:.*is_gradient_checkpointing.*:FutureWarning")
 
-from test_tuning import TEST_SPEC  # noqa: E402 - the small model of the tuning tests (one cached build)
+from tiny_test_model import TEST_SPEC  # noqa: E402 - the small model of the tuning tests (one cached build)
 
 N_CANDIDATES, K = 300, 12
 TASK = T.TaskSpec("units", 1)

@@ -12,10 +12,9 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("peft")
 
-from test_tuning import TEST_SPEC  # the small model the worker tests already cache
-
 from elastune_worker.bench import sync
 from elastune_worker.tiny import build as tiny_build
+from tiny_test_model import TEST_SPEC  # the small model the worker tests already cache
 
 
 def test_quick_bench_reports_compute_and_sync_per_worker_count(

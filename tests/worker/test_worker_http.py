@@ -19,10 +19,9 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("fastapi")
 
-from test_tuning import TEST_SPEC
-
 from elastune_contract.protocol import Bus
 from elastune_worker.tiny import build as tiny_build
+from tiny_test_model import TEST_SPEC
 
 CONTROL_TOKEN = "test-control-token"
 
