@@ -35,6 +35,7 @@ from elastune_worker.tuning.trainer import (  # noqa: E402
     MAX_ITERATIONS,
     TARGET_REACHED,
     CheckpointMismatch,
+    OutputNotOurs,
     Trainer,
     TuningConfig,
     evaluate_artifact,
@@ -485,6 +486,31 @@ def test_checkpoint_of_other_hyperparameters_is_refused(
 
 
 # ---------------------------------------------------------------------------------------- artifact
+def test_an_output_directory_the_job_did_not_write_is_never_replaced(
+    tuned: tuple[Trainer, float], tmp_path: Path
+) -> None:
+    """Issue 25: a TuningJob whose output named an existing directory deleted it. The artifact goes
+    into a new or empty directory, or replaces an earlier artifact; anything else is refused, intact."""
+    trainer, _ = tuned
+    victim = tmp_path / "victim"
+    (victim / "data").mkdir(parents=True)
+    (victim / "data" / "notes.txt").write_text("the user's")
+    with pytest.raises(OutputNotOurs, match="not an artifact"):
+        trainer.save_artifact(victim)
+    assert (victim / "data" / "notes.txt").read_text() == "the user's"
+    assert sorted(p.name for p in victim.parent.iterdir()) == ["victim"], "no leftovers beside it"
+    a_file = tmp_path / "a-file"
+    a_file.write_text("x")
+    with pytest.raises(OutputNotOurs):
+        trainer.save_artifact(a_file)
+    assert a_file.read_text() == "x"
+    # An empty directory and an earlier artifact are fine: a retried or repeated job replaces its own.
+    (tmp_path / "empty").mkdir()
+    assert (trainer.save_artifact(tmp_path / "empty") / "metrics.json").exists()
+    again = trainer.save_artifact(tmp_path / "empty")
+    assert (again / "metrics.json").exists() and not (again / "notes.txt").exists()
+
+
 def test_artifact_reproduces_reported_metrics(
     tuned: tuple[Trainer, float], model_dir: Path, task: tiny_tasks.Task, tmp_path: Path
 ):

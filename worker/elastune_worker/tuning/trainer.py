@@ -107,6 +107,31 @@ class CheckpointMismatch(ValueError):
     """A checkpoint exists but was written by a run with other data or hyperparameters."""
 
 
+class OutputNotOurs(ValueError):
+    """The output location holds something no tuning run wrote (a user's directory or a file): a job
+    replaces only an empty directory or an earlier artifact, never what it did not create."""
+
+
+def check_output_location(out: Path) -> None:
+    """OutputNotOurs unless ``out`` is absent, an empty directory or an artifact (metrics.json with our
+    format). A ValueError, so the job fails with InvalidSpec and this message."""
+    if not out.exists() and not out.is_symlink():
+        return
+    if out.is_symlink() or not out.is_dir():
+        raise OutputNotOurs(f"output {out} exists and is not a directory; refusing to replace it")
+    if not any(out.iterdir()):
+        return
+    try:
+        info = json.loads((out / "metrics.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        info = None
+    if not isinstance(info, dict) or info.get("format") != ARTIFACT_FORMAT:
+        raise OutputNotOurs(
+            f"output {out} holds files that are not an artifact of a tuning run; refusing to replace "
+            "them: name a new or empty directory"
+        )
+
+
 # ------------------------------------------------------------------------------------------ config
 @dataclass(frozen=True)
 class TuningConfig:
@@ -809,7 +834,8 @@ class Trainer:
         """PEFT adapter (save_pretrained) + prompt.txt + metrics.json, swapped into ``out_dir`` whole."""
         if self.result is None:
             raise RuntimeError("run() first: the artifact records the final metrics")
-        out = Path(out_dir).resolve()
+        out = Path(out_dir).absolute()
+        check_output_location(out)
         out.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
         try:
