@@ -30,7 +30,7 @@ REASON_ARGS = {
     "BankChoice": 1,
     "BankError": 0,
     "DatasetError": 0,
-    "_Fail": 0,
+    "AssignmentFailed": 0,
     "Selection": 2,
 }
 CAMEL = re.compile(r"^[A-Z][A-Za-z0-9]*$")
