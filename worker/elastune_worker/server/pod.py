@@ -1,0 +1,183 @@
+"""One worker pod: the job agent (main thread), the serving engine over the model the agent loaded, the
+control plane's adapter placement, and the HTTP server (the Knative contract and /v1, a background
+thread). ``server/app.py`` builds it from the command line."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+import uvicorn
+
+from elastune_contract.openai_api.limits import RequestLimits
+from elastune_contract.protocol import Bus, ServingState, WorkerState
+from elastune_worker.server.agent import Agent, AgentConfig
+from elastune_worker.server.control_auth import guard_control
+from elastune_worker.server.control_routes import control_router
+from elastune_worker.server.coserved import EngineCall
+from elastune_worker.server.metrics import WorkerMetrics
+from elastune_worker.server.models import LoadedModel
+from elastune_worker.server.placement import AdapterSync
+from elastune_worker.serving.api.app import create_app
+from elastune_worker.serving.api.metrics import ServingMetrics
+from elastune_worker.serving.config import EngineConfig
+from elastune_worker.serving.frontend.client import EngineServingClient
+from elastune_worker.serving.frontend.messages import EngineOp
+from elastune_worker.serving.server import load_lora_modules, start_engine
+
+log = logging.getLogger("elastune.worker")
+
+
+@dataclass
+class EngineSettings:
+    """How the pod runs its serving engine (the engine flags of the command line)."""
+
+    config: EngineConfig
+    in_thread: bool
+    threads: int | None
+    cpus: str
+    lora_modules: list[tuple[str, str]] = field(default_factory=list)
+    """Adapters loaded at start-up: (served name, path)."""
+
+
+class WorkerPod:
+    def __init__(
+        self,
+        bus: Bus,
+        worker_id: str,
+        pool: str,
+        model: str,
+        served_name: str,
+        engine: EngineSettings | None,
+        limits: RequestLimits,
+    ) -> None:
+        """``engine`` None: tune only, /v1 answers 503."""
+        self.bus, self.worker_id, self.served_name = bus, worker_id, served_name
+        self.engine_settings = engine
+        self.metrics = WorkerMetrics()
+        self.serving_metrics = ServingMetrics(self.metrics.registry, served_name)
+        self.engine: EngineServingClient | None = None
+        """The serving engine's client once it started (after the model loaded); None before, and for
+        good when tuning only or when the engine cannot run the model."""
+        self.placement = AdapterSync(bus, worker_id, lambda: self.engine)
+        self.agent = Agent(
+            AgentConfig(
+                worker_id=worker_id,
+                pool=pool,
+                model=model,
+                on_loaded=self.start_engine if engine is not None else None,
+                serving_state=self.serving_state,
+                on_heartbeat=self.placement.sync_in_background,  # loads never hold up the heartbeat
+                engine_call=self.engine_call,
+            ),
+            bus,
+            self.metrics,
+        )
+        self.app = create_app(
+            lambda: self.engine,
+            metrics=self.serving_metrics,
+            control=control_router(self.agent, self.metrics),
+            limits=limits,
+        )
+        guard_control(self.app)  # adapter load/unload, /status: only with the control token
+        self._http: uvicorn.Server | None = None
+
+    # -- start, serve, shut down --------------------------------------------------------------------
+    def start_http(self, host: str, port: int, advertise: str | None) -> str:
+        """Serve the pod's app from a background thread (the agent owns the main thread) and register
+        the URL other pods reach it at; ``port`` 0 picks a free one. Returns that URL."""
+        self._http, bound = _serve_in_thread(self.app, host, port)
+        self.agent.record.url = f"http://{advertised_host(host, advertise)}:{bound}"
+        return self.agent.record.url
+
+    def serve(self) -> None:
+        """Load the model, start the engine, then run assignments until ``stop``."""
+        self.agent.run_forever()
+
+    def stop(self) -> None:
+        """Stop after the current assignment (a signal handler's call)."""
+        self.agent.stop()
+
+    def shutdown(self) -> None:
+        """Stop the HTTP server and leave the registry (a FAILED worker stays listed with its reason)."""
+        if self._http is not None:
+            self._http.should_exit = True
+        if self.agent.record.state is not WorkerState.FAILED:
+            self.bus.forget_worker(self.worker_id)
+        self.bus.close()
+
+    # -- the serving engine ---------------------------------------------------------------------------
+    def start_engine(self, loaded: LoadedModel) -> None:
+        """The serving engine over the loaded model directory, started before the worker reports READY.
+        A model the engine cannot run leaves the worker tuning only; /v1 then answers 503 with the
+        reason."""
+        settings = self.engine_settings
+        assert settings is not None
+        try:
+            engine = start_engine(
+                loaded.path,
+                settings.config,
+                settings.in_thread,
+                tokenizer=loaded.tokenizer,
+                threads=settings.threads,
+                cpus=settings.cpus,
+            )
+        except Exception as exc:
+            log.error("serving is unavailable on this worker: %s", exc)
+            return
+        client = EngineServingClient(engine, self.served_name)
+        try:
+            load_lora_modules(client, settings.lora_modules)
+        except Exception as exc:  # a bad start-up adapter is the operator's error: say it, serve the rest
+            log.error("a --lora-modules adapter did not load: %s", exc)
+        self.serving_metrics.watch_engine(self.metrics.registry, client.stats, client.lora_info)
+        self.engine = client
+        log.info("serving %s (context %d tokens) on /v1", self.served_name, client.max_model_len)
+
+    def serving_state(self) -> ServingState | None:
+        """What the pod serves, with the placement's errors and load times (each heartbeat)."""
+        client = self.engine
+        if client is None:
+            return None
+        state = client.serving_state()
+        state.placement_errors = dict(self.placement.errors)
+        state.placement_reasons = dict(self.placement.reasons)
+        for adapter in state.adapters:
+            adapter.load_seconds = self.placement.load_seconds.get(adapter.name)
+        return state
+
+    def engine_call(self) -> EngineCall | None:
+        """A blocking call into the engine for the agent's co-served assignments; None without one."""
+        client = self.engine
+        if client is None:
+            return None
+
+        def call(op: EngineOp, arg: Any) -> Any:
+            return asyncio.run(client.engine.call(op, arg))
+
+        return call
+
+
+def advertised_host(bind: str, advertise: str | None) -> str:
+    """What the worker registers: on a cluster its pod IP (127.0.0.1 there is the caller's own pod);
+    bound to one address, that one; bound to all of them on one machine, loopback."""
+    if advertise:
+        return f"[{advertise}]" if ":" in advertise else advertise
+    return "127.0.0.1" if bind in ("0.0.0.0", "::", "") else bind
+
+
+def _serve_in_thread(app: Any, host: str, port: int) -> tuple[uvicorn.Server, int]:
+    """uvicorn on a daemon thread over a socket bound here (so the bound port is known at once)."""
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.listen(2048)  # connections wait in the backlog until the server thread accepts them
+    config = uvicorn.Config(app, log_level="warning", lifespan="off", access_log=False)
+    server = uvicorn.Server(config)
+    server.install_signal_handlers = lambda: None  # type: ignore[attr-defined]  # main thread's job (older uvicorn)
+    threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="http", daemon=True).start()
+    return server, sock.getsockname()[1]
