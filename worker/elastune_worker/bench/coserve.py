@@ -17,6 +17,9 @@ duration. Modes:
   second intra-op thread made the tiny model's iterations slower and noisier, not faster), so spatial
   has twice their cores by default — it stands for a second GPU.
 
+``--device cuda`` (or auto with a GPU) serves and tunes on the GPU; spatial then shares that one GPU
+between two processes (it stands for a second GPU only on the CPU). ``--modes`` runs a subset.
+
 Per mode and load: finetuning tokens/s (sample tokens of completed optimizer steps, virtual tokens not
 counted, over the trace's wall time), SLO attainment (% of requests whose TPOT is within the TPOT SLO),
 TTFT and TPOT p50/p99. The TPOT SLO is ``--slo-factor`` x the engine's profiled decode step of 8
@@ -194,7 +197,9 @@ def run_temporal(engine: Any, trainer: Any, trace: Trace, n: int) -> RunResult:
     return RunResult(timings, wall, sum(step_tokens(trainer, s) for s in range(steps)), steps)
 
 
-def _spatial_tuner(model: str, args: dict[str, Any], go: Any, stop: Any, out: Any) -> None:
+def _spatial_tuner(
+    model: str, args: dict[str, Any], go: Any, stop: Any, out: Any, device: str = "cpu"
+) -> None:
     """The tuning worker of the spatial split: one torch thread, steps until told to stop."""
     import torch
 
@@ -202,7 +207,7 @@ def _spatial_tuner(model: str, args: dict[str, Any], go: Any, stop: Any, out: An
     from elastune_worker.tuning.trainer import Trainer
 
     cfg, records = tuning_setup(argparse.Namespace(**args))
-    trainer = Trainer(model, cfg, records, [], device="cpu")
+    trainer = Trainer(model, cfg, records, [], device=device)
     trainer.step(0)  # warm (not counted): the first step pays one-off costs
     go.set()
     steps, t0 = 0, time.perf_counter()
@@ -214,12 +219,15 @@ def _spatial_tuner(model: str, args: dict[str, Any], go: Any, stop: Any, out: An
     out.put({"steps": steps, "tokens": tokens, "seconds": time.perf_counter() - t0})
 
 
-def run_spatial(engine: Any, model: Path, trace: Trace, args: argparse.Namespace) -> RunResult:
+def run_spatial(
+    engine: Any, model: Path, trace: Trace, args: argparse.Namespace, device: str = "cpu"
+) -> RunResult:
     import torch
 
     ctx = mp.get_context("spawn")
     go, stop, out = ctx.Event(), ctx.Event(), ctx.Queue()
-    proc = ctx.Process(target=_spatial_tuner, args=(str(model), vars(args), go, stop, out), daemon=True)
+    tuner_args = (str(model), vars(args), go, stop, out, device)
+    proc = ctx.Process(target=_spatial_tuner, args=tuner_args, daemon=True)
     proc.start()
     before = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -260,7 +268,7 @@ def goal(result: dict[str, Any], load: str = "heavy") -> dict[str, Any]:
     """FlexLLM's claim: co-serving >= 1.9x the finetuning throughput of the best temporal setting under
     heavy load, at equal or better SLO attainment."""
     co = result["coserve"][load]
-    temporal = {m: result[m][load] for m in MODES if m.startswith("temporal")}
+    temporal = {m: result[m][load] for m in MODES if m.startswith("temporal") and m in result}
     best = max(temporal, key=lambda m: temporal[m]["finetune_tokens_s"])
     matching = [m for m in temporal if temporal[m]["slo_attainment_pct"] >= co["slo_attainment_pct"]]
     best_matching = max(matching, key=lambda m: temporal[m]["finetune_tokens_s"]) if matching else None
@@ -296,7 +304,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-window", type=int, default=512, help="finetuning tokens per iteration at most")
     p.add_argument("--micro-batch", type=int, default=2, help="rows of one co-served sequence")
     p.add_argument("--threads", type=int, default=1, help="torch threads of the one-process modes")
+    p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto", help="auto: CUDA if present")
+    p.add_argument("--modes", default=",".join(MODES), help=f"comma-separated subset of {','.join(MODES)}")
     args = p.parse_args(argv)
+    modes = [m for m in args.modes.split(",") if m]
+    if set(modes) - set(MODES) or "coserve" not in modes or not any(m.startswith("temporal") for m in modes):
+        p.error(
+            f"--modes: names from {', '.join(MODES)}, with coserve and a temporal one (the goal compares)"
+        )
     n = args.requests or (80 if args.quick else 200)
     max_out = args.max_output or (32 if args.quick else 64)
     if not args.dataset.exists():
@@ -318,10 +333,17 @@ def main(argv: list[str] | None = None) -> int:
 
     threads = args.threads
     torch.set_num_threads(threads)
+    device = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
     model = ensure_tiny_model(spec=TINY_LLAMA_SPEC)
     tok = AutoTokenizer.from_pretrained(model, local_files_only=True)
     engine = LLMEngine(
-        model, EngineConfig(kv_cache_tokens=65536, max_num_seqs=64, max_num_batched_tokens=512)
+        model,
+        EngineConfig(
+            num_kv_blocks=4096,
+            max_num_seqs=64,
+            max_num_batched_tokens=512,
+            device=device,  # type: ignore[arg-type]
+        ),
     )
     engine.generate([[5 + i] * 16 for i in range(8)], SamplingParams(max_tokens=16, ignore_eos=True))
     cost = profile_costs(engine)  # after a warm-up: first calls pay torch's one-off costs
@@ -339,7 +361,7 @@ def main(argv: list[str] | None = None) -> int:
             "tuning": {"method": cfg.method, "batch_size": cfg.batch_size, "max_length": cfg.max_length,
                        "virtual_tokens": cfg.virtual_tokens},
             "max_window": args.max_window, "micro_batch": args.micro_batch, "torch_threads": threads,
-            "quick": args.quick,
+            "quick": args.quick, "device": device, "modes": modes,
         },
         "tpot_slo_ms": round(slo_s * 1e3, 3),
         "profiled": {"decode8_ms": round(decode8 * 1e3, 3),
@@ -350,14 +372,14 @@ def main(argv: list[str] | None = None) -> int:
     }  # fmt: skip
     print(f"bench coserve: {n} requests per load, TPOT SLO {slo_s * 1e3:.2f} ms ({args.slo_factor} x "
           f"profiled 8-request decode step {decode8 * 1e3:.2f} ms)", flush=True)  # fmt: skip
-    for mode in MODES:
+    for mode in modes:
         result[mode] = {}
         for load, trace in traces.items():
             engine.reset_counters()  # the same cold prefix cache for every mode
             if mode == "spatial":
-                r = run_spatial(engine, model, trace, args)
+                r = run_spatial(engine, model, trace, args, device)
             else:
-                trainer = Trainer(model, cfg, records, [], device="cpu")
+                trainer = Trainer(model, cfg, records, [], device=device)
                 if mode == "coserve":
                     r = run_coserve(engine, trainer, trace, slo_s, cost, args)
                 else:

@@ -6,7 +6,8 @@
    cpu_assisted (CaraServe), async (S-LoRA-like) and ondmd. On a CPU-only machine there is no
    host→device copy: its time is EMULATED (``--gbps``, default 4 GB/s: pageable host memory over PCIe 3.0
    ×16) for an adapter of a Llama-2-7B of the same rank (q, k, v, fp16: rank 64 ≈ 100 MiB ≈ 25 ms);
-   the figures say so. Time to first token, time per output token and request latency, mean and p99,
+   the figures say so. On CUDA (``--device cuda``, or auto with a GPU) the copies are real and nothing
+   is emulated. Time to first token, time per output token and request latency, mean and p99,
    each mode's overhead over cached.
 2. Kernels: the same decode-heavy batch of mixed ranks (8 and 64) with the padded and the unpadded
    kernel: output tokens per second.
@@ -30,7 +31,9 @@ MODES = ("cached", "cpu_assisted", "cpu_assisted_procs", "async", "ondmd")
 """cpu_assisted_procs: CaraServe's CPU path in 2 CPU LoRA worker processes (shared memory)."""
 
 
-def _engine(mode: str, gbps: float, max_loras: int, kernel: str = "padded", adapters: int = 16) -> Any:
+def _engine(
+    mode: str, gbps: float, max_loras: int, kernel: str = "padded", adapters: int = 16, device: str = "cpu"
+) -> Any:
     workers = 2 if mode == "cpu_assisted_procs" else 0
     mode = "cpu_assisted" if mode == "cpu_assisted_procs" else mode
     from elastune_worker.serving.config import EngineConfig
@@ -41,7 +44,7 @@ def _engine(mode: str, gbps: float, max_loras: int, kernel: str = "padded", adap
     cfg = EngineConfig(
         kv_cache_tokens=16384, enable_lora=True, max_loras=max_loras, max_cpu_loras=max(adapters, max_loras),
         lora_load_mode=mode, lora_copy_emulation_gbps=gbps, lora_kernel=kernel,  # type: ignore[arg-type]
-        lora_cpu_workers=workers,
+        lora_cpu_workers=workers, device=device,  # type: ignore[arg-type]
     )  # fmt: skip
     eng = LLMEngine(B.ensure_tiny_model(spec=B.TINY_LLAMA_SPEC), cfg)
     paths = {rank: str(A.ensure_tiny_adapter(rank)) for rank in (8, 16, 32, 64)}
@@ -113,13 +116,13 @@ def replay(eng: Any, requests: list[tuple[float, str, str]], max_tokens: int) ->
     return out
 
 
-def kernels(batch: int, max_tokens: int) -> dict[str, Any]:
+def kernels(batch: int, max_tokens: int, device: str = "cpu") -> dict[str, Any]:
     from elastune_worker.serving.sampling import SamplingParams
 
     out: dict[str, Any] = {}
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
     for kernel in ("padded", "unpadded"):
-        eng = _engine("cached", 0.0, 16, kernel, adapters=16)
+        eng = _engine("cached", 0.0, 16, kernel, adapters=16, device=device)
         loras = [("r8-0" if i % 4 else "r64-3") for i in range(batch)]  # 3 of 4 at rank 8, 1 at rank 64
         eng.generate(["warm up →"], params, ["r8-0"])  # (every adapter is on the device: cached)
         t0 = time.perf_counter()
@@ -135,7 +138,12 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="elastune bench lora", description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="fewer requests (< 1 min)")
     p.add_argument("--json", metavar="PATH", help=f"results file (default {RESULTS} for a full run)")
-    p.add_argument("--gbps", type=float, default=4.0, help="EMULATED host->device bandwidth (GB/s)")
+    p.add_argument("--gbps", type=float, default=4.0, help="EMULATED host->device bandwidth (GB/s; CPU only)")
+    p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto", help="auto: CUDA if present")
+    p.add_argument("--requests", type=int, help="requests of the trace (default 240; --quick 60)")
+    p.add_argument(
+        "--modes", default=",".join(MODES), help=f"load modes, comma-separated ({','.join(MODES)})"
+    )
     p.add_argument("--rate", type=float, default=20.0, help="requests per second")
     p.add_argument("--adapters", type=int, default=512, help="adapters (Zipf popularity)")
     p.add_argument("--slots", type=int, default=8, help="device adapter slots")
@@ -144,20 +152,35 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     torch.set_num_threads(1)
-    n = 60 if args.quick else 240
+    device = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
+    modes = [m for m in args.modes.split(",") if m]
+    if "cached" not in modes or set(modes) - set(MODES):
+        p.error(f"--modes: names from {', '.join(MODES)}, cached among them (the baseline)")
+    # A CUDA engine copies adapters to the device for real: emulating a copy there would count it twice.
+    gbps = args.gbps if device == "cpu" else 0.0
+    n = args.requests or (60 if args.quick else 240)
     requests = trace(n, args.rate, seed=0, adapters=args.adapters)
     load = os.getloadavg()[0]
+    emulation = (
+        f"host->device copies EMULATED at {gbps:g} GB/s for a Llama-2-7B adapter of the same rank "
+        "(q, k, v, fp16): no device on this machine"
+        if device == "cpu"
+        else f"real host->device copies on {torch.cuda.get_device_name()} (tiny Llama's adapters)"
+    )
     result: dict[str, Any] = {
-        "emulation": f"host->device copies EMULATED at {args.gbps:g} GB/s for a Llama-2-7B adapter of the "
-        "same rank (q, k, v, fp16): no device on this machine",
+        "emulation": emulation, "device": device,
         "setup": {"requests": n, "rate_per_s": args.rate, "adapters": args.adapters,
                   "device_slots": args.slots, "max_tokens": 16},
         "cold_start": {},
     }  # fmt: skip
     print(result["emulation"])
-    for mode in MODES:
+    for mode in modes:
         eng = _engine(
-            mode, args.gbps, args.adapters if mode == "cached" else args.slots, adapters=args.adapters
+            mode,
+            gbps,
+            args.adapters if mode == "cached" else args.slots,
+            adapters=args.adapters,
+            device=device,
         )
         eng.generate(["warm up →"], None, [None])
         res = replay(eng, requests, 16)
@@ -173,13 +196,15 @@ def main(argv: list[str] | None = None) -> int:
             flush=True,
         )
     base = result["cold_start"]["cached"]
-    for mode in MODES[1:]:
+    for mode in modes:
+        if mode == "cached":
+            continue
         r = result["cold_start"][mode]
         r["overhead_vs_cached_pct"] = {
             k: round(100 * (r[k] / base[k] - 1), 1)
             for k in ("ttft_ms_mean", "tpot_ms_mean", "latency_ms_mean")
         }
-    result["kernels"] = kernels(16 if args.quick else 32, 16 if args.quick else 32)
+    result["kernels"] = kernels(16 if args.quick else 32, 16 if args.quick else 32, device)
     print(f"kernels: {json.dumps(result['kernels'])}")
     result["machine"] = {
         "cpus": os.cpu_count(),
