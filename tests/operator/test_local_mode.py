@@ -116,8 +116,12 @@ def test_prompt_bank_picks_the_initial_prompt_or_the_job_falls_back_and_says_why
 def test_bad_datasets_fail_with_reasons_and_the_worker_serves_the_next_job(
     tmp_path: Path, small_model: Path, data_dir: Path
 ) -> None:
-    """Missing file, malformed line, empty file: each job ends Failed with the reason in status and in
-    the CLI output; the one worker (--workers 1) then runs the good job — it never restarted."""
+    """Missing file, malformed line, empty file, an output naming a user's directory: each job ends
+    Failed with the reason in status and in the CLI output (the user's directory intact); the one worker
+    (--workers 1) then runs the good job — it never restarted."""
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (victim / "notes.txt").write_text("the user's")
     manifest = write(
         tmp_path / "jobs.yaml",
         warm_pool(str(small_model)),
@@ -125,6 +129,13 @@ def test_bad_datasets_fail_with_reasons_and_the_worker_serves_the_next_job(
         tuning_job("missing", str(data_dir / "nope.jsonl"), model=str(small_model), deadline="6m"),
         tuning_job("malformed", str(data_dir / "malformed.jsonl"), model=str(small_model), deadline="7m"),
         tuning_job("empty", str(data_dir / "empty.jsonl"), model=str(small_model), deadline="8m"),
+        tuning_job(
+            "victim",
+            str(data_dir / "good.jsonl"),
+            model=str(small_model),
+            deadline="8m30s",
+            output={"uri": victim.as_uri()},
+        ),
         tuning_job("good", "data/good.jsonl", model=str(small_model), deadline="9m"),
     )
     (tmp_path / "data").symlink_to(data_dir)  # relative dataset path, resolved against the manifest
@@ -136,6 +147,7 @@ def test_bad_datasets_fail_with_reasons_and_the_worker_serves_the_next_job(
         "missing": ("DatasetNotFound", "does not exist"),
         "malformed": ("DatasetMalformed", "line 2"),
         "empty": ("DatasetEmpty", "no records"),
+        "victim": ("InvalidSpec", "refusing to replace"),
     }
     for name, (reason, words) in expected.items():
         st = status_of(state, name)
@@ -144,6 +156,9 @@ def test_bad_datasets_fail_with_reasons_and_the_worker_serves_the_next_job(
         assert failed["status"] == "True" and words in failed["message"]
         assert f"TuningJob default/{name}: Failed ({reason})" in proc.stdout
         assert words in proc.stdout
+    assert [p.name for p in victim.iterdir()] == ["notes.txt"]
+    assert (victim / "notes.txt").read_text() == "the user's"
+    assert status_of(state, "victim").get("iterations") in (None, 0), "refused before any training"
     good = status_of(state, "good")
     assert condition(good, "Succeeded")["status"] == "True", good
     assert good["iterations"] == 20

@@ -7,6 +7,7 @@ assignment runs here, in this order, so its reason reaches the job's status befo
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from elastune_contract import storage
@@ -17,7 +18,7 @@ from elastune_worker.server.models import LoadedModel
 from elastune_worker.server.outcomes import AssignmentFailed
 from elastune_worker.storage import s3
 from elastune_worker.tuning.data import load_dataset, split
-from elastune_worker.tuning.trainer import TuningConfig
+from elastune_worker.tuning.trainer import OutputNotOurs, TuningConfig, check_output_location
 
 
 @dataclass
@@ -58,6 +59,11 @@ def plan_training(a: Assignment, loaded: LoadedModel, model: str) -> TrainingPla
         )
     published = _published_uri(a.artifact_dir)
     a = _with_local_paths(a)
+    if a.rank == 0:  # refused now, not after the tuning budget is spent
+        try:
+            check_output_location(Path(a.artifact_dir))
+        except OutputNotOurs as exc:
+            raise AssignmentFailed(Reason.INVALID_SPEC, str(exc)) from exc
     try:
         spec = TuningJobSpec.model_validate(a.spec)
     except ValueError as exc:
@@ -128,7 +134,7 @@ def _max_length(loaded: LoadedModel, virtual_tokens: int) -> int:
 
 def _with_local_paths(a: Assignment) -> Assignment:
     """The assignment with its checkpoint and artifact locations as paths in this pod: a pvc:// URI is
-    the claim's mount, through the one resolver the adapter loader (serving.lora.storage) reads by."""
+    the claim's mount, through the one resolver the adapter loader (serving.runner.lora.storage) reads by."""
     try:
         ckpt, out = (str(storage.local_path(u)) for u in (a.checkpoint_dir, a.artifact_dir))
     except ValueError as exc:
