@@ -9,6 +9,7 @@ QueuePolicyName = Literal["fcfs", "priority", "sjf"]
 BatchingName = Literal["continuous", "dynamic", "none"]
 LoraKernelName = Literal["padded", "unpadded"]
 LoraLoadMode = Literal["cpu_assisted", "async", "ondmd", "cached"]
+AttentionBackendName = Literal["auto", "gather", "triton"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -17,8 +18,13 @@ class EngineConfig:
     """Tokens per KV-cache block (vLLM's default): the unit of allocation and of prefix sharing."""
     num_kv_blocks: int | None = None
     """KV-cache size in blocks; None sizes it from ``kv_cache_tokens``."""
-    kv_cache_tokens: int = 65_536
-    """KV-cache size in tokens when ``num_kv_blocks`` is None: 32 full 2,048-token contexts."""
+    kv_cache_tokens: int | None = None
+    """KV-cache size in tokens when ``num_kv_blocks`` is None. None: on CUDA, from the device's free
+    memory (``kv_cache_memory_fraction``); on the CPU, 65,536 (32 full 2,048-token contexts)."""
+    kv_cache_memory_fraction: float = 0.9
+    """CUDA, neither size given: share of the device memory free after the weights and a warm-up
+    forward that the KV cache takes, less the warm-up's activation peak (vLLM's gpu_memory_utilization
+    plays this part)."""
     max_num_batched_tokens: int = 2048
     """Token budget of one step (decodes + prefill chunks): bounds a step's latency."""
     max_num_seqs: int = 128
@@ -70,10 +76,28 @@ class EngineConfig:
     dtype: Literal["auto", "float32", "float16", "bfloat16"] = "auto"
     """auto: float32 on CPU (exact comparisons with transformers), bfloat16 on CUDA."""
 
+    cuda_graphs: bool = True
+    """CUDA: run decode-only steps as CUDA graphs captured for a ladder of batch sizes (eager for
+    prefill and mixed steps, and everywhere after a failed capture). Ignored on the CPU."""
+    cuda_graph_max_batch: int = 256
+    """Largest decode batch captured (capped at ``max_num_seqs``); larger decode steps run eager."""
+    attention_backend: AttentionBackendName = "auto"
+    """gather: contexts copied out of the paged cache, then SDPA; triton: a kernel that reads the cache
+    in place (on the CPU only through Triton's interpreter, for tests); auto: triton on CUDA when it
+    imports and passes its start-up check, gather otherwise."""
+
     def __post_init__(self) -> None:
-        for name in ("block_size", "kv_cache_tokens", "max_num_batched_tokens", "max_num_seqs"):
+        for name in ("block_size", "max_num_batched_tokens", "max_num_seqs", "cuda_graph_max_batch"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1")
+        if self.kv_cache_tokens is not None and self.kv_cache_tokens < 1:
+            raise ValueError("kv_cache_tokens must be >= 1")
+        if not 0 < self.kv_cache_memory_fraction <= 1:
+            raise ValueError("kv_cache_memory_fraction must be in (0, 1]")
+        if self.attention_backend not in ("auto", "gather", "triton"):
+            raise ValueError(
+                f"attention_backend must be auto, gather or triton, not {self.attention_backend!r}"
+            )
         if self.num_kv_blocks is not None and self.num_kv_blocks < 1:
             raise ValueError("num_kv_blocks must be >= 1")
         if self.max_loras < 1 or self.max_cpu_loras < self.max_loras or self.max_lora_rank < 1:
@@ -88,4 +112,8 @@ class EngineConfig:
             raise ValueError("long_prefill_token_threshold must be >= 0")
 
     def kv_blocks(self) -> int:
-        return self.num_kv_blocks or max(1, self.kv_cache_tokens // self.block_size)
+        """The size asked for, or the CPU default (on CUDA, the model runner sizes an unset cache)."""
+        return self.num_kv_blocks or max(1, (self.kv_cache_tokens or 65_536) // self.block_size)
+
+    def kv_size_given(self) -> bool:
+        return self.num_kv_blocks is not None or self.kv_cache_tokens is not None

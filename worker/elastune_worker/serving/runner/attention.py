@@ -11,6 +11,10 @@ gather and attend one KV head at a time (index_select along the first dimension 
 SDPA reads a contiguous context much faster than a strided one: 1.6-1.9x faster decode attention for
 64 decodes in a micro-benchmark, SDPA's time in an engine step down by a third); on CUDA all heads go
 in one call (fewer kernel launches).
+
+The ``paged`` tiles of the metadata go instead to the Triton kernel that reads the cache in place
+(triton_attention.py, the ``triton`` attention backend): decodes and prefill chunks over a cached
+prefix then need no gather; a chunk that starts its sequence still attends through SDPA over its own K/V.
 """
 
 from __future__ import annotations
@@ -19,6 +23,8 @@ from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
+
+from elastune_worker.serving.runner.triton_attention import PagedTiles, paged_attention_in_place
 
 
 @dataclass
@@ -43,6 +49,10 @@ class AttentionMetadata:
     """Decodes grouped by context length, so that padding to a group's longest context stays small."""
     prefills: list[tuple[int, int, torch.Tensor | None, torch.Tensor | None]] = field(default_factory=list)
     """(first row, end row, context slots or None when the chunk starts at 0, causal mask or None)."""
+    paged: list[PagedTiles] = field(default_factory=list)
+    """Rows attended in place by the Triton kernel (instead of ``decodes`` and cached-prefix prefills)."""
+    page_size: int = 0
+    """Tokens per KV block (``paged`` reads the block tables with it)."""
 
 
 def paged_attention(
@@ -87,6 +97,8 @@ def paged_attention(
             vd = _gather_blocks(v_cache, g.blocks, width)
             o = F.scaled_dot_product_attention(qd, kd, vd, attn_mask=g.mask, scale=scale)
         out[g.index] = o.reshape(b, n_heads, d)
+    for tiles in meta.paged:
+        paged_attention_in_place(q, k_cache, v_cache, out, tiles, scale, meta.page_size)
     for start, end, slots, mask in meta.prefills:
         qp = q[start:end].transpose(0, 1).unsqueeze(0)  # [1, H, n, D]
         if slots is None:  # the chunk is the whole context so far: plain causal attention

@@ -1,15 +1,22 @@
 """Runs the model for one scheduled step: builds the flat batch and the attention metadata from the
-scheduler's chunks, runs one forward over the paged KV cache, samples the next tokens."""
+scheduler's chunks, runs one forward over the paged KV cache, samples the next tokens.
+
+On CUDA, decode-only steps replay captured CUDA graphs (cuda_graphs.py) and the KV cache takes the
+device memory left after the weights and a warm-up forward, unless a size is given."""
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
+from typing import Literal
 
 import torch
 
 from elastune_worker.serving.config import EngineConfig, LoraKernelName
 from elastune_worker.serving.core.scheduler import SchedulerOutput
-from elastune_worker.serving.runner.attention import AttentionMetadata, DecodeGroup
+from elastune_worker.serving.runner import triton_attention
+from elastune_worker.serving.runner.attention import AttentionMetadata, DecodeGroup, paged_attention
+from elastune_worker.serving.runner.cuda_graphs import DecodeGraphs
 from elastune_worker.serving.runner.lora.cpu_workers import CpuLoRAPool
 from elastune_worker.serving.runner.lora.kernels import LoRABatch
 from elastune_worker.serving.runner.lora.slots import DeviceLoRAs
@@ -17,6 +24,12 @@ from elastune_worker.serving.runner.lora.weights import LoRAWeights
 from elastune_worker.serving.runner.models.loader import context_length, load_model
 from elastune_worker.serving.runner.sampler import Sampler
 from elastune_worker.serving.runner.soft_prompts import SoftPrompt
+
+log = logging.getLogger(__name__)
+
+AttentionBackend = Literal["gather", "triton"]
+PREFIX_TILE_TOKENS = 16
+"""Query tokens per Triton tile of a prefill chunk over a cached prefix."""
 
 
 def pick_device(choice: str) -> torch.device:
@@ -43,16 +56,23 @@ class ModelRunner:
         self.block_size = config.block_size
         self.vocab_size = int(self.hf_config["vocab_size"])
         self.hidden_size = int(self.hf_config.get("hidden_size") or self.hf_config["n_embd"])
-        slots = config.kv_blocks() * config.block_size
-        n_kv, hd, n_layers = self.model.n_kv_heads, self.model.head_dim, self.model.num_layers
-        # Head-major [KV heads, slots, head_dim]: a gathered context is contiguous (attention.py).
-        self.kv_caches = [
-            (
-                torch.zeros(n_kv, slots, hd, dtype=self.dtype, device=self.device),
-                torch.zeros(n_kv, slots, hd, dtype=self.dtype, device=self.device),
-            )
-            for _ in range(n_layers)
-        ]
+        self.attention_backend = pick_attention_backend(config.attention_backend, self.device, self.dtype)
+        self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self.num_kv_blocks = self._kv_blocks(config)
+        """Blocks the scheduler may hand out; the cache holds one more, the scratch block that padding
+        rows of a CUDA graph write to."""
+        self.kv_caches = self._alloc_kv(self.num_kv_blocks + 1)
+        self.scratch_slot = self.num_kv_blocks * self.block_size
+        self.use_cuda_graphs = config.cuda_graphs and self.device.type == "cuda"
+        if config.cuda_graphs and self.device.type != "cuda":
+            log.info("cuda_graphs ignored: the engine runs on %s (eager)", self.device.type)
+        elif self.use_cuda_graphs and self.attention_backend != "triton":
+            log.warning("CUDA graphs off: they need the triton attention backend (this engine uses gather)")
+            self.use_cuda_graphs = False
+        self.cuda_graph_max_batch = min(config.cuda_graph_max_batch, config.max_num_seqs)
+        self.graphs: DecodeGraphs | None = None
+        """Captured at the first decode step (after the engine has set the LoRA slots)."""
+        self.graph_factory: type[DecodeGraphs] = DecodeGraphs
         self.sampler = Sampler(self.device)
         self.lora_device: DeviceLoRAs | None = None  # set by the engine's LoRAManager
         self.lora_kernel: LoraKernelName = config.lora_kernel
@@ -81,8 +101,12 @@ class ModelRunner:
         host_loras: dict[str, LoRAWeights] | None = None,
     ) -> tuple[torch.Tensor, list]:
         """The logits of every chunk that reached its end, and their sequences."""
-        tokens, meta, sampling = self._prepare(out)
         embeds = self._soft_embeds(out, soft_prompts) if soft_prompts else None
+        if embeds is None and self.use_cuda_graphs:
+            replayed = self._replay_decode(out, lora_slots, host_loras)
+            if replayed is not None:
+                return replayed
+        tokens, meta, sampling = self._prepare(out)
         lora = None
         if lora_slots and self.lora_device is not None:
             row_slots: list[int] = []
@@ -111,6 +135,142 @@ class ModelRunner:
             )
         return self.model(tokens, meta, self.kv_caches, lora, embeds), sampling
 
+    # -- CUDA graphs -------------------------------------------------------------------------------
+    def _replay_decode(
+        self,
+        out: SchedulerOutput,
+        lora_slots: dict[str, int] | None,
+        host_loras: dict[str, LoRAWeights] | None,
+    ) -> tuple[torch.Tensor, list] | None:
+        """The step from a captured graph, or None when it is not a decode step a graph can replay: a
+        chunk of more than one token, more decodes than the largest graph, an adapter whose delta is
+        computed on the CPU (or a LoRA kernel the graph does not replay: unpadded), no graphs."""
+        chunks = out.chunks
+        if not chunks or len(chunks) > self.cuda_graph_max_batch or any(c.num_tokens != 1 for c in chunks):
+            return None
+        uses_lora = any(c.seq.lora is not None for c in chunks)
+        if uses_lora and (
+            self.lora_kernel != "padded" or any(c.seq.lora in (host_loras or {}) for c in chunks)
+        ):
+            return None
+        graphs = self._decode_graphs()
+        if graphs is None or (uses_lora and graphs.lora is None):
+            return None
+        bs = self.block_size
+        tokens: list[int] = []
+        positions: list[int] = []
+        slots: list[int] = []
+        lens: list[int] = []
+        tables: list[list[int]] = []
+        row_loras: list[int] = []
+        sample_rows: list[int] = []
+        sampling = []
+        for row, c in enumerate(chunks):
+            seq, start = c.seq, c.start
+            prompt_len = len(seq.prompt_token_ids)
+            ids = seq.prompt_token_ids if start < prompt_len else seq.output_token_ids
+            tokens.append(ids[start if start < prompt_len else start - prompt_len])
+            positions.append(start)
+            slots.append(seq.block_table[start // bs] * bs + start % bs)
+            lens.append(start + 1)
+            tables.append(seq.block_table[: start // bs + 1])
+            row_loras.append(lora_slots[seq.lora] if seq.lora is not None and lora_slots else -1)
+            if c.samples:
+                sample_rows.append(row)
+                sampling.append(seq)
+        step = graphs.pad(tokens, positions, slots, lens, tables, row_loras)
+        if step is None:
+            return None
+        logits = graphs.replay(step, len(chunks))
+        if len(sample_rows) != len(chunks):
+            logits = logits[torch.tensor(sample_rows, device=self.device)]
+        return logits, sampling
+
+    def _decode_graphs(self) -> DecodeGraphs | None:
+        """Captured once, at the first decode step; None (and eager from then on) if that failed."""
+        if self.graphs is None and self.use_cuda_graphs:
+            graphs = self.graph_factory(
+                self.cuda_graph_max_batch,
+                -(-self.max_model_len // self.block_size),
+                self.block_size,
+                self.scratch_slot,
+                self.device,
+                self.lora_device if self.lora_kernel == "padded" else None,
+            )
+            if graphs.capture(self._graph_forward):
+                self.graphs = graphs
+                log.info("CUDA graphs captured for decode batches %s", graphs.ladder)
+            else:
+                self.use_cuda_graphs = False
+        return self.graphs
+
+    def _graph_forward(
+        self, tokens: torch.Tensor, meta: AttentionMetadata, lora: LoRABatch | None
+    ) -> torch.Tensor:
+        return self.model(tokens, meta, self.kv_caches, lora, None)
+
+    # -- KV cache ----------------------------------------------------------------------------------
+    def kv_block_bytes(self) -> int:
+        """Bytes of one block of K and V over all layers."""
+        m = self.model
+        per_token = 2 * m.num_layers * m.n_kv_heads * m.head_dim * self.dtype.itemsize
+        return per_token * self.block_size
+
+    def _alloc_kv(self, blocks: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        n_kv, hd, slots = self.model.n_kv_heads, self.model.head_dim, blocks * self.block_size
+        # Head-major [KV heads, slots, head_dim]: a gathered context is contiguous (attention.py).
+        return [
+            (
+                torch.zeros(n_kv, slots, hd, dtype=self.dtype, device=self.device),
+                torch.zeros(n_kv, slots, hd, dtype=self.dtype, device=self.device),
+            )
+            for _ in range(self.model.num_layers)
+        ]
+
+    def _kv_blocks(self, config: EngineConfig) -> int:
+        """The size given, the CPU default, or (CUDA) what the device's free memory holds."""
+        if config.kv_size_given() or self.device.type != "cuda":
+            return config.kv_blocks()
+        activation = self._warmup_activation_bytes(config)
+        free, _total = torch.cuda.mem_get_info(self.device)
+        useful = config.max_num_seqs * -(-self.max_model_len // self.block_size)
+        blocks = kv_blocks_for_memory(
+            free, activation, config.kv_cache_memory_fraction, self.kv_block_bytes(), useful
+        )
+        log.info(
+            "KV cache: %d blocks (%d tokens, %.2f GiB) of %.2f GiB free after the weights "
+            "(warm-up activations %.2f GiB)",
+            blocks, blocks * self.block_size, blocks * self.kv_block_bytes() / 2**30, free / 2**30,
+            activation / 2**30,
+        )  # fmt: skip
+        return blocks
+
+    @torch.inference_mode()
+    def _warmup_activation_bytes(self, config: EngineConfig) -> int:
+        """Peak device memory of the largest step (a full token budget of prefill) above what was
+        allocated before it: the headroom steps need beside the KV cache."""
+        length = min(config.max_num_batched_tokens, self.max_model_len)
+        seqs = max(1, min(config.max_num_batched_tokens // length, config.max_num_seqs))
+        n = seqs * length
+        self.kv_caches = self._alloc_kv(-(-n // self.block_size))
+        dev = self.device
+        meta = AttentionMetadata(
+            slot_mapping=torch.arange(n, device=dev),
+            positions=torch.arange(length, device=dev).repeat(seqs),
+            logits_index=torch.arange(min(n, config.max_num_seqs), device=dev),
+            prefills=[(i * length, (i + 1) * length, None, None) for i in range(seqs)],
+        )
+        tokens = torch.zeros(n, dtype=torch.long, device=dev)
+        torch.cuda.synchronize(dev)
+        torch.cuda.reset_peak_memory_stats(dev)
+        before = torch.cuda.memory_allocated(dev)
+        self.model(tokens, meta, self.kv_caches, None, None)
+        torch.cuda.synchronize(dev)
+        peak = torch.cuda.max_memory_allocated(dev)
+        self.kv_caches = []
+        torch.cuda.empty_cache()
+        return max(0, peak - before)
+
     def _soft_embeds(
         self, out: SchedulerOutput, soft_prompts: dict[str, SoftPrompt]
     ) -> tuple[torch.Tensor, torch.Tensor] | None:
@@ -138,6 +298,9 @@ class ModelRunner:
         sampling = []
         decodes: list[tuple[int, int, list[int]]] = []  # (row, context length, block table)
         prefills: list[tuple[int, int, torch.Tensor | None, torch.Tensor | None]] = []
+        in_place = self.attention_backend == "triton"
+        paged_decodes: list[tuple[int, int, int, list[int]]] = []  # (row, tokens, context, table)
+        paged_prefixes: list[tuple[int, int, int, list[int]]] = []
         row = 0
         for c in out.chunks:
             seq, start, n = c.seq, c.start, c.num_tokens
@@ -148,13 +311,18 @@ class ModelRunner:
                 tokens.append(ids[start if start < prompt_len else start - prompt_len])
                 positions.append(start)
                 slots.append(table[start // bs] * bs + start % bs)
-                decodes.append((row, start + 1, table))
+                if in_place:
+                    paged_decodes.append((row, 1, start + 1, table))
+                else:
+                    decodes.append((row, start + 1, table))
             else:
                 tokens += seq.all_token_ids[start : start + n]
                 positions += range(start, start + n)
                 slots += [table[p // bs] * bs + p % bs for p in range(start, start + n)]
                 if start == 0:
                     prefills.append((row, row + n, None, None))
+                elif in_place:
+                    paged_prefixes.append((row, n, start + n, table))
                 else:
                     ctx = torch.arange(start + n)
                     ctx_slots = (torch.tensor(table)[ctx // bs] * bs + ctx % bs).to(dev)
@@ -172,6 +340,11 @@ class ModelRunner:
             prefills=prefills,
         )
         meta.decodes = [self._decode_group(g) for g in _length_groups(decodes)]
+        for group, tile_tokens in ((paged_decodes, 1), (paged_prefixes, PREFIX_TILE_TOKENS)):
+            if group:
+                width = max(-(-ctx // bs) for _, _, ctx, _ in group)
+                meta.paged.append(triton_attention.build_tiles(group, width, tile_tokens, dev))
+        meta.page_size = bs
         return torch.tensor(tokens, device=dev), meta, sampling
 
     def _decode_group(self, decodes: list[tuple[int, int, list[int]]]) -> DecodeGroup:
@@ -186,6 +359,101 @@ class ModelRunner:
             blocks=tables.to(dev),
             mask=(ctx[None, :] < lens[:, None]).view(len(decodes), 1, 1, -1).to(dev),
         )
+
+
+def kv_blocks_for_memory(
+    free_bytes: int, activation_bytes: int, fraction: float, block_bytes: int, useful_blocks: int
+) -> int:
+    """KV blocks for ``fraction`` of the free device memory less the steps' activation headroom, and
+    no more than the running batch can ever use (``useful_blocks``: max sequences x max length)."""
+    budget = int(free_bytes * fraction) - activation_bytes
+    blocks = min(budget // block_bytes, useful_blocks)
+    if blocks < 1:
+        raise ValueError(
+            f"no room for a KV cache: {free_bytes / 2**30:.2f} GiB free x {fraction} less "
+            f"{activation_bytes / 2**30:.2f} GiB of activations holds no {block_bytes}-byte block "
+            "(set num_kv_blocks or kv_cache_tokens, or free device memory)"
+        )
+    return int(blocks)
+
+
+def pick_attention_backend(choice: str, device: torch.device, dtype: torch.dtype) -> AttentionBackend:
+    """gather, or triton: asked for (it must work: else a clear error), or auto (on CUDA when Triton
+    imports and its kernel agrees with gather on a start-up check; gather otherwise)."""
+    if choice == "gather" or (choice == "auto" and device.type != "cuda"):
+        return "gather"
+    problem = triton_problem(device, dtype)
+    if problem is None:
+        return "triton"
+    if choice == "triton":
+        raise ValueError(f"attention_backend triton: {problem}")
+    log.warning("attention backend gather: the triton kernel is not usable here (%s)", problem)
+    return "gather"
+
+
+def triton_problem(device: torch.device, dtype: torch.dtype) -> str | None:
+    """Why the Triton kernel cannot serve here (None: it can). Checks it against gather + SDPA on a small
+    mixed batch (decodes of different lengths, a prefill chunk over a cached prefix, grouped-query
+    heads), so a Triton that compiles it differently on an unseen GPU falls back instead of serving
+    wrong tokens."""
+    if not triton_attention.available():
+        return "Triton is not installed"
+    if device.type == "cpu" and not triton_attention.interpreted():
+        return "on the CPU it runs only in Triton's interpreter (TRITON_INTERPRET=1 before Triton's import)"
+    try:
+        got, expected = _triton_check_outputs(device, dtype)
+    except Exception as exc:  # any failure of an unseen Triton or GPU: use gather
+        return f"{type(exc).__name__}: {exc}"
+    tol = 1e-4 if dtype == torch.float32 else 3e-2
+    if not torch.allclose(got.float(), expected.float(), rtol=tol, atol=tol):
+        err = (got.float() - expected.float()).abs().max().item()
+        return f"its output differs from gather + SDPA (max abs error {err:.3g})"
+    return None
+
+
+def _triton_check_outputs(device: torch.device, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    page, n_kv, n_heads, d = 16, 2, 8, 64
+    gen = torch.Generator().manual_seed(0)
+    caches = [torch.randn(n_kv, 16 * page, d, generator=gen).to(device, dtype) for _ in range(2)]
+    # Decodes with contexts of 1, 17 and 40 tokens; a 5-token chunk after a 20-token cached prefix.
+    tables = [[3], [5, 1], [7, 2, 9], [4, 6]]
+    work = [(0, 1, 1), (1, 1, 17), (2, 1, 40), (3, 5, 25)]  # (first row, tokens, context)
+    rows = 8
+    q = torch.randn(rows, n_heads, d, generator=gen).to(device, dtype)
+    k = torch.randn(rows, n_kv, d, generator=gen).to(device, dtype)
+    v = torch.randn(rows, n_kv, d, generator=gen).to(device, dtype)
+    slots = [
+        t[p // page] * page + p % page
+        for (_, n, ctx), t in zip(work, tables, strict=True)
+        for p in range(ctx - n, ctx)
+    ]
+    outs = []
+    for backend in ("triton", "gather"):
+        meta = AttentionMetadata(
+            slot_mapping=torch.tensor(slots, device=device),
+            positions=torch.tensor([p for _, n, ctx in work for p in range(ctx - n, ctx)], device=device),
+            logits_index=torch.arange(rows, device=device),
+            page_size=page,
+        )
+        if backend == "triton":
+            decodes = [(r, n, ctx, t) for (r, n, ctx), t in zip(work[:3], tables[:3], strict=True)]
+            meta.paged = [
+                triton_attention.build_tiles(decodes, 3, 1, device),
+                triton_attention.build_tiles([(3, 5, 25, tables[3])], 2, 4, device),
+            ]
+        else:
+            for r, _, ctx in work[:3]:
+                width = -(-ctx // page) * page
+                blocks = torch.tensor([tables[r]], device=device)
+                mask = (torch.arange(width, device=device) < ctx).view(1, 1, 1, width)
+                meta.decodes.append(DecodeGroup(torch.tensor([r], device=device), blocks, mask))
+            ctx_pos = torch.arange(25)
+            ctx_slots = torch.tensor(tables[3])[ctx_pos // page] * page + ctx_pos % page
+            causal = (ctx_pos[None, :] <= torch.arange(20, 25)[:, None]).view(1, 1, 5, 25)
+            meta.prefills.append((3, 8, ctx_slots.to(device), causal.to(device)))
+        kc, vc = caches[0].clone(), caches[1].clone()
+        outs.append(paged_attention(q, k, v, kc, vc, meta, d**-0.5))
+    return outs[0], outs[1]
 
 
 def _length_groups(decodes: list[tuple[int, int, list[int]]]) -> list[list[tuple[int, int, list[int]]]]:
