@@ -7,9 +7,8 @@ not retried (the worker may still be computing it); it ends the request with a 5
 
 from __future__ import annotations
 
-import httpx
-
 from .directory import Endpoint
+from .upstream import ConnectFailed, ConnectionLost, ReadTimeout, UpstreamPool, UpstreamResponse
 
 _RETRYABLE_STATUS = (502, 503, 504)
 
@@ -27,23 +26,22 @@ class EndpointTimeout(Exception):
 
 
 async def open_response(
-    client: httpx.AsyncClient, endpoint: Endpoint, path: str, payload: bytes, headers: dict[str, str]
-) -> httpx.Response:
+    pool: UpstreamPool, endpoint: Endpoint, path: str, payload: bytes, headers: dict[str, str]
+) -> UpstreamResponse:
     """The worker's response with its status and headers read and its body not yet (the caller streams
-    or reads it, then closes it)."""
-    request = client.build_request(
-        "POST", endpoint.url + path, content=payload, headers={"content-type": "application/json", **headers}
-    )
+    or reads it, then releases it)."""
     try:
-        response = await client.send(request, stream=True)
-    except (httpx.ConnectError, httpx.ConnectTimeout, httpx.RemoteProtocolError, httpx.ReadError) as exc:
+        response = await pool.post(endpoint.url, path, payload, headers)
+    except (ConnectFailed, ConnectionLost) as exc:
         raise EndpointUnavailable("connect", f"{type(exc).__name__}: {exc}") from exc
-    except httpx.TimeoutException as exc:
+    except ReadTimeout as exc:
         raise EndpointTimeout(f"no answer from {endpoint.id} within the read timeout") from exc
-    except httpx.TransportError as exc:
-        raise EndpointUnavailable("connect", f"{type(exc).__name__}: {exc}") from exc
     if response.status_code in _RETRYABLE_STATUS:
-        detail = (await response.aread())[:300].decode("utf-8", "replace")
-        await response.aclose()
+        try:
+            detail = (await response.read())[:300].decode("utf-8", "replace")
+        except (ConnectionLost, ReadTimeout) as exc:
+            detail = f"(body unread: {type(exc).__name__})"
+        finally:
+            response.release()
         raise EndpointUnavailable("unavailable", f"HTTP {response.status_code}: {detail}")
     return response

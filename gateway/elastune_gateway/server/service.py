@@ -18,7 +18,6 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
-import anyio
 import httpx
 from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
@@ -38,6 +37,7 @@ from .length_predictor import LengthPredictor
 from .metrics import GatewayMetrics
 from .prompt_key import chat_key, text_key
 from .settings import GatewaySettings
+from .upstream import ConnectionLost, ReadTimeout, UpstreamPool, UpstreamResponse
 from .views import endpoint_view
 
 log = logging.getLogger("elastune.gateway")
@@ -57,6 +57,8 @@ class Gateway:
         self._routers: dict[str, tuple[RoutingPolicyName, Router]] = {}
         self._waiting: dict[str, list[float]] = {}
         self._client: httpx.AsyncClient | None = None
+        """For the length predictor only (requests to workers go through ``_upstream``)."""
+        self._upstream: UpstreamPool | None = None
         self.predictor: LengthPredictor | None = None
         self._refresher: asyncio.Task[None] | None = None
         self.keys: KeyTable | None = None
@@ -69,10 +71,10 @@ class Gateway:
     # -- lifecycle --------------------------------------------------------------------------------
     async def start(self) -> None:
         s = self.settings
-        timeout = httpx.Timeout(connect=s.connect_timeout_s, read=s.read_timeout_s, write=30.0, pool=None)
-        limits = httpx.Limits(max_connections=None, max_keepalive_connections=256)
-        self._client = httpx.AsyncClient(timeout=timeout, limits=limits)
+        self._upstream = UpstreamPool(s.connect_timeout_s, s.read_timeout_s)
         if s.length_predictor_url:
+            timeout = httpx.Timeout(connect=s.connect_timeout_s, read=s.read_timeout_s, write=30.0, pool=None)
+            self._client = httpx.AsyncClient(timeout=timeout)
             self.predictor = LengthPredictor(
                 s.length_predictor_url, self._client, s.length_predictor_timeout_s
             )
@@ -90,6 +92,8 @@ class Gateway:
             await asyncio.gather(self._refresher, return_exceptions=True)
         if self._client is not None:
             await self._client.aclose()
+        if self._upstream is not None:
+            await self._upstream.close()
         if self.limiter is not None:
             await self.limiter.close()
         self.bus.close()
@@ -111,10 +115,10 @@ class Gateway:
                     await asyncio.to_thread(self.directory.post_demand, demand)
 
     @property
-    def client(self) -> httpx.AsyncClient:
-        if self._client is None:
+    def upstream(self) -> UpstreamPool:
+        if self._upstream is None:
             raise RuntimeError("the gateway is not started")
-        return self._client
+        return self._upstream
 
     # -- the request path -------------------------------------------------------------------------
     async def completions(self, body: CompletionRequest, request: Request) -> Response:
@@ -155,14 +159,18 @@ class Gateway:
                 f"prompt has {exact_prompt_tokens} tokens. Shorten the prompt.",
                 "prompt",
             )
-        payload: dict[str, Any] = json.loads(await request.body())
+        raw = await request.body()
         ttft_slo, tpot_slo = _slo_headers(request, model)
         predicted = await self._predict(text)
-        if predicted is not None and "priority" not in payload:
-            payload["priority"] = predicted  # the engine's SJF queue orders by it (lower first)
         wants_usage = bool(body.stream_options and body.stream_options.include_usage)
-        if body.stream:
-            payload["stream_options"] = {**(payload.get("stream_options") or {}), "include_usage": True}
+        set_priority = predicted is not None and "priority" not in body.model_fields_set
+        if set_priority or (body.stream and not wants_usage):  # else the client's bytes go as they came
+            payload: dict[str, Any] = json.loads(raw)
+            if set_priority:
+                payload["priority"] = predicted  # the engine's SJF queue orders by it (lower first)
+            if body.stream:
+                payload["stream_options"] = {**(payload.get("stream_options") or {}), "include_usage": True}
+            raw = json.dumps(payload, separators=(",", ":")).encode()
         view = RequestView(
             id=uuid.uuid4().hex,
             tokens=key,
@@ -170,7 +178,6 @@ class Gateway:
             ttft_slo=ttft_slo,
             tpot_slo=tpot_slo,
         )
-        raw = json.dumps(payload, separators=(",", ":")).encode()
         tried: set[str] = set()
         for attempt in range(self.settings.max_attempts):
             endpoint = await self._acquire(model, view, frozenset(tried), arrived)
@@ -186,7 +193,8 @@ class Gateway:
             )
             self.metrics.inflight.inc()
             try:
-                response = await open_response(self.client, endpoint, path, raw, _forwarded_headers(request))
+                forwarded = _forwarded_headers(request)
+                response = await open_response(self.upstream, endpoint, path, raw, forwarded)
             except EndpointUnavailable as exc:
                 self._done(entry, router, 0)
                 self.metrics.upstream_failures.labels(endpoint.id, exc.kind).inc()
@@ -301,14 +309,13 @@ class Gateway:
         self.metrics.inflight.dec()
         router.on_finished(entry.request, entry.endpoint, output_tokens, time.monotonic())
 
-    async def _close_stream(self, response: httpx.Response, entry: InFlight, router: Router) -> None:
-        with anyio.CancelScope(shield=True):
-            await response.aclose()
+    async def _close_stream(self, response: UpstreamResponse, entry: InFlight, router: Router) -> None:
+        response.release()
         self._done(entry, router, 0)
 
     async def _whole(
         self,
-        response: httpx.Response,
+        response: UpstreamResponse,
         entry: InFlight,
         router: Router,
         model: KnownModel,
@@ -317,30 +324,30 @@ class Gateway:
     ) -> Response:
         output_tokens = prompt_tokens = 0
         try:
-            content = await response.aread()
+            content = await response.read()
             if response.status_code == 200:
                 with contextlib.suppress(ValueError, KeyError, TypeError):
                     usage = json.loads(content)["usage"]
                     output_tokens = int(usage["completion_tokens"])
                     prompt_tokens = int(usage.get("prompt_tokens") or 0)
-        except httpx.TimeoutException as exc:
+        except ReadTimeout as exc:
             self.metrics.upstream_failures.labels(entry.endpoint, "timeout").inc()
             raise APIError(504, f"no answer from {entry.endpoint} within the read timeout") from exc
-        except httpx.TransportError as exc:
+        except ConnectionLost as exc:
             self.metrics.upstream_failures.labels(entry.endpoint, "midstream").inc()
             self.directory.mark_down(entry.endpoint, str(exc))
             raise APIError(502, f"the endpoint serving this request failed: {type(exc).__name__}") from exc
         finally:
-            await response.aclose()
+            response.release()
             self._done(entry, router, output_tokens)
             self._count_usage(_principal(request), prompt_tokens, output_tokens)
         self.metrics.latency.labels(model.name).observe(time.monotonic() - arrived)
-        media = response.headers.get("content-type", "application/json")
+        media = response.header("content-type") or "application/json"
         return Response(content, status_code=response.status_code, media_type=media)
 
     async def _relay(
         self,
-        response: httpx.Response,
+        response: UpstreamResponse,
         entry: InFlight,
         router: Router,
         model: KnownModel,
@@ -355,7 +362,7 @@ class Gateway:
         pending = b""
         first = True
         try:
-            async for chunk in response.aiter_raw():
+            async for chunk in response.iter_chunks():
                 if first:
                     first = False
                     self.ledger.first_byte(entry)
@@ -375,16 +382,15 @@ class Gateway:
                     yield b"".join(out)
             if pending.strip():
                 yield pending
-        except (httpx.TransportError, httpx.TimeoutException) as exc:
-            kind = "timeout" if isinstance(exc, httpx.TimeoutException) else "midstream"
+        except (ConnectionLost, ReadTimeout) as exc:
+            kind = "timeout" if isinstance(exc, ReadTimeout) else "midstream"
             self.metrics.upstream_failures.labels(entry.endpoint, kind).inc()
             if kind == "midstream":
                 self.directory.mark_down(entry.endpoint, f"failed mid-stream: {type(exc).__name__}")
             message = f"the endpoint serving this request failed mid-stream ({type(exc).__name__}); retry"
             yield sse_error(502, message).encode()
         finally:
-            with anyio.CancelScope(shield=True):  # also when the client went away: close the upstream
-                await response.aclose()
+            response.release()  # also when the client went away: an unfinished answer closes its socket
             self._done(entry, router, output_tokens)
             self._count_usage(principal, prompt_tokens, output_tokens)
             self.metrics.latency.labels(model.name).observe(time.monotonic() - arrived)

@@ -14,12 +14,29 @@ DEFAULT_KV_CAPACITY_TOKENS = 65_536
 DEFAULT_MAX_ADAPTERS = 8
 
 
+_DEFAULT_COST = CostModel()
+_COSTS: dict[int, tuple[ServingCost, CostModel]] = {}
+"""id(published fit) → (that fit, its model): a fit changes only when a worker re-publishes it (the
+registry refresh then brings a new object), so each request does not rebuild it."""
+
+
 def cost_model(published: ServingCost | None) -> CostModel:
     """The routing cost model from the worker's profiled fit (step time = base + per_seq × batch,
     prefill linear in tokens); the LoRA and load terms keep their defaults until workers publish them.
     Without a published fit, the placeholder defaults of ``CostModel``."""
     if published is None:
-        return CostModel()
+        return _DEFAULT_COST
+    held = _COSTS.get(id(published))
+    if held is not None and held[0] is published:
+        return held[1]
+    model = _cost_model(published)
+    if len(_COSTS) > 1024:  # fits of workers gone
+        _COSTS.clear()
+    _COSTS[id(published)] = (published, model)
+    return model
+
+
+def _cost_model(published: ServingCost) -> CostModel:
     lora: dict[str, object] = {}
     if published.lora_kernel == "padded":
         lora = {

@@ -1,0 +1,188 @@
+"""The gateway's HTTP/1.1 client to workers (server/upstream.py) against a real HTTP server on loopback
+that answers as the test scripts it: keep-alive reuse, chunked and sized answers, a kept-alive connection
+the server closed, silence, refusal, a connection dropped mid-answer, an answer abandoned half-read."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+
+import pytest
+
+from elastune_contract.servers import free_port
+from elastune_gateway.server.upstream import ConnectFailed, ConnectionLost, ReadTimeout, UpstreamPool
+
+Script = Callable[[asyncio.StreamReader, asyncio.StreamWriter, int], Awaitable[bool]]
+"""Answers request number n on a connection; returns whether to keep the connection open."""
+
+
+def _sized(body: bytes) -> bytes:
+    return b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s" % (
+        len(body),
+        body,
+    )
+
+
+async def _read_request(reader: asyncio.StreamReader) -> bytes:
+    head = await reader.readuntil(b"\r\n\r\n")
+    length = next(
+        int(line.split(b":")[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length")
+    )
+    return await reader.readexactly(length)
+
+
+class Server:
+    def __init__(self, script: Script) -> None:
+        self.script, self.connections, self.bodies = script, 0, []
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+
+    async def __aenter__(self) -> Server:
+        self.server = await asyncio.start_server(self._serve, "127.0.0.1", self.port)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.server.close()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        n = 0
+        try:
+            while True:
+                self.bodies.append(await _read_request(reader))
+                keep = await self.script(reader, writer, n)
+                await writer.drain()
+                n += 1
+                if not keep:
+                    break
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+
+def test_connections_are_kept_alive_and_sized_and_chunked_answers_arrive_whole() -> None:
+    async def script(_: asyncio.StreamReader, w: asyncio.StreamWriter, n: int) -> bool:
+        if n % 2 == 0:
+            w.write(_sized(b'{"n":%d}' % n))
+        else:
+            w.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n")
+            for part in (b"data: a\n\n", b"data: b\n\n"):
+                w.write(b"%x\r\n%s\r\n" % (len(part), part))
+                await w.drain()
+                await asyncio.sleep(0.01)
+            w.write(b"0\r\n\r\n")
+        return True
+
+    async def main() -> None:
+        async with Server(script) as s:
+            pool = UpstreamPool(connect_timeout=2, read_timeout=2)
+            r = await pool.post(s.url, "/v1/completions", b'{"x":1}', {"x-request-id": "abc"})
+            assert r.status_code == 200 and r.header("Content-Type") == "application/json"
+            assert await r.read() == b'{"n":0}'
+            r.release()
+            r = await pool.post(s.url, "/v1/completions", b'{"x":2}')
+            chunks = [c async for c in r.iter_chunks()]
+            r.release()
+            assert b"".join(chunks) == b"data: a\n\ndata: b\n\n" and len(chunks) == 2
+            assert s.connections == 1 and s.bodies == [b'{"x":1}', b'{"x":2}']
+            await pool.close()
+
+    asyncio.run(main())
+
+
+def test_a_kept_alive_connection_the_worker_closed_is_replaced_without_an_error() -> None:
+    async def script(_: asyncio.StreamReader, w: asyncio.StreamWriter, n: int) -> bool:
+        w.write(_sized(b"{}"))
+        return False  # answers, then closes the connection (as an idle keep-alive timeout does)
+
+    async def main() -> None:
+        async with Server(script) as s:
+            pool = UpstreamPool(connect_timeout=2, read_timeout=2)
+            for _ in range(3):
+                r = await pool.post(s.url, "/", b"{}")
+                assert await r.read() == b"{}"
+                r.release()
+                await asyncio.sleep(0.05)  # the close reaches the client
+            assert s.connections == 3
+            for _ in range(3):  # at once: the close may arrive only after the next request was written
+                r = await pool.post(s.url, "/", b"{}")
+                assert await r.read() == b"{}"
+                r.release()
+            assert s.connections == 6
+            await pool.close()
+
+    asyncio.run(main())
+
+
+def test_an_answer_abandoned_half_read_closes_its_connection() -> None:
+    async def script(_: asyncio.StreamReader, w: asyncio.StreamWriter, n: int) -> bool:
+        w.write(b"HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\n12345")
+        await w.drain()
+        await asyncio.sleep(0.3)
+        w.write(b"67890")
+        return True
+
+    async def main() -> None:
+        async with Server(script) as s:
+            pool = UpstreamPool(connect_timeout=2, read_timeout=2)
+            r = await pool.post(s.url, "/", b"{}")
+            async for chunk in r.iter_chunks():
+                assert chunk == b"12345"
+                break
+            r.release()  # the rest would arrive on this connection: it must not carry the next request
+            r = await pool.post(s.url, "/", b"{}")
+            assert await r.read() == b"1234567890"
+            r.release()
+            assert s.connections == 2
+            await pool.close()
+
+    asyncio.run(main())
+
+
+def test_silence_is_a_read_timeout_and_a_closed_port_a_connect_failure() -> None:
+    async def silent(r: asyncio.StreamReader, w: asyncio.StreamWriter, n: int) -> bool:
+        await asyncio.sleep(5)
+        return False
+
+    async def main() -> None:
+        async with Server(silent) as s:
+            pool = UpstreamPool(connect_timeout=2, read_timeout=0.3)
+            t0 = time.monotonic()
+            with pytest.raises(ReadTimeout):
+                await pool.post(s.url, "/", b"{}")
+            assert 0.25 < time.monotonic() - t0 < 2
+            with pytest.raises(ConnectFailed):
+                await pool.post(f"http://127.0.0.1:{free_port()}", "/", b"{}")
+            await pool.close()
+
+    asyncio.run(main())
+
+
+def test_a_connection_dropped_mid_answer_is_connection_lost_and_before_it_connect_failed() -> None:
+    async def mid(r: asyncio.StreamReader, w: asyncio.StreamWriter, n: int) -> bool:
+        w.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n9\r\ndata: a\n\n\r\n")
+        await w.drain()
+        await asyncio.sleep(0.05)
+        return False  # closed without the last chunk
+
+    async def before(r: asyncio.StreamReader, w: asyncio.StreamWriter, n: int) -> bool:
+        return False  # closed without a status line
+
+    async def main() -> None:
+        async with Server(mid) as s:
+            pool = UpstreamPool(connect_timeout=2, read_timeout=2)
+            r = await pool.post(s.url, "/", b"{}")
+            got = []
+            with pytest.raises(ConnectionLost):
+                async for chunk in r.iter_chunks():
+                    got.append(chunk)
+            assert got == [b"data: a\n\n"]
+            r.release()
+        async with Server(before) as s:
+            with pytest.raises(ConnectFailed):
+                await pool.post(s.url, "/", b"{}")
+            await pool.close()
+
+    asyncio.run(main())
