@@ -265,6 +265,11 @@ def build_parser() -> argparse.ArgumentParser:
         ("lora", "elastune_worker.bench.lora", "multi-LoRA: cold-start modes (CaraServe) and kernels"),
         ("route", "elastune_gateway.bench.route", "routing: E2 / rank-aware / SSJF vs baselines and peers"),
         (
+            "gateway",
+            "elastune_gateway.bench.gateway",
+            "gateway overhead: CPU per request and added latency vs vllm-router and smg, same worker",
+        ),
+        (
             "ssjf",
             "elastune_worker.bench.ssjf",
             "FCFS vs SJF (predicted, oracle lengths) job completion times on the engine, 3 batching settings",
@@ -356,6 +361,7 @@ WORKER_COMMANDS: dict[tuple[str, ...], list[str]] = {
     ("bench", "bank"): ["elastune_worker.bank.bench"],
     ("bench", "serve"): ["elastune_worker.bench.serve"],
     ("bench", "route"): ["elastune_gateway.bench.route"],
+    ("bench", "gateway"): ["elastune_gateway.bench.gateway"],
     ("bench", "lora"): ["elastune_worker.bench.lora"],
     ("bench", "ssjf"): ["elastune_worker.bench.ssjf"],
     ("bench", "chaos"): ["elastune_worker.bench.chaos"],
