@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from elastune_worker.serving.adapter_ref import AdapterRef
 from elastune_worker.serving.config import EngineConfig
 from elastune_worker.serving.core.scheduler import Scheduler, SchedulerOutput
 from elastune_worker.serving.core.sequence import Sequence, Status
@@ -137,3 +138,29 @@ def test_block_hashes_are_sha256_chains_that_separate_adapters_and_prefixes():
     assert block_hash(None, (1, 2, 3, 4), "lora-a") != a != block_hash(None, (1, 2, 3, 4), "")
     # hash((-1,)) == hash((-2,)) in CPython: a tuple hash would let these two blocks share KV
     assert block_hash(None, (-1,), None) != block_hash(None, (-2,), None)
+
+
+def test_max_loras_counts_lora_references_only_never_soft_prompts():
+    """Two device adapter slots: two LoRAs run, the third LoRA's requests wait; soft prompts (even
+    several, even one named like a LoRA) take no slot and run beside them, also while a LoRA is held
+    back for its load."""
+    s = make_scheduler(max_loras=2, enable_lora=True, max_num_seqs=16, max_num_batched_tokens=64)
+    lora = {n: AdapterRef("lora", "", n, i) for i, n in enumerate(("a", "b", "c"), 1)}
+    soft = {n: AdapterRef("soft_prompt", "", n, i) for i, n in enumerate(("p", "q", "c"), 4)}
+    plan_ = [lora["a"], soft["p"], lora["b"], soft["q"], lora["c"], soft["c"], None, lora["c"]]
+    for r, adapter in zip(make_requests(*[3] * len(plan_)), plan_, strict=True):
+        r.adapter = adapter
+        s.add(r)
+    s.hold_loras({"b"})  # b's load is in flight: its request waits, the rest go ahead
+    out = s.schedule()
+    assert [c.seq.request_id for c in out.chunks] == ["r0", "r1", "r3", "r4", "r5", "r6", "r7"]
+    assert s.running_loras() == {"a", "c"}  # the soft prompt "c" is not the LoRA "c"
+    assert [q.request_id for q in s.waiting] == ["r2"]
+    assert s.waiting_loras(8) == ["b"]
+    stats = s.stats()
+    assert stats.lora_running == {"a": 1, "c": 2} and stats.lora_waiting == {"b": 1}
+    assert s.adapter_users("a") == 1 and s.adapter_users("p") == 1 and s.adapter_users("x") == 0
+    run_step(s, out)
+    s.hold_loras(set())  # loaded: b now waits for a slot (a and c hold both)
+    assert plan(s.schedule()) == [(f"r{i}", 3, 1) for i in (0, 1, 3, 4, 5, 6, 7)]
+    assert [q.request_id for q in s.waiting] == ["r2"]

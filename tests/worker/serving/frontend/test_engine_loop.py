@@ -9,12 +9,14 @@ from typing import Any
 
 import pytest
 
+from elastune_worker.serving.adapter_ref import AdapterRef
 from elastune_worker.serving.frontend import messages as M
 from elastune_worker.serving.frontend.engine_loop import EngineLoop, engine_call
 from elastune_worker.serving.outputs import RequestOutput
 from elastune_worker.serving.sampling import SamplingParams
 
 PARAMS = SamplingParams(max_tokens=3, temperature=0.0, stop=("\n",), stop_token_ids=(7,), seed=5)
+ADA = AdapterRef("lora", "", "ada", 1)
 
 
 @dataclass
@@ -35,9 +37,8 @@ class FakeEngine:
     fail_step: bool = False
     coserve_task: Any = None
 
-    @property
-    def scheduler(self) -> Any:
-        return self  # the loop reads ``scheduler.requests`` to fail them when a step fails
+    def unfinished_request_ids(self) -> list[str]:
+        return list(self.requests)  # the loop fails these when a step fails
 
     def has_work(self) -> bool:
         return bool(self.requests)
@@ -95,7 +96,7 @@ def run(engine: FakeEngine, script: list[M.EngineInput]) -> list[M.EngineOutput]
 def test_every_message_pickles_and_names_its_kind():
     stats = Stats(3)
     inputs: list[Any] = [
-        M.AddRequest("r1", [1, 2, 3], PARAMS, priority=2, extra_key="k", lora="ada"),
+        M.AddRequest("r1", [1, 2, 3], PARAMS, priority=2, extra_key="k", adapter=ADA),
         M.AddRequest("r2", "a text prompt", PARAMS),
         M.AbortRequest("r1"),
         M.EngineCall("c1", M.EngineOp.LOAD_LORA, ("ada", "/a")),
@@ -126,8 +127,8 @@ def test_every_message_pickles_and_names_its_kind():
 
 def test_the_loop_reports_idle_stats_then_steps_until_the_requests_finish():
     engine = FakeEngine()
-    emitted = run(engine, [M.AddRequest("a", [1], PARAMS, priority=1, lora="ada")])
-    assert engine.log == [("add", "a", PARAMS, {"priority": 1, "extra_key": None, "lora": "ada"})]
+    emitted = run(engine, [M.AddRequest("a", [1], PARAMS, priority=1, adapter=ADA)])
+    assert engine.log == [("add", "a", PARAMS, {"priority": 1, "extra_key": None, "adapter": ADA})]
     assert emitted == [
         M.StatsUpdate(Stats(0)),  # before any request: the placement reads it
         M.StepOutputs([out("a", 1)], Stats(1)),
@@ -202,14 +203,14 @@ def test_both_engines_answer_the_same_across_their_boundary(where):
     config = EngineConfig(kv_cache_tokens=1024)
     eng = AsyncEngine(LLMEngine(path, config)) if where == "thread" else ProcessEngine(path, config)
 
-    async def collect(rid: str, prompt: list[int], lora: str | None = None) -> list[RequestOutput]:
-        return [o async for o in eng.generate(rid, prompt, PARAMS, lora=lora)]
+    async def collect(rid: str, prompt: list[int], adapter: AdapterRef | None = None) -> list[RequestOutput]:
+        return [o async for o in eng.generate(rid, prompt, PARAMS, adapter=adapter)]
 
     async def main() -> None:
         with pytest.raises(ValueError, match="the prompt is empty"):
             await collect("empty", [])
         with pytest.raises(ValueError, match="adapter 'nope' cannot serve"):
-            await collect("no-adapter", [1, 2], lora="nope")
+            await collect("no-adapter", [1, 2], AdapterRef("lora", "", "nope", 1))
         with pytest.raises(KeyError, match="nope"):
             await eng.call(M.EngineOp.UNLOAD_LORA, "nope")
         outs = await collect("ok", [1, 2, 3])

@@ -95,7 +95,7 @@ def test_mixed_batch_of_ranks_and_base_equals_peft_merged_models(setup, kernel):
 def test_logits_match_the_merged_models_within_float_tolerance(setup, kernel):
     eng = lora_engine(setup, lora_kernel=kernel)
     for i, (r, p) in enumerate(zip(RANKS, PROMPTS, strict=True)):
-        eng.add_request(f"a{i}", p, SamplingParams(max_tokens=1), lora=f"r{r}")
+        eng.add_request(f"a{i}", p, SamplingParams(max_tokens=1), adapter=eng.adapter_ref(f"r{r}"))
         eng.add_request(f"b{i}", p, SamplingParams(max_tokens=1))
     out = eng.scheduler.schedule()
     slots = eng.loras.activate({c.seq.lora for c in out.chunks if c.seq.lora}, set())  # type: ignore[union-attr]
@@ -124,7 +124,8 @@ def test_prefix_cache_is_keyed_by_adapter(setup):
 def test_a_request_whose_adapter_exceeds_the_slots_waits_and_lru_evicts_idle_adapters(setup):
     eng = lora_engine(setup, max_loras=2, max_cpu_loras=2)
     for i, r in enumerate(RANKS):
-        eng.add_request(f"q{i}", PROMPTS[i], SamplingParams(max_tokens=3, temperature=0.0), lora=f"r{r}")
+        params = SamplingParams(max_tokens=3, temperature=0.0)
+        eng.add_request(f"q{i}", PROMPTS[i], params, adapter=eng.adapter_ref(f"r{r}"))
     out = eng.scheduler.schedule()
     assert sorted(c.seq.lora or "" for c in out.chunks) == ["r16", "r8"]  # r32, r64 wait for slots
     assert [s.lora for s in eng.scheduler.waiting] == ["r32", "r64"]  # their order is kept
@@ -152,8 +153,8 @@ def test_bad_adapters_are_refused_with_the_reason(setup, tmp_path: Path):
     with pytest.raises(AdapterError, match="shape"):
         eng.load_lora("mismatch", str(other))
     with pytest.raises(AdapterError, match="not loaded"):
-        eng.add_request("x", "hello", lora="nope")
-    eng.add_request("y", "hello", SamplingParams(max_tokens=2), lora="r8")
+        eng.adapter_ref("nope")
+    eng.add_request("y", "hello", SamplingParams(max_tokens=2), adapter=eng.adapter_ref("r8"))
     with pytest.raises(AdapterError, match="in use"):
         eng.unload_lora("r8")
     while eng.has_unfinished():
@@ -165,11 +166,14 @@ def test_bad_adapters_are_refused_with_the_reason(setup, tmp_path: Path):
 
 
 def test_scheduler_never_runs_more_adapters_than_slots():
+    from elastune_worker.serving.adapter_ref import AdapterRef
     from elastune_worker.serving.core.sequence import Sequence
 
     sched = Scheduler(EngineConfig(kv_cache_tokens=4096, max_loras=2, enable_lora=True), 2048)
+    refs = {n: AdapterRef("lora", "", n, i) for i, n in enumerate("abc")}
     for i, lora in enumerate(["a", "b", "a", "c", None, "b", "c"]):
-        sched.add(Sequence(f"s{i}", [1, 2, 3], SamplingParams(max_tokens=4), arrival=i, lora=lora))
+        adapter = refs[lora] if lora is not None else None
+        sched.add(Sequence(f"s{i}", [1, 2, 3], SamplingParams(max_tokens=4), arrival=i, adapter=adapter))
     out = sched.schedule()
     assert [c.seq.request_id for c in out.chunks] == ["s0", "s1", "s2", "s4", "s5"]
     assert [s.request_id for s in sched.waiting] == ["s3", "s6"]
@@ -186,7 +190,7 @@ def _emulated(setup: dict[str, Any], mode: str) -> tuple[LLMEngine, list[float]]
 def test_cpu_assisted_cold_start_serves_during_the_load_with_the_same_tokens(setup):
     eng, now = _emulated(setup, "cpu_assisted")
     assert eng.loras.device.copy_seconds(64) == pytest.approx(0.01007, rel=0.01)  # 100.7 MB at 10 GB/s  # type: ignore[union-attr]
-    eng.add_request("cold", PROMPTS[0], GREEDY, lora="r8")
+    eng.add_request("cold", PROMPTS[0], GREEDY, adapter=eng.adapter_ref("r8"))
     first = eng.step()  # the copy is in flight: the prefill ran with the CPU path
     assert [o.request_id for o in first] == ["cold"] and eng.loras.device.loading() == {"r8"}  # type: ignore[union-attr]
     tokens = list(first[0].new_token_ids)
@@ -202,7 +206,7 @@ def test_cpu_assisted_cold_start_serves_during_the_load_with_the_same_tokens(set
 
 def test_async_loading_holds_the_request_back_until_its_adapter_is_on_the_device(setup):
     eng, now = _emulated(setup, "async")
-    eng.add_request("cold", PROMPTS[0], GREEDY, lora="r8")
+    eng.add_request("cold", PROMPTS[0], GREEDY, adapter=eng.adapter_ref("r8"))
     eng.add_request("base", PROMPTS[1], GREEDY)
     first = eng.step()
     assert [o.request_id for o in first] == ["base"]  # others run; the adapter's request waits
@@ -217,7 +221,7 @@ def test_async_loading_holds_the_request_back_until_its_adapter_is_on_the_device
 
 def test_on_demand_loading_makes_the_step_wait_and_cached_needs_every_adapter_on_the_device(setup):
     eng = lora_engine(setup, (8,), lora_load_mode="ondmd", lora_copy_emulation_gbps=0.5, max_loras=2)
-    eng.add_request("cold", PROMPTS[0], GREEDY, lora="r8")
+    eng.add_request("cold", PROMPTS[0], GREEDY, adapter=eng.adapter_ref("r8"))
     t0 = time.perf_counter()
     eng.step()
     assert time.perf_counter() - t0 >= eng.loras.device.copy_seconds(8) * 0.95  # type: ignore[union-attr]

@@ -99,7 +99,7 @@ def test_soft_prompts_lora_and_base_requests_in_one_batch(tmp_path: Path) -> Non
             )
         assert want_lora == out[0, ids["input_ids"].shape[1] :].tolist()
     usage = []
-    eng.add_request("u", PROMPTS[0], SamplingParams(max_tokens=1), lora="soft")
+    eng.add_request("u", PROMPTS[0], SamplingParams(max_tokens=1), adapter=eng.adapter_ref("soft"))
     while eng.has_unfinished():
         usage += [o.prompt_tokens for o in eng.step()]
     assert usage == [len(tok(PROMPTS[0])["input_ids"])]  # usage counts the user's tokens, not virtual ones

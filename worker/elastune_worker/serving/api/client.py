@@ -11,12 +11,17 @@ from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from elastune_worker.serving.adapter_ref import AdapterRef
 from elastune_worker.serving.outputs import RequestOutput
 from elastune_worker.serving.sampling import SamplingParams
 
 
 class AdapterView(Protocol):
-    """A loaded LoRA adapter: its name, artifact, rank and tier (device | host | storage)."""
+    """A loaded LoRA adapter or soft prompt: the reference requests are served with, its name,
+    artifact, rank and tier (device | host | storage)."""
+
+    @property
+    def ref(self) -> AdapterRef: ...
 
     @property
     def name(self) -> str: ...
@@ -66,14 +71,15 @@ class EngineClient(Protocol):
         prompt_token_ids: list[int],
         params: SamplingParams,
         priority: int,
-        lora: str | None = None,
+        adapter: AdapterRef | None = None,
     ) -> AsyncGenerator[RequestOutput, None]:
-        """The engine's outputs until one is finished (with LoRA adapter ``lora`` when given). Closing the
-        iterator early aborts the request and frees its KV blocks (a client that disconnects)."""
+        """The engine's outputs until one is finished (served with ``adapter`` when given: a LoRA or a
+        soft prompt). Closing the iterator early aborts the request and frees its KV blocks (a client
+        that disconnects)."""
         ...
 
     def adapters(self) -> Sequence[AdapterView]:
-        """The LoRA adapters loaded now (each also served under its own name)."""
+        """The adapters (LoRAs and soft prompts) loaded now, each served under its own name."""
         ...
 
     async def load_lora(self, name: str, path: str) -> AdapterView:

@@ -31,6 +31,7 @@ from elastune_contract.openai_api.protocol import (
     UnloadLoRAAdapterRequest,
     _Request,
 )
+from elastune_worker.serving.adapter_ref import AdapterRef, resolve
 from elastune_worker.serving.api.client import EngineBusy, EngineClient
 from elastune_worker.serving.api.metrics import ServingMetrics
 from elastune_worker.serving.outputs import RequestOutput
@@ -55,17 +56,19 @@ def openai_router(
     bounds = limits or RequestLimits()
     created = int(time.time())
 
-    def engine_for(model: str) -> tuple[EngineClient, str | None]:
-        """The engine, and the adapter when ``model`` names one of its LoRA adapters."""
+    def engine_for(model: str) -> tuple[EngineClient, AdapterRef | None]:
+        """The engine, and the adapter (LoRA or soft prompt) when ``model`` names one: the one place a
+        served name is resolved on the worker; the reference travels with the request from here."""
         engine = get_engine()
         if engine is None:
             raise EngineBusy("the model is still loading; retry shortly")
         if model == engine.model_name:
             return engine, None
-        adapters = [a.name for a in engine.adapters()]
-        if model in adapters:
-            return engine, model
-        available = ", ".join([engine.model_name, *adapters])
+        loaded = [a.ref for a in engine.adapters()]
+        adapter = resolve(model, loaded)
+        if adapter is not None:
+            return engine, adapter
+        available = ", ".join([engine.model_name, *(r.name for r in loaded)])
         raise APIError(404, f"The model `{model}` does not exist. Available: {available}", "model")
 
     @router.get("/models", response_model=ModelList, responses=_ERRORS)
@@ -119,7 +122,7 @@ def openai_router(
 
     @router.post("/completions", response_model=CompletionResponse, responses=_ERRORS)
     async def completions(body: CompletionRequest, request: Request) -> Any:
-        engine, lora = engine_for(body.model)
+        engine, adapter = engine_for(body.model)
         _refuse_unsupported(body)
         bounds.check(body)  # before tokenizing
         prompt = body.single_prompt()
@@ -131,7 +134,7 @@ def openai_router(
             if vocab is not None and any(not 0 <= t < vocab for t in ids):
                 raise APIError(400, f"prompt token ids must be in [0, {vocab})", "prompt")
         params = _params(body, body.max_tokens, len(ids), engine.max_model_len, engine)
-        run = _Run(engine, f"cmpl-{uuid.uuid4().hex}", ids, params, body.priority, metrics, lora)
+        run = _Run(engine, f"cmpl-{uuid.uuid4().hex}", ids, params, body.priority, metrics, adapter)
         return await _answer(
             run, body, request, _completion_chunks, "text_completion",
             lambda text, reason: {"index": 0, "text": text, "finish_reason": reason, "logprobs": None},
@@ -139,7 +142,7 @@ def openai_router(
 
     @router.post("/chat/completions", response_model=ChatCompletionResponse, responses=_ERRORS)
     async def chat(body: ChatCompletionRequest, request: Request) -> Any:
-        engine, lora = engine_for(body.model)
+        engine, adapter = engine_for(body.model)
         _refuse_unsupported(body)
         bounds.check(body)  # before tokenizing
         try:
@@ -147,7 +150,7 @@ def openai_router(
         except ValueError as exc:  # e.g. a template that refuses this sequence of roles
             raise APIError(400, f"messages: {exc}", "messages") from exc
         params = _params(body, body.token_limit(), len(ids), engine.max_model_len, engine)
-        run = _Run(engine, f"chatcmpl-{uuid.uuid4().hex}", ids, params, body.priority, metrics, lora)
+        run = _Run(engine, f"chatcmpl-{uuid.uuid4().hex}", ids, params, body.priority, metrics, adapter)
         return await _answer(
             run, body, request, _chat_chunks, "chat.completion",
             lambda text, reason: {
@@ -239,16 +242,16 @@ class _Run:
         params: SamplingParams,
         priority: int,
         metrics: ServingMetrics | None,
-        lora: str | None = None,
+        adapter: AdapterRef | None = None,
     ) -> None:
         self.engine, self.rid, self.ids, self.params, self.priority = engine, rid, ids, params, priority
-        self.metrics, self.lora = metrics, lora
+        self.metrics, self.adapter = metrics, adapter
         self.start = time.perf_counter()
         self.first: float | None = None
         self.last = RequestOutput(rid, [], "", False, None, len(ids), 0, 0)
 
     async def deltas(self) -> AsyncGenerator[RequestOutput, None]:
-        it = self.engine.generate(self.rid, self.ids, self.params, self.priority, self.lora)
+        it = self.engine.generate(self.rid, self.ids, self.params, self.priority, self.adapter)
         try:
             async for d in _refusals_as_400(it):
                 if self.first is None and d.completion_tokens > 0:

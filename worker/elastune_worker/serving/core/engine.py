@@ -7,12 +7,19 @@ from __future__ import annotations
 import itertools
 import logging
 import time
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from elastune_contract.protocol import ServingCost
+from elastune_worker.serving.adapter_ref import (
+    DEFAULT_NAMESPACE,
+    AdapterInfo,
+    AdapterKind,
+    AdapterRef,
+    adapter_key,
+    resolve,
+)
 from elastune_worker.serving.config import EngineConfig
 from elastune_worker.serving.core.detokenizer import IncrementalDetokenizer
 from elastune_worker.serving.core.scheduler import Scheduler, SchedulerOutput
@@ -20,7 +27,7 @@ from elastune_worker.serving.core.sequence import Sequence
 from elastune_worker.serving.coserve.planner import CoServePlanner, FinetuneJob, IterationPlan
 from elastune_worker.serving.outputs import RequestOutput
 from elastune_worker.serving.runner.lora.cpu_workers import CpuLoRAPool
-from elastune_worker.serving.runner.lora.manager import AdapterInfo, LoRAManager
+from elastune_worker.serving.runner.lora.manager import LoRAManager
 from elastune_worker.serving.runner.lora.storage import resolve_artifact
 from elastune_worker.serving.runner.lora.weights import AdapterError, LoRAWeights
 from elastune_worker.serving.runner.model_runner import ModelRunner
@@ -53,7 +60,7 @@ class EngineStats:
     max_loras: int = 0
     """Device adapter slots (0: LoRA not enabled)."""
     lora_running: dict[str, int] = field(default_factory=dict)
-    """Running requests per adapter (an adapter in use is never unloaded or moved)."""
+    """Running requests per LoRA adapter, by its key (an adapter in use is never unloaded or moved)."""
     lora_waiting: dict[str, int] = field(default_factory=dict)
     lora_counters: dict[str, float] = field(default_factory=dict)
     """Cumulative adapter loads, load seconds and evictions per tier, and CPU-assisted prefill steps."""
@@ -77,7 +84,12 @@ class LLMEngine:
         eos = self.runner.hf_config.get("eos_token_id", tokenizer.eos_token_id)
         self.eos_token_ids = set(eos if isinstance(eos, list) else [eos]) - {None}
         self.scheduler = Scheduler(self.config, self.max_model_len)
+        self._adapters: dict[str, AdapterRef] = {}
+        """The loaded adapters (LoRAs and soft prompts) by key: what a request's reference is checked
+        against."""
+        self._adapter_ids = itertools.count(1)
         self.soft_prompts: dict[str, SoftPrompt] = {}
+        """By adapter key (the runner reads a sequence's soft prompt here)."""
         self.loras: LoRAManager | None = None
         if self.config.enable_lora:
             r = self.runner
@@ -118,15 +130,15 @@ class LLMEngine:
         priority: int = 0,
         arrival_time: float | None = None,
         extra_key: str | None = None,
-        lora: str | None = None,
+        adapter: AdapterRef | None = None,
     ) -> None:
-        """Queue a request. ValueError (nothing allocated) for an empty prompt, one that leaves no room
-        in the context, token ids outside the vocabulary, or an adapter that is not loaded."""
+        """Queue a request, served with ``adapter`` (resolved from its served name: ``adapter_ref``).
+        ValueError (nothing allocated) for an empty prompt, one that leaves no room in the context,
+        token ids outside the vocabulary, or an adapter that is not loaded (any more)."""
         params = params or SamplingParams()
-        soft = self.soft_prompts.get(lora) if lora is not None else None
-        if lora is not None and soft is None and (self.loras is None or not self.loras.has(lora)):
-            why = "LoRA is not enabled on this engine" if self.loras is None else "it is not loaded"
-            raise AdapterError(f"adapter {lora!r} cannot serve: {why}")
+        if adapter is not None and self._adapters.get(adapter.key) != adapter:
+            raise AdapterError(f"adapter {adapter.name!r} cannot serve: {self._not_loaded(adapter)}")
+        soft = self.soft_prompts[adapter.key] if adapter is not None and not adapter.is_lora else None
         ids = self.encode(prompt) if isinstance(prompt, str) else list(prompt)
         if not ids:
             raise ValueError("the prompt is empty")
@@ -139,17 +151,18 @@ class LLMEngine:
                 f"the prompt has {virtual + len(ids)} tokens{extra}; the model's context is "
                 f"{self.max_model_len} tokens"
             )
-        # The prefix cache keys blocks by adapter or soft prompt too: the same tokens have other K/V.
-        kind = "soft" if soft is not None else "lora"
+        # The prefix cache keys blocks by adapter or soft prompt too: the same tokens have other K/V
+        # (and by its load: other weights loaded under the same name later never reuse them).
+        if adapter is not None:
+            extra_key = f"{adapter.kind}:{adapter.key}#{adapter.id}/{extra_key or ''}"
         seq = Sequence(
             request_id,
             [PLACEHOLDER_TOKEN] * virtual + ids,
             params,
             arrival=time.monotonic() if arrival_time is None else arrival_time,
             priority=priority,
-            extra_key=extra_key if lora is None else f"{kind}:{lora}/{extra_key or ''}",
-            lora=lora if soft is None else None,
-            soft_prompt=lora if soft is not None else None,
+            extra_key=extra_key,
+            adapter=adapter,
             num_virtual_tokens=virtual,
         )
         self.scheduler.add(seq)
@@ -157,7 +170,7 @@ class LLMEngine:
 
     def abort(self, request_id: str) -> bool:
         """Stop a request now and free its KV blocks; False if it is not in the engine."""
-        seq = self.scheduler.requests.get(request_id)
+        seq = self.scheduler.get(request_id)
         if seq is None:
             return False
         self._finish(seq, "abort")
@@ -165,6 +178,9 @@ class LLMEngine:
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()
+
+    def unfinished_request_ids(self) -> list[str]:
+        return self.scheduler.request_ids()
 
     def has_work(self) -> bool:
         """Requests to run, or a co-served job with steps left (it runs in otherwise idle iterations)."""
@@ -200,7 +216,7 @@ class LLMEngine:
             if self.loras is not None:
                 names = {c.seq.lora for c in out.chunks if c.seq.lora is not None}
                 if names:
-                    busy = {s.lora for s in self.scheduler.running if s.lora is not None}
+                    busy = self.scheduler.running_loras()
                     slots = self._activate(names, busy, out, failed)
                     names = {c.seq.lora for c in out.chunks if c.seq.lora is not None}
                     host = self._cold_adapters(names) if names else None
@@ -231,11 +247,10 @@ class LLMEngine:
     def _check_adapters(self, out: SchedulerOutput, failed: dict[str, str]) -> None:
         """Drop (and fail) the chunks whose soft prompt or adapter is no longer loaded."""
         for c in out.chunks:
-            seq = c.seq
-            if seq.soft_prompt is not None and seq.soft_prompt not in self.soft_prompts:
-                failed[seq.request_id] = f"soft prompt {seq.soft_prompt!r} is no longer loaded"
-            elif seq.lora is not None and (self.loras is None or not self.loras.has(seq.lora)):
-                failed[seq.request_id] = f"adapter {seq.lora!r} is no longer loaded"
+            a = c.seq.adapter
+            if a is not None and self._adapters.get(a.key) != a:
+                what = "adapter" if a.is_lora else "soft prompt"
+                failed[c.seq.request_id] = f"{what} {a.name!r} is no longer loaded"
         if failed:
             out.chunks = [c for c in out.chunks if c.seq.request_id not in failed]
 
@@ -272,7 +287,7 @@ class LLMEngine:
 
     def _fail(self, request_id: str, why: str) -> RequestOutput:
         """End one request with an error (its KV blocks freed); the step goes on for the others."""
-        seq = self.scheduler.requests.get(request_id)
+        seq = self.scheduler.get(request_id)
         log.warning("request %s failed in a step: %s", request_id, why)
         if seq is None:
             return RequestOutput(request_id, [], "", True, "abort", 0, 0, 0, error=why)
@@ -359,10 +374,8 @@ class LLMEngine:
         assert self.loras is not None
         mode = self.config.lora_load_mode
         if mode in ("async", "cpu_assisted"):
-            busy = {s.lora for s in self.scheduler.running if s.lora is not None}
-            head = [s.lora for s in itertools.islice(self.scheduler.waiting, 32) if s.lora is not None]
-            self.loras.prefetch(head, busy)
-        self.scheduler.blocked_loras = self.loras.not_ready() if mode == "async" else set()
+            self.loras.prefetch(self.scheduler.waiting_loras(32), self.scheduler.running_loras())
+        self.scheduler.hold_loras(self.loras.not_ready() if mode == "async" else set())
 
     def _cold_adapters(self, names: set[str]) -> dict[str, LoRAWeights] | None:
         """This step's adapters whose copy is in flight: cpu_assisted computes their deltas from the
@@ -394,57 +407,108 @@ class LLMEngine:
                 seq.cpu_assisted = True
                 self.cpu_assisted_prefills += 1
 
-    def load_lora(self, name: str, path: str) -> AdapterInfo:
-        """vLLM's load_lora_adapter: read and check the adapter into host memory; it goes to the device
-        with its first request. AdapterError (the caller's 400) when it cannot serve here."""
+    def load_lora(self, name: str, path: str, namespace: str = DEFAULT_NAMESPACE) -> AdapterInfo:
+        """vLLM's load_lora_adapter: read and check the adapter (a LoRA or a soft prompt: the artifact
+        says which) into host memory; a LoRA goes to the device with its first request. AdapterError
+        (the caller's 400) when it cannot serve here. Loading a loaded one again keeps its reference."""
+        key = adapter_key(namespace, name)
         local = resolve_artifact(path)
+        known = self._adapters.get(key)
         if is_prompt_learning(local):
-            if self.loras is not None and self.loras.has(name):
+            if known is not None and known.is_lora:
                 raise AdapterError(f"{name!r} is already loaded as a LoRA adapter")
             r = self.runner
             sp = load_soft_prompt(name, local, r.hidden_size, r.device, r.dtype)
-            self.soft_prompts[name] = sp
-            return AdapterInfo(name, sp.path, 0, "device")
+            self.soft_prompts[key] = sp
+            return AdapterInfo(self._register(known, "soft_prompt", namespace, name), sp.path, 0, "device")
         if self.loras is None:
             raise AdapterError("LoRA is not enabled on this engine (start it with --enable-lora)")
-        if name in self.soft_prompts:
+        if known is not None and not known.is_lora:
             raise AdapterError(f"{name!r} is already loaded as a soft prompt")
-        return self.loras.register(name, local)
+        reg = self.loras.register(key, local)
+        ref = self._register(known, "lora", namespace, name)
+        return AdapterInfo(ref, reg.path, reg.rank, self.loras.tier(key))
 
-    def unload_lora(self, name: str) -> None:
+    def add_lora_weights(self, weights: LoRAWeights, namespace: str = DEFAULT_NAMESPACE) -> AdapterRef:
+        """Serve LoRA weights already in memory (the start-up profile's synthetic adapters) under
+        ``weights.name``; ``unload_lora`` takes them away."""
+        if self.loras is None:
+            raise AdapterError("LoRA is not enabled on this engine (start it with --enable-lora)")
+        key = adapter_key(namespace, weights.name)
+        if key in self._adapters:
+            raise AdapterError(f"{weights.name!r} is already loaded")
+        self.loras.register_weights(weights)
+        return self._register(None, "lora", namespace, weights.name)
+
+    def _register(self, known: AdapterRef | None, kind: AdapterKind, namespace: str, name: str) -> AdapterRef:
+        if known is not None:
+            return known
+        ref = AdapterRef(kind, namespace, name, next(self._adapter_ids))
+        self._adapters[ref.key] = ref
+        return ref
+
+    def unload_lora(self, name: str, namespace: str = DEFAULT_NAMESPACE) -> None:
         """KeyError when it is not loaded; AdapterError while requests use it."""
-        users = sum(1 for s in self.scheduler.requests.values() if name in (s.lora, s.soft_prompt))
-        if name in self.soft_prompts:
+        key = adapter_key(namespace, name)
+        ref = self._adapters.get(key)
+        if ref is None:
+            raise KeyError(name)
+        users = self.scheduler.adapter_users(key)
+        if not ref.is_lora:
             if users:
                 raise AdapterError(
                     f"soft prompt {name!r} is in use by {users} request(s); unload it when they finish"
                 )
-            del self.soft_prompts[name]
-            return
-        if self.loras is None:
-            raise KeyError(name)
-        self.loras.unregister(name, users)
-        if self.runner.lora_cpu_pool is not None:
-            self.runner.lora_cpu_pool.forget(name)
+            del self.soft_prompts[key]
+        else:
+            assert self.loras is not None  # a LoRA was registered: LoRA is enabled
+            self.loras.unregister(key, users)
+            if self.runner.lora_cpu_pool is not None:
+                self.runner.lora_cpu_pool.forget(key)
+        del self._adapters[key]
+
+    def adapter_ref(self, name: str, namespace: str = DEFAULT_NAMESPACE) -> AdapterRef:
+        """The adapter served as ``name``: the API resolves a request's model this way (through the
+        engine's stats), scripts and benchmarks call this. AdapterError when none is loaded."""
+        ref = resolve(name, self._adapters.values(), namespace)
+        if ref is None:
+            why = "LoRA is not enabled on this engine" if self.loras is None else "it is not loaded"
+            raise AdapterError(f"adapter {name!r} cannot serve: {why}")
+        return ref
+
+    def _not_loaded(self, ref: AdapterRef) -> str:
+        if ref.is_lora and self.loras is None:
+            return "LoRA is not enabled on this engine"
+        if ref.key in self._adapters:
+            return "it was unloaded and loaded again since the request named it"
+        return "it is not loaded"
 
     def list_loras(self) -> list[AdapterInfo]:
-        """LoRA adapters, and soft prompts (rank 0, always on the device: a few embedding rows)."""
-        soft = [AdapterInfo(sp.name, sp.path, 0, "device") for sp in self.soft_prompts.values()]
-        return ([] if self.loras is None else self.loras.adapters()) + soft
+        """LoRA adapters, then soft prompts (rank 0, always on the device: a few embedding rows)."""
+        loras, soft = [], []
+        for ref in self._adapters.values():
+            if ref.is_lora:
+                assert self.loras is not None
+                reg = self.loras.registration(ref.key)
+                loras.append(AdapterInfo(ref, reg.path, reg.rank, self.loras.tier(ref.key)))
+            else:
+                soft.append(AdapterInfo(ref, self.soft_prompts[ref.key].path, 0, "device"))
+        return loras + soft
 
     # -- conveniences -------------------------------------------------------------------------------
     def generate(
         self,
         prompts: list[str | list[int]],
         params: SamplingParams | None = None,
-        loras: list[str | None] | None = None,
+        adapters: list[str | None] | None = None,
     ) -> list[list[int]]:
-        """All prompts together (each with its adapter from ``loras``), stepped to the end; the generated
-        token ids of each, in order."""
+        """All prompts together (each with the adapter or soft prompt served under its name in
+        ``adapters``), stepped to the end; the generated token ids of each, in order."""
         ids = [f"gen-{i}" for i in range(len(prompts))]
-        adapters = loras or [None] * len(prompts)
-        for rid, prompt, lora in zip(ids, prompts, adapters, strict=True):
-            self.add_request(rid, prompt, params, lora=lora)
+        names = adapters or [None] * len(prompts)
+        for rid, prompt, name in zip(ids, prompts, names, strict=True):
+            ref = self.adapter_ref(name) if name is not None else None
+            self.add_request(rid, prompt, params, adapter=ref)
         tokens: dict[str, list[int]] = {rid: [] for rid in ids}
         while self.has_unfinished():
             for o in self.step():
@@ -453,28 +517,25 @@ class LLMEngine:
 
     def reset_counters(self) -> None:
         """Forget start-up work (profiling): its cached blocks and its statistics."""
-        b = self.scheduler.blocks
-        b.reset_prefix_cache()
-        b.queried_tokens = b.hit_tokens = 0
-        self.scheduler.num_preemptions = 0
+        self.scheduler.reset_counters()
         self._steps, self._step_seconds = 0, 0.0
 
     def stats(self) -> EngineStats:
-        s, b = self.scheduler, self.scheduler.blocks
+        s = self.scheduler.stats()
         return EngineStats(
-            num_requests_running=len(s.running),
-            num_requests_waiting=len(s.waiting),
-            kv_cache_usage_perc=b.usage(),
-            prefix_cache_queries_tokens=b.queried_tokens,
-            prefix_cache_hits_tokens=b.hit_tokens,
-            preemptions=s.num_preemptions,
+            num_requests_running=s.running,
+            num_requests_waiting=s.waiting,
+            kv_cache_usage_perc=s.kv_cache_usage,
+            prefix_cache_queries_tokens=s.prefix_cache_queried_tokens,
+            prefix_cache_hits_tokens=s.prefix_cache_hit_tokens,
+            preemptions=s.preemptions,
             steps=self._steps,
             step_seconds=self._step_seconds,
             coserve_seconds=self._coserve_seconds,
             loras=tuple(self.list_loras()),
             max_loras=self.config.max_loras if self.loras is not None else 0,
-            lora_running=_count(q.lora for q in s.running),
-            lora_waiting=_count(q.lora for q in s.waiting),
+            lora_running=s.lora_running,
+            lora_waiting=s.lora_waiting,
             lora_counters=self._lora_counters(),
         )
 
@@ -489,11 +550,3 @@ class LLMEngine:
             "cpu_assisted_steps": self.cpu_assisted_steps,
             "cpu_assisted_prefills": self.cpu_assisted_prefills,
         }  # fmt: skip
-
-
-def _count(names: Iterable[str | None]) -> dict[str, int]:
-    out: dict[str, int] = {}
-    for n in names:
-        if n is not None:
-            out[n] = out.get(n, 0) + 1
-    return out

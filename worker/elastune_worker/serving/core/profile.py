@@ -11,6 +11,7 @@ import time
 from collections.abc import Callable
 
 from elastune_contract.protocol import ServingCost
+from elastune_worker.serving.adapter_ref import AdapterRef
 from elastune_worker.serving.core.engine import LLMEngine
 from elastune_worker.serving.sampling import SamplingParams
 
@@ -38,12 +39,13 @@ def profile_costs(engine: LLMEngine, *, repeats: int = 3) -> ServingCost:
             engine.abort(rid)
         return min(times)
 
-    def decode(batch: int, lora: str | None = None) -> float:
-        ids = [f"__profile-decode-{batch}-{lora}-{i}" for i in range(batch)]
+    def decode(batch: int, adapter: AdapterRef | None = None) -> float:
+        tag = adapter.key if adapter is not None else None
+        ids = [f"__profile-decode-{batch}-{tag}-{i}" for i in range(batch)]
         for i, rid in enumerate(ids):
             prompt = [(token + 7 * i + j) % engine.vocab_size for j in range(8)]
             params = SamplingParams(max_tokens=repeats + 2, ignore_eos=True)
-            engine.add_request(rid, prompt, params, lora=lora)
+            engine.add_request(rid, prompt, params, adapter=adapter)
         engine.step()  # the prefills
         t = min(_timed_step(engine) for _ in range(repeats))
         for rid in ids:
@@ -72,7 +74,6 @@ def _profile_lora(engine: LLMEngine, decode: Callable[..., float], base8: float)
     batch × rank (padded; with one adapter, Σ ranks is the same number for unpadded)."""
     import torch
 
-    from elastune_worker.serving.runner.lora.slots import Registered
     from elastune_worker.serving.runner.lora.weights import LoRAWeights
 
     assert engine.loras is not None
@@ -85,13 +86,11 @@ def _profile_lora(engine: LLMEngine, decode: Callable[..., float], base8: float)
             for target, (fan_in, fan_out) in engine.loras.shapes.items():
                 w.a[(layer, target)] = torch.randn(rank, fan_in, generator=gen) * 0.01
                 w.b[(layer, target)] = torch.randn(fan_out, rank, generator=gen) * 0.01
-        engine.loras.host.registered[name] = Registered(name, w.path, rank)
-        engine.loras.host.cache[name] = w
+        ref = engine.add_lora_weights(w)
         try:
-            points.append((8 * rank, max(0.0, decode(8, name) - base8)))
+            points.append((8 * rank, max(0.0, decode(8, ref) - base8)))
         finally:
-            engine.loras.host.unregister(name)
-            engine.loras.device.evict(name)
+            engine.unload_lora(name)
     if len(points) == 1:
         return 0.0, points[0][1]
     (x0, y0), (x1, y1) = points

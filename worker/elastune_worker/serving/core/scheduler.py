@@ -21,6 +21,8 @@ do not shrink it; it closes at the first step whose admissions stopped for anoth
 
 from __future__ import annotations
 
+import itertools
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from elastune_worker.serving.config import EngineConfig
@@ -52,6 +54,21 @@ class SchedulerOutput:
         return sum(c.num_tokens for c in self.chunks)
 
 
+@dataclass(frozen=True, slots=True)
+class SchedulerStats:
+    """The scheduler's gauges and counters, as the engine reports them."""
+
+    running: int
+    waiting: int
+    kv_cache_usage: float
+    prefix_cache_queried_tokens: int
+    prefix_cache_hit_tokens: int
+    preemptions: int
+    lora_running: dict[str, int]
+    """Running requests per LoRA adapter (its key)."""
+    lora_waiting: dict[str, int]
+
+
 class Scheduler:
     def __init__(self, config: EngineConfig, max_model_len: int) -> None:
         self.config = config
@@ -67,8 +84,8 @@ class Scheduler:
         """dynamic batching: the current batch still takes requests."""
         self.requests: dict[str, Sequence] = {}
         self.num_preemptions = 0
-        self.blocked_loras: set[str] = set()
-        """Adapters whose requests may not start yet (their load is not finished: S-LoRA-like async)."""
+        self._held_loras: set[str] = set()
+        """LoRA adapters whose requests may not start yet (their load is not finished: S-LoRA-like async)."""
 
     # -- requests -----------------------------------------------------------------------------------
     def add(self, seq: Sequence) -> None:
@@ -96,6 +113,51 @@ class Scheduler:
 
     def has_unfinished(self) -> bool:
         return bool(self.running) or len(self.waiting) > 0
+
+    def get(self, request_id: str) -> Sequence | None:
+        """The unfinished request with this id, if any."""
+        return self.requests.get(request_id)
+
+    def request_ids(self) -> list[str]:
+        return list(self.requests)
+
+    def adapter_users(self, key: str) -> int:
+        """Unfinished requests served with the adapter (LoRA or soft prompt) of this key."""
+        return sum(1 for s in self.requests.values() if s.adapter is not None and s.adapter.key == key)
+
+    # -- LoRA adapters ------------------------------------------------------------------------------
+    def running_loras(self) -> set[str]:
+        """The LoRA adapters of the running requests (an adapter in use keeps its device slot)."""
+        return {s.lora for s in self.running if s.lora is not None}
+
+    def waiting_loras(self, head: int) -> list[str]:
+        """The LoRA adapters of the first ``head`` waiting requests, in queue order (repeats kept)."""
+        return [s.lora for s in itertools.islice(self.waiting, head) if s.lora is not None]
+
+    def hold_loras(self, keys: set[str]) -> None:
+        """Until the next call, requests of these LoRA adapters are not admitted (their load is in
+        flight); later requests go ahead."""
+        self._held_loras = keys
+
+    # -- counters -----------------------------------------------------------------------------------
+    def stats(self) -> SchedulerStats:
+        b = self.blocks
+        return SchedulerStats(
+            running=len(self.running),
+            waiting=len(self.waiting),
+            kv_cache_usage=b.usage(),
+            prefix_cache_queried_tokens=b.queried_tokens,
+            prefix_cache_hit_tokens=b.hit_tokens,
+            preemptions=self.num_preemptions,
+            lora_running=_count_loras(self.running),
+            lora_waiting=_count_loras(self.waiting),
+        )
+
+    def reset_counters(self) -> None:
+        """Forget start-up work (profiling): its cached blocks and the counters."""
+        self.blocks.reset_prefix_cache()
+        self.blocks.queried_tokens = self.blocks.hit_tokens = 0
+        self.num_preemptions = 0
 
     # -- one step -----------------------------------------------------------------------------------
     def schedule(self) -> SchedulerOutput:
@@ -129,12 +191,12 @@ class Scheduler:
             self._batch_forming = False
         elif mode != "dynamic" or self._batch_forming:
             skipped: list[Sequence] = []
-            loras = {s.lora for s in self.running if s.lora is not None}
+            loras = self.running_loras()
             while len(self.waiting) and budget > 0 and len(self.running) < limit:
                 seq = self.waiting.peek()
-                blocked = seq.lora in self.blocked_loras
-                if seq.lora is not None and (
-                    blocked or (seq.lora not in loras and len(loras) >= self.config.max_loras)
+                lora = seq.lora  # a soft prompt takes no adapter slot: only LoRAs count
+                if lora is not None and (
+                    lora in self._held_loras or (lora not in loras and len(loras) >= self.config.max_loras)
                 ):
                     # Its adapter would exceed the device's adapter slots (or is still loading): it
                     # waits, later requests go ahead (vLLM's scheduler does the same).
@@ -191,8 +253,7 @@ class Scheduler:
     def _check(self, out: SchedulerOutput) -> None:
         assert out.num_tokens <= self.config.max_num_batched_tokens, "token budget exceeded"
         assert len(self.running) <= self.config.max_num_seqs, "too many running requests"
-        adapters = {s.lora for s in self.running if s.lora is not None}
-        assert len(adapters) <= self.config.max_loras, "more adapters running than device slots"
+        assert len(self.running_loras()) <= self.config.max_loras, "more adapters running than device slots"
         assert self.config.batching != "none" or len(self.running) <= 1, "batching none ran a batch"
         ids = [id(c.seq) for c in out.chunks]
         assert len(ids) == len(set(ids)), "a request was scheduled twice"
@@ -204,3 +265,11 @@ class Scheduler:
             assert len(seq.block_table) >= need, "a chunk has no KV slots"
         live = list(self.running) + [s for s in self.waiting if s.block_table]
         self.blocks.check(live)
+
+
+def _count_loras(seqs: Iterable[Sequence]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for s in seqs:
+        if s.lora is not None:
+            out[s.lora] = out.get(s.lora, 0) + 1
+    return out

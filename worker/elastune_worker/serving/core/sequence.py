@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import Enum
 
+from elastune_worker.serving.adapter_ref import AdapterRef
 from elastune_worker.serving.sampling import SamplingParams
 
 
@@ -23,11 +24,10 @@ class Sequence:
     priority: int = 0
     extra_key: str | None = None
     """Separates prefix caches of requests that see the same tokens differently (a LoRA adapter)."""
-    lora: str | None = None
-    """The LoRA adapter it runs with (None: the base model)."""
-    soft_prompt: str | None = None
-    """The soft prompt whose virtual tokens lead its prompt (the first ``num_virtual_tokens`` ids are
-    placeholders whose embeddings the runner replaces)."""
+    adapter: AdapterRef | None = None
+    """The LoRA adapter or soft prompt it is served with (None: the base model). A soft prompt's virtual
+    tokens lead its prompt: the first ``num_virtual_tokens`` ids are placeholders whose embeddings the
+    runner replaces."""
     num_virtual_tokens: int = 0
     output_token_ids: list[int] = field(default_factory=list)
     status: Status = Status.WAITING
@@ -44,6 +44,18 @@ class Sequence:
     num_preemptions: int = 0
     cpu_assisted: bool = False
     """Part of its prefill ran with its adapter's delta computed on the CPU (CaraServe's cold start)."""
+
+    @property
+    def lora(self) -> str | None:
+        """The key of its LoRA adapter (the tiers' and the device slots' key); None without one."""
+        a = self.adapter
+        return a.key if a is not None and a.kind == "lora" else None
+
+    @property
+    def soft_prompt(self) -> str | None:
+        """The key of its soft prompt; None without one."""
+        a = self.adapter
+        return a.key if a is not None and a.kind == "soft_prompt" else None
 
     @property
     def all_token_ids(self) -> list[int]:

@@ -9,12 +9,12 @@ from collections.abc import AsyncGenerator, Sequence
 from typing import Any, Protocol
 
 from elastune_contract.protocol import AdapterState, ServingCost, ServingState
+from elastune_worker.serving.adapter_ref import AdapterInfo, AdapterRef
 from elastune_worker.serving.api.client import LoRAInfo
 from elastune_worker.serving.config import EngineConfig
 from elastune_worker.serving.core.engine import EngineStats
 from elastune_worker.serving.frontend.messages import EngineOp
 from elastune_worker.serving.outputs import RequestOutput
-from elastune_worker.serving.runner.lora.manager import AdapterInfo
 from elastune_worker.serving.sampling import SamplingParams
 
 #: Used when a model ships no chat template (GPT-2): role-tagged turns, then the assistant's tag.
@@ -39,7 +39,7 @@ class RunningEngine(Protocol):
         params: SamplingParams,
         *,
         priority: int = 0,
-        lora: str | None = None,
+        adapter: AdapterRef | None = None,
     ) -> AsyncGenerator[RequestOutput, None]: ...
 
     def stats(self) -> EngineStats: ...
@@ -77,10 +77,10 @@ class EngineServingClient:
         prompt_token_ids: list[int],
         params: SamplingParams,
         priority: int,
-        lora: str | None = None,
+        adapter: AdapterRef | None = None,
     ) -> AsyncGenerator[RequestOutput, None]:
         self.last_request_at = time.time()
-        return self.engine.generate(request_id, prompt_token_ids, params, priority=priority, lora=lora)
+        return self.engine.generate(request_id, prompt_token_ids, params, priority=priority, adapter=adapter)
 
     def serving_state(self) -> ServingState:
         """What the worker publishes with its heartbeat for the gateway."""
@@ -104,7 +104,7 @@ class EngineServingClient:
             kv_capacity_tokens=self.engine.config.kv_blocks() * self.engine.config.block_size,
             max_loras=s.max_loras,
             adapters=[
-                AdapterState(name=a.name, rank=a.rank, tier=a.tier, running=s.lora_running.get(a.name, 0))
+                AdapterState(name=a.name, rank=a.rank, tier=a.tier, running=s.lora_running.get(a.ref.key, 0))
                 for a in s.loras
             ],
             adapter_error=self.adapter_error,
@@ -143,6 +143,6 @@ class EngineServingClient:
         s = self.engine.stats()
         tiers = {"device": 0, "host": 0}
         for a in s.loras:
-            if a.tier in tiers and a.rank > 0:  # soft prompts (rank 0) hold no LoRA slot
+            if a.tier in tiers and a.ref.is_lora:  # soft prompts hold no LoRA slot
                 tiers[a.tier] += 1
         return LoRAInfo(sorted(s.lora_running), sorted(s.lora_waiting), s.max_loras, tiers)

@@ -69,7 +69,7 @@ class EngineLoop:
                     msg.params,
                     priority=msg.priority,
                     extra_key=msg.extra_key,
-                    lora=msg.lora,
+                    adapter=msg.adapter,
                 )
             except ValueError as exc:  # bad input is the caller's: hand the error back
                 self.emit(RequestRefused(msg.request_id, str(exc)))
@@ -91,7 +91,7 @@ class EngineLoop:
             outputs = engine.step()
         except Exception as exc:  # a bug in a step: fail the requests in flight, keep serving
             log.exception("engine step failed")
-            for rid in list(engine.scheduler.requests):
+            for rid in engine.unfinished_request_ids():
                 engine.abort(rid)
                 self.emit(RequestErrored(rid, f"engine step failed: {type(exc).__name__}: {exc}"))
             return

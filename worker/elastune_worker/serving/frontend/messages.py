@@ -14,6 +14,7 @@ import enum
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from elastune_worker.serving.adapter_ref import AdapterRef
 from elastune_worker.serving.outputs import RequestOutput
 from elastune_worker.serving.sampling import SamplingParams
 
@@ -58,8 +59,8 @@ class AddRequest:
     priority: int = 0
     extra_key: str | None = None
     """Keeps this request's prefix-cache blocks apart from others' with the same tokens."""
-    lora: str | None = None
-    """The LoRA adapter or soft prompt it is served with."""
+    adapter: AdapterRef | None = None
+    """The LoRA adapter or soft prompt it is served with (resolved from the served name at the API)."""
 
 
 @dataclass(frozen=True, slots=True)

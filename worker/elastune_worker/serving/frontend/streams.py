@@ -12,6 +12,7 @@ from collections.abc import AsyncGenerator
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
+from elastune_worker.serving.adapter_ref import AdapterRef
 from elastune_worker.serving.frontend.messages import (
     AbortRequest,
     AddRequest,
@@ -65,7 +66,7 @@ class RequestStreams:
         *,
         priority: int = 0,
         extra_key: str | None = None,
-        lora: str | None = None,
+        adapter: AdapterRef | None = None,
     ) -> AsyncGenerator[RequestOutput, None]:
         loop = asyncio.get_running_loop()
         sink: asyncio.Queue[Any] = asyncio.Queue()
@@ -75,7 +76,7 @@ class RequestStreams:
             self._sinks[request_id] = (loop, sink)
         finished = False
         try:
-            self._send(AddRequest(request_id, prompt, params, priority, extra_key, lora))
+            self._send(AddRequest(request_id, prompt, params, priority, extra_key, adapter))
             while True:
                 item = await sink.get()
                 if isinstance(item, BaseException):

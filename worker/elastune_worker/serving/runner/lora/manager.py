@@ -3,22 +3,11 @@ slots of a step's adapters."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
 from elastune_worker.serving.config import EngineConfig
-from elastune_worker.serving.runner.lora.slots import DeviceLoRAs, HostLoRAs
+from elastune_worker.serving.runner.lora.slots import DeviceLoRAs, HostLoRAs, Registered
 from elastune_worker.serving.runner.lora.weights import AdapterError, LoRAWeights, load_lora
-
-
-@dataclass(frozen=True)
-class AdapterInfo:
-    name: str
-    path: str
-    rank: int
-    tier: str
-    """device | host | storage: where it is now."""
 
 
 class LoRAManager:
@@ -43,19 +32,27 @@ class LoRAManager:
     def _read(self, name: str, path: str) -> LoRAWeights:
         return load_lora(name, path, self.shapes, self.num_layers, self.config.max_lora_rank)
 
-    def register(self, name: str, path: str) -> AdapterInfo:
+    def register(self, name: str, path: str) -> Registered:
         cached = self.config.lora_load_mode == "cached"
         if cached and name not in self.host.registered and len(self.host.registered) >= self.config.max_loras:
             raise AdapterError(
                 f"lora_load_mode cached keeps every adapter on the device: {self.config.max_loras} slots are "
                 "taken (raise --max-loras or use another load mode)"
             )
-        w = self.host.register(name, path)
+        self.host.register(name, path)
         if cached:  # the oracle: on the device from the start, never loaded while serving
             self.device.activate([name], self.host, set(self.host.registered))
             self.device.wait_copies({name})
             self.device.ready_at.pop(name, None)
-        return AdapterInfo(name, w.path, w.rank, self.tier(name))
+        return self.host.registered[name]
+
+    def register_weights(self, weights: LoRAWeights) -> Registered:
+        """An adapter already in memory (the start-up profile's synthetic ones): registered without a read."""
+        if weights.name in self.host.registered:
+            raise AdapterError(f"adapter {weights.name!r} is already loaded")
+        reg = self.host.registered[weights.name] = Registered(weights.name, weights.path, weights.rank)
+        self.host.cache[weights.name] = weights
+        return reg
 
     def prefetch(self, names: list[str], busy: set[str]) -> None:
         """Start loading adapters that waiting requests need, while a slot is free or evictable."""
@@ -90,8 +87,9 @@ class LoRAManager:
             return "device"
         return "host" if name in self.host.cache else "storage"
 
-    def adapters(self) -> list[AdapterInfo]:
-        return [AdapterInfo(r.name, r.path, r.rank, self.tier(r.name)) for r in self.host.registered.values()]
+    def registration(self, name: str) -> Registered:
+        """Its artifact and rank (KeyError when it is not registered)."""
+        return self.host.registered[name]
 
     def activate(self, names: set[str], busy: set[str]) -> dict[str, int]:
         """Device slots of this step's adapters, loading any that is not there (on demand)."""
