@@ -89,7 +89,7 @@ def replay(eng: Any, requests: list[tuple[float, str, str]], max_tokens: int) ->
         now = time.perf_counter() - start
         while i < len(requests) and requests[i][0] <= now:
             rid = f"q{i}"
-            eng.add_request(rid, requests[i][2], params, lora=requests[i][1])
+            eng.add_request(rid, requests[i][2], params, adapter=eng.adapter_ref(requests[i][1]))
             arrive[rid] = requests[i][0]
             i += 1
         if not eng.has_unfinished():

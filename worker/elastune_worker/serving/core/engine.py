@@ -18,7 +18,6 @@ from elastune_worker.serving.adapter_ref import (
     AdapterKind,
     AdapterRef,
     adapter_key,
-    resolve,
 )
 from elastune_worker.serving.config import EngineConfig
 from elastune_worker.serving.core.detokenizer import IncrementalDetokenizer
@@ -468,9 +467,10 @@ class LLMEngine:
         del self._adapters[key]
 
     def adapter_ref(self, name: str, namespace: str = DEFAULT_NAMESPACE) -> AdapterRef:
-        """The adapter served as ``name``: the API resolves a request's model this way (through the
-        engine's stats), scripts and benchmarks call this. AdapterError when none is loaded."""
-        ref = resolve(name, self._adapters.values(), namespace)
+        """The adapter served as ``name`` in ``namespace`` (the key the API's ``resolve`` finds in the
+        engine's stats), for callers of the engine itself: scripts, benchmarks. AdapterError when none
+        is loaded."""
+        ref = self._adapters.get(adapter_key(namespace, name))
         if ref is None:
             why = "LoRA is not enabled on this engine" if self.loras is None else "it is not loaded"
             raise AdapterError(f"adapter {name!r} cannot serve: {why}")
