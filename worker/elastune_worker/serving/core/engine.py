@@ -542,11 +542,8 @@ class LLMEngine:
     def _lora_counters(self) -> dict[str, float]:
         if self.loras is None:
             return {}
-        host, device = self.loras.host, self.loras.device
         return {
-            "host_loads": host.loads, "host_load_seconds": host.load_seconds,
-            "host_evictions": host.evictions, "device_loads": device.loads,
-            "device_load_seconds": device.load_seconds, "device_evictions": device.evictions,
+            **self.loras.counters(),
             "cpu_assisted_steps": self.cpu_assisted_steps,
             "cpu_assisted_prefills": self.cpu_assisted_prefills,
-        }  # fmt: skip
+        }

@@ -87,6 +87,15 @@ class LoRAManager:
             return "device"
         return "host" if name in self.host.cache else "storage"
 
+    def counters(self) -> dict[str, float]:
+        """Cumulative loads, load seconds and evictions of each tier."""
+        host, device = self.host, self.device
+        return {
+            "host_loads": host.loads, "host_load_seconds": host.load_seconds,
+            "host_evictions": host.evictions, "device_loads": device.loads,
+            "device_load_seconds": device.load_seconds, "device_evictions": device.evictions,
+        }  # fmt: skip
+
     def registration(self, name: str) -> Registered:
         """Its artifact and rank (KeyError when it is not registered)."""
         return self.host.registered[name]
