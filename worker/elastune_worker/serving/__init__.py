@@ -13,7 +13,9 @@ A request goes api/ → frontend/ → core/ → runner/ and its outputs come bac
 - ``coserve/``: a tuning job co-served in the engine's iterations (FlexLLM): planner, job, task.
 
 Here at the top stay the types every folder shares — ``config`` (the engine's settings), ``sampling``
-(a request's sampling parameters), ``outputs`` (what a request gets back) — as vLLM keeps its config,
-sampling params and outputs at its top, so a folder never imports a sibling for its vocabulary; and the
+(a request's sampling parameters), ``outputs`` (what a request gets back), ``adapter_ref`` (the typed
+reference of the LoRA or soft prompt a request is served with, resolved once at the API) — as vLLM
+keeps its config, sampling params and outputs at its top, so a folder never imports a sibling for its
+vocabulary; and the
 standalone server, ``server`` (``python -m elastune_worker.serving``), which wires all of them together.
 """
