@@ -38,15 +38,18 @@ def _engine(
     mode = "cpu_assisted" if mode == "cpu_assisted_procs" else mode
     from elastune_worker.serving.config import EngineConfig
     from elastune_worker.serving.core.engine import LLMEngine
+    from elastune_worker.serving.runner.lora.copies import EmulatedCopies
     from elastune_worker.tiny import adapters as A
     from elastune_worker.tiny import build as B
 
     cfg = EngineConfig(
         kv_cache_tokens=16384, enable_lora=True, max_loras=max_loras, max_cpu_loras=max(adapters, max_loras),
-        lora_load_mode=mode, lora_copy_emulation_gbps=gbps, lora_kernel=kernel,  # type: ignore[arg-type]
+        lora_load_mode=mode, lora_kernel=kernel,  # type: ignore[arg-type]
         lora_cpu_workers=workers, device=device,  # type: ignore[arg-type]
     )  # fmt: skip
     eng = LLMEngine(B.ensure_tiny_model(spec=B.TINY_LLAMA_SPEC), cfg)
+    if gbps > 0 and eng.loras is not None:  # a CPU has no host->device copy: EMULATE a GPU's
+        eng.loras.time_copies(EmulatedCopies(gbps))
     paths = {rank: str(A.ensure_tiny_adapter(rank)) for rank in (8, 16, 32, 64)}
     for name in adapter_names(adapters):
         eng.load_lora(name, paths[int(name.split("-")[0][1:])])

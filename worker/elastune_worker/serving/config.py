@@ -67,10 +67,6 @@ class EngineConfig:
     lora_cpu_workers: int = 0
     """CaraServe's CPU LoRA processes for cpu_assisted (shared memory, layer-wise sync); 0 computes
     the CPU path in the engine process."""
-    lora_copy_emulation_gbps: float = 0.0
-    """EMULATION for machines without a device (0: off). A CPU engine has no host→device copy; with a
-    bandwidth here, each load takes the time a copy of the same-rank adapter of a Llama-2-7B (q, k, v,
-    fp16, 32 layers: rank × 1.5 MiB, ≈ 100 MiB at rank 64, CaraServe §2.3) takes at this many GB/s."""
     device: Literal["auto", "cpu", "cuda"] = "auto"
     """auto: CUDA when available, else CPU."""
     dtype: Literal["auto", "float32", "float16", "bfloat16"] = "auto"
@@ -106,8 +102,6 @@ class EngineConfig:
             raise ValueError("sjf_max_bypass and sjf_max_wait_s must be >= 0 (0: off)")
         if self.lora_cpu_workers < 0:
             raise ValueError("lora_cpu_workers must be >= 0")
-        if self.lora_copy_emulation_gbps < 0:
-            raise ValueError("lora_copy_emulation_gbps must be >= 0 (0: off)")
         if self.long_prefill_token_threshold < 0:
             raise ValueError("long_prefill_token_threshold must be >= 0")
 

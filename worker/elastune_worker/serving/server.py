@@ -105,10 +105,6 @@ def add_engine_args(p: argparse.ArgumentParser, engine_cpus: str = "auto") -> No
         help="CaraServe's CPU LoRA processes for the cpu_assisted path (0: the engine process computes it)",
     )  # fmt: skip
     lo.add_argument(
-        "--lora-copy-emulation-gbps", type=float, default=0.0,
-        help="EMULATION on CPU-only machines: host->device copy time of a 7B-size adapter at this bandwidth",
-    )  # fmt: skip
-    lo.add_argument(
         "--lora-modules", nargs="+", default=[], metavar="NAME=PATH",
         help="adapters to load at start (PEFT directories: a path, file:// or pvc://claim/path)",
     )  # fmt: skip
@@ -164,7 +160,6 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         max_lora_rank=args.max_lora_rank,
         lora_kernel=args.lora_kernel,
         lora_load_mode=args.lora_load_mode,
-        lora_copy_emulation_gbps=args.lora_copy_emulation_gbps,
         lora_cpu_workers=args.lora_cpu_workers,
     )
 

@@ -22,6 +22,7 @@ peft = pytest.importorskip("peft")
 from elastune_worker.serving.config import EngineConfig  # noqa: E402
 from elastune_worker.serving.core.engine import LLMEngine  # noqa: E402
 from elastune_worker.serving.core.scheduler import Scheduler  # noqa: E402
+from elastune_worker.serving.runner.lora.copies import EmulatedCopies  # noqa: E402
 from elastune_worker.serving.runner.lora.weights import AdapterError  # noqa: E402
 from elastune_worker.serving.sampling import SamplingParams  # noqa: E402
 from elastune_worker.tiny import adapters as A  # noqa: E402
@@ -179,17 +180,18 @@ def test_scheduler_never_runs_more_adapters_than_slots():
     assert [s.request_id for s in sched.waiting] == ["s3", "s6"]
 
 
-def _emulated(setup: dict[str, Any], mode: str) -> tuple[LLMEngine, list[float]]:
-    """An engine whose (emulated) adapter copies finish when the test moves its clock past them."""
-    eng = lora_engine(setup, (8,), lora_load_mode=mode, lora_copy_emulation_gbps=10.0, max_loras=2)
+def _emulated(setup: dict[str, Any], mode: str, **kw: Any) -> tuple[LLMEngine, list[float]]:
+    """An engine whose EMULATED adapter copies (10 GB/s) finish when the test moves its clock past them."""
+    eng = lora_engine(setup, (8, *kw.pop("ranks", ())), lora_load_mode=mode, max_loras=2, **kw)
     now = [100.0]
-    eng.loras.device.clock = lambda: now[0]  # type: ignore[union-attr]
+    assert eng.loras is not None
+    eng.loras.time_copies(EmulatedCopies(10.0, clock=lambda: now[0]))
     return eng, now
 
 
 def test_cpu_assisted_cold_start_serves_during_the_load_with_the_same_tokens(setup):
     eng, now = _emulated(setup, "cpu_assisted")
-    assert eng.loras.device.copy_seconds(64) == pytest.approx(0.01007, rel=0.01)  # 100.7 MB at 10 GB/s  # type: ignore[union-attr]
+    assert EmulatedCopies(10.0).seconds(64) == pytest.approx(0.01007, rel=0.01)  # 100.7 MB at 10 GB/s
     eng.add_request("cold", PROMPTS[0], GREEDY, adapter=eng.adapter_ref("r8"))
     first = eng.step()  # the copy is in flight: the prefill ran with the CPU path
     assert [o.request_id for o in first] == ["cold"] and eng.loras.device.loading() == {"r8"}  # type: ignore[union-attr]
@@ -220,11 +222,14 @@ def test_async_loading_holds_the_request_back_until_its_adapter_is_on_the_device
 
 
 def test_on_demand_loading_makes_the_step_wait_and_cached_needs_every_adapter_on_the_device(setup):
-    eng = lora_engine(setup, (8,), lora_load_mode="ondmd", lora_copy_emulation_gbps=0.5, max_loras=2)
+    eng = lora_engine(setup, (8,), lora_load_mode="ondmd", max_loras=2)
+    copies = EmulatedCopies(0.5)
+    assert eng.loras is not None
+    eng.loras.time_copies(copies)
     eng.add_request("cold", PROMPTS[0], GREEDY, adapter=eng.adapter_ref("r8"))
     t0 = time.perf_counter()
     eng.step()
-    assert time.perf_counter() - t0 >= eng.loras.device.copy_seconds(8) * 0.95  # type: ignore[union-attr]
+    assert time.perf_counter() - t0 >= copies.seconds(8) * 0.95
     cached = lora_engine(setup, (8, 16), lora_load_mode="cached", max_loras=2)
     assert {a.tier for a in cached.list_loras()} == {"device"}
     with pytest.raises(AdapterError, match="cached keeps every adapter on the device"):
@@ -233,19 +238,10 @@ def test_on_demand_loading_makes_the_step_wait_and_cached_needs_every_adapter_on
 
 def test_cpu_lora_worker_processes_compute_the_cold_path_with_the_same_tokens(setup):
     """CaraServe's CPU LoRA processes over shared memory: same tokens as PEFT's merged model."""
-    eng = lora_engine(
-        setup,
-        (8, 64),
-        lora_load_mode="cpu_assisted",
-        lora_copy_emulation_gbps=10.0,
-        max_loras=2,
-        lora_cpu_workers=2,
-    )
+    eng, _ = _emulated(setup, "cpu_assisted", ranks=(64,), lora_cpu_workers=2)
     pool = eng.runner.lora_cpu_pool
     assert pool is not None
     try:
-        now = [100.0]
-        eng.loras.device.clock = lambda: now[0]  # type: ignore[union-attr]
         got = eng.generate(PROMPTS[:2] * 2, GREEDY, ["r8", "r8", "r64", "r64"])  # the copies never finish
         assert pool.calls > 0 and eng.loras.device.loading() == {"r8", "r64"}  # type: ignore[union-attr]
         tok = setup["tok"]

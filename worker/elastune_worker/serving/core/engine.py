@@ -384,14 +384,7 @@ class LLMEngine:
         if not loading:
             return None
         if self.config.lora_load_mode == "ondmd":
-            device = self.loras.device
-            started = time.perf_counter()
-            device.wait_copies(loading)  # on demand: the whole step waits for the copy (CUDA: real)
-            emulated = [device.ready_at[n] for n in loading if n in device.ready_at]
-            if emulated:  # ... or for its emulated time on a CPU-only machine
-                time.sleep(max(0.0, max(emulated) - device.clock()))
-            device.wait_seconds += time.perf_counter() - started
-            device.loading()
+            self.loras.device.wait_copies(loading)  # on demand: the whole step waits for the copy
             return None
         if self.config.lora_load_mode == "cpu_assisted":
             self.cpu_assisted_steps += 1

@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 
 from elastune_worker.serving.config import EngineConfig
+from elastune_worker.serving.runner.lora.copies import CopyTiming
 from elastune_worker.serving.runner.lora.slots import DeviceLoRAs, HostLoRAs, Registered
 from elastune_worker.serving.runner.lora.weights import AdapterError, LoRAWeights, load_lora
 
@@ -27,7 +28,10 @@ class LoRAManager:
         self.shapes, self.num_layers = shapes, num_layers
         self.host = HostLoRAs(config.max_cpu_loras, self._read)
         self.device = DeviceLoRAs(config.max_loras, config.max_lora_rank, shapes, num_layers, device, dtype)
-        self.device.emulated_gbps = config.lora_copy_emulation_gbps
+
+    def time_copies(self, timing: CopyTiming) -> None:
+        """Replace how copies are timed (benchmarks and tests on a CPU inject an EmulatedCopies)."""
+        self.device.copies = timing
 
     def _read(self, name: str, path: str) -> LoRAWeights:
         return load_lora(name, path, self.shapes, self.num_layers, self.config.max_lora_rank)
@@ -43,7 +47,6 @@ class LoRAManager:
         if cached:  # the oracle: on the device from the start, never loaded while serving
             self.device.activate([name], self.host, set(self.host.registered))
             self.device.wait_copies({name})
-            self.device.ready_at.pop(name, None)
         return self.host.registered[name]
 
     def register_weights(self, weights: LoRAWeights) -> Registered:

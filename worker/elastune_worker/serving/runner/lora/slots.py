@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from elastune_worker.serving.runner.lora.copies import CopyTiming, DeviceCopies
 from elastune_worker.serving.runner.lora.weights import AdapterError, LoRAWeights
 
 
@@ -108,15 +109,11 @@ class DeviceLoRAs:
         }
         self.slot_of: OrderedDict[str, int] = OrderedDict()
         """Resident adapters by LRU order (least recent first) → slot."""
-        self.ready_at: dict[str, float] = {}
-        """Adapters whose (emulated) copy is still in flight → monotonic time it completes."""
-        self.copy_events: dict[str, Any] = {}
-        """CUDA: adapters whose copy on the side stream has not completed → its event."""
+        self.copies: CopyTiming = DeviceCopies()
+        """Which copies are in flight: the real ones (benchmarks on a CPU inject an EMULATION)."""
         self._stream: Any = None
-        self.emulated_gbps = 0.0
         self.wait_seconds = 0.0
         """Time steps spent waiting for copies (on-demand loading)."""
-        self.clock: Callable[[], float] = time.monotonic
         self.rank = [0] * max_loras
         self.loads = 0
         """Copies host → device."""
@@ -129,20 +126,14 @@ class DeviceLoRAs:
         return [s for s in range(self.max_loras) if s not in used]
 
     def loading(self) -> set[str]:
-        """Adapters whose copy is still in flight (finished ones are marked ready)."""
-        now = self.clock()
-        for name in [n for n, t in self.ready_at.items() if t <= now]:
-            del self.ready_at[name]
-        for name in [n for n, e in self.copy_events.items() if e.query()]:
-            del self.copy_events[name]
-        return set(self.ready_at) | set(self.copy_events)
+        """Adapters whose copy is still in flight."""
+        return self.copies.in_flight()
 
     def wait_copies(self, names: set[str]) -> None:
-        """Block until the real (CUDA) copies of ``names`` are done (on-demand loading)."""
-        for name in names:
-            event = self.copy_events.pop(name, None)
-            if event is not None:
-                event.synchronize()
+        """Block until the copies of ``names`` are done (on-demand loading), counted in wait_seconds."""
+        started = time.perf_counter()
+        self.copies.wait(names)
+        self.wait_seconds += time.perf_counter() - started
 
     def _copy_stream(self) -> Any:
         if self.device.type != "cuda":
@@ -150,13 +141,6 @@ class DeviceLoRAs:
         if self._stream is None:
             self._stream = torch.cuda.Stream(self.device)
         return self._stream
-
-    def copy_seconds(self, rank: int) -> float:
-        """EMULATED host→device copy time (0 without emulation): a Llama-2-7B adapter of this rank on
-        q, k, v in fp16 (rank × 3 × 8,192 × 2 B × 32 layers) at ``emulated_gbps``."""
-        if self.emulated_gbps <= 0:
-            return 0.0
-        return rank * 3 * 8192 * 2 * 32 / (self.emulated_gbps * 1e9)
 
     def can_place(self, busy: set[str]) -> bool:
         return bool(self.free_slots()) or any(n not in busy for n in self.slot_of)
@@ -181,27 +165,23 @@ class DeviceLoRAs:
                 if victim is None:
                     raise AdapterError("every device adapter slot is in use by running requests")
                 slot = self.slot_of.pop(victim)
-                self.ready_at.pop(victim, None)
+                self.copies.forget(victim)
                 self.evictions += 1
             w = host.get(name)
             self._copy_in(slot, w)
             self.slot_of[name] = slot
-            seconds = self.copy_seconds(w.rank)
-            if seconds > 0:
-                self.ready_at[name] = self.clock() + seconds
         return {n: self.slot_of[n] for n in wanted}
 
     def evict(self, name: str) -> None:
-        self.ready_at.pop(name, None)
-        self.copy_events.pop(name, None)
+        self.copies.forget(name)
         slot = self.slot_of.pop(name, None)
         if slot is not None:
             self.rank[slot] = 0
 
     def _copy_in(self, slot: int, w: LoRAWeights) -> None:
         """Host → device. On CUDA the copy runs on a side stream and the adapter counts as loading
-        until its event completes (CaraServe's window for the CPU path); on CPU it is a memory copy
-        (its device time is the emulation's)."""
+        until its event completes (CaraServe's window for the CPU path); on CPU it is a memory copy,
+        done when it returns (an injected EmulatedCopies gives it a GPU's copy time)."""
         started = time.perf_counter()
         stream = self._copy_stream()
         with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
@@ -213,10 +193,11 @@ class DeviceLoRAs:
                 if src_a is not None and src_b is not None:
                     a[slot, : w.rank].copy_(src_a.to(self.dtype), non_blocking=True)
                     b[slot, :, : w.rank].copy_(src_b.to(self.dtype), non_blocking=True)
+        event = None
         if stream is not None:
             event = torch.cuda.Event()
             event.record(stream)
-            self.copy_events[w.name] = event
+        self.copies.started(w.name, w.rank, event)
         self.rank[slot] = w.rank
         self.loads += 1
         self.load_seconds += time.perf_counter() - started
