@@ -30,6 +30,8 @@ COPY contract/ contract/
 COPY operator/ operator/
 COPY worker/ worker/
 COPY testing/ testing/
+# SSJF's output-length predictor service runs from this image too (command: python -m elastune_ssjf).
+COPY ssjf/ ssjf/
 RUN pip install ".[worker]" && rm -rf /src
 # Relative dataset paths in a TuningJob resolve against the worker's working directory: the example
 # datasets of manifests/data/ live in /app/data, so manifests/tuningjob.yaml (data/extract.jsonl)

@@ -19,7 +19,7 @@ def test_ruff_clean():
     ruff = shutil.which("ruff")
     if ruff is None:
         pytest.fail("ruff is not installed: pip install -e '.[dev]'")
-    res = _run(ruff, "check", "contract", "operator", "worker", "testing", "gateway", "tests")
+    res = _run(ruff, "check", "contract", "operator", "worker", "testing", "gateway", "ssjf", "tests")
     assert res.returncode == 0, res.stdout + res.stderr
 
 

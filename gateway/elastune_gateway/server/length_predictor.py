@@ -1,5 +1,5 @@
 """SSJF's output-length prediction, asked of the predictor service (the model runs where torch may
-run: ``python -m elastune_worker.ssjf``), so the gateway stays torch-free.
+run: ``python -m elastune_ssjf``), so the gateway stays torch-free.
 
 A prediction that fails or takes longer than its timeout is skipped — the request is routed and queued
 without one (FCFS among such requests) — never delayed or failed because of it.

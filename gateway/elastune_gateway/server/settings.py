@@ -51,7 +51,7 @@ class GatewaySettings(BaseModel):
     max_attempts: int = Field(default=3, ge=1)
     """Endpoints tried for one request when the first cannot take it (before any byte was sent)."""
     length_predictor_url: str | None = None
-    """SSJF: the output-length predictor service (``python -m elastune_worker.ssjf``); None: FCFS."""
+    """SSJF: the output-length predictor service (``python -m elastune_ssjf``); None: FCFS."""
     length_predictor_timeout_s: float = Field(default=0.5, gt=0)
     """A prediction that takes longer is skipped (the request goes FCFS) rather than delayed."""
     max_request_bytes: int = Field(default=DEFAULT_MAX_REQUEST_BYTES, ge=1)

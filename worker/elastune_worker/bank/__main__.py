@@ -132,7 +132,7 @@ def cmd_lookup(args: argparse.Namespace) -> int:
 
 def cmd_insert(args: argparse.Namespace) -> int:
     from elastune_worker.bank.store import PromptBank
-    from elastune_worker.tiny.build import build_lock
+    from elastune_worker.model_cache import build_lock
 
     model_dir = _model_dir(args.model)
     path = _bank_path(args, model_dir)

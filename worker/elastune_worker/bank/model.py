@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from elastune_worker.fsutil import swap_into_place
+from elastune_worker.model_cache import build_lock, cache_root, torch_threads
 from elastune_worker.tiny import build as B
 from elastune_worker.tiny import tasks as T
 
@@ -56,7 +57,7 @@ def corpus_documents(spec: B.TinyModelSpec = BANK_SPEC) -> list[str]:
 
 def bank_model_dir(cache_dir: Path | None = None, spec: B.TinyModelSpec = BANK_SPEC) -> Path:
     suffix = "" if spec == BANK_SPEC else "-" + spec.dirname().rsplit("-", 1)[-1]
-    return B.cache_root(cache_dir) / "models" / (BANK_MODEL_NAME + suffix)
+    return cache_root(cache_dir) / "models" / (BANK_MODEL_NAME + suffix)
 
 
 def _is_complete(path: Path, spec: B.TinyModelSpec) -> bool:
@@ -101,12 +102,12 @@ def ensure_bank_model(
     if not force and _is_complete(out, spec):
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
-    with B.build_lock(out):
+    with build_lock(out):
         if not force and _is_complete(out, spec):
             return out
         tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
         try:
-            with B.torch_threads(2):
+            with torch_threads(2):
                 info = _train(tmp, spec, log)
             (tmp / B.INFO_FILE).write_text(json.dumps(info, indent=2) + "\n")
             for f in tmp.iterdir():

@@ -64,7 +64,7 @@ def workload(
     dataset: Path, n: int | None, max_prompt: int, tokenizer: Any, predictions: list[int]
 ) -> list[BenchRequest]:
     """The first ``n`` requests of the trace (all when None), arrivals rebased to 0."""
-    from elastune_worker.ssjf.build import load_dataset
+    from elastune_ssjf.build import load_dataset
 
     entries = load_dataset(dataset)
     if len(predictions) != len(entries):
@@ -181,8 +181,8 @@ def reduction(base: dict[str, Any], other: dict[str, Any]) -> float:
 # -- the predictor ----------------------------------------------------------------------------------
 def predictor_figures(reqs: list[BenchRequest], prompts: list[str], info: dict[str, Any]) -> dict[str, Any]:
     """The build's held-out figures, the bench requests' out-of-fold figures, per-prompt latency."""
-    from elastune_worker.ssjf.build import mae, spearman
-    from elastune_worker.ssjf.predictor import LengthPredictor
+    from elastune_ssjf.build import mae, spearman
+    from elastune_ssjf.predictor import LengthPredictor
 
     test = info["metrics"]["test"]
     predictor = LengthPredictor.load()
@@ -248,8 +248,8 @@ def run(quick: bool, args: argparse.Namespace | None = None) -> dict[str, Any]:
     import torch
     from transformers import AutoTokenizer
 
-    from elastune_worker.ssjf.build import ensure_predictor, load_dataset, read_build_info
-    from elastune_worker.ssjf.predictor import dataset_predictions
+    from elastune_ssjf.build import ensure_predictor, load_dataset, read_build_info
+    from elastune_ssjf.predictor import dataset_predictions
     from elastune_worker.tiny.build import TINY_LLAMA_SPEC, ensure_tiny_model
 
     torch.set_num_threads(1)

@@ -29,8 +29,9 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any, Literal
 
+from elastune_worker.model_cache import build_atomically, cache_root
 from elastune_worker.tiny import tasks as T
-from elastune_worker.tiny.build import TINY_LLAMA_SPEC, build_atomically, cache_root, ensure_tiny_model
+from elastune_worker.tiny.build import TINY_LLAMA_SPEC, ensure_tiny_model
 
 INFO_FILE = "build_info.json"
 TARGET_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")

@@ -16,22 +16,18 @@ family instructions and bare examples, so that a (soft) prompt has something to 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import hashlib
 import json
 import math
 import os
 import random
-import shutil
-import tempfile
 import time
-from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from ..fsutil import swap_into_place
+from ..model_cache import build_atomically, cache_root
 from . import tasks as T
 
 MODEL_NAME = "tiny-gpt2-v1"
@@ -120,14 +116,6 @@ TINY_LLAMA_SPEC = TinyModelSpec(
 
 
 # --------------------------------------------------------------------------------------- locations
-def cache_root(cache_dir: Path | None = None) -> Path:
-    """`cache_dir`, else `$ELASTUNE_CACHE`, else `~/.cache/elastune`."""
-    if cache_dir is not None:
-        return Path(cache_dir)
-    env = os.environ.get("ELASTUNE_CACHE")
-    return Path(env) if env else Path.home() / ".cache" / "elastune"
-
-
 def model_dir(cache_dir: Path | None = None, spec: TinyModelSpec = DEFAULT_SPEC) -> Path:
     """Where the artifact for `spec` lives: `<cache root>/models/tiny-gpt2-v1[-digest]`."""
     return cache_root(cache_dir) / "models" / spec.dirname()
@@ -228,19 +216,6 @@ def token_blocks(token_docs: list[list[int]], eos_id: int, block_size: int) -> A
 
 
 # ----------------------------------------------------------------------------------------- training
-@contextlib.contextmanager
-def torch_threads(n: int) -> Iterator[None]:
-    """Run a build on exactly ``n`` torch threads (reproducible, and no oversubscription)."""
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(n)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
-
-
 def lr_at(step: int, spec: TinyModelSpec) -> float:
     """Linear warm-up, then cosine decay to 10 % of ``spec.lr``."""
     if step < spec.warmup_steps:
@@ -400,23 +375,6 @@ def _write_artifact(out: Path, spec: TinyModelSpec, *, log: bool) -> dict[str, A
     }
 
 
-@contextlib.contextmanager
-def build_lock(target: Path) -> Iterator[None]:
-    """Serialise builds of one artifact across processes (e.g. parallel test workers)."""
-    try:
-        import fcntl
-    except ImportError:  # pragma: no cover - non-POSIX: atomic rename alone still prevents torn artifacts
-        yield
-        return
-    lock_path = target.parent / f".{target.name}.lock"
-    with lock_path.open("w") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
-
-
 def build_tiny_model(
     out_dir: Path, spec: TinyModelSpec = DEFAULT_SPEC, *, force: bool = False, log: bool = False
 ) -> Path:
@@ -428,47 +386,6 @@ def build_tiny_model(
     return build_atomically(
         out_dir, lambda d: is_complete(d, spec), lambda tmp: _write_artifact(tmp, spec, log=log), force=force
     )
-
-
-def build_atomically(
-    out_dir: Path,
-    complete: Callable[[Path], bool],
-    write: Callable[[Path], dict[str, Any]],
-    *,
-    force: bool = False,
-    info_file: str = INFO_FILE,
-) -> Path:
-    """Build an artifact into exactly ``out_dir`` unless ``complete(out_dir)`` says it is there: under
-    a lock (parallel builders wait, then find it), in a sibling temp dir that ``write`` fills (its
-    returned dict becomes ``info_file``) and that is renamed into place only when whole, so a killed
-    build never leaves half an artifact where loaders look. The tiny models, their adapters and the
-    SSJF predictor are built this way."""
-    out_dir = Path(out_dir).resolve()
-    if not force and complete(out_dir):
-        return out_dir  # before any write: a prebuilt artifact may sit on a read-only filesystem
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    with build_lock(out_dir):
-        if not force and complete(out_dir):  # another process built it while we waited
-            return out_dir
-        # Leftovers of builds killed without cleanup (SIGKILL, SIGTERM); ours to delete under the lock.
-        prefixes = (f".{out_dir.name}.tmp-", f".{out_dir.name}.old-")
-        for stale in out_dir.parent.iterdir():
-            if stale.name.startswith(prefixes) and stale.is_dir():
-                shutil.rmtree(stale, ignore_errors=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
-        try:
-            # A fixed thread count keeps results reproducible and avoids oversubscribing small machines.
-            with torch_threads(max(1, min(4, os.cpu_count() or 1))):
-                info = write(tmp)
-            (tmp / info_file).write_text(json.dumps(info, indent=2) + "\n")
-            # mkdtemp makes 0700 dirs; a cache shared with other users or a serving image must be readable.
-            for f in tmp.iterdir():
-                f.chmod(0o644)
-            tmp.chmod(0o755)
-            swap_into_place(tmp, out_dir)  # a stale, incomplete or forced one is swapped out
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
-    return out_dir
 
 
 def ensure_tiny_model(

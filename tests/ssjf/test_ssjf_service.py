@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _free_port() -> int:
@@ -27,10 +27,10 @@ def service(predictor_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> It
     port = _free_port()
     env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", OMP_WAIT_POLICY="PASSIVE")
     env["PYTHONPATH"] = os.pathsep.join(
-        [str(ROOT / "worker"), str(ROOT / "contract"), env.get("PYTHONPATH", "")]
+        [str(ROOT / "ssjf"), str(ROOT / "worker"), str(ROOT / "contract"), env.get("PYTHONPATH", "")]
     )
     log = tmp_path_factory.mktemp("ssjf") / "service.log"
-    cmd = [sys.executable, "-m", "elastune_worker.ssjf", "--port", str(port), "--model", str(predictor_dir)]
+    cmd = [sys.executable, "-m", "elastune_ssjf", "--port", str(port), "--model", str(predictor_dir)]
     with log.open("w") as out:
         proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
@@ -106,8 +106,8 @@ def test_startup_builds_the_predictor_when_the_cache_has_none(
     import logging
     import shutil
 
-    from elastune_worker.ssjf import build as B
-    from elastune_worker.ssjf import service
+    from elastune_ssjf import build as B
+    from elastune_ssjf import service
 
     built: list[Path | None] = []
 

@@ -1,6 +1,6 @@
 """Build SSJF's output-length predictor offline and cache it like the tiny models (``tiny/build.py``).
 
-    python -m elastune_worker.ssjf.build [--force] [--out DIR] [--cache-dir DIR] [--dataset FILE]
+    python -m elastune_ssjf.build [--force] [--out DIR] [--cache-dir DIR] [--dataset FILE]
 
 Training data: ``datasets/sharegpt_250.json`` (next to the checkout, ``../shared``): each entry's
 ``prompt`` and ``response_length`` (the output length in tokens that the head learns). A fixed-seed
@@ -31,7 +31,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..tiny.build import build_atomically, cache_root
+from elastune_worker.model_cache import build_atomically, cache_root
+
 from .predictor import (
     DEFAULT_SPEC,
     FORMAT_VERSION,
@@ -43,7 +44,7 @@ from .predictor import (
     encoder_identity,
 )
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_DATASET = ROOT.parent / "shared" / "datasets" / "sharegpt_250.json"
 
 
@@ -148,8 +149,10 @@ def train_head(x: Any, targets: Sequence[int], spec: PredictorSpec, seed: int) -
     head.mean.copy_(x.mean(0))
     head.std.copy_(x.std(0) + 1e-6)
     t = torch.tensor([v / spec.target_scale for v in targets], dtype=torch.float32)
+    out = head.net[-1]
+    assert isinstance(out, torch.nn.Linear)
     with torch.no_grad():
-        head.net[-1].bias.fill_(statistics.median(t.tolist()))  # start at the median: L1's constant fit
+        out.bias.fill_(statistics.median(t.tolist()))  # start at the median: L1's constant fit
     opt = torch.optim.AdamW(head.net.parameters(), lr=spec.lr, weight_decay=spec.weight_decay)
     head.train()
     for _ in range(spec.epochs):
@@ -319,9 +322,7 @@ def summary(info: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(
-        prog="python -m elastune_worker.ssjf.build", description=__doc__.splitlines()[0]
-    )
+    p = argparse.ArgumentParser(prog="python -m elastune_ssjf.build", description=__doc__.splitlines()[0])
     p.add_argument("--force", action="store_true", help="rebuild even if a complete artifact exists")
     p.add_argument("--out", type=Path, help="exact output directory (default: the cache location)")
     p.add_argument("--cache-dir", type=Path, help="cache root (default $ELASTUNE_CACHE or ~/.cache/elastune)")

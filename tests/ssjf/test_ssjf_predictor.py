@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from elastune_worker.ssjf import build as B
+from elastune_ssjf import build as B
 
 
 def test_spearman_and_mae_helpers():
@@ -61,7 +61,7 @@ def test_the_cache_key_covers_format_spec_and_encoder(predictor_dir: Path, tmp_p
 def test_predictor_loads_and_predicts_ints_for_strings(predictor_dir: Path):
     import torch
 
-    from elastune_worker.ssjf.predictor import LengthPredictor
+    from elastune_ssjf.predictor import LengthPredictor
 
     torch.set_num_threads(1)
     p = LengthPredictor.load(predictor_dir)

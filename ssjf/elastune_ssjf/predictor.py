@@ -182,6 +182,9 @@ class Encoder:
 class LengthHead(nn.Module):
     """Standardised features → dropout → hidden GELU layer → predicted tokens / target_scale."""
 
+    mean: torch.Tensor
+    std: torch.Tensor
+
     def __init__(self, dim: int, spec: PredictorSpec = DEFAULT_SPEC) -> None:
         super().__init__()
         self.register_buffer("mean", torch.zeros(dim))
@@ -216,7 +219,7 @@ class LengthPredictor:
         """From a built directory, or the cached ``ssjf-predictor-v1`` (built first if missing)."""
         from safetensors.torch import load_file
 
-        from elastune_worker.ssjf.build import ensure_predictor, is_complete, read_build_info
+        from elastune_ssjf.build import ensure_predictor, is_complete, read_build_info
 
         if path is None:
             path = ensure_predictor(cache_dir)

@@ -1,6 +1,6 @@
 """The output-length predictor behind HTTP, for the gateway (which stays torch-free).
 
-    python -m elastune_worker.ssjf [--host 127.0.0.1] [--port 8090] [--model DIR] [--threads N]
+    python -m elastune_ssjf [--host 127.0.0.1] [--port 8090] [--model DIR] [--threads N]
 
 ``POST /v1/predict_length`` with ``{"prompts": ["...", ...]}`` answers
 ``{"predicted_output_tokens": [int, ...], "model": "ssjf-predictor-v1"}`` in the prompts' order; a bad
@@ -46,10 +46,10 @@ class PredictResponse(BaseModel):
 def create_app(get_predictor: Callable[[], Any]) -> FastAPI:
     """``get_predictor()`` returns something with ``.name`` and ``.predict(list[str]) -> list[int]``."""
     from elastune_contract.openai_api.errors import APIError
-    from elastune_worker.serving.api.errors import install
+    from elastune_contract.openai_api.handlers import install_error_handlers
 
     app = FastAPI(title="Elastune SSJF output-length predictor")
-    install(app)
+    install_error_handlers(app, log)
 
     @app.get("/healthz")
     def healthz() -> dict[str, str]:
@@ -68,8 +68,8 @@ def create_app(get_predictor: Callable[[], Any]) -> FastAPI:
 
 def load_predictor(model: Path | None, cache_dir: Path | None = None) -> Any:
     """The predictor at ``model``, or the cached one, built first if the cache has none (logged)."""
-    from elastune_worker.ssjf.build import ensure_predictor, is_complete, model_dir
-    from elastune_worker.ssjf.predictor import LengthPredictor
+    from elastune_ssjf.build import ensure_predictor, is_complete, model_dir
+    from elastune_ssjf.predictor import LengthPredictor
 
     if model is None:
         target = model_dir(cache_dir)
@@ -85,7 +85,7 @@ def load_predictor(model: Path | None, cache_dir: Path | None = None) -> Any:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m elastune_worker.ssjf", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m elastune_ssjf", description=__doc__.splitlines()[0])
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=int(os.environ.get("PORT", "8090")))
     p.add_argument("--model", type=Path, help="a built predictor directory (default: the cache's)")

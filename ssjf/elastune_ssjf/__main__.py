@@ -1,0 +1,3 @@
+from elastune_ssjf.service import main
+
+raise SystemExit(main())

@@ -1,3 +1,0 @@
-from elastune_worker.ssjf.service import main
-
-raise SystemExit(main())
