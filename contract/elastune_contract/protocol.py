@@ -18,6 +18,7 @@ Keys (``ns`` defaults to ``elastune``):
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import os
 import time
@@ -164,6 +165,12 @@ class ServingPoolRecord(_Message):
     adapters: dict[str, int] = Field(default_factory=dict)
     """LoRAAdapters (and published prompts, rank 0) of the pool's model: name -> rank. The gateway knows
     them while no pod holds them (scaled to zero, or still loading) and holds their requests."""
+    vouched: dict[str, str] | None = None
+    """The pool's workers as the control plane knows them, from a source no worker writes (the pods the
+    API lists, the processes the local backend started): worker id -> ``host`` or ``host:port``
+    (``vouched_address``). The gateway forwards to a worker of this model only when its registry
+    record's id and URL match an entry here (``vouched_url``), so a worker credential that rewrites
+    another worker's record cannot redirect its traffic. None: an operator that predates the field."""
 
 
 class PlacedAdapter(_Message):
@@ -290,6 +297,38 @@ class Event(_Message):
     coserved: bool | None = None
     """On ``started``: whether the attempt runs co-served in the worker's serving engine (with
     ``message`` saying why not when a co-served assignment was refused by the engine)."""
+
+
+def vouched_address(host: str, port: int | None = None) -> str:
+    """A ``ServingPoolRecord.vouched`` entry: the host (an IPv6 one bracketed), with the port when the
+    control plane knows it."""
+    host = host.strip("[]")
+    bracketed = f"[{host}]" if ":" in host else host
+    return bracketed if port is None else f"{bracketed}:{port}"
+
+
+def _same_host(a: str, b: str) -> bool:
+    try:
+        return ipaddress.ip_address(a) == ipaddress.ip_address(b)  # one IPv6 address, two spellings
+    except ValueError:
+        return a.lower() == b.lower()
+
+
+def vouched_url(address: str, url: str) -> str | None:
+    """The URL to forward to when the registered ``url`` is at the vouched ``address`` (host or
+    host:port), rebuilt from the vouched host and the registered port so that nothing of the record's
+    spelling (user info, path, odd encodings a second URL parser might read differently) reaches the
+    forwarder; None when they do not match or either is malformed."""
+    try:
+        want, got = urlsplit("//" + address), urlsplit(url)
+        want_port, got_port = want.port, got.port
+    except ValueError:
+        return None
+    if got.scheme not in ("http", "https") or got_port is None or not want.hostname or not got.hostname:
+        return None
+    if not _same_host(want.hostname, got.hostname) or (want_port is not None and want_port != got_port):
+        return None
+    return f"{got.scheme}://{vouched_address(want.hostname)}:{got_port}"
 
 
 def worker_key(ns: str, worker_id: str) -> str:

@@ -8,6 +8,17 @@ its worker re-registers as a new process) so no new request goes there.
 
 A refresh that fails (Redis unreachable) keeps the last view, which requests are routed from, and is
 counted; a malformed record is skipped and counted (``Bus._parse``), never a failed refresh.
+
+Workers write their own records, and all of them share one Redis user, so a record's URL is a claim,
+not a fact: a worker credential could rewrite another worker's record to point at its own server. The
+control plane lists the pool's workers in the pool record (``ServingPoolRecord.vouched``: pod name ->
+pod IP and port, from the Kubernetes API; locally, the processes it started -> loopback), which no
+worker can write, and an endpoint is built only from a record whose id and URL match an entry there
+(forwarded to the URL rebuilt from the vouched host). A record that does not match is skipped, counted
+(``elastune_gateway_unvouched_endpoints``) and logged once; requests for its model go to the vouched
+endpoints, or wait and get the usual 503 when none is left. A model no pool record vouches for (no
+control plane, or one older than the list) is served from the registry as before, unless
+``vouched_only`` (fail closed).
 """
 
 from __future__ import annotations
@@ -16,7 +27,9 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections import Counter
 from dataclasses import dataclass, replace
+from typing import Literal
 
 from elastune_contract.protocol import (
     Bus,
@@ -26,6 +39,7 @@ from elastune_contract.protocol import (
     ServingState,
     WorkerRecord,
     WorkerState,
+    vouched_url,
 )
 
 from .metrics import GatewayMetrics
@@ -33,6 +47,14 @@ from .metrics import GatewayMetrics
 log = logging.getLogger("elastune.gateway")
 
 _SERVING_STATES = (WorkerState.READY, WorkerState.BUSY)  # a pod that tunes keeps serving
+
+UnvouchedReason = Literal["id", "unlisted", "address", "no_pool_record"]
+"""Why a serving record got no endpoint: its id is not the one it is registered under (``id``), no pool
+record of its model lists that id (``unlisted``), one does at another address (``address``), or, with
+``vouched_only``, no pool record of its model vouches for any worker (``no_pool_record``)."""
+UNVOUCHED_REASONS: tuple[UnvouchedReason, ...] = ("id", "unlisted", "address", "no_pool_record")
+_UNVOUCHED_MEMORY = 4096
+"""Distinct skipped records remembered (each is logged and counted once, however often it is read)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,9 +98,31 @@ def _holdings(endpoints: dict[str, Endpoint]) -> set[tuple[str, str]]:
     }
 
 
+_WHY: dict[UnvouchedReason, str] = {
+    "id": "the record names another id than the one it is registered under",
+    "unlisted": "no pool record of its model vouches for this worker id",
+    "address": "its URL is not at the address the control plane vouches for this worker id",
+    "no_pool_record": "no pool record of its model vouches for any worker (vouched_only)",
+}
+
+
 class Directory:
-    def __init__(self, bus: Bus, failure_cooldown_s: float, metrics: GatewayMetrics | None = None) -> None:
+    def __init__(
+        self,
+        bus: Bus,
+        failure_cooldown_s: float,
+        metrics: GatewayMetrics | None = None,
+        *,
+        vouched_only: bool = False,
+    ) -> None:
         self.bus = bus
+        self.vouched_only = vouched_only
+        """True: no endpoint for a model whose pool records vouch for no worker (fail closed, for a
+        cluster where the operator always publishes them); False: such a model is served from the
+        registry alone (a gateway in front of workers no control plane runs)."""
+        self.unvouched: dict[UnvouchedReason, int] = {}
+        """Serving records skipped at the last read, by reason."""
+        self._unvouched_seen: set[tuple[str, str, str]] = set()
         self.metrics = metrics
         bus.on_poison = self._count_poison
         self.failure_cooldown_s = failure_cooldown_s
@@ -146,12 +190,61 @@ class Directory:
         these counts (replicas of popular adapters on more pods)."""
         self._requests[name] = self._requests.get(name, 0) + 1
 
+    def _vouched_endpoints(
+        self, workers: dict[str, WorkerRecord], pools: dict[str, ServingPoolRecord]
+    ) -> dict[str, Endpoint]:
+        """The endpoints of the serving records the control plane vouches for (see the module's doc),
+        built once per registry read so that routing a request costs nothing more."""
+        vouching: dict[str, dict[str, list[str]]] = {}  # model -> worker id -> vouched addresses
+        for rec in pools.values():
+            if rec.vouched is not None:
+                ids = vouching.setdefault(rec.model, {})
+                for wid, address in rec.vouched.items():
+                    ids.setdefault(wid, []).append(address)
+        endpoints: dict[str, Endpoint] = {}
+        skipped: Counter[UnvouchedReason] = Counter()
+        for key, w in workers.items():
+            if w.serving is None or not w.url or w.state not in _SERVING_STATES:
+                continue
+            by_id = vouching.get(w.serving.model)
+            url: str | None = w.url
+            reason: UnvouchedReason | None = None
+            if w.id != key:
+                reason = "id"
+            elif by_id is not None:
+                addresses = by_id.get(w.id, [])
+                url = next((u for a in addresses if (u := vouched_url(a, w.url)) is not None), None)
+                reason = None if url is not None else "address" if addresses else "unlisted"
+            elif self.vouched_only:
+                reason = "no_pool_record"
+            if reason is not None or url is None:
+                skipped[reason or "unlisted"] += 1
+                self._skipped_once(reason or "unlisted", key, w)
+                continue
+            endpoints[w.id] = Endpoint(w.id, w.pool, url, w.started_at, w.serving)
+        self.unvouched = dict(skipped)
+        if self.metrics is not None:
+            for r in UNVOUCHED_REASONS:
+                self.metrics.unvouched.labels(r).set(skipped[r])
+        return endpoints
+
+    def _skipped_once(self, reason: UnvouchedReason, key: str, w: WorkerRecord) -> None:
+        mark = (reason, key, w.url)
+        if mark in self._unvouched_seen:
+            return
+        if len(self._unvouched_seen) >= _UNVOUCHED_MEMORY:
+            self._unvouched_seen.clear()
+        self._unvouched_seen.add(mark)
+        if self.metrics is not None:
+            self.metrics.unvouched_records.labels(reason).inc()
+        model = w.serving.model if w.serving is not None else w.model
+        log.warning(
+            "not forwarding to worker record %.100r (id %.100r, model %.100r, url %.200r): %s",
+            key, w.id, model, w.url, _WHY[reason],
+        )  # fmt: skip
+
     def _apply(self, workers: dict[str, WorkerRecord], pools: dict[str, ServingPoolRecord]) -> None:
-        endpoints = {
-            w.id: Endpoint(w.id, w.pool, w.url, w.started_at, w.serving)
-            for w in workers.values()
-            if w.serving is not None and w.url and w.state in _SERVING_STATES
-        }
+        endpoints = self._vouched_endpoints(workers, pools)
         for eid, (_, started) in list(self._down.items()):
             ep = endpoints.get(eid)
             if ep is None or ep.started_at != started:

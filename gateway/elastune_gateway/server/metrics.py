@@ -81,6 +81,17 @@ class GatewayMetrics:
             "Malformed registry entries skipped (each counted once), by kind (worker, pool, ...)",
             ["kind"], registry=r,
         )  # fmt: skip
+        self.unvouched = Gauge(
+            "elastune_gateway_unvouched_endpoints",
+            "Serving worker records skipped at the last registry read because the control plane does not "
+            "vouch for their id and address, by reason (id, unlisted, address, no_pool_record)",
+            ["reason"], registry=r,
+        )  # fmt: skip
+        self.unvouched_records = Counter(
+            "elastune_gateway_unvouched_records",
+            "Distinct worker records (id, URL) skipped as unvouched, each counted and logged once, by reason",
+            ["reason"], registry=r,
+        )  # fmt: skip
         self.predictor_configured = Gauge(
             "elastune_gateway_length_predictor_configured",
             "1 when an SSJF length predictor is configured (else requests queue FCFS)", registry=r,

@@ -92,6 +92,9 @@ class ControlCore:
             clock,
             check_artifact_paths=settings.check_artifact_paths,
             metrics=self.metrics,  # re-asserts of what it owns in the registry are counted
+            # The addresses the backend knows its workers at (Local, Knative); a backend without them
+            # (tests' fakes) vouches for none and the pool records say so (no list).
+            vouched=getattr(backend, "vouched", None),
         )
         self.on_publish = on_publish
         """Tune -> serve on Kubernetes: create the LoRAAdapter resource (None: register it here). Returns

@@ -2,7 +2,8 @@
 
 Each round (``tick``) it reads the workers' registry records and
 - publishes one ``ServingPoolRecord`` per WarmPool, listing the pool's adapters, so the gateway knows a
-  model or adapter whose pool has no warm pod and holds its requests instead of a 404;
+  model or adapter whose pool has no warm pod and holds its requests instead of a 404, and the addresses
+  of the pool's workers the backend vouches for (the gateway forwards only to those);
 - answers the serving need of each pool: ``serving.minReplicas``, at least one pod while the gateway
   reports requests waiting for the model or one of its adapters (scale from zero); the core runs the pool
   at max(tuning need, serving need) through the scheduler's minimum warm GPUs;
@@ -97,8 +98,13 @@ class ServingControl:
         *,
         check_artifact_paths: bool = True,
         metrics: ControlMetrics | None = None,
+        vouched: Callable[[], dict[str, dict[str, str]]] | None = None,
     ) -> None:
         self.bus = bus
+        self.vouched = vouched
+        """The backend's workers per pool (pool -> worker id -> address), from what it started or the
+        API lists, never from the registry: published in each pool record for the gateway, which
+        forwards only to these. None: the backend vouches for nothing (the records carry no list)."""
         self.metrics = metrics
         self.check_artifact_paths = check_artifact_paths
         self.on_status = on_status or (lambda _rec: None)
@@ -233,8 +239,9 @@ class ServingControl:
         self._reassert_if_due(now)
         if self.pools and now - self._popularity_at >= POPULARITY_READ_S:
             self._popularity, self._popularity_at = self.bus.popularity(now), now
+        vouched = self.vouched() if self.vouched is not None else None
         for model, pool in self.pools.items():
-            self._publish_pool(pool)
+            self._publish_pool(pool, None if vouched is None else vouched.get(pool.name, {}))
             serving = {
                 wid: w
                 for wid, w in workers.items()
@@ -267,7 +274,7 @@ class ServingControl:
         if self.metrics is not None:
             self.metrics.reasserts.labels(why).inc()
 
-    def _publish_pool(self, pool: _Pool) -> None:
+    def _publish_pool(self, pool: _Pool, vouched: dict[str, str] | None) -> None:
         s = pool.spec
         record = ServingPoolRecord(
             pool=pool.name,
@@ -281,6 +288,7 @@ class ServingControl:
                 for r in sorted(self.adapters.values(), key=lambda r: r.name)
                 if r.spec.base_model == pool.model and r.url and not r.deleting
             },
+            vouched=None if vouched is None else dict(sorted(vouched.items())),
         )
         text = record.dumps()
         if self._published.get(pool.name) != text:

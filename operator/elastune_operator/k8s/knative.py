@@ -41,6 +41,7 @@ from elastune_contract.api.constants import (
     PVC_ROOT_ENV,
 )
 from elastune_contract.api.warmpool import WarmPool
+from elastune_contract.protocol import vouched_address
 from elastune_operator.control.backend import WorkerExit
 from elastune_operator.control.resources import worker_serving_args
 from elastune_operator.k8s.pod_status import PodFailureRules, pod_failure
@@ -262,6 +263,8 @@ class KnativeBackend:
         self._failed: set[tuple[str, str]] = set()  # pods exited() reported
         self._releasing: dict[str, set[str]] = {}  # pool -> failed pods released, still listed
         self._cap: dict[str, int] = {}  # pool -> highest min-scale while those pods are still there
+        self._addresses: dict[str, dict[str, dict[str, str]]] = {}
+        """namespace -> pool -> pod -> vouched address, from the last good listing of the namespace."""
 
     def register(self, pool: WarmPool, desired: int | None = None) -> int:
         """Create or update the pool's Service; returns the desired size in force (kept across
@@ -427,6 +430,8 @@ class KnativeBackend:
         for name, (wp, _) in self.pools.items():
             pools.setdefault(wp.metadata.namespace or "default", {})[name] = wp.spec.model
         out: dict[str, WorkerExit] = {}
+        for ns in set(self._addresses) - set(pools):
+            del self._addresses[ns]  # its last pool went
         for ns, models in pools.items():
             try:
                 # Raw JSON: the status exactly as the API spells it, and no model objects to build.
@@ -438,11 +443,16 @@ class KnativeBackend:
                 log.warning("cannot list the worker pods of namespace %s: %s", ns, exc)
                 continue
             listed = set()
+            addresses: dict[str, dict[str, str]] = {}
+            self._addresses[ns] = addresses
             for pod in pods:
                 meta = pod.get("metadata") or {}
                 key = (ns, meta.get("name", ""))
                 listed.add(key)
-                model = models.get((meta.get("labels") or {}).get(LABEL_WARM_POOL, ""))
+                pool_name = (meta.get("labels") or {}).get(LABEL_WARM_POOL, "")
+                model = models.get(pool_name)
+                if model is not None and (address := _pod_address(pod)) is not None:
+                    addresses.setdefault(pool_name, {})[key[1]] = address
                 if model is None or key in self._done or meta.get("deletionTimestamp"):
                     continue  # not a pool of ours, already told, or going anyway
                 failure = pod_failure(pod, now, self.pod_rules)
@@ -460,6 +470,18 @@ class KnativeBackend:
                     del self._releasing[name]
                     self._cap.pop(name, None)
                     self._apply(name)
+        return out
+
+    def vouched(self) -> dict[str, dict[str, str]]:
+        """The pods of each pool as the API lists them (pod name, the id its worker registers under ->
+        pod IP and worker port), refreshed with exited()'s listing: the gateway forwards only to these,
+        so a worker credential that rewrites another worker's registry record cannot redirect its
+        traffic. A namespace whose listing fails keeps its last good view; a pool never listed yet
+        has none (its requests wait, rather than go to an address nobody vouched for)."""
+        out: dict[str, dict[str, str]] = {}
+        for name, (wp, _) in self.pools.items():
+            ns = wp.metadata.namespace or "default"
+            out[name] = dict(self._addresses.get(ns, {}).get(name, {}))
         return out
 
     def close(self) -> None:
@@ -502,3 +524,14 @@ class KnativeBackend:
                 KNATIVE_GROUP, KNATIVE_VERSION, ns, KNATIVE_PLURAL, name, patch
             )
             log.info("Knative Service %s/%s: min-scale %d", ns, name, desired)
+
+
+def _pod_address(pod: dict[str, Any]) -> str | None:
+    """Where the pod's worker serves (its IP, the worker port), for a running pod that is not going;
+    None otherwise. The worker advertises status.podIP (the downward API) and binds $PORT, which Knative
+    sets to the container port."""
+    status = pod.get("status") or {}
+    ip = status.get("podIP")
+    if status.get("phase") != "Running" or not ip or (pod.get("metadata") or {}).get("deletionTimestamp"):
+        return None
+    return vouched_address(str(ip), WORKER_PORT)

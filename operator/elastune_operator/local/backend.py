@@ -16,7 +16,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from elastune_contract.protocol import vouched_address
 from elastune_operator.control.backend import WorkerExit
+
+LOOPBACK = "127.0.0.1"
 
 
 @dataclass
@@ -71,7 +74,7 @@ class LocalBackend:
         log = self.work_dir / "logs" / f"{wid}.log"
         argv = [self.python, "-m", "elastune_worker", "serve", "--pool", pool, "--model", model]
         argv += ["--redis-url", self.redis_url, "--namespace", self.namespace, "--worker-id", wid]
-        argv += ["--host", "127.0.0.1", "--port", "0", "--threads", str(self.threads)]
+        argv += ["--host", LOOPBACK, "--port", "0", "--threads", str(self.threads)]
         argv += self.pool_args.get(pool, [])
         env = {
             **os.environ,
@@ -99,6 +102,16 @@ class LocalBackend:
 
     def mark_busy(self, pool: str, worker_ids: list[str], busy: bool) -> None:
         pass  # the core itself picks which local processes to stop: only idle ones
+
+    def vouched(self) -> dict[str, dict[str, str]]:
+        """The live worker processes per pool, at the loopback address they were told to bind: the
+        gateway forwards only to these. The port is the worker's own pick (``--port 0``), so locally the
+        host is what is vouched for, not host:port."""
+        out: dict[str, dict[str, str]] = {}
+        for wid, p in self.procs.items():
+            if p.proc.poll() is None:
+                out.setdefault(p.pool, {})[wid] = vouched_address(LOOPBACK)
+        return out
 
     def kill(self, wid: str) -> None:
         """SIGKILL a worker as a crash would (tests)."""
