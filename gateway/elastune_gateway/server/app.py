@@ -1,5 +1,7 @@
-"""The gateway's HTTP application on FastAPI: the OpenAI routes, health, metrics, and the OpenAPI
-document at /openapi.json (the request and response shapes are the contract's, the same as a worker's)."""
+"""The gateway's HTTP application: the two completion routes as raw ASGI (``completions.py``, the hot
+path) in front of FastAPI, which serves the rest (models, health, metrics) and the OpenAPI document at
+/openapi.json describing all of them (the request and response shapes are the contract's, the same as a
+worker's)."""
 
 from __future__ import annotations
 
@@ -9,12 +11,12 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Annotated, Any
 
-from fastapi import Depends, FastAPI, Request
+from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from elastune_contract.asgi import ResponseStatusHook, Scope
+from elastune_contract.asgi import Receive, ResponseStatusHook, Scope, Send
 from elastune_contract.openai_api.handlers import install_error_handlers
 from elastune_contract.openai_api.limits import BodySizeLimit
 from elastune_contract.openai_api.protocol import (
@@ -27,6 +29,7 @@ from elastune_contract.openai_api.protocol import (
 )
 
 from .auth import Principal
+from .completions import CompletionRoutes
 from .service import Gateway
 
 log = logging.getLogger("elastune.gateway")
@@ -67,6 +70,36 @@ Caller = Annotated[Principal | None, Depends(_principal)]
 """The request's API key (None with authentication off)."""
 
 
+class GatewayApp(FastAPI):
+    """FastAPI with the completion routes taken out ahead of its middleware and routing."""
+
+    completion_routes: CompletionRoutes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["path"] in self.completion_routes.paths:
+            await self.completion_routes(scope, receive, send)
+            return
+        await super().__call__(scope, receive, send)
+
+
+def _documented_routes() -> APIRouter:
+    """The completion routes as the OpenAPI document describes them (served by ``CompletionRoutes``,
+    never by these functions: the router is only read to build the document)."""
+    router = APIRouter(tags=["openai"])
+
+    @router.post("/v1/completions", response_model=CompletionResponse, responses={**_STREAM, **_ERRORS})
+    async def completions(body: CompletionRequest, p: Caller) -> None:
+        """A completion of the prompt by the model (SSE chunks when ``stream``)."""
+
+    @router.post(
+        "/v1/chat/completions", response_model=ChatCompletionResponse, responses={**_STREAM, **_ERRORS}
+    )
+    async def chat(body: ChatCompletionRequest, p: Caller) -> None:
+        """The next message of the conversation (SSE chunks when ``stream``)."""
+
+    return router
+
+
 def create_app(gateway: Gateway) -> FastAPI:
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -76,7 +109,7 @@ def create_app(gateway: Gateway) -> FastAPI:
         finally:
             await gateway.stop()
 
-    app = FastAPI(
+    app = GatewayApp(
         title="Elastune gateway",
         version="0.1.0",
         description="OpenAI-compatible gateway in front of Elastune's warm worker pods: resolves the model, "
@@ -85,11 +118,14 @@ def create_app(gateway: Gateway) -> FastAPI:
     )
     install_error_handlers(app, log)
     limits = gateway.settings.request_limits()
+    app.completion_routes = CompletionRoutes(gateway, limits)
     app.add_middleware(BodySizeLimit, max_bytes=limits.max_request_bytes)  # 413 before parsing
     metrics = gateway.metrics
     created = int(time.time())
 
-    def count(scope: Scope, status: int) -> None:
+    def count(
+        scope: Scope, status: int
+    ) -> None:  # the FastAPI routes' answers (CompletionRoutes counts its own)
         if str(scope.get("path", "")).startswith("/v1/"):
             model = scope.get("state", {}).get("model", "-")  # a known model only: no label per typo
             metrics.requests.labels(model, str(status)).inc()
@@ -99,14 +135,7 @@ def create_app(gateway: Gateway) -> FastAPI:
 
     app.add_middleware(ResponseStatusHook, on_response=count)
 
-    keys = app.state.keys = gateway.keys
-
-    async def admit(p: Principal | None, model: str) -> dict[str, str]:
-        """403 for a model outside the key's scope, then 429 past its limits; the x-ratelimit-* headers."""
-        if p is None or keys is None or gateway.limiter is None:
-            return {}
-        keys.authorize(p, model)
-        return (await gateway.limiter.admit(p)).headers
+    app.state.keys = gateway.keys
 
     @app.get("/healthz", tags=["health"])
     async def healthz() -> dict[str, str]:
@@ -155,47 +184,14 @@ def create_app(gateway: Gateway) -> FastAPI:
         ]  # fmt: skip
         return {"object": "list", "data": data}
 
-    @app.post(
-        "/v1/completions",
-        response_model=CompletionResponse,
-        responses={**_STREAM, **_ERRORS},
-        tags=["openai"],
-    )
-    async def completions(body: CompletionRequest, request: Request, p: Caller) -> Response:
-        _check(body)
-        quota = await admit(p, body.model)
-        response = await gateway.completions(body, request)
-        response.headers.update(quota)
-        return response
-
-    @app.post(
-        "/v1/chat/completions",
-        response_model=ChatCompletionResponse,
-        responses={**_STREAM, **_ERRORS},
-        tags=["openai"],
-    )
-    async def chat(body: ChatCompletionRequest, request: Request, p: Caller) -> Response:
-        _check(body)
-        quota = await admit(p, body.model)
-        response = await gateway.chat(body, request)
-        response.headers.update(quota)
-        return response
-
-    def _check(body: CompletionRequest | ChatCompletionRequest) -> None:
-        """Size limits, before any routing work (the workers check the same again)."""
-        try:
-            limits.check(body)
-        except Exception:
-            metrics.rejected.labels("invalid").inc()
-            raise
-
     def openapi() -> dict[str, Any]:
         """The document names the models known now as examples of every ``model`` field (what Swagger
         UI pre-fills and what fuzzers start from)."""
         if app.openapi_schema is None:
             app.openapi_schema = get_openapi(
-                title=app.title, version=app.version, description=app.description, routes=app.routes
-            )
+                title=app.title, version=app.version, description=app.description,
+                routes=[*app.routes, *_documented_routes().routes],
+            )  # fmt: skip
         known = list(gateway.directory.models())
         if known:
             for schema in app.openapi_schema.get("components", {}).get("schemas", {}).values():

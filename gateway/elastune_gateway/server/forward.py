@@ -26,7 +26,7 @@ class EndpointTimeout(Exception):
 
 
 async def open_response(
-    pool: UpstreamPool, endpoint: Endpoint, path: str, payload: bytes, headers: dict[str, str]
+    pool: UpstreamPool, endpoint: Endpoint, path: str, payload: bytes, headers: dict[str, str] | None
 ) -> UpstreamResponse:
     """The worker's response with its status and headers read and its body not yet (the caller streams
     or reads it, then releases it)."""

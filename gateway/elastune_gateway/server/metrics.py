@@ -4,9 +4,31 @@ failures, the waiting room, and the endpoints known per model."""
 
 from __future__ import annotations
 
+from typing import Any, Generic, TypeVar
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+M = TypeVar("M", Counter, Gauge, Histogram)
+
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+
+
+class Children(Generic[M]):
+    """A metric's children by label values, bound once: ``labels()`` takes a lock and checks its
+    arguments on every call, which the hot path (several labelled metrics per request) paid each time.
+    Label sets stay as bounded as the metric's own (a child, once made, lives in the metric anyway)."""
+
+    __slots__ = ("_bound", "metric")
+
+    def __init__(self, metric: M) -> None:
+        self.metric: M = metric
+        self._bound: dict[tuple[str, ...], Any] = {}
+
+    def __call__(self, *values: str) -> M:
+        child = self._bound.get(values)
+        if child is None:
+            child = self._bound[values] = self.metric.labels(*values)
+        return child
 
 
 class GatewayMetrics:
@@ -114,3 +136,12 @@ class GatewayMetrics:
             "elastune_gateway_rate_limit_errors",
             "Rate-limit counts Redis did not answer (the request was let through)", registry=r,
         )  # fmt: skip
+        # The hot path's labelled metrics, pre-bound (see Children).
+        self.requests_of = Children(self.requests)
+        self.key_requests_of = Children(self.key_requests)
+        self.key_tokens_of = Children(self.key_tokens)
+        self.routed_of = Children(self.routed)
+        self.decisions_of = Children(self.decisions)
+        self.ttft_of = Children(self.ttft)
+        self.latency_of = Children(self.latency)
+        self.rejected_of = Children(self.rejected)

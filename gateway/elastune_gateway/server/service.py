@@ -15,13 +15,10 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from typing import Any
 
 import httpx
-from fastapi import Request
-from fastapi.responses import Response, StreamingResponse
-from starlette.background import BackgroundTask
 
 from elastune_contract.openai_api.errors import APIError, sse_error
 from elastune_contract.openai_api.protocol import ChatCompletionRequest, CompletionRequest, _Request
@@ -30,6 +27,7 @@ from elastune_contract.protocol import Bus, ServingDemand
 from ..routing.factory import make_router
 from ..routing.policy import NoEndpointError, RequestView, Router, RoutingPolicyName
 from .auth import KeyTable, Principal, RateLimiter
+from .call import Answer, Call, Stream, Whole
 from .directory import Directory, Endpoint, KnownModel
 from .forward import EndpointTimeout, EndpointUnavailable, open_response
 from .ledger import InFlight, Ledger
@@ -121,46 +119,46 @@ class Gateway:
         return self._upstream
 
     # -- the request path -------------------------------------------------------------------------
-    async def completions(self, body: CompletionRequest, request: Request) -> Response:
+    async def completions(self, body: CompletionRequest, call: Call) -> Answer:
         prompt = body.single_prompt() if body.unsupported() is None else ""
         if isinstance(prompt, str):
             key, text, exact = text_key(prompt), prompt, None
         else:
             key, text, exact = tuple(prompt), "", len(prompt)
-        return await self._serve("/v1/completions", body, request, key, text, exact)
+        return await self._serve("/v1/completions", body, call, key, text, exact)
 
-    async def chat(self, body: ChatCompletionRequest, request: Request) -> Response:
+    async def chat(self, body: ChatCompletionRequest, call: Call) -> Answer:
         turns = [(m.role, m.text()) for m in body.messages]
         text = "".join(f"{role}: {content}\n" for role, content in turns)
-        return await self._serve("/v1/chat/completions", body, request, chat_key(turns), text, None)
+        return await self._serve("/v1/chat/completions", body, call, chat_key(turns), text, None)
 
     async def _serve(
         self,
         path: str,
         body: _Request,
-        request: Request,
+        call: Call,
         key: tuple[int, ...],
         text: str,
         exact_prompt_tokens: int | None,
-    ) -> Response:
+    ) -> Answer:
         arrived = time.monotonic()
         model = self._resolve(body.model)
-        request.state.model = model.name
+        call.model = model.name
         bad = body.unsupported()
         if bad is not None:
-            self.metrics.rejected.labels("invalid").inc()
+            self.metrics.rejected_of("invalid").inc()
             raise APIError(400, bad[1], bad[0])
         limit = model.max_model_len
         if exact_prompt_tokens is not None and limit is not None and exact_prompt_tokens >= limit:
-            self.metrics.rejected.labels("context").inc()
+            self.metrics.rejected_of("context").inc()
             raise APIError(
                 400,
                 f"This model's maximum context length is {model.max_model_len} tokens. However, your "
                 f"prompt has {exact_prompt_tokens} tokens. Shorten the prompt.",
                 "prompt",
             )
-        raw = await request.body()
-        ttft_slo, tpot_slo = _slo_headers(request, model)
+        raw = call.raw
+        ttft_slo, tpot_slo = _slo_headers(call, model)
         predicted = await self._predict(text)
         wants_usage = bool(body.stream_options and body.stream_options.include_usage)
         set_priority = predicted is not None and "priority" not in body.model_fields_set
@@ -185,15 +183,15 @@ class Gateway:
             # The pick that chose ``endpoint`` was the router's last one (nothing awaited in between).
             decision = getattr(router, "last_decision", None)
             if decision is not None:
-                self.metrics.decisions.labels(model.name, policy, decision.kind).inc()
+                self.metrics.decisions_of(model.name, policy, decision.kind).inc()
             router.on_routed(view, endpoint.id, time.monotonic())
-            self.metrics.routed.labels(model.name, endpoint.id, policy).inc()
+            self.metrics.routed_of(model.name, endpoint.id, policy).inc()
             entry = self.ledger.add(
                 view, endpoint.id, None if body.stream else self._prefill_estimate(endpoint, view)
             )
             self.metrics.inflight.inc()
             try:
-                forwarded = _forwarded_headers(request)
+                forwarded = {"x-request-id": call.request_id} if call.request_id else None
                 response = await open_response(self.upstream, endpoint, path, raw, forwarded)
             except EndpointUnavailable as exc:
                 self._done(entry, router, 0)
@@ -208,15 +206,18 @@ class Gateway:
                 self.metrics.upstream_failures.labels(endpoint.id, "timeout").inc()
                 raise APIError(504, f"{exc}; the request was not retried") from exc
             if body.stream and response.status_code == 200:
-                return StreamingResponse(
-                    self._relay(response, entry, router, model, arrived, wants_usage, _principal(request)),
-                    media_type="text/event-stream",
-                    headers={"Cache-Control": "no-cache", "x-elastune-endpoint": endpoint.id},
-                    # A client gone before the relay started never runs its finally: close here too.
-                    background=BackgroundTask(self._close_stream, response, entry, router),
-                )
-            return await self._whole(response, entry, router, model, arrived, request)
-        self.metrics.rejected.labels("no_endpoint").inc()
+                relay = self._relay(response, entry, router, model, arrived, wants_usage, call.principal)
+
+                def close(
+                    response: UpstreamResponse = response, entry: InFlight = entry, router: Router = router
+                ) -> None:
+                    # A relay that never started never runs its finally: its end is accounted here.
+                    response.release()
+                    self._done(entry, router, 0)
+
+                return Stream(endpoint.id, relay, close)
+            return await self._whole(response, entry, router, model, arrived, call.principal)
+        self.metrics.rejected_of("no_endpoint").inc()
         raise APIError(
             503,
             f"{len(tried)} endpoint(s) of model `{model.name}` failed this request before answering; retry",
@@ -226,7 +227,7 @@ class Gateway:
     def _resolve(self, name: str) -> KnownModel:
         model = self.directory.model(name)
         if model is None:
-            self.metrics.rejected.labels("unknown_model").inc()
+            self.metrics.rejected_of("unknown_model").inc()
             available = ", ".join(self.directory.models()) or "none yet"
             raise APIError(404, f"The model `{name}` does not exist. Available: {available}", "model")
         self.directory.count_request(model.name)
@@ -309,10 +310,6 @@ class Gateway:
         self.metrics.inflight.dec()
         router.on_finished(entry.request, entry.endpoint, output_tokens, time.monotonic())
 
-    async def _close_stream(self, response: UpstreamResponse, entry: InFlight, router: Router) -> None:
-        response.release()
-        self._done(entry, router, 0)
-
     async def _whole(
         self,
         response: UpstreamResponse,
@@ -320,8 +317,8 @@ class Gateway:
         router: Router,
         model: KnownModel,
         arrived: float,
-        request: Request,
-    ) -> Response:
+        principal: Principal | None,
+    ) -> Whole:
         output_tokens = prompt_tokens = 0
         try:
             content = await response.read()
@@ -340,10 +337,10 @@ class Gateway:
         finally:
             response.release()
             self._done(entry, router, output_tokens)
-            self._count_usage(_principal(request), prompt_tokens, output_tokens)
-        self.metrics.latency.labels(model.name).observe(time.monotonic() - arrived)
-        media = response.header("content-type") or "application/json"
-        return Response(content, status_code=response.status_code, media_type=media)
+            self._count_usage(principal, prompt_tokens, output_tokens)
+        self.metrics.latency_of(model.name).observe(time.monotonic() - arrived)
+        media = response.header_bytes(b"content-type") or b"application/json"
+        return Whole(response.status_code, media, content, entry.endpoint)
 
     async def _relay(
         self,
@@ -354,7 +351,7 @@ class Gateway:
         arrived: float,
         wants_usage: bool,
         principal: Principal | None = None,
-    ) -> AsyncIterator[bytes]:
+    ) -> AsyncGenerator[bytes, None]:
         """The worker's SSE events as they come; its usage event (asked for, to learn the output length)
         is passed on only when the client asked for it. A worker that fails mid-stream ends the stream
         with an OpenAI error event (the status line went out with the first byte)."""
@@ -366,7 +363,7 @@ class Gateway:
                 if first:
                     first = False
                     self.ledger.first_byte(entry)
-                    self.metrics.ttft.labels(model.name).observe(time.monotonic() - arrived)
+                    self.metrics.ttft_of(model.name).observe(time.monotonic() - arrived)
                 pending += chunk
                 *events, pending = pending.split(b"\n\n")
                 out = []
@@ -393,22 +390,18 @@ class Gateway:
             response.release()  # also when the client went away: an unfinished answer closes its socket
             self._done(entry, router, output_tokens)
             self._count_usage(principal, prompt_tokens, output_tokens)
-            self.metrics.latency.labels(model.name).observe(time.monotonic() - arrived)
+            self.metrics.latency_of(model.name).observe(time.monotonic() - arrived)
 
     def _count_usage(self, principal: Principal | None, prompt_tokens: int, completion_tokens: int) -> None:
         """A key's tokens: in its metrics, and against its tokens/min (counted in Redis)."""
         if principal is None:
             return
         if prompt_tokens:
-            self.metrics.key_tokens.labels(principal.name, "prompt").inc(prompt_tokens)
+            self.metrics.key_tokens_of(principal.name, "prompt").inc(prompt_tokens)
         if completion_tokens:
-            self.metrics.key_tokens.labels(principal.name, "completion").inc(completion_tokens)
+            self.metrics.key_tokens_of(principal.name, "completion").inc(completion_tokens)
         if self.limiter is not None:
             self.limiter.add_tokens(principal, prompt_tokens + completion_tokens)
-
-
-def _principal(request: Request) -> Principal | None:
-    return getattr(request.state, "principal", None)
 
 
 def _prompt_tokens(event: bytes) -> int:
@@ -430,10 +423,12 @@ def _usage_event(event: bytes) -> tuple[bool, int | None]:
         return (False, None)
 
 
-def _slo_headers(request: Request, model: KnownModel) -> tuple[float | None, float | None]:
+def _slo_headers(call: Call, model: KnownModel) -> tuple[float | None, float | None]:
     out: list[float | None] = []
-    for name, default in (("ttft", model.ttft_slo_s), ("tpot", model.tpot_slo_s)):
-        raw = request.headers.get(SLO_HEADERS[name])
+    for name, default, raw in (
+        ("ttft", model.ttft_slo_s, call.slo_ttft_ms),
+        ("tpot", model.tpot_slo_s, call.slo_tpot_ms),
+    ):
         if raw is None:
             out.append(default)
             continue
@@ -445,9 +440,3 @@ def _slo_headers(request: Request, model: KnownModel) -> tuple[float | None, flo
             raise APIError(400, f"header {SLO_HEADERS[name]} must be a positive number of milliseconds", name)
         out.append(value / 1000.0)
     return out[0], out[1]
-
-
-def _forwarded_headers(request: Request) -> dict[str, str]:
-    """What the worker should see of the client's request: its id for tracing, nothing else."""
-    rid = request.headers.get("x-request-id")
-    return {"x-request-id": rid} if rid else {}

@@ -162,10 +162,14 @@ class UpstreamResponse:
         self._released = False
 
     def header(self, name: str) -> str | None:
-        wanted = name.lower().encode()
+        value = self.header_bytes(name.lower().encode())
+        return None if value is None else value.decode("latin-1")
+
+    def header_bytes(self, lowered: bytes) -> bytes | None:
+        """A header's value as it came (``lowered``: its name in lower case)."""
         for k, v in self._conn.headers:
-            if k == wanted:
-                return v.decode("latin-1")
+            if k == lowered:
+                return v
         return None
 
     async def read(self) -> bytes:
