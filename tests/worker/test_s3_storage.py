@@ -227,9 +227,9 @@ def test_a_lora_adapter_on_s3_is_placed_loaded_and_served(
 ) -> None:
     """The placement names the s3:// artifact and only the Secret's name; the worker downloads it into
     its cache and the engine serves it with the same tokens as the local copy of the adapter."""
+    from elastune_batching.sampling import SamplingParams
     from elastune_worker.serving.config import EngineConfig
     from elastune_worker.serving.core.engine import LLMEngine
-    from elastune_worker.serving.sampling import SamplingParams
 
     monkeypatch.setenv(S3_CACHE_ENV, str(tmp_path / "cache"))
     url = f"s3://{BUCKET}/adapters/tiny-r8"

@@ -116,7 +116,7 @@ def step_tokens(trainer: Any, step: int) -> int:
 def replay(engine: Any, trace: Trace, between: Any = None, idle: Any = None) -> tuple[list[Timing], float]:
     """Serve ``trace`` in real time. ``between()`` runs after every inference iteration, ``idle()`` when
     the engine has nothing to do (each may block: that is the mode's interference)."""
-    from elastune_worker.serving.sampling import SamplingParams
+    from elastune_batching.sampling import SamplingParams
 
     timings = [Timing(a) for a in trace.arrivals]
     start = time.perf_counter()
@@ -324,10 +324,10 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     from transformers import AutoTokenizer
 
+    from elastune_batching.sampling import SamplingParams
     from elastune_worker.serving.config import EngineConfig
     from elastune_worker.serving.core.engine import LLMEngine
     from elastune_worker.serving.core.profile import profile_costs
-    from elastune_worker.serving.sampling import SamplingParams
     from elastune_worker.tiny.build import TINY_LLAMA_SPEC, ensure_tiny_model
     from elastune_worker.tuning.trainer import Trainer
 

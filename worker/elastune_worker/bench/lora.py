@@ -80,7 +80,7 @@ def trace(n: int, rate: float, seed: int, adapters: int) -> list[tuple[float, st
 
 def replay(eng: Any, requests: list[tuple[float, str, str]], max_tokens: int) -> dict[str, float]:
     """Open-loop replay in real time: each request is added when its arrival time comes."""
-    from elastune_worker.serving.sampling import SamplingParams
+    from elastune_batching.sampling import SamplingParams
 
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
     start = time.perf_counter()
@@ -120,7 +120,7 @@ def replay(eng: Any, requests: list[tuple[float, str, str]], max_tokens: int) ->
 
 
 def kernels(batch: int, max_tokens: int, device: str = "cpu") -> dict[str, Any]:
-    from elastune_worker.serving.sampling import SamplingParams
+    from elastune_batching.sampling import SamplingParams
 
     out: dict[str, Any] = {}
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)

@@ -99,7 +99,7 @@ def make_engine(model: Path, batching: str, policy: str, args: argparse.Namespac
 
 def step_seconds(engine: Any, batch: int, steps: int = 48) -> float:
     """Median CPU seconds of a decode step with ``batch`` requests of a 128-token prompt."""
-    from elastune_worker.serving.sampling import SamplingParams
+    from elastune_batching.sampling import SamplingParams
 
     params = SamplingParams(max_tokens=steps + 1, temperature=0.0, ignore_eos=True)
     for b in range(batch):
@@ -122,7 +122,7 @@ def replay(
     process runs one torch thread), idle gaps jump to the next arrival: other jobs on shared cores
     neither slow the engine down in the figures nor change what it was loaded with. clock "wall":
     real time, with sleeps while idle."""
-    from elastune_worker.serving.sampling import SamplingParams
+    from elastune_batching.sampling import SamplingParams
 
     pending = sorted(reqs, key=lambda r: r.at)
     by_id = {r.rid: r for r in reqs}

@@ -2,9 +2,10 @@
 
 A request goes api/ → frontend/ → core/ → runner/ and its outputs come back the same way:
 
-- ``core/``: the engine (``add_request`` / ``step`` / ``abort``) and its pure policies — scheduler,
-  paged KV block manager, sequences, waiting-queue orders — plus the detokenizer its stop strings need
-  and the start-up cost profile it measures;
+- ``core/``: the engine (``add_request`` / ``step`` / ``abort``), which steps the pure continuous-batching
+  core of the top-level ``elastune_batching`` package (scheduler, paged KV block manager, sequences,
+  waiting-queue orders; the gateway's simulator steps the same objects), plus the detokenizer its stop
+  strings need and the start-up cost profile it measures;
 - ``runner/``: what runs the model (torch): the model runner, the sampler, paged attention, the models,
   multi-LoRA and soft prompts, and which CPUs the runner's threads take;
 - ``frontend/``: the engine loop on its own thread or process, the typed messages across that boundary,
@@ -12,10 +13,10 @@ A request goes api/ → frontend/ → core/ → runner/ and its outputs come bac
 - ``api/``: the HTTP API (FastAPI), which knows the engine only through ``EngineClient``;
 - ``coserve/``: a tuning job co-served in the engine's iterations (FlexLLM): planner, job, task.
 
-Here at the top stay the types every folder shares — ``config`` (the engine's settings), ``sampling``
-(a request's sampling parameters), ``outputs`` (what a request gets back), ``adapter_ref`` (the typed
-reference of the LoRA or soft prompt a request is served with, resolved once at the API) — as vLLM
-keeps its config, sampling params and outputs at its top, so a folder never imports a sibling for its
-vocabulary; and the
-standalone server, ``server`` (``python -m elastune_worker.serving``), which wires all of them together.
+Here at the top stay the types every folder shares — ``config`` (the engine's settings), ``outputs``
+(what a request gets back) — as vLLM keeps its config and outputs at its top, so a folder never imports
+a sibling for its vocabulary; a request's sampling parameters and the typed reference of its adapter
+(resolved once at the API) are ``elastune_batching.sampling`` and ``elastune_batching.adapter_ref``,
+since its sequence carries them. And the standalone server, ``server``
+(``python -m elastune_worker.serving``), which wires all of them together.
 """

@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-QueuePolicyName = Literal["fcfs", "priority", "sjf"]
-BatchingName = Literal["continuous", "dynamic", "none"]
+from elastune_batching.config import BatchingName, QueuePolicyName, SchedulerConfig
+
 LoraKernelName = Literal["padded", "unpadded"]
 LoraLoadMode = Literal["cpu_assisted", "async", "ondmd", "cached"]
 AttentionBackendName = Literal["auto", "gather", "triton"]
@@ -83,9 +83,8 @@ class EngineConfig:
     imports and passes its start-up check, gather otherwise."""
 
     def __post_init__(self) -> None:
-        for name in ("block_size", "max_num_batched_tokens", "max_num_seqs", "cuda_graph_max_batch"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1")
+        if self.cuda_graph_max_batch < 1:
+            raise ValueError("cuda_graph_max_batch must be >= 1")
         if self.kv_cache_tokens is not None and self.kv_cache_tokens < 1:
             raise ValueError("kv_cache_tokens must be >= 1")
         if not 0 < self.kv_cache_memory_fraction <= 1:
@@ -98,16 +97,29 @@ class EngineConfig:
             raise ValueError("num_kv_blocks must be >= 1")
         if self.max_loras < 1 or self.max_cpu_loras < self.max_loras or self.max_lora_rank < 1:
             raise ValueError("need max_loras >= 1, max_cpu_loras >= max_loras and max_lora_rank >= 1")
-        if self.sjf_max_bypass < 0 or self.sjf_max_wait_s < 0:
-            raise ValueError("sjf_max_bypass and sjf_max_wait_s must be >= 0 (0: off)")
         if self.lora_cpu_workers < 0:
             raise ValueError("lora_cpu_workers must be >= 0")
-        if self.long_prefill_token_threshold < 0:
-            raise ValueError("long_prefill_token_threshold must be >= 0")
+        self.scheduler_config()  # validates the scheduling fields (block size, budget, queue, ...)
 
     def kv_blocks(self) -> int:
         """The size asked for, or the CPU default (on CUDA, the model runner sizes an unset cache)."""
         return self.num_kv_blocks or max(1, (self.kv_cache_tokens or 65_536) // self.block_size)
+
+    def scheduler_config(self) -> SchedulerConfig:
+        """What the scheduler reads of these settings (the pure package has no device settings)."""
+        return SchedulerConfig(
+            num_kv_blocks=self.kv_blocks(),
+            block_size=self.block_size,
+            max_num_batched_tokens=self.max_num_batched_tokens,
+            max_num_seqs=self.max_num_seqs,
+            long_prefill_token_threshold=self.long_prefill_token_threshold,
+            enable_prefix_caching=self.enable_prefix_caching,
+            queue_policy=self.queue_policy,
+            sjf_max_bypass=self.sjf_max_bypass,
+            sjf_max_wait_s=self.sjf_max_wait_s,
+            batching=self.batching,
+            max_loras=self.max_loras,
+        )
 
     def kv_size_given(self) -> bool:
         return self.num_kv_blocks is not None or self.kv_cache_tokens is not None

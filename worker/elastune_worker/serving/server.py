@@ -15,8 +15,9 @@ from typing import Any, get_args
 from fastapi import APIRouter, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
+from elastune_batching.config import BatchingName, QueuePolicyName
 from elastune_contract.openai_api.limits import add_limit_args
-from elastune_worker.serving.config import BatchingName, EngineConfig, QueuePolicyName
+from elastune_worker.serving.config import EngineConfig
 from elastune_worker.serving.runner.cpu_binding import bind_process, plan_here, validate_spec
 
 _DEFAULTS = EngineConfig()

@@ -16,7 +16,8 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 peft = pytest.importorskip("peft")
 
-from elastune_worker.serving.adapter_ref import AdapterRef  # noqa: E402
+from elastune_batching.adapter_ref import AdapterRef  # noqa: E402
+from elastune_batching.sampling import SamplingParams  # noqa: E402
 from elastune_worker.serving.api.app import create_app  # noqa: E402
 from elastune_worker.serving.config import EngineConfig  # noqa: E402
 from elastune_worker.serving.core.engine import LLMEngine  # noqa: E402
@@ -24,7 +25,6 @@ from elastune_worker.serving.frontend.async_engine import AsyncEngine  # noqa: E
 from elastune_worker.serving.frontend.client import EngineServingClient  # noqa: E402
 from elastune_worker.serving.outputs import RequestOutput  # noqa: E402
 from elastune_worker.serving.runner.lora.weights import AdapterError  # noqa: E402
-from elastune_worker.serving.sampling import SamplingParams  # noqa: E402
 from elastune_worker.tiny import adapters as A  # noqa: E402
 from elastune_worker.tiny import build as B  # noqa: E402
 

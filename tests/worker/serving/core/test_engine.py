@@ -15,9 +15,9 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
+from elastune_batching.sampling import SamplingParams  # noqa: E402
 from elastune_worker.serving.config import EngineConfig  # noqa: E402
 from elastune_worker.serving.core.engine import LLMEngine  # noqa: E402
-from elastune_worker.serving.sampling import SamplingParams  # noqa: E402
 from elastune_worker.tiny import build as B  # noqa: E402
 
 PROMPTS = [

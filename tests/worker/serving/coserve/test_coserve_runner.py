@@ -18,6 +18,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 pytest.importorskip("peft")
 
+from elastune_batching.sampling import SamplingParams  # noqa: E402
 from elastune_worker.serving.config import EngineConfig  # noqa: E402
 from elastune_worker.serving.core.engine import LLMEngine  # noqa: E402
 from elastune_worker.serving.coserve.job import CoServedJob  # noqa: E402
@@ -28,7 +29,6 @@ from elastune_worker.serving.coserve.planner import (  # noqa: E402
     IterationPlan,
     LatencyModel,
 )
-from elastune_worker.serving.sampling import SamplingParams  # noqa: E402
 from elastune_worker.tiny import build as B  # noqa: E402
 from elastune_worker.tiny import tasks as T  # noqa: E402
 from elastune_worker.tuning.trainer import Trainer, TuningConfig  # noqa: E402

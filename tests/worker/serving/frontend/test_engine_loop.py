@@ -9,11 +9,11 @@ from typing import Any
 
 import pytest
 
-from elastune_worker.serving.adapter_ref import AdapterRef
+from elastune_batching.adapter_ref import AdapterRef
+from elastune_batching.sampling import SamplingParams
 from elastune_worker.serving.frontend import messages as M
 from elastune_worker.serving.frontend.engine_loop import EngineLoop, engine_call
 from elastune_worker.serving.outputs import RequestOutput
-from elastune_worker.serving.sampling import SamplingParams
 
 PARAMS = SamplingParams(max_tokens=3, temperature=0.0, stop=("\n",), stop_token_ids=(7,), seed=5)
 ADA = AdapterRef("lora", "", "ada", 1)

@@ -67,10 +67,10 @@ def test_the_quota_is_read_from_cgroup_v2_or_v1(tmp_path: Path) -> None:
 @pytest.mark.skipif(not hasattr(os, "sched_getaffinity"), reason="no CPU affinity on this platform")
 def test_a_bound_engine_process_runs_on_its_cpu_with_one_thread_and_serves_the_same_tokens() -> None:
     pytest.importorskip("torch")
+    from elastune_batching.sampling import SamplingParams
     from elastune_worker.serving.config import EngineConfig
     from elastune_worker.serving.core.engine import LLMEngine
     from elastune_worker.serving.frontend.engine_process import ProcessEngine
-    from elastune_worker.serving.sampling import SamplingParams
     from elastune_worker.tiny import build as B
 
     path = B.ensure_tiny_model(spec=B.TINY_LLAMA_SPEC)

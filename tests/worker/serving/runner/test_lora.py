@@ -19,12 +19,12 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 peft = pytest.importorskip("peft")
 
+from elastune_batching.sampling import SamplingParams  # noqa: E402
+from elastune_batching.scheduler import Scheduler  # noqa: E402
 from elastune_worker.serving.config import EngineConfig  # noqa: E402
 from elastune_worker.serving.core.engine import LLMEngine  # noqa: E402
-from elastune_worker.serving.core.scheduler import Scheduler  # noqa: E402
 from elastune_worker.serving.runner.lora.copies import EmulatedCopies  # noqa: E402
 from elastune_worker.serving.runner.lora.weights import AdapterError  # noqa: E402
-from elastune_worker.serving.sampling import SamplingParams  # noqa: E402
 from elastune_worker.tiny import adapters as A  # noqa: E402
 from elastune_worker.tiny import build as B  # noqa: E402
 from elastune_worker.tiny import tasks as T  # noqa: E402
@@ -167,10 +167,11 @@ def test_bad_adapters_are_refused_with_the_reason(setup, tmp_path: Path):
 
 
 def test_scheduler_never_runs_more_adapters_than_slots():
-    from elastune_worker.serving.adapter_ref import AdapterRef
-    from elastune_worker.serving.core.sequence import Sequence
+    from elastune_batching.adapter_ref import AdapterRef
+    from elastune_batching.sequence import Sequence
 
-    sched = Scheduler(EngineConfig(kv_cache_tokens=4096, max_loras=2, enable_lora=True), 2048)
+    config = EngineConfig(kv_cache_tokens=4096, max_loras=2, enable_lora=True)
+    sched = Scheduler(config.scheduler_config(), 2048)
     refs = {n: AdapterRef("lora", "", n, i) for i, n in enumerate("abc")}
     for i, lora in enumerate(["a", "b", "a", "c", None, "b", "c"]):
         adapter = refs[lora] if lora is not None else None

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from elastune_batching.sampling import SamplingParams
 from elastune_worker.serving.config import EngineConfig
 from elastune_worker.serving.core.engine import LLMEngine
 from elastune_worker.serving.runner.models.loader import load_model
@@ -18,7 +19,6 @@ from elastune_worker.serving.runner.models.random_init import (
     shape_config,
     write_random_model,
 )
-from elastune_worker.serving.sampling import SamplingParams
 
 GREEDY = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
 

@@ -15,10 +15,10 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 peft = pytest.importorskip("peft")
 
+from elastune_batching.sampling import SamplingParams  # noqa: E402
 from elastune_worker.serving.config import EngineConfig  # noqa: E402
 from elastune_worker.serving.core.engine import LLMEngine  # noqa: E402
 from elastune_worker.serving.runner.lora.weights import AdapterError  # noqa: E402
-from elastune_worker.serving.sampling import SamplingParams  # noqa: E402
 from elastune_worker.tiny import adapters as A  # noqa: E402
 from elastune_worker.tiny import build as B  # noqa: E402
 

@@ -17,6 +17,7 @@ if not ON_GPU:  # the CPU runs the kernel in Triton's interpreter (set before th
     os.environ.setdefault("TRITON_INTERPRET", "1")
 pytest.importorskip("triton", reason="the triton attention backend needs the triton package")
 
+from elastune_batching.sampling import SamplingParams  # noqa: E402
 from elastune_worker.serving.config import EngineConfig  # noqa: E402
 from elastune_worker.serving.core.engine import LLMEngine  # noqa: E402
 from elastune_worker.serving.runner import model_runner as MR  # noqa: E402
@@ -26,7 +27,6 @@ from elastune_worker.serving.runner.attention import (  # noqa: E402
     paged_attention,
 )
 from elastune_worker.serving.runner.triton_attention import build_tiles  # noqa: E402
-from elastune_worker.serving.sampling import SamplingParams  # noqa: E402
 from elastune_worker.tiny import build as B  # noqa: E402
 
 DEVICE = torch.device("cuda" if ON_GPU else "cpu")

@@ -43,7 +43,7 @@ def engine(model: Path, device: str, **options: Any) -> Any:
 
 
 def greedy(n: int = NEW_TOKENS) -> Any:
-    from elastune_worker.serving.sampling import SamplingParams
+    from elastune_batching.sampling import SamplingParams
 
     return SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True)
 

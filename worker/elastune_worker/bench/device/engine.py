@@ -61,7 +61,7 @@ def decode(
 ) -> dict[str, Any]:
     """``batch`` requests of ``z.context`` random tokens: prefilled, ``warm_steps`` decode steps, then
     ``decode_steps`` timed decode steps of the whole batch."""
-    from elastune_worker.serving.sampling import SamplingParams
+    from elastune_batching.sampling import SamplingParams
 
     gen = torch.Generator().manual_seed(batch)
     prompts = torch.randint(0, shape.vocab, (batch, z.context), generator=gen).tolist()
@@ -99,7 +99,7 @@ def decode(
 def prefill(eng: Any, z: Sizes, shape: Shape, tflops: float | None) -> dict[str, Any]:
     """``prefill_prompts`` random prompts of ``prefill_len`` tokens, one output token each, timed from
     their arrival to their first token (after one untimed prompt warms the kernels)."""
-    from elastune_worker.serving.sampling import SamplingParams
+    from elastune_batching.sampling import SamplingParams
 
     one = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
     gen = torch.Generator().manual_seed(7)

@@ -11,9 +11,9 @@ from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from elastune_worker.serving.adapter_ref import AdapterRef
+from elastune_batching.adapter_ref import AdapterRef
+from elastune_batching.sampling import SamplingParams
 from elastune_worker.serving.outputs import RequestOutput
-from elastune_worker.serving.sampling import SamplingParams
 
 
 class AdapterView(Protocol):

@@ -18,6 +18,8 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import PlainTextResponse, StreamingResponse
 
+from elastune_batching.adapter_ref import AdapterRef, resolve
+from elastune_batching.sampling import SamplingParams
 from elastune_contract.openai_api.errors import APIError, sse_error
 from elastune_contract.openai_api.limits import RequestLimits
 from elastune_contract.openai_api.protocol import (
@@ -31,11 +33,9 @@ from elastune_contract.openai_api.protocol import (
     UnloadLoRAAdapterRequest,
     _Request,
 )
-from elastune_worker.serving.adapter_ref import AdapterRef, resolve
 from elastune_worker.serving.api.client import EngineBusy, EngineClient
 from elastune_worker.serving.api.metrics import ServingMetrics
 from elastune_worker.serving.outputs import RequestOutput
-from elastune_worker.serving.sampling import SamplingParams
 
 _ERRORS: dict[int | str, dict[str, Any]] = {
     code: {"model": ErrorResponse, "description": why}

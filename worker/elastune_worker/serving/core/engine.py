@@ -1,6 +1,6 @@
 """The engine core, in the shape of vLLM's EngineCore and nano-vllm: ``add_request`` / ``step`` /
-``abort``. Each step schedules (scheduler.py), runs one batched forward (runner/model_runner.py), appends the
-sampled tokens, detokenizes and decides which requests finished."""
+``abort``. Each step schedules (elastune_batching.scheduler), runs one batched forward
+(runner/model_runner.py), appends the sampled tokens, detokenizes and decides which requests finished."""
 
 from __future__ import annotations
 
@@ -11,18 +11,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from elastune_contract.protocol import ServingCost
-from elastune_worker.serving.adapter_ref import (
+from elastune_batching.adapter_ref import (
     DEFAULT_NAMESPACE,
     AdapterInfo,
     AdapterKind,
     AdapterRef,
     adapter_key,
 )
+from elastune_batching.sampling import SamplingParams
+from elastune_batching.scheduler import Scheduler, SchedulerOutput
+from elastune_batching.sequence import Sequence
+from elastune_contract.protocol import ServingCost
 from elastune_worker.serving.config import EngineConfig
 from elastune_worker.serving.core.detokenizer import IncrementalDetokenizer
-from elastune_worker.serving.core.scheduler import Scheduler, SchedulerOutput
-from elastune_worker.serving.core.sequence import Sequence
 from elastune_worker.serving.coserve.planner import CoServePlanner, FinetuneJob, IterationPlan
 from elastune_worker.serving.outputs import RequestOutput
 from elastune_worker.serving.runner.lora.cpu_workers import CpuLoRAPool
@@ -36,7 +37,6 @@ from elastune_worker.serving.runner.soft_prompts import (
     is_prompt_learning,
     load_soft_prompt,
 )
-from elastune_worker.serving.sampling import SamplingParams
 
 log = logging.getLogger(__name__)
 
@@ -82,7 +82,7 @@ class LLMEngine:
         self.vocab_size = self.runner.vocab_size
         eos = self.runner.hf_config.get("eos_token_id", tokenizer.eos_token_id)
         self.eos_token_ids = set(eos if isinstance(eos, list) else [eos]) - {None}
-        self.scheduler = Scheduler(self.config, self.max_model_len)
+        self.scheduler = Scheduler(self.config.scheduler_config(), self.max_model_len)
         self._adapters: dict[str, AdapterRef] = {}
         """The loaded adapters (LoRAs and soft prompts) by key: what a request's reference is checked
         against."""
@@ -344,7 +344,7 @@ class LLMEngine:
         reason = None
         if stopped or tok in p.stop_token_ids or (not p.ignore_eos and tok in self.eos_token_ids):
             reason = "stop"
-        elif len(seq.output_token_ids) >= p.max_tokens or seq.num_tokens >= self.max_model_len:
+        elif self.scheduler.reached_length(seq):
             reason = "length"
         if reason is not None:
             if not stopped:

@@ -10,10 +10,10 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
+from elastune_batching.adapter_ref import AdapterRef
+from elastune_batching.sampling import SamplingParams
 from elastune_contract.protocol import ServingCost
-from elastune_worker.serving.adapter_ref import AdapterRef
 from elastune_worker.serving.core.engine import LLMEngine
-from elastune_worker.serving.sampling import SamplingParams
 
 
 def _timed_step(engine: LLMEngine) -> float:

@@ -8,14 +8,14 @@ import time
 from collections.abc import AsyncGenerator, Sequence
 from typing import Any, Protocol
 
+from elastune_batching.adapter_ref import AdapterInfo, AdapterRef
+from elastune_batching.sampling import SamplingParams
 from elastune_contract.protocol import AdapterState, ServingCost, ServingState
-from elastune_worker.serving.adapter_ref import AdapterInfo, AdapterRef
 from elastune_worker.serving.api.client import LoRAInfo
 from elastune_worker.serving.config import EngineConfig
 from elastune_worker.serving.core.engine import EngineStats
 from elastune_worker.serving.frontend.messages import EngineOp
 from elastune_worker.serving.outputs import RequestOutput
-from elastune_worker.serving.sampling import SamplingParams
 
 #: Used when a model ships no chat template (GPT-2): role-tagged turns, then the assistant's tag.
 FALLBACK_CHAT_TEMPLATE = "{role}: {content}\n"

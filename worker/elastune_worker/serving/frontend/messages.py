@@ -14,9 +14,9 @@ import enum
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from elastune_worker.serving.adapter_ref import AdapterRef
+from elastune_batching.adapter_ref import AdapterRef
+from elastune_batching.sampling import SamplingParams
 from elastune_worker.serving.outputs import RequestOutput
-from elastune_worker.serving.sampling import SamplingParams
 
 if TYPE_CHECKING:
     from elastune_contract.protocol import ServingCost

@@ -12,7 +12,8 @@ from collections.abc import AsyncGenerator
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
-from elastune_worker.serving.adapter_ref import AdapterRef
+from elastune_batching.adapter_ref import AdapterRef
+from elastune_batching.sampling import SamplingParams
 from elastune_worker.serving.frontend.messages import (
     AbortRequest,
     AddRequest,
@@ -27,7 +28,6 @@ from elastune_worker.serving.frontend.messages import (
     StepOutputs,
 )
 from elastune_worker.serving.outputs import RequestFailed, RequestOutput
-from elastune_worker.serving.sampling import SamplingParams
 
 if TYPE_CHECKING:
     from elastune_worker.serving.core.engine import EngineStats

@@ -15,7 +15,7 @@ import os
 
 import torch
 
-from elastune_worker.serving.sampling import SamplingParams
+from elastune_batching.sampling import SamplingParams
 
 FAILPOINT_ENV = "ELASTUNE_FAILPOINT"
 SAMPLER_RAISE = "sampler-raise"

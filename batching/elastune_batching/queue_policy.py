@@ -13,8 +13,8 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from typing import Protocol
 
-from elastune_worker.serving.config import QueuePolicyName
-from elastune_worker.serving.core.sequence import Sequence
+from elastune_batching.config import QueuePolicyName
+from elastune_batching.sequence import Sequence
 
 
 class RequestQueue(Protocol):

@@ -13,7 +13,7 @@ import hashlib
 from array import array
 from collections import OrderedDict
 
-from elastune_worker.serving.core.sequence import Sequence
+from elastune_batching.sequence import Sequence
 
 
 def block_hash(parent: bytes | None, tokens: tuple[int, ...], extra_key: str | None) -> bytes:
@@ -55,22 +55,29 @@ class BlockManager:
         tokens they cover. At least one token is left to compute: its logits are needed."""
         if seq.block_table:
             raise AssertionError(f"{seq.request_id} already holds blocks")
-        self._extend_hashes(seq)
-        tokens = seq.all_token_ids
-        hits: list[int] = []
-        if self.enable_prefix_caching:
-            limit = (len(tokens) - 1) // self.block_size
-            for h in seq.block_hashes[:limit]:
-                b = self.cached.get(h)
-                if b is None:
-                    break
-                hits.append(b)
+        hits = self._cached_prefix(seq)
         for b in hits:
             self._take(b)
         seq.block_table = hits
         seq.num_registered_blocks = len(hits)
         seq.num_computed_tokens = len(hits) * self.block_size
         return seq.num_computed_tokens
+
+    def cached_prefix_tokens(self, seq: Sequence) -> int:
+        """The tokens ``match_prefix`` would find cached for ``seq`` now (nothing is taken)."""
+        return len(self._cached_prefix(seq)) * self.block_size
+
+    def _cached_prefix(self, seq: Sequence) -> list[int]:
+        """The cached blocks of ``seq``'s longest cached prefix, leaving at least its last token out."""
+        self._extend_hashes(seq)
+        hits: list[int] = []
+        if self.enable_prefix_caching:
+            for h in seq.block_hashes[: (seq.num_tokens - 1) // self.block_size]:
+                b = self.cached.get(h)
+                if b is None:
+                    break
+                hits.append(b)
+        return hits
 
     def count_admission(self, seq: Sequence) -> None:
         """Prefix-cache statistics of an admitted request (a failed admission retried counts once)."""

@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import Enum
 
-from elastune_worker.serving.adapter_ref import AdapterRef
-from elastune_worker.serving.sampling import SamplingParams
+from elastune_batching.adapter_ref import AdapterRef
+from elastune_batching.sampling import SamplingParams
 
 
 class Status(Enum):

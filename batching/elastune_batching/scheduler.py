@@ -22,13 +22,13 @@ do not shrink it; it closes at the first step whose admissions stopped for anoth
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterable
+from collections.abc import Container, Iterable
 from dataclasses import dataclass, field
 
-from elastune_worker.serving.config import EngineConfig
-from elastune_worker.serving.core.block_manager import BlockManager
-from elastune_worker.serving.core.queue_policy import create_request_queue
-from elastune_worker.serving.core.sequence import Sequence, Status
+from elastune_batching.block_manager import BlockManager
+from elastune_batching.config import SchedulerConfig
+from elastune_batching.queue_policy import RequestQueue, create_request_queue
+from elastune_batching.sequence import Sequence, Status
 
 
 @dataclass(slots=True)
@@ -70,21 +70,31 @@ class SchedulerStats:
 
 
 class Scheduler:
-    def __init__(self, config: EngineConfig, max_model_len: int) -> None:
+    def __init__(
+        self, config: SchedulerConfig, max_model_len: int, queue: RequestQueue | None = None
+    ) -> None:
+        """``queue`` replaces the waiting queue that ``config.queue_policy`` names (the routing simulator
+        brings Preble's priority groups)."""
         self.config = config
         self.max_model_len = max_model_len
         self.blocks = BlockManager(
-            config.kv_blocks(), config.block_size, enable_prefix_caching=config.enable_prefix_caching
+            config.num_kv_blocks, config.block_size, enable_prefix_caching=config.enable_prefix_caching
         )
-        self.waiting = create_request_queue(
-            config.queue_policy, sjf_max_bypass=config.sjf_max_bypass, sjf_max_wait_s=config.sjf_max_wait_s
+        self.waiting = (
+            queue
+            if queue is not None  # (an empty queue is falsy)
+            else create_request_queue(
+                config.queue_policy,
+                sjf_max_bypass=config.sjf_max_bypass,
+                sjf_max_wait_s=config.sjf_max_wait_s,
+            )
         )
         self.running: list[Sequence] = []
         self._batch_forming = False
         """dynamic batching: the current batch still takes requests."""
         self.requests: dict[str, Sequence] = {}
         self.num_preemptions = 0
-        self._held_loras: set[str] = set()
+        self._held_loras: Container[str] = frozenset()
         """LoRA adapters whose requests may not start yet (their load is not finished: S-LoRA-like async)."""
 
     # -- requests -----------------------------------------------------------------------------------
@@ -111,6 +121,10 @@ class Scheduler:
         self.blocks.free_blocks(seq)
         self.requests.pop(seq.request_id, None)
 
+    def reached_length(self, seq: Sequence) -> bool:
+        """After a new token: ``seq`` has its ``max_tokens`` or fills the context (finish reason length)."""
+        return len(seq.output_token_ids) >= seq.params.max_tokens or seq.num_tokens >= self.max_model_len
+
     def has_unfinished(self) -> bool:
         return bool(self.running) or len(self.waiting) > 0
 
@@ -134,7 +148,7 @@ class Scheduler:
         """The LoRA adapters of the first ``head`` waiting requests, in queue order (repeats kept)."""
         return [s.lora for s in itertools.islice(self.waiting, head) if s.lora is not None]
 
-    def hold_loras(self, keys: set[str]) -> None:
+    def hold_loras(self, keys: Container[str]) -> None:
         """Until the next call, requests of these LoRA adapters are not admitted (their load is in
         flight); later requests go ahead."""
         self._held_loras = keys
@@ -222,7 +236,8 @@ class Scheduler:
                 self.waiting.push_front(seq)
             # Only the budget may carry a dynamic batch's forming over to the next step.
             self._batch_forming = budget <= 0 and len(self.waiting) > 0 and len(self.running) < limit
-        self._check(out)
+        if self.config.check_invariants:
+            self._check(out)
         return out
 
     def _preempt(self, seq: Sequence, out: SchedulerOutput) -> None:
@@ -263,8 +278,11 @@ class Scheduler:
             assert c.start == seq.num_computed_tokens and c.start + c.num_tokens <= seq.num_tokens
             need = -(-(c.start + c.num_tokens) // self.config.block_size)
             assert len(seq.block_table) >= need, "a chunk has no KV slots"
-        live = list(self.running) + [s for s in self.waiting if s.block_table]
-        self.blocks.check(live)
+        self.check_blocks()
+
+    def check_blocks(self) -> None:
+        """The block manager's invariants over every sequence that holds blocks."""
+        self.blocks.check(list(self.running) + [s for s in self.waiting if s.block_table])
 
 
 def _count_loras(seqs: Iterable[Sequence]) -> dict[str, int]:

@@ -5,16 +5,16 @@ from __future__ import annotations
 
 import pytest
 
-from elastune_worker.serving.config import EngineConfig
-from elastune_worker.serving.core.queue_policy import SJFQueue, create_request_queue
-from elastune_worker.serving.core.scheduler import Scheduler, SchedulerOutput
-from elastune_worker.serving.core.sequence import Sequence, Status
-from elastune_worker.serving.sampling import SamplingParams
+from elastune_batching.config import SchedulerConfig
+from elastune_batching.queue_policy import SJFQueue, create_request_queue
+from elastune_batching.sampling import SamplingParams
+from elastune_batching.scheduler import Scheduler, SchedulerOutput
+from elastune_batching.sequence import Sequence, Status
 
 
 def make_scheduler(**config: object) -> Scheduler:
     defaults: dict[str, object] = {"block_size": 4, "num_kv_blocks": 64, "max_num_batched_tokens": 16}
-    return Scheduler(EngineConfig(**{**defaults, **config}), 64)  # type: ignore[arg-type]
+    return Scheduler(SchedulerConfig(**{**defaults, **config}), 64)  # type: ignore[arg-type]
 
 
 def req(name: str, predicted: int, arrival: float, prompt: int = 2, max_tokens: int = 2) -> Sequence:
@@ -232,6 +232,6 @@ def test_fcfs_and_sjf_admission_orders_under_each_batching(batching):
 
 def test_config_rejects_negative_guards():
     with pytest.raises(ValueError, match="sjf_max_bypass"):
-        EngineConfig(sjf_max_bypass=-1)
+        SchedulerConfig(num_kv_blocks=1, sjf_max_bypass=-1)
     with pytest.raises(ValueError, match="sjf_max_wait_s"):
-        EngineConfig(sjf_max_wait_s=-0.5)
+        SchedulerConfig(num_kv_blocks=1, sjf_max_wait_s=-0.5)

@@ -4,16 +4,16 @@ from __future__ import annotations
 
 import pytest
 
-from elastune_worker.serving.adapter_ref import AdapterRef
-from elastune_worker.serving.config import EngineConfig
-from elastune_worker.serving.core.scheduler import Scheduler, SchedulerOutput
-from elastune_worker.serving.core.sequence import Sequence, Status
-from elastune_worker.serving.sampling import SamplingParams
+from elastune_batching.adapter_ref import AdapterRef
+from elastune_batching.config import SchedulerConfig
+from elastune_batching.sampling import SamplingParams
+from elastune_batching.scheduler import Scheduler, SchedulerOutput
+from elastune_batching.sequence import Sequence, Status
 
 
 def make_scheduler(max_model_len: int = 64, **config: object) -> Scheduler:
     defaults: dict[str, object] = {"block_size": 4, "num_kv_blocks": 64, "max_num_batched_tokens": 16}
-    return Scheduler(EngineConfig(**{**defaults, **config}), max_model_len)  # type: ignore[arg-type]
+    return Scheduler(SchedulerConfig(**{**defaults, **config}), max_model_len)  # type: ignore[arg-type]
 
 
 def make_requests(*lengths: int, max_tokens: int = 4, priority: int = 0, base: int = 0) -> list[Sequence]:
@@ -130,7 +130,7 @@ def test_duplicate_ids_and_too_small_caches_are_refused():
 
 
 def test_block_hashes_are_sha256_chains_that_separate_adapters_and_prefixes():
-    from elastune_worker.serving.core.block_manager import block_hash
+    from elastune_batching.block_manager import block_hash
 
     a = block_hash(None, (1, 2, 3, 4), None)
     assert len(a) == 32 and a == block_hash(None, (1, 2, 3, 4), None)
@@ -144,7 +144,7 @@ def test_max_loras_counts_lora_references_only_never_soft_prompts():
     """Two device adapter slots: two LoRAs run, the third LoRA's requests wait; soft prompts (even
     several, even one named like a LoRA) take no slot and run beside them, also while a LoRA is held
     back for its load."""
-    s = make_scheduler(max_loras=2, enable_lora=True, max_num_seqs=16, max_num_batched_tokens=64)
+    s = make_scheduler(max_loras=2, max_num_seqs=16, max_num_batched_tokens=64)
     lora = {n: AdapterRef("lora", "", n, i) for i, n in enumerate(("a", "b", "c"), 1)}
     soft = {n: AdapterRef("soft_prompt", "", n, i) for i, n in enumerate(("p", "q", "c"), 4)}
     plan_ = [lora["a"], soft["p"], lora["b"], soft["q"], lora["c"], soft["c"], None, lora["c"]]
