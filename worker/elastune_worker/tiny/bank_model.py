@@ -13,7 +13,7 @@ schedule) on a corpus where every example carries an instruction: 85 % the parti
 generic family one, no bare examples and no plain text. The model then learns to read the instruction
 (a wrong one now costs: median 1.52 right / 1.93 sibling / 2.52 other family), which is the property
 the Prompt Bank exploits. With a learning rate whose steps are small next to the embedding scale
-(see bench.py) a poor initial prompt then needs many more iterations to reach the target than a good
+(see bench/bank.py) a poor initial prompt then needs many more iterations to reach the target than a good
 one, as in the paper's §2.2.
 """
 

@@ -1,6 +1,6 @@
 """Prompt Bank benchmark, reproducing PromptTuner §6.3 (Figures 9 and 10) on the tiny task suite.
 
-    python -m elastune_worker.bank.bench [--quick] [--json PATH] [--plot PATH] [--threads N]
+    elastune bench bank [--quick] [--json PATH] [--plot PATH] [--threads N]
 
 (a) Iterations-to-accuracy (ITA) of promptTuning initialised from: the bank's pick (K = 50 lookup),
     random candidates, the brute-force best-score candidate (all C scored), and an induction prompt the
@@ -8,11 +8,12 @@
 (b) Evaluations and latency of a lookup for K ∈ {1 (brute force), 10, √C, 50, 100} over C = 3,000.
 (c) Distribution of top-1 / top-5 cosine similarity between candidates' activation features.
 
-Design (why these settings; see bank/model.py for the model):
+Design (why these settings; see tiny/bank_model.py for the model):
 
-* Model: the instruction-following tiny GPT-2 (``model.ensure_bank_model``). The default tiny model
-  shows no prompt sensitivity (its inputs identify the task, so any initial prompt converges after ~5
-  steps); the bench measures that too (``sensitivity`` and, in the full run, ``control_default_model``).
+* Model: the instruction-following tiny GPT-2 (``tiny.bank_model.ensure_bank_model``). The default
+  tiny model shows no prompt sensitivity (its inputs identify the task, so any initial prompt converges
+  after ~5 steps); the bench measures that too (``sensitivity`` and, in the full run,
+  ``control_default_model``).
 * Tuning: promptTuning, 20 virtual tokens TEXT-initialised from the candidate, AdamW with lr 0.003,
   batch 8, 64 training samples, eval loss on 32 held-out samples every 3 iterations, at most 60
   iterations. The learning rate keeps each step small next to the embedding scale (entries ~0.09),
@@ -237,13 +238,13 @@ def _finite(x: Any) -> Any:
 def run(cfg: BenchConfig, json_path: Path | None = None, plot_path: Path | None = None) -> dict[str, Any]:
     import torch
 
-    from elastune_worker.bank.candidates import default_candidates
     from elastune_worker.bank.features import FeatureExtractor
     from elastune_worker.bank.lookup import lookup, predict_lookup_seconds
-    from elastune_worker.bank.model import ensure_bank_model
     from elastune_worker.bank.score import Scorer
     from elastune_worker.bank.store import PromptBank, build_bank
     from elastune_worker.tiny import tasks as T
+    from elastune_worker.tiny.bank_candidates import default_candidates
+    from elastune_worker.tiny.bank_model import ensure_bank_model
     from elastune_worker.tiny.build import ensure_tiny_model
 
     torch.set_num_threads(cfg.threads)
@@ -716,9 +717,7 @@ def _plot(r: dict[str, Any], path: Path) -> None:
 def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch loads (see tiny/build.py)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    p = argparse.ArgumentParser(
-        prog="python -m elastune_worker.bank.bench", description=__doc__.splitlines()[0]
-    )
+    p = argparse.ArgumentParser(prog="elastune bench bank", description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="8 tasks, 1,000 candidates, fewer runs (~4 min)")
     p.add_argument("--json", type=Path, metavar="PATH")
     p.add_argument("--plot", type=Path, metavar="PATH")
