@@ -14,9 +14,10 @@ gradient keys of the worker's all-reduce (``elastune:{job}:{step}:grad|merged:..
   placements, assignments, demand or request counts, and cannot read the API key map.
 
 Known limit: all workers share the worker user, so one worker can still overwrite another worker's
-record under ``{ns}:worker:*`` (Redis ACLs cannot tie a key to the client): the gateway must only forward
-to addresses the control plane vouches for, and a per-namespace user needs worker keys that carry the
-namespace.
+record under ``{ns}:worker:*`` (Redis ACLs cannot tie a key to the client). Its address is not trusted
+for that: the gateway forwards only to the addresses the pool records (operator-written, read-only here)
+vouch for (``ServingPoolRecord.vouched``); what such a write can still do is misstate that worker's load
+or adapters. A per-namespace user needs worker keys that carry the namespace.
 
 ``acl_file`` writes the users as an ACL file (``--aclfile``) or ``user`` lines of redis.conf, with
 SHA-256 hashed passwords; clients name their user with ``ELASTUNE_REDIS_USERNAME`` (or in the URL).
