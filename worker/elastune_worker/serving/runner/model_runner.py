@@ -12,8 +12,8 @@ from typing import Literal
 
 import torch
 
+from elastune_batching.scheduler import SchedulerOutput
 from elastune_worker.serving.config import EngineConfig, LoraKernelName
-from elastune_worker.serving.core.scheduler import SchedulerOutput
 from elastune_worker.serving.runner import triton_attention
 from elastune_worker.serving.runner.attention import AttentionMetadata, DecodeGroup, paged_attention
 from elastune_worker.serving.runner.cuda_graphs import DecodeGraphs
@@ -59,10 +59,13 @@ class ModelRunner:
         self.attention_backend = pick_attention_backend(config.attention_backend, self.device, self.dtype)
         self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.num_kv_blocks = self._kv_blocks(config)
-        """Blocks the scheduler may hand out; the cache holds one more, the scratch block that padding
-        rows of a CUDA graph write to."""
-        self.kv_caches = self._alloc_kv(self.num_kv_blocks + 1)
-        self.scratch_slot = self.num_kv_blocks * self.block_size
+        """Blocks this cache holds for sequences: the engine's scheduler should hand out this many."""
+        # Until every scheduler is built from num_kv_blocks, it may hand out config.kv_blocks() blocks:
+        # the cache holds at least that many, then the scratch block that the padding rows of a CUDA
+        # graph write to, past any block a scheduler can own.
+        held = max(self.num_kv_blocks, config.kv_blocks())
+        self.kv_caches = self._alloc_kv(held + 1)
+        self.scratch_slot = held * self.block_size
         self.use_cuda_graphs = config.cuda_graphs and self.device.type == "cuda"
         if config.cuda_graphs and self.device.type != "cuda":
             log.info("cuda_graphs ignored: the engine runs on %s (eager)", self.device.type)
