@@ -62,6 +62,16 @@ def test_greedy_batch_of_mixed_lengths_equals_transformers(model):
     assert s.steps > 10 and s.num_requests_running == 0 and s.kv_cache_usage_perc == 0.0
 
 
+def test_a_prompt_longer_than_the_step_budget_alone_is_prefilled_in_chunks(model):
+    """A step whose only chunk stops mid-prompt samples nothing: it must still run (it crashed with
+    "tensors used as indices must be long": an empty index list became a float tensor)."""
+    path, tok, hf = model
+    prompt = PROMPTS[3]
+    assert len(tok(prompt).input_ids) > 16
+    eng = engine(path, max_num_batched_tokens=16)
+    assert eng.generate([prompt], GREEDY) == [reference(tok, hf, prompt, 10)]
+
+
 def test_prefix_cache_hits_change_nothing_but_the_work(model):
     path, tok, hf = model
     prompts = [SHARED + q for q in ("book: Dune →", "city: Oslo →", "age: 3 →")]

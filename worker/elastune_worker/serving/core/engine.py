@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
 import time
@@ -73,6 +74,8 @@ class LLMEngine:
         self.config = config or EngineConfig()
         self.model_path = Path(model_path)
         self.runner = ModelRunner(self.model_path, self.config)
+        # The cache the runner allocated (on CUDA sized from free memory) is what the scheduler hands out.
+        self.config = dataclasses.replace(self.config, num_kv_blocks=self.runner.num_kv_blocks)
         if tokenizer is None:
             from transformers import AutoTokenizer
 

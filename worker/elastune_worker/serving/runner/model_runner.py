@@ -339,7 +339,8 @@ class ModelRunner:
         meta = AttentionMetadata(
             slot_mapping=torch.tensor(slots, device=dev),
             positions=torch.tensor(positions, device=dev),
-            logits_index=torch.tensor(logits_rows, device=dev),
+            # long even when empty: a step whose chunks all stop mid-prompt samples nothing
+            logits_index=torch.tensor(logits_rows, dtype=torch.long, device=dev),
             prefills=prefills,
         )
         meta.decodes = [self._decode_group(g) for g in _length_groups(decodes)]
