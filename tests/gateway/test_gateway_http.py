@@ -319,6 +319,34 @@ def test_scale_from_zero_the_request_waits_for_the_first_pod(stack: Stack) -> No
     stack.workers.pop("w-late").stop()
 
 
+def test_a_client_gone_mid_stream_cancels_the_request_on_the_worker(stack: Stack) -> None:
+    """The gateway notices the client's disconnect while it waits for the worker and closes the
+    worker's connection: the worker aborts the request instead of generating the rest."""
+
+    def aborted(wid: str) -> float:
+        text = httpx.get(stack.workers[wid].url + "/metrics", timeout=10).text
+        return counter(text, "vllm:request_success_total", finished_reason="abort")
+
+    before = {wid: aborted(wid) for wid in stack.workers}
+    with httpx.stream(
+        "POST", stack.url + "/v1/completions",
+        json={"model": MODEL, "prompt": "a story", "max_tokens": CONTEXT - 16, "stream": True,
+              "ignore_eos": True, "temperature": 0},
+        timeout=60,
+    ) as r:  # fmt: skip
+        served_by = r.headers["x-elastune-endpoint"]
+        assert next(line for line in r.iter_lines() if line.startswith("data: "))
+    # Leaving the block closed the connection after one event of CONTEXT - 16.
+    deadline = time.time() + 20
+    while aborted(served_by) == before[served_by] and time.time() < deadline:
+        time.sleep(0.1)
+    assert aborted(served_by) == before[served_by] + 1, "the worker was not told the client left"
+    deadline = time.time() + 10
+    while "\nelastune_gateway_inflight_requests 0.0\n" not in stack.metrics() and time.time() < deadline:
+        time.sleep(0.1)
+    assert "\nelastune_gateway_inflight_requests 0.0\n" in stack.metrics()
+
+
 def test_a_worker_killed_mid_stream_ends_the_stream_with_an_error_and_gets_no_more_requests(
     stack: Stack,
 ) -> None:

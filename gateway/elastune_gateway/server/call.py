@@ -36,11 +36,12 @@ class Whole:
 
 @dataclass(slots=True)
 class Stream:
-    """A streamed answer: iterate ``chunks`` (each ready to send as it is), then call ``close`` whether
-    or not they were all sent (a client gone early: the worker's connection is closed)."""
+    """A streamed answer: iterate ``chunks`` (each ready to send as it is, with whether it is the last),
+    then call ``close`` whether or not they were all sent (a client gone early: the worker's connection
+    is closed)."""
 
     endpoint: str
-    chunks: AsyncGenerator[bytes, None]
+    chunks: AsyncGenerator[tuple[bytes, bool], None]
     close: Callable[[], None]
 
 

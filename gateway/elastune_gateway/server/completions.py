@@ -217,10 +217,15 @@ async def _stream(answer: Stream, headers: list[tuple[bytes, bytes]], receive: R
     watcher.add_done_callback(gone)
     try:
         await send({"type": "http.response.start", "status": 200, "headers": headers})
-        async for chunk in answer.chunks:
-            await send({"type": "http.response.body", "body": chunk, "more_body": True})
-        streaming = False
-        await send({"type": "http.response.body", "body": b"", "more_body": False})
+        async for chunk, last in answer.chunks:
+            # The last chunk ends the answer in the same write (uvicorn writes each message at once).
+            streaming = not last
+            await send({"type": "http.response.body", "body": chunk, "more_body": not last})
+            if last:
+                break
+        if streaming:
+            streaming = False
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
     except asyncio.CancelledError:
         if not (watcher.done() and not watcher.cancelled()):
             raise  # cancelled from outside (shutdown), not by the client leaving

@@ -162,7 +162,10 @@ class Gateway:
         predicted = await self._predict(text)
         wants_usage = bool(body.stream_options and body.stream_options.include_usage)
         set_priority = predicted is not None and "priority" not in body.model_fields_set
-        if set_priority or (body.stream and not wants_usage):  # else the client's bytes go as they came
+        if body.stream and not wants_usage and not set_priority and body.stream_options is None:
+            # The usage event asked for by appending the field: the body is a validated JSON object.
+            raw = raw.rstrip()[:-1] + b',"stream_options":{"include_usage":true}}'
+        elif set_priority or (body.stream and not wants_usage):  # else the client's bytes go as they came
             payload: dict[str, Any] = json.loads(raw)
             if set_priority:
                 payload["priority"] = predicted  # the engine's SJF queue orders by it (lower first)
@@ -351,10 +354,11 @@ class Gateway:
         arrived: float,
         wants_usage: bool,
         principal: Principal | None = None,
-    ) -> AsyncGenerator[bytes, None]:
-        """The worker's SSE events as they come; its usage event (asked for, to learn the output length)
-        is passed on only when the client asked for it. A worker that fails mid-stream ends the stream
-        with an OpenAI error event (the status line went out with the first byte)."""
+    ) -> AsyncGenerator[tuple[bytes, bool], None]:
+        """The worker's SSE events as they come, each with whether it ends the answer; its usage event
+        (asked for, to learn the output length) is passed on only when the client asked for it. A worker
+        that fails mid-stream ends the stream with an OpenAI error event (the status line went out with
+        the first byte)."""
         output_tokens = prompt_tokens = 0
         pending = b""
         first = True
@@ -376,16 +380,16 @@ class Gateway:
                             continue
                     out.append(event + b"\n\n")
                 if out:
-                    yield b"".join(out)
+                    yield b"".join(out), response.complete and not pending.strip()
             if pending.strip():
-                yield pending
+                yield pending, True
         except (ConnectionLost, ReadTimeout) as exc:
             kind = "timeout" if isinstance(exc, ReadTimeout) else "midstream"
             self.metrics.upstream_failures.labels(entry.endpoint, kind).inc()
             if kind == "midstream":
                 self.directory.mark_down(entry.endpoint, f"failed mid-stream: {type(exc).__name__}")
             message = f"the endpoint serving this request failed mid-stream ({type(exc).__name__}); retry"
-            yield sse_error(502, message).encode()
+            yield sse_error(502, message).encode(), True
         finally:
             response.release()  # also when the client went away: an unfinished answer closes its socket
             self._done(entry, router, output_tokens)

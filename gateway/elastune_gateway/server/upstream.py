@@ -50,9 +50,15 @@ class _Connection(asyncio.Protocol):
         self.loop = loop
         self.transport: asyncio.Transport | None = None
         self.closed = False
+        self.timer: asyncio.TimerHandle | None = None
+        self.waiting_since = 0.0
+        self.timeout = 0.0
         self._reset()
 
     def _reset(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
         self.parser = httptools.HttpResponseParser(self)
         self.status = 0
         self.headers: list[tuple[bytes, bytes]] = []
@@ -121,18 +127,36 @@ class _Connection(asyncio.Protocol):
 
     def _close(self) -> None:
         self.closed = True
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
         if self.transport is not None:
             self.transport.close()
 
     async def wait(self, timeout: float) -> None:
-        """Until the parser made progress (or failed); ReadTimeout after ``timeout`` s of silence."""
+        """Until the parser made progress (or failed); ReadTimeout after ``timeout`` s of silence.
+
+        One timer per answer, not per wait (a stream waits once per chunk): when it fires it checks how
+        long the current wait has lasted and, if not yet ``timeout``, sets itself for the rest."""
         w = self.waiter = self.loop.create_future()
-        timer = self.loop.call_later(timeout, _expire, w)
+        self.waiting_since, self.timeout = self.loop.time(), timeout
+        if self.timer is None:
+            self.timer = self.loop.call_at(self.waiting_since + timeout, self._check_silence)
         try:
             await w
         finally:
-            timer.cancel()
             self.waiter = None
+
+    def _check_silence(self) -> None:
+        self.timer = None
+        w = self.waiter
+        if w is None:
+            return  # between waits: the next one sets the timer again
+        due = self.waiting_since + self.timeout
+        if self.loop.time() >= due:
+            _expire(w)
+        else:
+            self.timer = self.loop.call_at(due, self._check_silence)
 
     def take(self) -> bytes:
         data = b"".join(self.chunks) if len(self.chunks) != 1 else self.chunks[0]
@@ -160,6 +184,11 @@ class UpstreamResponse:
         self._pool, self._key, self._conn = pool, key, conn
         self.status_code = conn.status
         self._released = False
+
+    @property
+    def complete(self) -> bool:
+        """The whole answer arrived and was taken."""
+        return self._conn.done and not self._conn.chunks
 
     def header(self, name: str) -> str | None:
         value = self.header_bytes(name.lower().encode())
