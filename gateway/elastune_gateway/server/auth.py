@@ -9,7 +9,8 @@ but the requests that arrive in the same turn of the event loop share one pipeli
 the tokens of the answers finished since the last one (INCRBY; a timer sends them within
 ``TOKEN_FLUSH_S`` when no request comes). Profiled (`elastune bench gateway`), the Redis client's
 round trips were the largest cost left after the upstream client; this keeps their count, not their
-exactness, down. A key already over a limit in this window is refused from memory, without Redis.
+exactness, down, and the pipelines go through a minimal client (``resp.py``) rather than redis-py's.
+A key already over a limit in this window is refused from memory, without Redis.
 Windows are fixed minutes: a burst at a window's edge may reach twice the
 limit over 60 s, as with every fixed-window limiter. When Redis cannot be reached the limits fail open
 (counted, logged once) and the last key map read stays in force, so a revocation made during an outage
@@ -24,10 +25,8 @@ import os
 import time
 from dataclasses import dataclass, field
 from typing import Any, Literal, cast
-from urllib.parse import urlsplit
 
 import redis
-import redis.asyncio as aioredis
 
 from elastune_contract.api_keys import (
     RATE_WINDOW_SECONDS,
@@ -41,6 +40,7 @@ from elastune_contract.openai_api.errors import APIError
 from elastune_contract.protocol import PASSWORD_ENV, USERNAME_ENV
 
 from .metrics import GatewayMetrics
+from .resp import PipelineClient, RedisUnavailable, ReplyError
 
 log = logging.getLogger("elastune.gateway")
 
@@ -129,6 +129,7 @@ class KeyTable:
             raise APIError(403, f"The API key {principal.name} may not use the model `{model}`.", "model")
 
 
+_EXPIRY = 2 * RATE_WINDOW_SECONDS
 TOKEN_FLUSH_S = 0.05
 """Longest delay before a finished request's tokens reach Redis when no other request carries them."""
 
@@ -146,15 +147,9 @@ class RateLimiter:
     """Per-key requests/min and tokens/min in Redis; concurrent requests share pipelined round trips."""
 
     def __init__(self, url: str, ns: str, metrics: GatewayMetrics, socket_timeout: float = 2.0) -> None:
-        extra: dict[str, Any] = {}
-        if urlsplit(url).password is None and os.environ.get(PASSWORD_ENV):
-            extra["password"] = os.environ[PASSWORD_ENV]
-        if urlsplit(url).username is None and os.environ.get(USERNAME_ENV):
-            extra["username"] = os.environ[USERNAME_ENV]
-        self.redis = aioredis.Redis.from_url(
-            url, socket_timeout=socket_timeout, socket_connect_timeout=socket_timeout,
-            decode_responses=True, **extra,
-        )  # fmt: skip
+        self.redis = PipelineClient(
+            url, socket_timeout, os.environ.get(USERNAME_ENV) or None, os.environ.get(PASSWORD_ENV) or None
+        )
         self.ns, self.metrics = ns, metrics
         self._over: dict[str, tuple[int, str]] = {}
         """digest → (window, which limit) for keys known to be over a limit in that window."""
@@ -171,7 +166,7 @@ class RateLimiter:
             self._flush()
         if self._tasks:
             await asyncio.gather(*self._tasks, return_exceptions=True)
-        await self.redis.aclose()
+        await self.redis.close()
 
     # -- batching ---------------------------------------------------------------------------------
     def _schedule(self) -> None:
@@ -195,28 +190,29 @@ class RateLimiter:
 
     async def _execute(self, waiting: list[_Admission], tokens: dict[str, int]) -> None:
         window = int(time.time() // RATE_WINDOW_SECONDS)
-        pipe = self.redis.pipeline(transaction=False)
+        pipe: list[tuple[str | bytes | int, ...]] = []
         for digest, n in tokens.items():  # before the reads below, which then include them
             key = rate_key(self.ns, digest, "tokens", window)
-            pipe.incrby(key, n)
-            pipe.expire(key, 2 * RATE_WINDOW_SECONDS)
+            pipe += [("INCRBY", key, n), ("EXPIRE", key, _EXPIRY)]
         slots: list[tuple[int | None, int | None]] = []
-        at = 2 * len(tokens)
         for a in waiting:
             rec, request_at, tokens_at = a.principal.record, None, None
             if rec.requests_per_minute is not None:
                 key = rate_key(self.ns, a.principal.digest, "requests", a.window)
-                pipe.incr(key)
-                pipe.expire(key, 2 * RATE_WINDOW_SECONDS)
-                request_at, at = at, at + 2
+                request_at = len(pipe)
+                pipe += [("INCR", key), ("EXPIRE", key, _EXPIRY)]
             if rec.tokens_per_minute is not None:
-                pipe.get(rate_key(self.ns, a.principal.digest, "tokens", a.window))
-                tokens_at, at = at, at + 1
+                tokens_at = len(pipe)
+                pipe.append(("GET", rate_key(self.ns, a.principal.digest, "tokens", a.window)))
             slots.append((request_at, tokens_at))
+        replies: list[Any] | None  # ints and bytes once the errors are weeded out
         try:
-            replies = await pipe.execute()
+            replies = cast(list[Any], await self.redis.execute(pipe))
+            refused = next((r for r in replies if isinstance(r, ReplyError)), None)
+            if refused is not None:
+                raise refused
             self._recovered()
-        except (redis.RedisError, OSError) as exc:
+        except (RedisUnavailable, ReplyError, OSError) as exc:
             self._failed(exc)
             replies = None
         for a, (request_at, tokens_at) in zip(waiting, slots, strict=True):
