@@ -1036,6 +1036,20 @@ def serving() -> dashboard_builders.Dashboard:
                     span=8,
                 ),
                 graph(
+                    "Worker records set aside (not vouched for)",
+                    "Registry records the gateway skips because no pool record vouches for their id and "
+                    "address, by reason: nonzero means a worker record was rewritten or is stale.",
+                    "short",
+                    [
+                        ("sum by (reason) (elastune_gateway_unvouched_endpoints)", "now: {{reason}}"),
+                        (
+                            f"sum by (reason) ({rate('elastune_gateway_unvouched_records_total')})",
+                            "new/s: {{reason}}",
+                        ),
+                    ],
+                    span=8,
+                ),
+                graph(
                     "Latency seen by clients",
                     "p50 and p99 at the gateway: arrival to the first streamed byte, and to the last byte.",
                     "s",
