@@ -352,6 +352,14 @@ def test_gateway_authenticates_api_keys_by_default_and_the_operator_publishes_th
     assert not any("secrets" in r["resources"] for r in cluster_rules)
 
 
+def test_gateway_forwards_only_to_vouched_workers_by_default() -> None:
+    """The chart's gateway fails closed: a model no pool record vouches for gets no endpoint."""
+    (container,) = gateway_pod(render())["containers"]
+    assert gateway_settings(container)[1].vouched_only is True
+    off = gateway_pod(render("gateway.vouchedOnly=false"))["containers"][0]
+    assert gateway_settings(off)[1].vouched_only is False
+
+
 def test_namespaced_rbac_binds_only_the_watched_namespaces() -> None:
     docs = render(*COMBINATIONS["namespaced"])
     rules = named(docs, "ClusterRole", f"{RELEASE}-operator")["rules"]

@@ -44,6 +44,10 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
                    help="required: /v1 requests need an API key (Authorization: Bearer; keys from the map "
                         "the operator publishes from labelled Secrets); off: anyone who reaches the port "
                         "may use it")  # fmt: skip
+    p.add_argument("--vouched-only", action="store_true",
+                   help="forward only to workers whose id and address a pool record vouches for (the "
+                        "chart's default); without it, a model no pool record vouches for follows the "
+                        "registry")  # fmt: skip
     p.add_argument("--log-level", default="info")
     return p
 
@@ -60,7 +64,7 @@ def settings_from(args: argparse.Namespace) -> GatewaySettings:
             redis_url=args.redis_url, namespace=args.namespace, default_policy=args.policy,
             pool_policies=pools, hold_timeout_s=args.hold_timeout, max_waiting=args.max_waiting,
             failure_cooldown_s=args.failure_cooldown, read_timeout_s=args.read_timeout,
-            length_predictor_url=args.length_predictor_url, auth=args.auth,
+            length_predictor_url=args.length_predictor_url, auth=args.auth, vouched_only=args.vouched_only,
             **dataclasses.asdict(limits_from(args)),
         )  # fmt: skip
     except ValidationError as exc:

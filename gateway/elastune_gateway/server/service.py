@@ -49,7 +49,9 @@ class Gateway:
         self.settings = settings
         self.bus = bus or Bus(settings.redis_url, settings.namespace, socket_timeout=5.0)
         self.metrics = GatewayMetrics()
-        self.directory = Directory(self.bus, settings.failure_cooldown_s, self.metrics)
+        self.directory = Directory(
+            self.bus, settings.failure_cooldown_s, self.metrics, vouched_only=settings.vouched_only
+        )
         self.ledger = Ledger()
         self.metrics.predictor_configured.set(1 if settings.length_predictor_url else 0)
         self._routers: dict[str, tuple[RoutingPolicyName, Router]] = {}

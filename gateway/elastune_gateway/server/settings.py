@@ -67,6 +67,10 @@ class GatewaySettings(BaseModel):
     """``required``: every /v1 request needs ``Authorization: Bearer <key>`` of a key in the map the
     operator publishes (API key Secrets; 401/403/429). The chart turns it on (gateway.auth.enabled);
     ``elastune serve`` turns it on when its -f files hold key Secrets, else serves on loopback only."""
+    vouched_only: bool = False
+    """Forward only to workers a pool record vouches for (id and address, from the pods the operator
+    lists): a model no pool record vouches for gets no endpoint. Off: such a model follows the registry
+    (a gateway without an operator, or an operator older than the list). The chart turns it on."""
     auth_refresh_s: float = Field(default=1.0, gt=0)
     """How often the key map is re-read: a revoked key stops working within this (plus the operator's
     reaction to the Secret event)."""
