@@ -48,6 +48,33 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
                    help="forward only to workers whose id and address a pool record vouches for (the "
                         "chart's default); without it, a model no pool record vouches for follows the "
                         "registry")  # fmt: skip
+    fair = p.add_argument_group(
+        "fair sharing across API keys (requests beyond what the endpoints run at once "
+        "wait in per-key queues served by virtual token counters)"
+    )
+    fair.add_argument(
+        "--fair-share",
+        choices=("on", "off"),
+        default="on" if defaults.fair_share else "off",
+        help="off: forward every request at once (the engine queues them FCFS)",
+    )
+    fair.add_argument(
+        "--endpoint-max-inflight",
+        type=int,
+        default=defaults.endpoint_max_inflight,
+        help="requests one endpoint gets at once (0: the batch size it publishes)",
+    )
+    fair.add_argument(
+        "--max-queued-per-key",
+        type=int,
+        default=defaults.max_queued_per_key,
+        help="queued requests per key; more: 429",
+    )
+    fair.add_argument(
+        "--max-queued", type=int, default=defaults.max_queued, help="queued requests in all; more: 503"
+    )
+    fair.add_argument("--queue-timeout", type=float, default=defaults.queue_timeout_s,
+                      help="seconds a request waits for a free slot, then 503")  # fmt: skip
     p.add_argument("--log-level", default="info")
     return p
 
@@ -65,6 +92,9 @@ def settings_from(args: argparse.Namespace) -> GatewaySettings:
             pool_policies=pools, hold_timeout_s=args.hold_timeout, max_waiting=args.max_waiting,
             failure_cooldown_s=args.failure_cooldown, read_timeout_s=args.read_timeout,
             length_predictor_url=args.length_predictor_url, auth=args.auth, vouched_only=args.vouched_only,
+            fair_share=args.fair_share == "on", endpoint_max_inflight=args.endpoint_max_inflight,
+            max_queued_per_key=args.max_queued_per_key, max_queued=args.max_queued,
+            queue_timeout_s=args.queue_timeout,
             **dataclasses.asdict(limits_from(args)),
         )  # fmt: skip
     except ValidationError as exc:

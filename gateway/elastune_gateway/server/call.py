@@ -8,6 +8,7 @@ from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass
 
 from .auth import Principal
+from .fair_line import Ticket
 
 
 @dataclass(slots=True)
@@ -22,6 +23,8 @@ class Call:
     slo_tpot_ms: str | None = None
     model: str | None = None
     """The resolved model's name once known (the metrics label; unknown names get none)."""
+    ticket: Ticket | None = None
+    """Its place in the fair line (``fair_share``): released when its answer is over."""
 
 
 @dataclass(slots=True)

@@ -26,9 +26,10 @@ from elastune_contract.protocol import Bus, ServingDemand
 
 from ..routing.factory import make_router
 from ..routing.policy import NoEndpointError, RequestView, Router, RoutingPolicyName
-from .auth import KeyTable, Principal, RateLimiter
+from .auth import KeyTable, RateLimiter
 from .call import Answer, Call, Stream, Whole
 from .directory import Directory, Endpoint, KnownModel
+from .fair_line import FairLine, Ticket
 from .forward import EndpointTimeout, EndpointUnavailable, open_response
 from .ledger import InFlight, Ledger
 from .length_predictor import LengthPredictor
@@ -39,6 +40,10 @@ from .upstream import ConnectionLost, ReadTimeout, UpstreamPool, UpstreamRespons
 from .views import endpoint_view
 
 log = logging.getLogger("elastune.gateway")
+
+DEFAULT_OUTPUT_ESTIMATE = 16
+"""Output tokens assumed for a request that names no limit and has no prediction (OpenAI's default
+max_tokens of a completion), until its usage says."""
 
 SLO_HEADERS = {"ttft": "x-slo-ttft-ms", "tpot": "x-slo-tpot-ms"}
 """Per-request SLO hints in llm-d's style; they override the pool's SLOs for routing."""
@@ -67,6 +72,12 @@ class Gateway:
             self.keys = KeyTable(self.bus.redis, settings.namespace, self.metrics)
             self.limiter = RateLimiter(settings.redis_url, settings.namespace, self.metrics)
         self._keys_read_at = 0.0
+        self.line: FairLine | None = None
+        if settings.fair_share:
+            self.line = FairLine(
+                settings.max_queued_per_key, settings.max_queued, settings.queue_timeout_s,
+                settings.retry_after_s,
+            )  # fmt: skip
 
     # -- lifecycle --------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -102,6 +113,8 @@ class Gateway:
         while True:
             await asyncio.sleep(self.settings.refresh_s)
             await self.directory.refresh()
+            if self.line is not None:
+                self.line.refresh()  # endpoints that came or went change what the line lets in
             due = time.monotonic() - self._keys_read_at >= self.settings.auth_refresh_s
             if self.keys is not None and due:
                 await asyncio.to_thread(self.keys.refresh)  # revocations take effect within this period
@@ -181,6 +194,67 @@ class Gateway:
             ttft_slo=ttft_slo,
             tpot_slo=tpot_slo,
         )
+        if self.line is not None:
+            call.ticket = await self._enter_line(model, call, text, exact_prompt_tokens, predicted, body)
+        try:
+            return await self._forward(path, body, call, model, view, raw, arrived, wants_usage)
+        except BaseException:
+            if call.ticket is not None:
+                call.ticket.release()
+            raise
+
+    async def _enter_line(
+        self,
+        model: KnownModel,
+        call: Call,
+        text: str,
+        exact_prompt_tokens: int | None,
+        predicted: int | None,
+        body: _Request,
+    ) -> Ticket:
+        """A slot on the model's endpoints, in the fair order across keys (``fair_line.py``); the cost
+        charged now is an estimate (prompt: its tokens if known, else about 4 characters a token;
+        output: the predicted length, else the request's token limit), settled from the usage."""
+        assert self.line is not None
+        prompt = exact_prompt_tokens if exact_prompt_tokens is not None else len(text) / 4
+        limit = getattr(body, "token_limit", lambda: body.max_tokens)()
+        output = predicted if predicted is not None else (limit or DEFAULT_OUTPUT_ESTIMATE)
+        if model.max_model_len:
+            output = min(output, model.max_model_len)
+        client = call.principal.name if call.principal is not None else "-"
+        try:
+            return await self.line.enter(
+                model.served_model, client, prompt, output, lambda: self._capacity(model)
+            )
+        except APIError as exc:
+            reason = {429: "key_queue_full", 503: "queue_full" if "full" in exc.message else "queue_timeout"}
+            self.metrics.rejected_of(reason.get(exc.status, "queue")).inc()
+            raise
+
+    def _endpoint_cap(self, endpoint: Endpoint) -> int:
+        """Requests ``endpoint`` gets at once with fair sharing (0: no bound)."""
+        return self.settings.endpoint_max_inflight or endpoint.serving.max_num_seqs
+
+    def _capacity(self, model: KnownModel) -> int | None:
+        """What the endpoints of ``model``'s base take at once (None: unbounded, or none warm: the
+        scale-from-zero hold takes over)."""
+        base = self.directory.model(model.served_model) or model
+        caps = [self._endpoint_cap(e) for e in self.directory.endpoints(base)]
+        if not caps or 0 in caps:
+            return None
+        return sum(caps)
+
+    async def _forward(
+        self,
+        path: str,
+        body: _Request,
+        call: Call,
+        model: KnownModel,
+        view: RequestView,
+        raw: bytes,
+        arrived: float,
+        wants_usage: bool,
+    ) -> Answer:
         tried: set[str] = set()
         for attempt in range(self.settings.max_attempts):
             endpoint = await self._acquire(model, view, frozenset(tried), arrived)
@@ -211,7 +285,7 @@ class Gateway:
                 self.metrics.upstream_failures.labels(endpoint.id, "timeout").inc()
                 raise APIError(504, f"{exc}; the request was not retried") from exc
             if body.stream and response.status_code == 200:
-                relay = self._relay(response, entry, router, model, arrived, wants_usage, call.principal)
+                relay = self._relay(response, entry, router, model, arrived, wants_usage, call)
 
                 def close(
                     response: UpstreamResponse = response, entry: InFlight = entry, router: Router = router
@@ -219,9 +293,14 @@ class Gateway:
                     # A relay that never started never runs its finally: its end is accounted here.
                     response.release()
                     self._done(entry, router, 0)
+                    if call.ticket is not None:
+                        call.ticket.release()
 
                 return Stream(endpoint.id, relay, close)
-            return await self._whole(response, entry, router, model, arrived, call.principal)
+            whole = await self._whole(response, entry, router, model, arrived, call)
+            if call.ticket is not None:
+                call.ticket.release()
+            return whole
         self.metrics.rejected_of("no_endpoint").inc()
         raise APIError(
             503,
@@ -267,6 +346,11 @@ class Gateway:
         try:
             while True:
                 endpoints = self.directory.endpoints(model, tried)
+                if endpoints and self.line is not None:  # those with a free slot, if any has one
+                    endpoints = [
+                        e for e in endpoints
+                        if self.ledger.count(e.id) < (self._endpoint_cap(e) or self.ledger.count(e.id) + 1)
+                    ] or endpoints  # fmt: skip
                 if endpoints:
                     _, router = self._router(model)
                     views = [endpoint_view(e, self.ledger) for e in endpoints]
@@ -322,7 +406,7 @@ class Gateway:
         router: Router,
         model: KnownModel,
         arrived: float,
-        principal: Principal | None,
+        call: Call,
     ) -> Whole:
         output_tokens = prompt_tokens = 0
         try:
@@ -342,7 +426,7 @@ class Gateway:
         finally:
             response.release()
             self._done(entry, router, output_tokens)
-            self._count_usage(principal, prompt_tokens, output_tokens)
+            self._count_usage(call, prompt_tokens, output_tokens)
         self.metrics.latency_of(model.name).observe(time.monotonic() - arrived)
         media = response.header_bytes(b"content-type") or b"application/json"
         return Whole(response.status_code, media, content, entry.endpoint)
@@ -355,7 +439,7 @@ class Gateway:
         model: KnownModel,
         arrived: float,
         wants_usage: bool,
-        principal: Principal | None = None,
+        call: Call,
     ) -> AsyncGenerator[tuple[bytes, bool], None]:
         """The worker's SSE events as they come, each with whether it ends the answer; its usage event
         (asked for, to learn the output length) is passed on only when the client asked for it. A worker
@@ -395,11 +479,17 @@ class Gateway:
         finally:
             response.release()  # also when the client went away: an unfinished answer closes its socket
             self._done(entry, router, output_tokens)
-            self._count_usage(principal, prompt_tokens, output_tokens)
+            self._count_usage(call, prompt_tokens, output_tokens)
+            if call.ticket is not None:
+                call.ticket.release()
             self.metrics.latency_of(model.name).observe(time.monotonic() - arrived)
 
-    def _count_usage(self, principal: Principal | None, prompt_tokens: int, completion_tokens: int) -> None:
-        """A key's tokens: in its metrics, and against its tokens/min (counted in Redis)."""
+    def _count_usage(self, call: Call, prompt_tokens: int, completion_tokens: int) -> None:
+        """A key's tokens: in its metrics, against its tokens/min (counted in Redis), and in its fair-share
+        counter (the estimate charged when it left the line, corrected)."""
+        if call.ticket is not None:
+            call.ticket.settle(prompt_tokens, completion_tokens)
+        principal = call.principal
         if principal is None:
             return
         if prompt_tokens:

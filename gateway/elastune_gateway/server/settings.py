@@ -71,6 +71,20 @@ class GatewaySettings(BaseModel):
     """Forward only to workers a pool record vouches for (id and address, from the pods the operator
     lists): a model no pool record vouches for gets no endpoint. Off: such a model follows the registry
     (a gateway without an operator, or an operator older than the list). The chart turns it on."""
+    fair_share: bool = True
+    """Per-key fair sharing of busy endpoints: each endpoint gets at most ``endpoint_max_inflight``
+    requests at once, and the requests beyond wait in the gateway in per-key queues served by virtual
+    token counters (``fair_line.py``). Off: every request is forwarded at once and the engine queues
+    them first-come-first-served (a key that floods delays the others)."""
+    endpoint_max_inflight: int = Field(default=0, ge=0)
+    """Requests one endpoint gets at once with ``fair_share``; 0: the batch size it publishes
+    (``max_num_seqs``), so the requests beyond it wait in the fair line rather than in its queue."""
+    max_queued_per_key: int = Field(default=256, ge=1)
+    """Requests of one key waiting in the fair line at most; more: 429 + Retry-After to that key."""
+    max_queued: int = Field(default=4096, ge=1)
+    """Requests waiting in the fair line at most (all keys and models); more: 503 + Retry-After."""
+    queue_timeout_s: float = Field(default=60.0, gt=0)
+    """Longest wait in the fair line for a free slot; then 503 + Retry-After."""
     auth_refresh_s: float = Field(default=1.0, gt=0)
     """How often the key map is re-read: a revoked key stops working within this (plus the operator's
     reaction to the Secret event)."""
