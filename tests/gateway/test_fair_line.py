@@ -131,3 +131,34 @@ def test_settle_corrects_the_estimate_once() -> None:
         ticket.release()
 
     run(main())
+
+
+def test_a_flooding_key_leaves_a_slot_free_while_another_key_is_active() -> None:
+    async def main() -> None:
+        line = FairLine(max_per_key=50, max_total=50, timeout_s=10, retry_after_s=1)
+        cap = lambda: 4  # noqa: E731
+        (await line.enter("m", "light", 1, 1, cap)).release()  # light was active a moment ago
+        flood = [asyncio.create_task(line.enter("m", "flood", 1, 1, cap)) for _ in range(6)]
+        await asyncio.sleep(0)
+        assert line.active("m") == 3 and line.queued() == 3  # one slot kept for the light key
+        light = await asyncio.wait_for(line.enter("m", "light", 1, 1, cap), 1)  # no wait for a slot
+        assert line.active("m") == 4
+        light.release()
+        assert line.active("m") == 3  # the freed slot is not the flood's
+        for t in flood[:3]:
+            (await t).release()
+        for t in flood[3:]:
+            (await t).release()
+
+    run(main())
+
+
+def test_alone_a_key_gets_every_slot() -> None:
+    async def main() -> None:
+        line = FairLine(max_per_key=50, max_total=50, timeout_s=10, retry_after_s=1)
+        tickets = [await line.enter("m", "flood", 1, 1, lambda: 4) for _ in range(4)]
+        assert line.active("m") == 4
+        for t in tickets:
+            t.release()
+
+    run(main())

@@ -9,6 +9,12 @@ key with little traffic is served next whatever the flooder has queued. The line
 (429 + Retry-After: the flooder is throttled, not the others) and overall (503 + Retry-After), and a
 request waits in it at most ``timeout_s`` (503).
 
+Headroom: while more than one key has sent requests within ``active_window_s``, one key holds at most
+the capacity less one slot per other such key. Requests of the same length started together end
+together, so with every slot held by the flood a light key's request would wait for the next batch to
+end (measured: `elastune bench tenancy`); with the headroom it finds a free slot. The price: a flooding
+key gets (capacity - 1) / capacity of the endpoints while another key is active, all of them otherwise.
+
 One line per group of endpoints that share load (a base model and its adapters): the group's capacity
 is what its endpoints take at once (the caller computes it from the endpoints it knows, each endpoint's
 own cap summed; None: unbounded).
@@ -18,7 +24,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from elastune_contract.openai_api.errors import APIError
 
@@ -54,16 +60,32 @@ class Ticket:
             self.line.release(self)
 
 
+ACTIVE_WINDOW_S = 10.0
+"""A key that sent a request this recently counts as active for the headroom."""
+
+
 @dataclass(slots=True)
 class _Group:
     queue: FairQueue[asyncio.Future[Ticket]]
     capacity: Capacity
     active: int = 0
+    held: dict[str, int] = field(default_factory=dict)
+    """Slots held per key."""
+    seen: dict[str, float] = field(default_factory=dict)
+    """Loop time of each key's latest request."""
 
 
 class FairLine:
-    def __init__(self, max_per_key: int, max_total: int, timeout_s: float, retry_after_s: int) -> None:
+    def __init__(
+        self,
+        max_per_key: int,
+        max_total: int,
+        timeout_s: float,
+        retry_after_s: int,
+        active_window_s: float = ACTIVE_WINDOW_S,
+    ) -> None:
         self.max_per_key, self.max_total = max_per_key, max_total
+        self.active_window_s = active_window_s
         self.timeout_s, self.retry_after_s = timeout_s, retry_after_s
         self._groups: dict[str, _Group] = {}
 
@@ -93,7 +115,7 @@ class FairLine:
             g.queue.push(client, waiter, cost)
         except LineFull as full:
             raise self._refusal(full, client, group) from None
-        entered = loop.time()
+        entered = g.seen[client] = loop.time()
         self._dispatch(group, g)
         if not waiter.done():
             try:
@@ -123,6 +145,9 @@ class FairLine:
         if g is None:
             return
         g.active -= 1
+        g.held[ticket.client] -= 1
+        if not g.held[ticket.client]:
+            del g.held[ticket.client]
         self._dispatch(ticket.group, g)
 
     def refresh(self) -> None:
@@ -133,20 +158,31 @@ class FairLine:
                 del self._groups[name]
             else:
                 g.queue.forget_idle()
+                horizon = asyncio.get_running_loop().time() - self.active_window_s
+                g.seen = {c: t for c, t in g.seen.items() if t >= horizon}
 
     def _dispatch(self, name: str, g: _Group) -> None:
         if not len(g.queue):
             return
         capacity = g.capacity()
+        eligible = None
+        if capacity is not None:
+            horizon = asyncio.get_running_loop().time() - self.active_window_s
+            others = sum(t >= horizon for t in g.seen.values()) - 1  # besides the key asking
+
+            def eligible(client: str) -> bool:
+                return g.held.get(client, 0) < max(1, capacity - others)
+
         while len(g.queue) and (capacity is None or g.active < capacity):
-            served = g.queue.pop()
-            if served is None:
+            served = g.queue.pop(eligible)
+            if served is None:  # only keys at their share are waiting: the headroom stays free
                 break
             client, waiter, charged = served
             if waiter.done():  # given up (never normally here: a waiter leaving removes itself)
                 g.queue.charge(client, -charged)
                 continue
             g.active += 1
+            g.held[client] = g.held.get(client, 0) + 1
             waiter.set_result(Ticket(self, name, client, charged))
 
     def _refusal(self, full: LineFull, client: str, group: str) -> APIError:

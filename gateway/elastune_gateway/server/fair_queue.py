@@ -17,6 +17,7 @@ queue is bounded per client and overall: ``push`` raises ``LineFull`` naming whi
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Generic, Literal, TypeVar
 
@@ -99,18 +100,20 @@ class FairQueue(Generic[T]):
         held.queue.append(_Queued(item, cost))
         self._size += 1
 
-    def peek(self) -> str | None:
-        """The client whose item ``pop`` would serve next. Ties (a client just lifted to the smallest
-        counter ties with its owner) go to the client with fewer items queued, then by name: the light
-        client goes first rather than one more of the backlog's items."""
-        if not self._backlogged:
+    def peek(self, eligible: Callable[[str], bool] | None = None) -> str | None:
+        """The client whose item ``pop`` would serve next (among the ``eligible`` ones). Ties (a client
+        just lifted to the smallest counter ties with its owner) go to the client with fewer items
+        queued, then by name: the light client goes first rather than one more of the backlog's items."""
+        candidates = self._backlogged if eligible is None else [c for c in self._backlogged if eligible(c)]
+        if not candidates:
             return None
         clients = self._clients
-        return min(self._backlogged, key=lambda c: (clients[c].counter, len(clients[c].queue), c))
+        return min(candidates, key=lambda c: (clients[c].counter, len(clients[c].queue), c))
 
-    def pop(self) -> tuple[str, T, float] | None:
-        """The next item to serve, its client and the cost charged for it; None when nothing is queued."""
-        client = self.peek()
+    def pop(self, eligible: Callable[[str], bool] | None = None) -> tuple[str, T, float] | None:
+        """The next item to serve (of an ``eligible`` client), its client and the cost charged for it;
+        None when nothing (eligible) is queued."""
+        client = self.peek(eligible)
         if client is None:
             return None
         held = self._clients[client]
