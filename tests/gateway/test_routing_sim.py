@@ -1,5 +1,6 @@
-"""The routing simulator: its prefix cache, its engine (chunked prefill, adapter slots), conservation
-(every request finishes exactly once, no faster than its service time, every block given back), the
+"""The routing simulator: its endpoints (the engine's scheduler and block manager: chunked prefill,
+prefix hits, preemption, adapter slots), conservation (every request finishes exactly once, no faster
+than its service time, every block given back), the
 workload loaders and the CLI — and one behaviour check: on a prefix-sharing workload at 8 endpoints
 Preble's E2 beats round-robin on mean latency (fixed seed; not a timing assertion)."""
 
@@ -15,7 +16,6 @@ from elastune_gateway.sim.__main__ import main
 from elastune_gateway.sim.engine import EngineSpec
 from elastune_gateway.sim.experiments import Experiment, run_experiment
 from elastune_gateway.sim.metrics import percentile, summarize
-from elastune_gateway.sim.prefix_cache import PrefixCache, block_hashes
 from elastune_gateway.sim.simulator import Simulator
 from elastune_gateway.sim.workloads import (
     LoraWorkload,
@@ -39,31 +39,6 @@ def req(rid, n_tokens, out, at=0.0, first=1, **fields):
     return SimRequest(rid, at, (tuple(range(first, first + n_tokens)),), out, **fields)
 
 
-# -- the prefix cache --------------------------------------------------------------------------------------
-def test_prefix_cache_shares_full_blocks_and_evicts_idle_ones_lru():
-    c = PrefixCache(num_blocks=6, block_size=4)
-    a = block_hashes(list(range(12)), 4)  # 3 full blocks
-    assert len(a) == 3 and block_hashes(list(range(13)), 4) == a
-    assert c.admit(a, 4) == 0  # nothing cached: 4 private blocks
-    c.register(a)  # computed: 3 enter the cache, 1 stays private (output)
-    assert (c.used, c.referenced, c.private) == (4, 4, 1)
-    c.release(a, 1)
-    assert (c.used, c.referenced, c.free) == (3, 0, 6)
-    assert c.admit(a[:2], 3) == 2  # a prefix hit of 2 blocks + 1 private
-    b = block_hashes(list(range(100, 116)), 4)  # 4 other blocks: 3 free now → evicts a's idle 3rd
-    assert c.admit(b, 4) is None  # 4 > 6 - 3 used + 1 idle evictable
-    assert c.admit(b[:3], 3) == 0
-    assert a[2] not in c and a[0] in c
-    c.check()
-
-
-def test_block_hashes_depend_on_the_prefix_and_the_adapter():
-    x = block_hashes([1, 2, 3, 4, 5, 6, 7, 8], 4)
-    y = block_hashes([0, 2, 3, 4, 5, 6, 7, 8], 4)
-    assert x[1] != y[1]  # same second block, different prefix
-    assert block_hashes([1, 2, 3, 4], 4, salt="lora-a") != block_hashes([1, 2, 3, 4], 4)
-
-
 # -- the engine --------------------------------------------------------------------------------------------
 def sim(n=1, policy="roundRobin", check=True, ranks=None, **spec):
     spec.setdefault("cost", PLAIN)
@@ -85,6 +60,31 @@ def test_a_repeated_prompt_hits_the_prefix_cache():
     sim().run([a, b])
     assert (a.cached_tokens, b.cached_tokens) == (0, 96)  # six full 16-token blocks
     assert b.ttft < a.ttft
+
+
+def test_kv_pressure_preempts_by_recompute_as_the_engine_does():
+    # 16 blocks of 16 tokens: four 60-token prompts fill them (4 blocks each); their decodes need more.
+    reqs = [req(f"r{i}", 60, 40, first=1000 * i + 1) for i in range(4)]
+    s = sim(kv_cache_tokens=256)
+    s.run(reqs)
+    e = s.endpoints[0]
+    assert e.scheduler.num_preemptions > 0
+    assert all(r.finished is not None and r.latency >= r.service_floor - 1e-9 for r in reqs)
+    assert e.scheduler.blocks.usage() == 0
+
+
+@pytest.mark.parametrize("queue", ["fcfs", "priority"])
+def test_the_priority_queue_admits_a_cached_prompt_before_an_earlier_uncached_one(queue):
+    warm = req("warm", 160, 1)  # leaves its 10 prompt blocks cached
+    busy = req("busy", 100, 20, at=10.0, first=5000)  # runs alone (max_running 1) while the two queue
+    cold = req("cold", 176, 1, at=10.001, first=9000)
+    hit = SimRequest("hit", 10.002, (tuple(range(1, 161)), tuple(range(7000, 7016))), 1)
+    sim(queue=queue, max_running=1).run([warm, busy, cold, hit])
+    assert hit.cached_tokens == 160 and cold.cached_tokens == 0
+    if queue == "priority":  # Preble's groups: 160/176 cached goes first
+        assert hit.admitted < cold.admitted
+    else:
+        assert cold.admitted < hit.admitted
 
 
 def test_adapter_slots_and_load_times():
@@ -140,7 +140,7 @@ def test_conservation_every_request_finishes_once_no_faster_than_its_service_tim
         assert 0 <= r.cached_tokens < r.prompt_len
     for e in s.endpoints:
         assert not e.running and not e.num_waiting
-        assert e.cache.referenced == 0 and e.cache.private == 0  # every block given back
+        assert e.scheduler.blocks.usage() == 0 and not e.scheduler.requests  # every block given back
     assert result.summary.requests == len(result.requests)
     assert result.summary.slo_attainment is not None
 

@@ -1,38 +1,53 @@
-"""One serving endpoint in the simulator: a continuous-batching engine modelled by its cost functions.
+"""One serving endpoint in the simulator: the engine's own scheduler and KV block manager
+(``elastune_batching``, the objects the worker's engine steps), with the model's forward replaced by
+the endpoint's cost model.
 
-Each iteration (as in ``worker/elastune_worker/serving/core/scheduler.py``): running requests first — a
-decoding request takes one token, a request still prefilling takes a chunk of at most
-``chunk_tokens`` (Preble's 512) within the iteration's token budget — then waiting requests are
-admitted in the local queue's order (FCFS, or Preble's P = 10 priority groups) while the budget,
-``max_running``, the KV cache and the adapter slots allow. The iteration lasts
-``CostModel.iteration_seconds`` of its decode batch (ranks, context) and prefill chunks; a request
-whose prompt completes in an iteration emits its first token at that iteration's end.
+An iteration is the engine's step: ``Scheduler.schedule`` picks the chunks (running requests first,
+decodes one token, prefills in chunks of at most ``chunk_tokens`` — Preble's 512 — within the token
+budget; then waiting requests in the local queue's order while the budget, ``max_running``, the KV
+blocks and the adapter slots allow; preemption by recompute when blocks run out). The iteration lasts
+``CostModel.iteration_seconds`` of its decode batch (ranks, context) and prefill chunks. At its end the
+sequences advance as in the engine (``Scheduler.update`` with the next token of every chunk that
+reached its sequence's end; the full blocks enter the prefix cache), and a request that reached its
+output length finishes (``Scheduler.finish``: its blocks freed, the full ones kept cached, LRU). A
+request whose prompt completes in an iteration emits its first token at that iteration's end. Token ids
+of an answer are the workload's (``SimRequest.output_ids``, so a conversation's next turn finds them
+cached) or ``FILLER_TOKEN``.
 
 Adapters live in three tiers (CaraServe §3–4, DESIGN.md §5): storage → host memory (LRU,
-``max_host_adapters``) → device (LRU, ``max_adapters``). A waiting request whose adapter is not on
-the device starts its load (from host or storage, ``CostModel.adapter_load_seconds``) into a free
-slot or the slot of an adapter no running request uses, and is skipped until the load completes while
-the others go on (S-LoRA-like asynchronous loading; CaraServe's CPU-assisted prefill is the engine's
-business and not modelled). A request whose adapter finds no slot is skipped and re-queued (vLLM's
-max_loras rule).
+``max_host_adapters``) → device (LRU, ``max_adapters``). Before each iteration, as the engine's async
+loading does (``LoRAManager.prefetch``), the adapters of the first ``PREFETCH_HEAD`` waiting requests
+start loading (from host or storage, ``CostModel.adapter_load_seconds``) into a free slot or the slot of
+a loaded adapter no running request uses; requests whose adapter is not on the device yet are held
+(``Scheduler.hold_loras``) while the others go on (S-LoRA-like; CaraServe's CPU-assisted prefill is the
+engine's business and not modelled), and the scheduler's ``max_loras`` rule keeps the running adapters
+within the slots.
 """
 
 from __future__ import annotations
 
 import math
-from collections import OrderedDict, deque
-from collections.abc import Iterator
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Literal
 
+from elastune_batching.adapter_ref import DEFAULT_NAMESPACE, AdapterRef
+from elastune_batching.config import SchedulerConfig
+from elastune_batching.sampling import SamplingParams
+from elastune_batching.scheduler import ScheduledChunk, Scheduler, SchedulerOutput
+from elastune_batching.sequence import Sequence, Status
 from elastune_gateway.routing.cost import AdapterTier, CostModel
 from elastune_gateway.routing.policy import ActiveRequest, EndpointView
-from elastune_gateway.routing.priority import CHUNKED_PREFILL_TOKENS, PRIORITY_GROUPS, PriorityGroups
+from elastune_gateway.routing.priority import CHUNKED_PREFILL_TOKENS, PRIORITY_GROUPS
 
-from .prefix_cache import PrefixCache, block_hashes
+from .local_queue import PriorityGroupQueue
 from .workloads import SimRequest
 
 LocalQueue = Literal["fcfs", "priority"]
+PREFETCH_HEAD = 32
+"""Waiting requests whose adapters start loading before a step (the engine's ``waiting_loras(32)``)."""
+FILLER_TOKEN = 0
+"""The token id of a generated token the workload does not give (only equality matters to the cache)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,59 +67,65 @@ class EngineSpec:
     queue: LocalQueue = "fcfs"
     priority_groups: int = PRIORITY_GROUPS
 
-
-@dataclass(eq=False, slots=True)
-class _Running:
-    req: SimRequest
-    hashes: list[int]
-    """The prompt's full-block hashes."""
-    registered: int
-    """Leading prompt blocks referenced in the cache (hit at admission, then computed)."""
-    private: int
-    """Blocks held outside the cache."""
-    computed: int
-    """Prompt tokens computed (cached ones included)."""
-    generated: int = 0
-    view: ActiveRequest | None = None
-
     @property
-    def prefill_left(self) -> int:
-        return self.req.prompt_len - self.computed
+    def num_kv_blocks(self) -> int:
+        return max(1, self.kv_cache_tokens // self.block_size)
 
-    def active(self) -> ActiveRequest:
-        left = self.prefill_left
-        if self.view is None or self.view.prefill_left != left:
-            r = self.req
-            self.view = ActiveRequest(r.rank, r.adapter, r.tpot_slo, left)
-        return self.view
+    def scheduler_config(self, check_invariants: bool = False) -> SchedulerConfig:
+        return SchedulerConfig(
+            num_kv_blocks=self.num_kv_blocks,
+            block_size=self.block_size,
+            max_num_batched_tokens=self.max_batched_tokens,
+            max_num_seqs=self.max_running,
+            long_prefill_token_threshold=self.chunk_tokens,
+            max_loras=self.max_adapters,
+            check_invariants=check_invariants,
+        )
 
 
-@dataclass(slots=True)
-class _Plan:
-    """What the iteration in progress computes."""
+class _NotReady:
+    """The adapters whose requests must wait now: not on the device, or their copy still in flight."""
 
-    decode: list[_Running]
-    prefill: list[tuple[_Running, int]]
-    seconds: float
+    def __init__(self, device: OrderedDict[str, float], now: float) -> None:
+        self._device, self._now = device, now
+
+    def __contains__(self, name: object) -> bool:
+        ready = self._device.get(name) if isinstance(name, str) else None
+        return ready is None or ready > self._now
+
+
+def _decodes(c: ScheduledChunk) -> bool:
+    """A decode: one token, the last, of a sequence that has generated before."""
+    return c.num_tokens == 1 and c.samples and bool(c.seq.output_token_ids)
+
+
+def _decoding(seq: Sequence) -> bool:
+    return bool(seq.output_token_ids) and seq.num_uncomputed == 1
 
 
 class SimEndpoint:
-    def __init__(self, id: str, spec: EngineSpec, adapter_ranks: dict[str, int] | None = None) -> None:
+    def __init__(
+        self, id: str, spec: EngineSpec, adapter_ranks: dict[str, int] | None = None, check: bool = False
+    ) -> None:
+        """``check`` asserts the scheduler's invariants after every step (tests)."""
         self.id = id
         self.spec = spec
         self.cost = spec.cost
-        self.cache = PrefixCache(max(1, spec.kv_cache_tokens // spec.block_size), spec.block_size)
-        self.adapter_ranks = adapter_ranks or {}
-        self.running: list[_Running] = []
-        self._fcfs: deque[SimRequest] = deque()
-        self._groups: PriorityGroups[SimRequest] = PriorityGroups(spec.priority_groups)
-        self._waiting_view: dict[int, ActiveRequest] = {}
-        self._queued_cached: dict[int, int] = {}
-        """Cached prompt tokens of a queued request when it was queued (its priority group)."""
+        self._local: PriorityGroupQueue | None = None
+        if spec.queue == "priority":
+            self._local = PriorityGroupQueue(self._cached_tokens, spec.priority_groups)
+        self.scheduler = Scheduler(
+            spec.scheduler_config(check), spec.num_kv_blocks * spec.block_size, queue=self._local
+        )
+        self.adapter_ranks = dict(adapter_ranks or {})
+        self._requests: dict[str, SimRequest] = {}
+        """The unfinished requests by id (a sequence's request)."""
+        self._active: dict[str, ActiveRequest] = {}
         self.device: OrderedDict[str, float] = OrderedDict()
         """Adapters on the device (LRU order) → the time their load completes."""
         self.host: OrderedDict[str, None] = OrderedDict()
-        self.plan: _Plan | None = None
+        self.plan: SchedulerOutput | None = None
+        """The iteration in progress."""
         self.busy_until: float | None = None
         self.iterations = 0
         self.busy_seconds = 0.0
@@ -113,142 +134,100 @@ class SimEndpoint:
 
     # -- the queue -------------------------------------------------------------------------------------
     @property
-    def num_waiting(self) -> int:
-        return len(self._fcfs) if self.spec.queue == "fcfs" else len(self._groups)
+    def running(self) -> list[Sequence]:
+        return self.scheduler.running
 
-    def _waiting(self) -> Iterator[SimRequest]:
-        return iter(self._fcfs) if self.spec.queue == "fcfs" else iter(self._groups)
+    @property
+    def num_waiting(self) -> int:
+        return len(self.scheduler.waiting)
 
     def enqueue(self, req: SimRequest, now: float) -> None:
         """A request routed here."""
-        total = self._blocks_needed(req)
-        if total > self.cache.num_blocks:
+        total = math.ceil((req.prompt_len + req.output_tokens) / self.spec.block_size)
+        if total > self.spec.num_kv_blocks:
             raise ValueError(
                 f"request {req.id} needs {total} KV blocks, more than endpoint {self.id} has "
-                f"({self.cache.num_blocks}); raise kv_cache_tokens"
+                f"({self.spec.num_kv_blocks}); raise kv_cache_tokens"
             )
         req.endpoint = self.id
-        if self.spec.queue == "fcfs":
-            self._fcfs.append(req)
-        else:
-            # Preble §4.3: the group of its cached-token fraction here, taken when it is queued.
-            hashes = self._hashes(req)
-            cached = min(self.cache.cached_prefix(hashes) * self.spec.block_size, req.prompt_len - 1)
-            self._queued_cached[id(req)] = cached
-            self._groups.push(req, cached, req.prompt_len)
-        self._waiting_view[id(req)] = ActiveRequest(req.rank, req.adapter, req.tpot_slo, req.prompt_len)
+        adapter = None
+        if req.adapter is not None:
+            adapter = AdapterRef("lora", DEFAULT_NAMESPACE, req.adapter, 0)
+            self.adapter_ranks.setdefault(req.adapter, req.rank)
+        seq = Sequence(
+            req.id,
+            list(req.tokens),
+            SamplingParams(max_tokens=max(1, req.output_tokens)),
+            arrival=req.arrival,
+            extra_key=req.adapter,  # the KV of the same tokens differs per adapter
+            adapter=adapter,
+        )
+        self._requests[req.id] = req
+        self.scheduler.add(seq)
         self._view = None
 
-    def _hashes(self, req: SimRequest) -> list[int]:
-        return block_hashes(req.tokens, self.spec.block_size, salt=req.adapter)
-
-    def _blocks_needed(self, req: SimRequest) -> int:
-        return math.ceil((req.prompt_len + req.output_tokens) / self.spec.block_size)
+    def _cached_tokens(self, seq: Sequence) -> int:
+        return self.scheduler.blocks.cached_prefix_tokens(seq)
 
     # -- adapters --------------------------------------------------------------------------------------
-    def _adapter_ready(self, req: SimRequest, now: float) -> tuple[bool, float | None]:
-        """Whether ``req``'s adapter is usable now; else starts its load when a slot allows and returns
-        when it will be ready (None: no slot now)."""
-        name = req.adapter
-        if name is None:
-            return True, None
-        ready = self.device.get(name)
-        if ready is not None:
-            self.device.move_to_end(name)
-            return ready <= now, ready
-        if len(self.device) >= self.spec.max_adapters:
-            busy = {r.req.adapter for r in self.running}
-            victim = next((a for a, t in self.device.items() if a not in busy and t <= now), None)
-            if victim is None:
-                return False, None
-            del self.device[victim]
-        tier: AdapterTier = "host" if name in self.host else "storage"
-        ready = now + self.cost.adapter_load_seconds(req.rank, tier)
-        self.device[name] = ready
-        self.host[name] = None
-        self.host.move_to_end(name)
-        while len(self.host) > self.spec.max_host_adapters:
-            self.host.popitem(last=False)
-        self.adapter_loads += 1
-        self._view = None
-        return ready <= now, ready
+    def _prefetch(self, now: float) -> None:
+        """Start loading the adapters the queue's head needs, in queue order, while a slot is free or
+        holds an adapter that no running request and no request ahead needs (and is not in flight)."""
+        busy = self.scheduler.running_loras()
+        for name in dict.fromkeys(self.scheduler.waiting_loras(PREFETCH_HEAD)):
+            if name in self.device:
+                # Kept for the requests ahead: evicting it for a later one livelocks a full device
+                # (each load would evict the adapter the head waits for).
+                self.device.move_to_end(name)
+                busy.add(name)
+                continue
+            if len(self.device) >= self.spec.max_adapters:
+                victim = next((a for a, t in self.device.items() if a not in busy and t <= now), None)
+                if victim is None:
+                    return
+                del self.device[victim]
+            tier: AdapterTier = "host" if name in self.host else "storage"
+            self.device[name] = now + self.cost.adapter_load_seconds(self.adapter_ranks.get(name, 0), tier)
+            self.host[name] = None
+            self.host.move_to_end(name)
+            while len(self.host) > self.spec.max_host_adapters:
+                self.host.popitem(last=False)
+            self.adapter_loads += 1
+            self._view = None
+            busy.add(name)
 
     # -- iterations ------------------------------------------------------------------------------------
     def start_iteration(self, now: float) -> tuple[float | None, float | None]:
         """Plan the next iteration at ``now``. Returns (its end, or None when there is nothing to run;
-        the earliest adapter-ready time of a skipped request, for a wake-up when idle)."""
+        the earliest time an adapter load completes, for a wake-up when idle)."""
         assert self.plan is None
-        budget = self.spec.max_batched_tokens
-        decode: list[_Running] = []
-        prefill: list[tuple[_Running, int]] = []
-        for run in self.running:
-            if run.prefill_left == 0:
-                decode.append(run)
-                budget -= 1
-        for run in self.running:
-            left = run.prefill_left
-            if left > 0 and budget > 0:
-                chunk = min(left, self.spec.chunk_tokens, budget)
-                prefill.append((run, chunk))
-                budget -= chunk
-        wake = self._admit(now, budget, prefill)
-        if not decode and not prefill:
-            return None, wake
-        ctx = sum(r.computed + r.generated for r in decode)
-        seconds = self.cost.iteration_seconds(
-            [r.req.rank for r in decode],
-            ctx,
-            sum(c for _, c in prefill),
-            sum(c * r.req.rank for r, c in prefill),
-        )
-        self.plan = _Plan(decode, prefill, seconds)
+        if self.adapter_ranks:
+            self._prefetch(now)
+            self.scheduler.hold_loras(_NotReady(self.device, now))
+        out = self.scheduler.schedule()
+        if not out.chunks:
+            return None, min((t for t in self.device.values() if t > now), default=None)
+        decode_ranks: list[int] = []
+        context = prefill = prefill_rank = 0
+        for c in out.chunks:
+            req = self._requests[c.seq.request_id]
+            if req.admitted is None:
+                req.admitted = now
+                req.cached_tokens = c.seq.num_cached_tokens
+                req.service_floor = self._floor(req, req.cached_tokens)
+            if _decodes(c):
+                decode_ranks.append(req.rank)
+                context += c.seq.num_tokens
+            else:
+                prefill += c.num_tokens
+                prefill_rank += c.num_tokens * req.rank
+        seconds = self.cost.iteration_seconds(decode_ranks, context, prefill, prefill_rank)
+        self.plan = out
         self.busy_until = now + seconds
         self.iterations += 1
         self.busy_seconds += seconds
-        return self.busy_until, wake
-
-    def _admit(self, now: float, budget: int, prefill: list[tuple[_Running, int]]) -> float | None:
-        wake: float | None = None
-        skipped: list[SimRequest] = []
-        admitted_any = False
-        while budget > 0 and len(self.running) < self.spec.max_running and self.num_waiting:
-            req = self._fcfs[0] if self.spec.queue == "fcfs" else self._groups.peek()
-            ready, when = self._adapter_ready(req, now)
-            if not ready:
-                if when is not None:
-                    wake = when if wake is None else min(wake, when)
-                skipped.append(self._pop())
-                continue
-            hashes = self._hashes(req)
-            hit = self.cache.admit(hashes, self._blocks_needed(req))
-            if hit is None:
-                break  # the KV cache is full: the head of the queue waits (no overtaking)
-            self._pop()
-            cached = min(hit * self.spec.block_size, req.prompt_len - 1)
-            run = _Running(
-                req, hashes, registered=hit, private=self._blocks_needed(req) - hit, computed=cached
-            )
-            req.admitted = now
-            req.cached_tokens = cached
-            req.service_floor = self._floor(req, cached)
-            self.running.append(run)
-            del self._waiting_view[id(req)]
-            self._queued_cached.pop(id(req), None)
-            chunk = min(run.prefill_left, self.spec.chunk_tokens, budget)
-            prefill.append((run, chunk))
-            budget -= chunk
-            admitted_any = True
-        for req in reversed(skipped):  # back in front, in their order
-            if self.spec.queue == "fcfs":
-                self._fcfs.appendleft(req)
-            else:
-                self._groups.push_front(req, self._queued_cached[id(req)], req.prompt_len)
-        if admitted_any or skipped:
-            self._view = None
-        return wake
-
-    def _pop(self) -> SimRequest:
-        return self._fcfs.popleft() if self.spec.queue == "fcfs" else self._groups.pop()
+        self._view = None
+        return self.busy_until, None
 
     def _floor(self, req: SimRequest, cached: int) -> float:
         """A lower bound of its latency given this cache hit: its prefill chunks alone, then output − 1
@@ -266,71 +245,66 @@ class SimEndpoint:
     def finish_iteration(self, now: float) -> tuple[list[SimRequest], list[SimRequest]]:
         """The iteration in progress ended at ``now``: returns (requests that got their first token,
         requests that finished)."""
-        plan = self.plan
-        assert plan is not None and self.busy_until is not None and abs(self.busy_until - now) < 1e-9
+        out = self.plan
+        assert out is not None and self.busy_until is not None and abs(self.busy_until - now) < 1e-9
         self.plan = self.busy_until = None
+        sampled = {c.seq.request_id: self._next_token(c.seq) for c in out.chunks if c.samples}
         first: list[SimRequest] = []
-        done: list[_Running] = []
-        bs = self.spec.block_size
-        for run in plan.decode:
-            run.generated += 1
-            if run.generated >= run.req.output_tokens:
-                done.append(run)
-        for run, chunk in plan.prefill:
-            run.computed += chunk
-            full = min(run.computed // bs, len(run.hashes))
-            if full > run.registered:
-                self.cache.register(run.hashes[run.registered : full])
-                run.private -= full - run.registered
-                run.registered = full
-            if run.prefill_left == 0:
-                run.generated = 1
-                run.req.first_token = now
-                first.append(run.req)
-                if run.generated >= run.req.output_tokens:
-                    done.append(run)
-        for run in done:
-            self._release(run)
-            run.req.finished = now
+        done: list[SimRequest] = []
+        for seq in self.scheduler.update(out, sampled):
+            req = self._requests[seq.request_id]
+            if len(seq.output_token_ids) == 1:
+                req.first_token = now
+                first.append(req)
+            if self.scheduler.reached_length(seq):
+                self.scheduler.finish(seq, "length")
+                del self._requests[seq.request_id]
+                self._active.pop(seq.request_id, None)
+                if self._local is not None:
+                    self._local.forget(seq.request_id)
+                req.finished = now
+                done.append(req)
         self._view = None
-        return first, [r.req for r in done]
+        return first, done
 
-    def _release(self, run: _Running) -> None:
-        self.running.remove(run)
-        req = run.req
-        hashes = run.hashes[: run.registered]
-        if req.output_ids:
-            # The engine keeps the KV of prompt + output: a next turn of the conversation reuses both.
-            full = block_hashes(req.tokens + req.output_ids, self.spec.block_size, salt=req.adapter)
-            extra = full[run.registered :][: run.private]
-            self.cache.register(extra)
-            run.private -= len(extra)
-            hashes = hashes + extra
-        self.cache.release(hashes, run.private)
-        run.private = 0
+    def _next_token(self, seq: Sequence) -> int:
+        answer = self._requests[seq.request_id].output_ids
+        i = len(seq.output_token_ids)
+        return answer[i] if i < len(answer) else FILLER_TOKEN
 
     # -- what the worker publishes -----------------------------------------------------------------------
+    def _active_request(self, seq: Sequence) -> ActiveRequest:
+        left = 0 if _decoding(seq) else seq.num_uncomputed
+        view = self._active.get(seq.request_id)
+        if view is None or view.prefill_left != left:
+            r = self._requests[seq.request_id]
+            view = self._active[seq.request_id] = ActiveRequest(r.rank, r.adapter, r.tpot_slo, left)
+        return view
+
     def view(self, now: float) -> EndpointView:
         if self._view is None:
-            active = tuple(r.active() for r in self.running) + tuple(self._waiting_view.values())
+            s = self.scheduler
+            running = s.running
+            waiting = [q for q in s.requests.values() if q.status is Status.WAITING]
             self._view = EndpointView(
                 id=self.id,
-                num_running=len(self.running),
-                num_waiting=self.num_waiting,
-                kv_usage=self.cache.referenced / self.cache.num_blocks,
-                kv_capacity_tokens=self.cache.num_blocks * self.spec.block_size,
+                num_running=len(running),
+                num_waiting=len(waiting),
+                kv_usage=s.blocks.usage(),
+                kv_capacity_tokens=s.blocks.num_blocks * self.spec.block_size,
                 device_adapters=frozenset(self.device),
                 host_adapters=frozenset(self.host),
                 max_adapters=self.spec.max_adapters,
                 max_running=self.spec.max_running,
-                context_tokens=sum(r.computed + r.generated for r in self.running),
-                active=active,
+                context_tokens=sum(q.num_tokens if _decoding(q) else q.num_computed_tokens for q in running),
+                active=tuple(self._active_request(q) for q in running + waiting),
                 cost=self.cost,
             )
         return self._view
 
     def check(self) -> None:
-        self.cache.check()
+        self.scheduler.check_blocks()
         assert len(self.running) <= self.spec.max_running
+        assert len(self.scheduler.running_loras()) <= self.spec.max_adapters
         assert len(self.device) <= self.spec.max_adapters
-        assert self.cache.private == sum(r.private for r in self.running), "private blocks accounted"
+        assert set(self._requests) == set(self.scheduler.requests), "every unfinished request scheduled"

@@ -49,7 +49,7 @@ class Simulator:
         if not specs:
             raise ValueError("at least one endpoint")
         self.router = router
-        self.endpoints = [SimEndpoint(f"e{i}", spec, adapter_ranks) for i, spec in enumerate(specs)]
+        self.endpoints = [SimEndpoint(f"e{i}", spec, adapter_ranks, check) for i, spec in enumerate(specs)]
         self._by_id = {e.id: e for e in self.endpoints}
         self.predict_output = predict_output
         self.check = check
