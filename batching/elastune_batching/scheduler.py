@@ -205,7 +205,7 @@ class Scheduler:
             self._batch_forming = False
         elif mode != "dynamic" or self._batch_forming:
             skipped: list[Sequence] = []
-            loras = self.running_loras()
+            loras = self.running_loras() if len(self.waiting) else set()
             while len(self.waiting) and budget > 0 and len(self.running) < limit:
                 seq = self.waiting.peek()
                 lora = seq.lora  # a soft prompt takes no adapter slot: only LoRAs count

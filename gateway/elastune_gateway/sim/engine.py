@@ -96,11 +96,14 @@ class _NotReady:
 
 def _decodes(c: ScheduledChunk) -> bool:
     """A decode: one token, the last, of a sequence that has generated before."""
-    return c.num_tokens == 1 and c.samples and bool(c.seq.output_token_ids)
+    out = c.seq.output_token_ids
+    return c.num_tokens == 1 and bool(out) and c.start + 1 == len(c.seq.prompt_token_ids) + len(out)
 
 
-def _decoding(seq: Sequence) -> bool:
-    return bool(seq.output_token_ids) and seq.num_uncomputed == 1
+def _prefill_left(seq: Sequence) -> int:
+    """Tokens it has still to prefill: 0 once it decodes (a preempted one recomputes its output too)."""
+    left = len(seq.prompt_token_ids) + len(seq.output_token_ids) - seq.num_computed_tokens
+    return 0 if left == 1 and seq.output_token_ids else left
 
 
 class SimEndpoint:
@@ -201,7 +204,7 @@ class SimEndpoint:
         """Plan the next iteration at ``now``. Returns (its end, or None when there is nothing to run;
         the earliest time an adapter load completes, for a wake-up when idle)."""
         assert self.plan is None
-        if self.adapter_ranks:
+        if self.adapter_ranks and len(self.scheduler.waiting):
             self._prefetch(now)
             self.scheduler.hold_loras(_NotReady(self.device, now))
         out = self.scheduler.schedule()
@@ -274,7 +277,7 @@ class SimEndpoint:
 
     # -- what the worker publishes -----------------------------------------------------------------------
     def _active_request(self, seq: Sequence) -> ActiveRequest:
-        left = 0 if _decoding(seq) else seq.num_uncomputed
+        left = _prefill_left(seq)
         view = self._active.get(seq.request_id)
         if view is None or view.prefill_left != left:
             r = self._requests[seq.request_id]
@@ -296,7 +299,7 @@ class SimEndpoint:
                 host_adapters=frozenset(self.host),
                 max_adapters=self.spec.max_adapters,
                 max_running=self.spec.max_running,
-                context_tokens=sum(q.num_tokens if _decoding(q) else q.num_computed_tokens for q in running),
+                context_tokens=sum(q.num_computed_tokens + (_prefill_left(q) == 0) for q in running),
                 active=tuple(self._active_request(q) for q in running + waiting),
                 cost=self.cost,
             )
