@@ -270,6 +270,11 @@ def build_parser() -> argparse.ArgumentParser:
             "gateway overhead: CPU per request and added latency vs vllm-router and smg, same worker",
         ),
         (
+            "tenancy",
+            "elastune_gateway.bench.tenancy",
+            "one key flooding another: the victim's p99 TTFT alone vs under the flood, fair sharing vs FCFS",
+        ),
+        (
             "ssjf",
             "elastune_worker.bench.ssjf",
             "FCFS vs SJF (predicted, oracle lengths) job completion times on the engine, 3 batching settings",
@@ -362,6 +367,7 @@ WORKER_COMMANDS: dict[tuple[str, ...], list[str]] = {
     ("bench", "serve"): ["elastune_worker.bench.serve"],
     ("bench", "route"): ["elastune_gateway.bench.route"],
     ("bench", "gateway"): ["elastune_gateway.bench.gateway"],
+    ("bench", "tenancy"): ["elastune_gateway.bench.tenancy"],
     ("bench", "lora"): ["elastune_worker.bench.lora"],
     ("bench", "ssjf"): ["elastune_worker.bench.ssjf"],
     ("bench", "chaos"): ["elastune_worker.bench.chaos"],
