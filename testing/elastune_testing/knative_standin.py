@@ -2,7 +2,9 @@
 
 It watches the Knative Services the operator creates (through the Kubernetes API, e.g. the emulator),
 keeps ``min-scale`` worker pods of each running — a Pod object in the API plus a local worker process
-registered under the pod's name, exactly as a pod would — and, when min-scale drops, removes pods the
+registered under the pod's name, exactly as a pod would; each pod gets an address of its own on the
+loopback network (127.x.y.z, status.podIP, Running) where its worker serves on Knative's port 8080, so
+the operator vouches for it as for a real pod — and, when min-scale drops, removes pods the
 way the ReplicaSet controller does: lowest ``controller.kubernetes.io/pod-deletion-cost`` first, then
 the newest. Every removal is recorded with the state its worker reported at that moment, so a test can
 prove that a scale-down never took a busy worker.
@@ -25,6 +27,7 @@ from elastune_operator.k8s.knative import (
     KNATIVE_PLURAL,
     KNATIVE_VERSION,
     MIN_SCALE,
+    WORKER_PORT,
 )
 from elastune_operator.local.backend import LocalBackend
 
@@ -105,8 +108,10 @@ class KnativeStandIn:
                 },
             }
             core.create_namespaced_pod(ns, body)
+            ip = _pod_ip()
+            core.patch_namespaced_pod_status(pod, ns, {"status": {"phase": "Running", "podIP": ip}})
             self.pods[pod] = _Pod(pod, ns, name, self._order)
-            self.backend.start_worker(pod, pool, env["ELASTUNE_MODEL"])
+            self.backend.start_worker(pod, pool, env["ELASTUNE_MODEL"], host=ip, port=WORKER_PORT)
         if len(mine) > want:
             costs = {p.name: self._cost(core, p) for p in mine}
             # ReplicaSet controller: lower deletion cost first, then the newest pod.
@@ -134,3 +139,9 @@ class KnativeStandIn:
             return int(raw) if raw is not None else 0
         except ValueError:
             return 0
+
+
+def _pod_ip() -> str:
+    """A loopback address of its own for a pod (all of 127.0.0.0/8 reaches this host), away from
+    127.0.0.1 so a worker on Knative's port cannot clash with anything else listening there."""
+    return f"127.{secrets.randbelow(200) + 20}.{secrets.randbelow(256)}.{secrets.randbelow(253) + 2}"

@@ -70,11 +70,12 @@ class LocalBackend:
             wid = f"{pool}-w{self._n}"
             self.start_worker(wid, pool, model)
 
-    def start_worker(self, wid: str, pool: str, model: str) -> _Proc:
+    def start_worker(self, wid: str, pool: str, model: str, host: str = LOOPBACK, port: int = 0) -> _Proc:
+        """A worker process registered as ``wid``, serving on ``host:port`` (port 0: one it picks)."""
         log = self.work_dir / "logs" / f"{wid}.log"
         argv = [self.python, "-m", "elastune_worker", "serve", "--pool", pool, "--model", model]
         argv += ["--redis-url", self.redis_url, "--namespace", self.namespace, "--worker-id", wid]
-        argv += ["--host", LOOPBACK, "--port", "0", "--threads", str(self.threads)]
+        argv += ["--host", host, "--port", str(port), "--threads", str(self.threads)]
         argv += self.pool_args.get(pool, [])
         env = {
             **os.environ,
