@@ -14,6 +14,8 @@ COPY contract/ contract/
 COPY operator/ operator/
 COPY worker/ worker/
 COPY gateway/ gateway/
+# The continuous-batching core the gateway's simulator steps (and the worker package imports).
+COPY batching/ batching/
 COPY testing/ testing/
 # A wheel of the one distribution (all its import packages; the worker's is inert without its extra).
 RUN pip wheel --no-deps --wheel-dir /wheels .

@@ -29,6 +29,8 @@ COPY pyproject.toml README.md ./
 COPY contract/ contract/
 COPY operator/ operator/
 COPY worker/ worker/
+# The engine's continuous-batching core (scheduler, block manager): the engine imports it.
+COPY batching/ batching/
 COPY testing/ testing/
 # SSJF's output-length predictor service runs from this image too (command: python -m elastune_ssjf).
 COPY ssjf/ ssjf/
