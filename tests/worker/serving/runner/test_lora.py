@@ -183,7 +183,7 @@ def test_scheduler_never_runs_more_adapters_than_slots():
 
 def _emulated(setup: dict[str, Any], mode: str, **kw: Any) -> tuple[LLMEngine, list[float]]:
     """An engine whose EMULATED adapter copies (10 GB/s) finish when the test moves its clock past them."""
-    eng = lora_engine(setup, (8, *kw.pop("ranks", ())), lora_load_mode=mode, max_loras=2, **kw)
+    eng = lora_engine(setup, (8, *kw.pop("ranks", ())), lora_load_mode=mode, **{"max_loras": 2, **kw})
     now = [100.0]
     assert eng.loras is not None
     eng.loras.time_copies(EmulatedCopies(10.0, clock=lambda: now[0]))
@@ -220,6 +220,27 @@ def test_async_loading_holds_the_request_back_until_its_adapter_is_on_the_device
         for o in eng.step():
             out.setdefault(o.request_id, []).extend(o.new_token_ids)
     assert out["cold"] == reference(setup["tok"], setup["merged"][8], PROMPTS[0])
+
+
+def test_prefetch_never_evicts_the_adapter_the_queue_head_waits_for(setup):
+    """One device slot, two waiting requests on two adapters (async): while the head's adapter copies,
+    the next step's prefetch must not evict it for the second one (they evicted each other every step,
+    and neither request ever started)."""
+    eng, now = _emulated(setup, "async", ranks=(16,), max_loras=1)
+    eng.add_request("first", PROMPTS[0], GREEDY, adapter=eng.adapter_ref("r8"))
+    eng.add_request("second", PROMPTS[1], GREEDY, adapter=eng.adapter_ref("r16"))
+    assert eng.loras is not None
+    for _ in range(3):  # the copy is in flight: nothing may run yet, and r8 keeps its slot
+        eng.step()
+        assert list(eng.loras.device.slot_of) == ["r8"]
+    now[0] += 1.0
+    out: dict[str, list[int]] = {}
+    while eng.has_unfinished():
+        for o in eng.step():
+            out.setdefault(o.request_id, []).extend(o.new_token_ids)
+        now[0] += 1.0
+    assert out["first"] == reference(setup["tok"], setup["merged"][8], PROMPTS[0])
+    assert out["second"] == reference(setup["tok"], setup["merged"][16], PROMPTS[1])
 
 
 def test_on_demand_loading_makes_the_step_wait_and_cached_needs_every_adapter_on_the_device(setup):

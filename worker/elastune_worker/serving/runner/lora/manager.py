@@ -58,9 +58,15 @@ class LoRAManager:
         return reg
 
     def prefetch(self, names: list[str], busy: set[str]) -> None:
-        """Start loading adapters that waiting requests need, while a slot is free or evictable."""
+        """Start loading adapters that waiting requests need, in queue order, while a slot is free or
+        evictable. An adapter the queue needs earlier is never evicted for a later one, resident or
+        still copying (else two waiting adapters evict each other every step and neither request
+        starts)."""
         for name in dict.fromkeys(names):
-            if name in self.device.slot_of or name not in self.host.registered:
+            if name in self.device.slot_of:
+                busy = busy | {name}
+                continue
+            if name not in self.host.registered:
                 continue
             if not self.device.can_place(busy):
                 return
