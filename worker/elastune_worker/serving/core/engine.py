@@ -27,7 +27,6 @@ from elastune_worker.serving.config import EngineConfig
 from elastune_worker.serving.core.detokenizer import IncrementalDetokenizer
 from elastune_worker.serving.coserve.planner import CoServePlanner, FinetuneJob, IterationPlan
 from elastune_worker.serving.outputs import RequestOutput
-from elastune_worker.serving.runner.lora.cpu_workers import CpuLoRAPool
 from elastune_worker.serving.runner.lora.manager import LoRAManager
 from elastune_worker.serving.runner.lora.storage import resolve_artifact
 from elastune_worker.serving.runner.lora.weights import AdapterError, LoRAWeights
@@ -94,16 +93,7 @@ class LLMEngine:
         """By adapter key (the runner reads a sequence's soft prompt here)."""
         self.loras: LoRAManager | None = None
         if self.config.enable_lora:
-            r = self.runner
-            self.loras = LoRAManager(
-                self.config, r.model.lora_shapes(), r.model.num_layers, r.device, r.dtype
-            )
-            r.lora_device = self.loras.device
-            if self.config.lora_cpu_workers and self.config.lora_load_mode == "cpu_assisted":
-                dims = [d for shape in r.model.lora_shapes().values() for d in shape]
-                r.lora_cpu_pool = CpuLoRAPool(
-                    self.config.lora_cpu_workers, self.config.max_num_batched_tokens, max(dims)
-                )
+            self.loras = self.runner.enable_loras(self.config)
         self._detok: dict[str, IncrementalDetokenizer] = {}
         self._steps = 0
         self._step_seconds = 0.0
@@ -226,7 +216,7 @@ class LLMEngine:
                         self._count_cpu_assisted(out, host)
             if out.chunks:
                 sampled = self.runner.execute(out, slots, self.soft_prompts or None, host)
-                failed.update(self.runner.sampler.take_failures())
+                failed.update(self.runner.take_sampling_failures())
         ft_start = time.perf_counter()
         plan, finetune = self._coserve_share(out.num_tokens) if coserve is not None else (None, 0)
         ft_s = time.perf_counter() - ft_start  # the finetuning share alone, for its latency model
@@ -367,7 +357,7 @@ class LLMEngine:
     def _finish(self, seq: Sequence, reason: str) -> None:
         self.scheduler.finish(seq, reason)
         self._detok.pop(seq.request_id, None)
-        self.runner.sampler.forget(seq.request_id)
+        self.runner.forget_request(seq.request_id)
 
     # -- adapters -----------------------------------------------------------------------------------
     def _prepare_loras(self) -> None:
@@ -458,8 +448,7 @@ class LLMEngine:
         else:
             assert self.loras is not None  # a LoRA was registered: LoRA is enabled
             self.loras.unregister(key, users)
-            if self.runner.lora_cpu_pool is not None:
-                self.runner.lora_cpu_pool.forget(key)
+            self.runner.forget_adapter(key)
         del self._adapters[key]
 
     def adapter_ref(self, name: str, namespace: str = DEFAULT_NAMESPACE) -> AdapterRef:

@@ -19,6 +19,7 @@ from elastune_worker.serving.runner.attention import AttentionMetadata, DecodeGr
 from elastune_worker.serving.runner.cuda_graphs import DecodeGraphs
 from elastune_worker.serving.runner.lora.cpu_workers import CpuLoRAPool
 from elastune_worker.serving.runner.lora.kernels import LoRABatch
+from elastune_worker.serving.runner.lora.manager import LoRAManager
 from elastune_worker.serving.runner.lora.slots import DeviceLoRAs
 from elastune_worker.serving.runner.lora.weights import LoRAWeights
 from elastune_worker.serving.runner.models.loader import context_length, load_model
@@ -77,9 +78,34 @@ class ModelRunner:
         """Captured at the first decode step (after the engine has set the LoRA slots)."""
         self.graph_factory: type[DecodeGraphs] = DecodeGraphs
         self.sampler = Sampler(self.device)
-        self.lora_device: DeviceLoRAs | None = None  # set by the engine's LoRAManager
+        self.lora_device: DeviceLoRAs | None = None  # set by enable_loras
         self.lora_kernel: LoraKernelName = config.lora_kernel
-        self.lora_cpu_pool: CpuLoRAPool | None = None  # set by the engine when it has CPU LoRA workers
+        self.lora_cpu_pool: CpuLoRAPool | None = None  # set by enable_loras with CPU LoRA workers
+
+    def enable_loras(self, config: EngineConfig) -> LoRAManager:
+        """The adapter tiers for this model on this device (its LoRA shapes, the device slots the steps
+        read) and, for CaraServe's CPU path in worker processes, their pool."""
+        loras = LoRAManager(config, self.model.lora_shapes(), self.model.num_layers, self.device, self.dtype)
+        self.lora_device = loras.device
+        if config.lora_cpu_workers and config.lora_load_mode == "cpu_assisted":
+            dims = [d for shape in self.model.lora_shapes().values() for d in shape]
+            self.lora_cpu_pool = CpuLoRAPool(
+                config.lora_cpu_workers, config.max_num_batched_tokens, max(dims)
+            )
+        return loras
+
+    def forget_adapter(self, key: str) -> None:
+        """An adapter was unloaded: the CPU LoRA workers drop their copy."""
+        if self.lora_cpu_pool is not None:
+            self.lora_cpu_pool.forget(key)
+
+    def take_sampling_failures(self) -> dict[str, str]:
+        """Requests whose sampling failed in the last step (each request's fault stays its own)."""
+        return self.sampler.take_failures()
+
+    def forget_request(self, request_id: str) -> None:
+        """A request left the engine: its sampling state (seeded generators, penalties) goes."""
+        self.sampler.forget(request_id)
 
     @torch.inference_mode()
     def execute(
