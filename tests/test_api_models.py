@@ -120,6 +120,12 @@ BAD_JOBS = [
         "spec.hyperparameters.learningRate",
     ),
     ("string-batch-size", _set("spec.hyperparameters.batchSize", "8"), "spec.hyperparameters.batchSize"),
+    ("huge-batch-size", _set("spec.hyperparameters.batchSize", 4097), "spec.hyperparameters.batchSize"),
+    (
+        "endless-iterations",
+        _set("spec.termination.maxIterations", 10**6 + 1),
+        "spec.termination.maxIterations",
+    ),
     (
         "too-many-virtual-tokens",
         _set("spec.hyperparameters.virtualTokens", 513),

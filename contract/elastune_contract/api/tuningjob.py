@@ -77,8 +77,9 @@ class Target(ApiModel):
 class Termination(ApiModel):
     """When tuning stops: after maxIterations, or earlier once the target is reached."""
 
-    max_iterations: int = Field(ge=1)
-    """Upper bound on optimizer steps."""
+    max_iterations: int = Field(ge=1, le=1_000_000)
+    """Upper bound on optimizer steps (at most a million: prompt tuning converges in hundreds to
+    thousands; a bound keeps one job from holding GPUs indefinitely)."""
     target: Target | None = None
     """Optional early-stopping target."""
 
@@ -86,8 +87,8 @@ class Termination(ApiModel):
 class Hyperparameters(ApiModel):
     """Optimizer settings of the prompt-tuning loop."""
 
-    batch_size: int = Field(default=8, ge=1)
-    """Global batch size, split across the job's GPUs (data parallel)."""
+    batch_size: int = Field(default=8, ge=1, le=4096)
+    """Global batch size, split across the job's GPUs (data parallel); at most 4,096 samples a step."""
     learning_rate: PositiveDecimal = "0.3"
     """Learning rate as a decimal string; prompt tuning uses far larger rates than full fine-tuning."""
     optimizer: Optimizer = "adamw"
