@@ -202,6 +202,7 @@ def run(opts: RunOptions, out: TextIO = sys.stdout, err: TextIO = sys.stderr) ->
     servers: list[Server] = []
     backend: LocalBackend | None = None
     tmp = Path(tempfile.mkdtemp(prefix="servers-", dir=state_dir))
+    stop = install_stop()  # before anything starts: a SIGTERM during start-up still cleans up
     try:
         redis_url, bus = connect_bus(opts.redis_url, tmp, servers)
         channel_url = opts.channel
@@ -229,7 +230,6 @@ def run(opts: RunOptions, out: TextIO = sys.stdout, err: TextIO = sys.stderr) ->
         )
         for _, rec in records.values():
             core.submit(rec)
-        stop = install_stop()
         deadline = time.monotonic() + opts.timeout if opts.timeout else None
         last_draw = 0.0
         rounds = Rounds(core, err)

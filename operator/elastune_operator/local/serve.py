@@ -142,6 +142,9 @@ def serve(opts: ServeOptions, out: TextIO = sys.stdout, err: TextIO = sys.stderr
     backend: LocalBackend | None = None
     gateway: subprocess.Popen[bytes] | None = None
     tmp = Path(tempfile.mkdtemp(prefix="servers-", dir=state_dir))
+    # Before anything starts: a SIGTERM during start-up must reach the clean-up below (the servers,
+    # the gateway and the workers run in sessions of their own and would outlive us).
+    stop = install_stop()
     try:
         redis_url, bus = connect_bus(opts.redis_url, tmp, servers)
         s3_env = s3_secrets.worker_env(_manifest_files(opts.files), state_dir)
@@ -211,7 +214,6 @@ def serve(opts: ServeOptions, out: TextIO = sys.stdout, err: TextIO = sys.stderr
             file=err,
             flush=True,
         )
-        stop = install_stop()
         deadline = time.monotonic() + opts.timeout if opts.timeout else None
         next_keys = time.monotonic() + KEYS_REREAD_S
         rounds = Rounds(core, err)
