@@ -31,12 +31,18 @@ from typing import Any
 
 import httpx
 
-from elastune_contract.api_keys import KeySecret, key_map, publish
-from elastune_contract.protocol import Bus
+from elastune_contract.api_keys import KeySecret
 from elastune_contract.servers import start_redis
 
 from ..sim.metrics import percentile
-from .processes import ServiceProcess, start_gateway, start_peer, start_worker, wait_for_endpoints
+from .processes import (
+    ServiceProcess,
+    publish_keys,
+    start_gateway,
+    start_peer,
+    start_worker,
+    wait_for_endpoints,
+)
 
 RESULTS = Path("benchmarks/results/gateway.json")
 MODEL = "tiny-llama"
@@ -209,11 +215,7 @@ def _publish_key(redis_url: str, ns: str) -> None:
         namespace="bench", name="gateway-overhead", key=BENCH_KEY, models=(MODEL,),
         requests_per_minute=10_000_000, tokens_per_minute=1_000_000_000,
     )  # fmt: skip
-    bus = Bus(redis_url, ns)
-    try:
-        publish(bus.redis, ns, key_map([secret], {"bench": [MODEL]}))
-    finally:
-        bus.close()
+    publish_keys(redis_url, ns, [secret], [MODEL])
 
 
 def run(setup: Setup, before_src: Path | None, logs: Path, say: Callable[[str], None]) -> dict[str, Any]:

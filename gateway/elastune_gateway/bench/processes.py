@@ -17,6 +17,7 @@ from pathlib import Path
 
 import httpx
 
+from elastune_contract.api_keys import KeySecret, key_map, publish
 from elastune_contract.protocol import Bus
 from elastune_contract.servers import free_port
 
@@ -183,3 +184,13 @@ def start_peer(
         time.sleep(0.3)
     peer.stop()
     raise RuntimeError(f"{kind} never routed a request within 60 s: {peer.log_tail(600)}")
+
+
+def publish_keys(redis_url: str, ns: str, secrets: list[KeySecret], models: list[str]) -> None:
+    """API keys as the operator publishes them (digests, scopes, limits), for a gateway with --auth
+    required; every key's namespace serves ``models``."""
+    bus = Bus(redis_url, ns)
+    try:
+        publish(bus.redis, ns, key_map(secrets, {s.namespace: models for s in secrets}))
+    finally:
+        bus.close()

@@ -34,12 +34,12 @@ from typing import Any
 
 import httpx
 
-from elastune_contract.api_keys import KeySecret, key_map, publish
+from elastune_contract.api_keys import KeySecret
 from elastune_contract.protocol import Bus
 from elastune_contract.servers import start_redis
 
 from ..sim.metrics import percentile
-from .processes import ServiceProcess, start_gateway, start_worker, wait_for_endpoints
+from .processes import ServiceProcess, publish_keys, start_gateway, start_worker, wait_for_endpoints
 
 RESULTS = Path("benchmarks/results/tenancy.json")
 MODEL = "tiny-llama"
@@ -167,11 +167,7 @@ def _publish_keys(redis_url: str, ns: str) -> None:
         )
         for who, key in KEYS.items()
     ]
-    bus = Bus(redis_url, ns)
-    try:
-        publish(bus.redis, ns, key_map(secrets, {"bench": [MODEL]}))
-    finally:
-        bus.close()
+    publish_keys(redis_url, ns, secrets, [MODEL])
 
 
 def _wait_idle(redis_url: str, ns: str, worker: str, timeout: float = 120.0) -> None:
