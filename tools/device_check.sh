@@ -39,9 +39,11 @@ if [[ -n "$missing" ]]; then
     echo "device_check: no wheels in $ROOT/.whl (run tools/device_wheels.sh here, carry .whl)"
   fi
 fi
-if ! "$PY" -c "import elastune_worker, elastune_contract" 2>/dev/null; then
-  export PYTHONPATH="$ROOT/contract:$ROOT/worker:$ROOT/operator${PYTHONPATH:+:$PYTHONPATH}"
-fi
+# The tree's own packages always come first: an interpreter with an older install of some of them
+# (or none of the newer ones, such as batching/) must still run the code that travelled.
+TREE=""
+for pkg in contract batching worker operator gateway ssjf testing; do TREE="$TREE${TREE:+:}$ROOT/$pkg"; done
+export PYTHONPATH="$TREE${PYTHONPATH:+:$PYTHONPATH}"
 # The tiny models and adapters built here (else they are built there: minutes) and the trace.
 if [[ -d "$ROOT/.whl/cache" && -z "${ELASTUNE_CACHE:-}" ]]; then
   export ELASTUNE_CACHE=${TMPDIR:-/tmp}/elastune-device-cache
