@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# tools/device_check.sh [--smoke] OUTDIR — the prepared GPU check of issue 26, made to run once on a
+# tools/device_check.sh [--smoke] OUTDIR [--parts a,b] — the prepared GPU check of issue 26, made to run once on a
 # borrowed GPU machine (one H100 or H200 with PyTorch, Triton, transformers and peft; no network) in
 # at most 8 minutes, and with --smoke on any CPU in under 3. It first checks which of the project's
 # runtime imports the machine lacks and installs only those from the wheels carried in .whl/
@@ -58,7 +58,7 @@ import importlib.util, sys
 print(' '.join(m for m in sys.argv[1:] if importlib.util.find_spec(m) is None))" $NEEDED elastune_worker)
 [[ -n "$still" ]] && echo "device_check: still missing: $still (the parts that need them will fail)"
 echo "device_check: set up in $(( $(date +%s) - START )) s; python $("$PY" -c 'import sys; print(sys.version.split()[0])')"
-"$PY" -m elastune_worker.bench.device.run "${SMOKE[@]}" "$OUT"
+"$PY" -m elastune_worker.bench.device.run "${SMOKE[@]}" "$OUT" "${@:2}"
 rc=$?
 echo "device_check: done in $(( $(date +%s) - START )) s (exit $rc)"
 exit $rc

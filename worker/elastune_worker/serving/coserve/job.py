@@ -174,6 +174,12 @@ class CoServedJob:
             for layer in plan.finetune_backward_layers:
                 self._backward_layer(seq, layer)
             cost += plan.finetune_cost_tokens if plan.finetune_backward_layers else 0
+        if cost and self.trainer.device.type == "cuda":
+            # The planner fits its latency models to the wall time of each share (FlexLLM §6.2). CUDA
+            # runs kernels asynchronously: without this wait the share is timed as its launches only
+            # and its GPU time is charged to the next inference step, so the fits swap (on an H200 the
+            # tiny model's forward fitted 2.3 ms per token) and the windows shrink to a token or two.
+            torch.cuda.synchronize(self.trainer.device)
         if seq.state.done:
             self._finish_sequence(seq)
         return cost
