@@ -76,11 +76,17 @@ def decode(
     for _ in range(z.warm_steps):
         eng.step()
     running = len(s.running)
+    preempted = eng.scheduler.stats().preemptions
     sync(eng.runner.device)
     t0 = time.perf_counter()
-    tokens = sum(len(o.new_token_ids) for _ in range(z.decode_steps) for o in eng.step())
+    per_step = [sum(len(o.new_token_ids) for o in eng.step()) for _ in range(z.decode_steps)]
     sync(eng.runner.device)
     seconds = time.perf_counter() - t0
+    tokens = sum(per_step)
+    # The first H200 run emitted fewer tokens than batch x steps at batch 64 and 256 (1,891 of 2,048;
+    # 6,046 of 8,192) with none of it on the CPU: these say where the tokens went next time.
+    trace = {"tokens_per_step": per_step, "running_after": len(s.running), "waiting_after": len(s.waiting),
+             "preemptions_timed": eng.scheduler.stats().preemptions - preempted}  # fmt: skip
     while eng.has_unfinished():
         eng.step()
     step_s = seconds / z.decode_steps
@@ -88,7 +94,7 @@ def decode(
     res: dict[str, Any] = {
         "batch": batch, "batch_running": running, "context": z.context, "steps": z.decode_steps,
         "tokens": tokens, "seconds": round(seconds, 4), "step_ms": round(step_s * 1e3, 3),
-        "tokens_per_s": round(tokens / seconds, 1), "prefill_phase_s": round(prefill_s, 3),
+        "tokens_per_s": round(tokens / seconds, 1), "prefill_phase_s": round(prefill_s, 3), **trace,
     }  # fmt: skip
     if gbps:
         bound = shape.decode_step_bound_s(batch, mean_ctx, dtype_bytes, gbps * 1e9)
