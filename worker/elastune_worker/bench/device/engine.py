@@ -30,14 +30,28 @@ from elastune_worker.bench.device.roofline import Shape
 BLOCK = 16
 
 
+def prefill_steps(z: Sizes, batch: int) -> int:
+    """Steps a decode batch's prompts take to prefill (chunked by the step budget), plus one."""
+    return -(-batch * z.context // z.max_batched_tokens) + 1
+
+
+def output_tokens(z: Sizes, batch: int) -> int:
+    """A decode request's max_tokens: the first prompts to prefill decode while later ones still
+    prefill, so each gets as many extra tokens as there are prefill steps; none finishes inside the
+    timed steps (the first H200 run, without this slack, emitted 6,046 of 256 x 32 tokens: the early
+    requests finished up to 16 steps before the end and the batch shrank under the clock)."""
+    return z.warm_steps + z.decode_steps + 1 + prefill_steps(z, batch)
+
+
 def max_len(z: Sizes) -> int:
     """The context the runs need (the scheduler checks one such context fits the cache)."""
-    return max(z.context + z.warm_steps + z.decode_steps + 2, z.prefill_len + 2)
+    longest = z.context + output_tokens(z, max(z.decode_batches)) + 1
+    return max(longest, z.prefill_len + 2)
 
 
 def kv_blocks(z: Sizes) -> int:
     """Blocks for the largest decode batch at its longest context, or for the prefill run's chunks."""
-    per_seq = -(-(z.context + z.warm_steps + z.decode_steps + 2) // BLOCK)
+    per_seq = -(-(z.context + output_tokens(z, max(z.decode_batches)) + 1) // BLOCK)
     prefill = (z.max_batched_tokens // z.prefill_len + 2) * -(-(z.prefill_len + 1) // BLOCK)
     return max(max(z.decode_batches) * per_seq, prefill) + 8
 
@@ -65,7 +79,7 @@ def decode(
 
     gen = torch.Generator().manual_seed(batch)
     prompts = torch.randint(0, shape.vocab, (batch, z.context), generator=gen).tolist()
-    params = SamplingParams(max_tokens=z.warm_steps + z.decode_steps + 1, temperature=0.0, ignore_eos=True)
+    params = SamplingParams(max_tokens=output_tokens(z, batch), temperature=0.0, ignore_eos=True)
     for i, p in enumerate(prompts):
         eng.add_request(f"d{batch}-{i}", p, params)
     s = eng.scheduler
@@ -76,6 +90,7 @@ def decode(
     for _ in range(z.warm_steps):
         eng.step()
     running = len(s.running)
+    start_ctx = sum(q.num_tokens for q in s.running) / max(1, running)
     preempted = eng.scheduler.stats().preemptions
     sync(eng.runner.device)
     t0 = time.perf_counter()
@@ -87,10 +102,10 @@ def decode(
     # 6,046 of 8,192) with none of it on the CPU: these say where the tokens went next time.
     trace = {"tokens_per_step": per_step, "running_after": len(s.running), "waiting_after": len(s.waiting),
              "preemptions_timed": eng.scheduler.stats().preemptions - preempted}  # fmt: skip
-    while eng.has_unfinished():
-        eng.step()
+    for i in range(batch):  # the slack tokens are not measured
+        eng.abort(f"d{batch}-{i}")
     step_s = seconds / z.decode_steps
-    mean_ctx = z.context + 1 + z.warm_steps + (z.decode_steps - 1) / 2
+    mean_ctx = start_ctx + (z.decode_steps - 1) / 2
     res: dict[str, Any] = {
         "batch": batch, "batch_running": running, "context": z.context, "steps": z.decode_steps,
         "tokens": tokens, "seconds": round(seconds, 4), "step_ms": round(step_s * 1e3, 3),
