@@ -77,6 +77,9 @@ class ModelRunner:
         self.graphs: DecodeGraphs | None = None
         """Captured at the first decode step (after the engine has set the LoRA slots)."""
         self.graph_factory: type[DecodeGraphs] = DecodeGraphs
+        self.steps_replayed = 0
+        self.steps_eager = 0
+        """Forward passes replayed from a CUDA graph and run eagerly (benchmarks report both)."""
         self.sampler = Sampler(self.device)
         self.lora_device: DeviceLoRAs | None = None  # set by enable_loras
         self.lora_kernel: LoraKernelName = config.lora_kernel
@@ -134,7 +137,9 @@ class ModelRunner:
         if embeds is None and self.use_cuda_graphs:
             replayed = self._replay_decode(out, lora_slots, host_loras)
             if replayed is not None:
+                self.steps_replayed += 1
                 return replayed
+        self.steps_eager += 1
         tokens, meta, sampling = self._prepare(out)
         lora = None
         if lora_slots and self.lora_device is not None:
