@@ -71,6 +71,7 @@ __all__ = [
     "init_text_ids",
     "latest_checkpoint",
     "load_artifact",
+    "load_base_model",
     "logits_loss",
     "per_sample_loss",
     "pick_device",
@@ -338,26 +339,46 @@ def build_peft_model(
     """The base model with the method's trainable virtual tokens, frozen base, in eval mode.
 
     Initialisation is seeded by ``cfg.seed`` (without disturbing the caller's RNG) and done on the CPU
-    before moving to ``device``, so every worker of a job starts from the same parameters.
+    before moving to ``device``, so every worker of a job starts from the same parameters (a base with
+    random weights is made on ``device`` directly, from its config's seed: ``load_base_model``).
     ``base_model``: the already loaded base of a warm worker, reused instead of reading the weights
     again. Prompt-learning methods only wrap it (no layer is injected or modified), so one base serves
     job after job; pass it on the CPU or on ``device``.
     """
     from peft import get_peft_model
-    from transformers import AutoModelForCausalLM
 
     device = torch.device(device) if device is not None else pick_device()
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(cfg.seed)
-        base = base_model
-        if base is None:
-            base = AutoModelForCausalLM.from_pretrained(str(model_dir), local_files_only=True)
+        base = base_model if base_model is not None else load_base_model(model_dir, device)
         model = get_peft_model(base, _peft_config(model_dir, cfg))
         if cfg.init_text and cfg.method != "promptTuning":
             _apply_text_init(model, _load_tokenizer(model_dir), cfg)
     model.to(device)
     model.eval()  # no dropout: steps must not depend on RNG (equivalence across world sizes, resume)
     return model
+
+
+def load_base_model(model_dir: str | Path, device: torch.device | str | None = None) -> Any:
+    """The base model of ``model_dir`` (transformers' AutoModelForCausalLM): its weights read on the
+    CPU (``build_peft_model`` moves it), or, for a config.json that asks for random weights
+    (serving/runner/models/random_init.py: benchmarks at a real size, e.g. Llama-3-8B), made on
+    ``device`` from the config alone without reading a file, in the config's dtype on CUDA (bf16 for
+    the 8B shape: 15 GiB, never a float32 copy) and in float32 on the CPU. Load it once and pass it as
+    ``base_model`` to every Trainer of the same model (one copy of the weights for job after job)."""
+    from transformers import AutoModelForCausalLM
+
+    from elastune_worker.serving.runner.models.random_init import hf_random_model, read_random_config
+
+    random_cfg = read_random_config(Path(model_dir))
+    if random_cfg is None:
+        return AutoModelForCausalLM.from_pretrained(str(model_dir), local_files_only=True)
+    device = torch.device(device) if device is not None else pick_device()
+    dtype = torch.float32
+    if device.type == "cuda":
+        named = random_cfg.get("torch_dtype") or random_cfg.get("dtype") or "bfloat16"
+        dtype = getattr(torch, str(named))
+    return hf_random_model(random_cfg, device, dtype)
 
 
 # -------------------------------------------------------------------------------- data and batches

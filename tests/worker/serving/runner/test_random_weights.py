@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -97,3 +98,80 @@ def test_a_tokenizer_copied_from_another_model_serves_text(tmp_path: Path) -> No
 def test_unknown_shape_names_the_known_ones() -> None:
     with pytest.raises(ValueError, match="llama-3-8b"):
         shape_config("llama-70b")
+
+
+def test_a_tokenizer_larger_than_the_vocabulary_is_refused_or_grows_it(tmp_path: Path) -> None:
+    from elastune_worker.tiny.build import TINY_LLAMA_SPEC, ensure_tiny_model
+
+    tiny = ensure_tiny_model(spec=TINY_LLAMA_SPEC)
+    with pytest.raises(ValueError, match="2048 tokens"):
+        write_random_model(tmp_path / "a", "llama-micro", tokenizer_from=tiny)
+    d = write_random_model(tmp_path / "b", "llama-micro", tokenizer_from=tiny, grow_vocab=True)
+    assert json.loads((d / "config.json").read_text())["vocab_size"] == 2048
+    big = write_random_model(tmp_path / "c", "llama-3-8b", tokenizer_from=tiny, grow_vocab=True)
+    assert json.loads((big / "config.json").read_text())["vocab_size"] == 128256  # never shrunk
+
+
+def test_transformers_model_of_a_random_config_in_its_dtype_from_the_seed(tmp_path: Path) -> None:
+    """The trainer's base of a random-weight directory (issue 26 item 4c): transformers' model, made in
+    the target dtype, the same numbers for the same seed, no file read."""
+    from elastune_worker.serving.runner.models.random_init import hf_random_model, read_random_config
+
+    cfg = read_random_config(write_random_model(tmp_path / "m", "llama-micro", seed=4))
+    assert cfg is not None and read_random_config(tmp_path) is None
+    a = hf_random_model(cfg, "cpu", torch.bfloat16)
+    b = hf_random_model(cfg, "cpu", torch.bfloat16)
+    pa, pb = dict(a.named_parameters()), dict(b.named_parameters())
+    assert {p.dtype for p in pa.values()} == {torch.bfloat16} and not a.training
+    assert all(torch.equal(pa[n], pb[n]) for n in pa)
+    w = pa["model.layers.0.self_attn.q_proj.weight"].float()
+    assert abs(w.std().item() - 0.02) < 0.002
+    assert torch.equal(pa["model.norm.weight"].float(), torch.ones(64))
+    assert a.model.rotary_emb.inv_freq.dtype == torch.float32  # RoPE's table stays exact
+    assert a(input_ids=torch.tensor([[3, 4, 5]])).logits.shape == (1, 3, 512)
+
+
+def test_random_lora_adapters_of_a_shape_load_in_the_engine(tmp_path: Path) -> None:
+    from elastune_worker.serving.runner.models.random_init import lora_shapes, write_random_lora
+
+    d = write_random_model(tmp_path / "m", "llama-micro")
+    eng = LLMEngine(
+        d, EngineConfig(kv_cache_tokens=2048, enable_lora=True, max_loras=2), tokenizer=NoTokenizer()
+    )
+    assert lora_shapes(SHAPES["llama-micro"]) == eng.runner.model.lora_shapes()
+    plain = eng.generate([[5, 6, 7, 8]], GREEDY)[0]
+    for rank in (8, 64):
+        path = write_random_lora(tmp_path / f"r{rank}", "llama-micro", rank)
+        cfg = json.loads((path / "adapter_config.json").read_text())
+        assert cfg["r"] == rank and cfg["target_modules"] == ["q_proj", "k_proj", "v_proj"]
+        eng.load_lora(f"r{rank}", str(path))
+    assert eng.loras is not None and eng.loras.host.registered["r64"].rank == 64
+    tuned = eng.generate([[5, 6, 7, 8]] * 2, GREEDY, ["r8", "r64"])
+    assert [len(t) for t in tuned] == [6, 6] and plain  # served (random outputs: no equality to check)
+    # Llama-3-8B at rank 64 on q, k, v: 32 layers x 64 x (4096 + 4096 + 2 x (4096 + 1024)) fp16.
+    assert 32 * 64 * (8192 + 2 * 5120) * 2 / 2**20 == 72.0
+
+
+def test_the_trainer_tunes_on_a_random_weight_directory_without_weights(tmp_path: Path) -> None:
+    """Trainer(model_dir) of a random-weight directory (with the tiny tokenizer copied in): its base is
+    made from the config (no *.safetensors exists to read), float32 on the CPU, and a step trains;
+    ``load_base_model`` once serves several trainers (one copy of the weights)."""
+    from elastune_worker.tiny import tasks as T
+    from elastune_worker.tiny.build import TINY_LLAMA_SPEC, ensure_tiny_model
+    from elastune_worker.tuning.trainer import Trainer, TuningConfig, load_base_model
+
+    tiny = ensure_tiny_model(spec=TINY_LLAMA_SPEC)
+    d = write_random_model(tmp_path / "m", "llama-micro", tokenizer_from=tiny, grow_vocab=True)
+    records: list[Any] = list(T.make_task(T.TaskSpec("classify", 0), n_train=8, n_eval=0, seed=3).train)
+    cfg = TuningConfig(virtual_tokens=4, batch_size=4, max_length=32, seed=0)
+    base = load_base_model(d, "cpu")
+    assert {p.dtype for p in base.parameters()} == {torch.float32}
+    first = Trainer(d, cfg, records, [], device="cpu", base_model=base)
+    second = Trainer(d, cfg, records, [], device="cpu", base_model=base)
+    assert first.model.get_base_model() is second.model.get_base_model()
+    assert torch.isfinite(torch.tensor(first.step(0)["loss"]))
+    alone = Trainer(d, cfg, records, [], device="cpu")  # loads its own base from the config
+    w = "model.layers.0.self_attn.q_proj.weight"
+    assert torch.equal(
+        dict(alone.model.get_base_model().named_parameters())[w], dict(base.named_parameters())[w]
+    )
