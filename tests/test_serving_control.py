@@ -99,8 +99,8 @@ def test_every_bad_adapter_gets_a_reason_and_the_good_one_is_placed(bus: Bus, tm
     assert {name: ready(cases[name])[1] for name in expected} == expected
     assert ready(other) == ("False", Reason.UNKNOWN_MODEL)
     # Only the good one reaches the worker and the gateway's pool record.
-    assert set(bus.placement("w1")) == {"good"}
-    assert bus.serving_pools()["tiny-llama"].adapters == {"good": 8}
+    assert set(bus.placement("w1")) == {"default/good"}
+    assert bus.serving_pools()["tiny-llama"].adapters == {"default/good": 8}
 
 
 def test_status_follows_the_workers_and_their_load_errors(bus: Bus, tmp_path: Path) -> None:
@@ -111,14 +111,21 @@ def test_status_follows_the_workers_and_their_load_errors(bus: Bus, tmp_path: Pa
     control.upsert_adapter(good)
     control.tick({})
     assert [c.reason for c in good.status.conditions] == [Reason.SERVABLE, Reason.NO_WARM_POD]
-    control.tick({"w1": worker("w1", [AdapterState(name="good", rank=8, tier="device", load_seconds=0.25)])})
+    control.tick(
+        {
+            "w1": worker(
+                "w1",
+                [AdapterState(name="good", namespace="default", rank=8, tier="device", load_seconds=0.25)],
+            )
+        }
+    )
     assert [(p.pod, p.tier) for p in good.status.loaded_on] == [("w1", "device")]
     assert good.status.ready_replicas == 1 and good.status.load_seconds == "0.250"
-    control.tick({"w1": worker("w1", errors={"good": "shapes of another base model"})})
+    control.tick({"w1": worker("w1", errors={"default/good": "shapes of another base model"})})
     assert ready(good) == ("False", Reason.ADAPTER_LOAD_FAILED)
     assert "another base model" in good.status.conditions[0].message
     n = len(sent)
-    control.tick({"w1": worker("w1", errors={"good": "shapes of another base model"})})
+    control.tick({"w1": worker("w1", errors={"default/good": "shapes of another base model"})})
     assert len(sent) == n  # unchanged status: not written again
 
 
@@ -127,7 +134,9 @@ def test_serving_need_scales_from_zero_while_requests_wait(bus: Bus, tmp_path: P
     control.add_pool("tiny-llama", MODEL, ServingSpec(min_replicas=0))
     control.upsert_adapter(adapter("good", str(peft_dir(tmp_path, "g"))))
     assert control.serving_need(MODEL) == 0
-    bus.post_demand(ServingDemand(model="good", waiting=1, oldest_since=time.time(), updated_at=time.time()))
+    bus.post_demand(
+        ServingDemand(model="default/good", waiting=1, oldest_since=time.time(), updated_at=time.time())
+    )
     assert control.serving_need(MODEL) == 1  # a request for its adapter counts for the pool
     control.add_pool("tiny-llama", MODEL, ServingSpec(min_replicas=3))
     assert control.serving_need(MODEL) == 3
@@ -137,14 +146,14 @@ def test_delete_waits_until_no_worker_holds_it(bus: Bus, tmp_path: Path) -> None
     control = ServingControl(bus)
     control.add_pool("tiny-llama", MODEL, None)
     control.upsert_adapter(adapter("good", str(peft_dir(tmp_path, "g"))))
-    holding = {"w1": worker("w1", [AdapterState(name="good", rank=8, tier="host")])}
+    holding = {"w1": worker("w1", [AdapterState(name="good", namespace="default", rank=8, tier="host")])}
     control.tick(holding)
-    assert "good" in bus.placement("w1")
+    assert "default/good" in bus.placement("w1")
     assert control.delete_adapter("default", "good", holding) is False
     control.tick(holding)
     assert bus.placement("w1") == {}  # the worker is told to unload it
     assert control.delete_adapter("default", "good", {"w1": worker("w1")}) is True
-    assert "good" not in control.adapters
+    assert "default/good" not in control.adapters
 
 
 def test_a_cluster_operator_leaves_worker_paths_to_the_workers(bus: Bus, tmp_path: Path) -> None:
@@ -157,9 +166,11 @@ def test_a_cluster_operator_leaves_worker_paths_to_the_workers(bus: Bus, tmp_pat
     control.upsert_adapter(remote)
     control.upsert_adapter(cloud)
     control.tick({"w1": worker("w1")})
-    assert ready(remote) == ("True", Reason.SERVABLE) and set(bus.placement("w1")) == {"remote"}
+    assert ready(remote) == ("True", Reason.SERVABLE) and set(bus.placement("w1")) == {"default/remote"}
     assert ready(cloud) == ("False", Reason.ARTIFACT_UNSUPPORTED_SCHEME)  # still refused up front
-    control.tick({"w1": worker("w1", errors={"remote": "no adapter_config.json in /tmp/elastune/..."})})
+    control.tick(
+        {"w1": worker("w1", errors={"default/remote": "no adapter_config.json in /tmp/elastune/..."})}
+    )
     assert ready(remote) == ("False", Reason.ADAPTER_LOAD_FAILED)
 
 
@@ -185,11 +196,11 @@ def test_popular_adapters_get_more_replicas(bus: Bus, tmp_path: Path) -> None:
     control.add_pool("tiny-llama", MODEL, ServingSpec(max_loras=2, max_cpu_loras=4))
     for name in ("hot", "cold"):
         control.upsert_adapter(adapter(name, str(peft_dir(tmp_path, name))))
-    bus.count_requests({"hot": 90, "cold": 10, MODEL: 500}, now=now)
+    bus.count_requests({"default/hot": 90, "default/cold": 10, MODEL: 500}, now=now)
     control.tick({w: worker(w) for w in ("w1", "w2", "w3")})
     held = {w: set(bus.placement(w)) for w in ("w1", "w2", "w3")}
-    assert sum("hot" in h for h in held.values()) == 3
-    assert sum("cold" in h for h in held.values()) == 1
+    assert sum("default/hot" in h for h in held.values()) == 3
+    assert sum("default/cold" in h for h in held.values()) == 1
 
 
 def test_an_adapter_in_use_is_never_moved_and_a_deleted_one_waits_for_its_requests(
@@ -202,10 +213,10 @@ def test_an_adapter_in_use_is_never_moved_and_a_deleted_one_waits_for_its_reques
     control.add_pool("tiny-llama", MODEL, ServingSpec(max_loras=1, max_cpu_loras=1))
     for name in ("a", "b"):
         control.upsert_adapter(adapter(name, str(peft_dir(tmp_path, name))))
-    busy = AdapterState(name="b", rank=8, tier="device", running=2)
+    busy = AdapterState(name="b", namespace="default", rank=8, tier="device", running=2)
     workers = {"w1": worker("w1", [busy]), "w2": worker("w2")}
     control.tick(workers)
-    assert set(bus.placement("w1")) == {"b"} and set(bus.placement("w2")) == {"a"}
+    assert set(bus.placement("w1")) == {"default/b"} and set(bus.placement("w2")) == {"default/a"}
     assert control.delete_adapter("default", "b", workers) is False
     control.tick(workers)  # in use and being deleted: no record, no crash, nothing new placed there
     assert bus.placement("w1") == {}

@@ -30,6 +30,7 @@ from urllib.parse import urlsplit
 import redis
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from elastune_contract.api.warmpool import namespace_admitted
 from elastune_contract.redact import redact_url
 
 DEFAULT_NAMESPACE = "elastune"
@@ -83,6 +84,10 @@ class AdapterState(_Message):
     """A LoRA adapter loaded on a worker, and where it is now."""
 
     name: str
+    """The name clients send as ``model`` (the LoRAAdapter's metadata.name)."""
+    namespace: str = ""
+    """The LoRAAdapter's namespace ("" for one loaded by name alone, e.g. by hand): with ``name`` its
+    identity (``adapter_id``), so two namespaces' adapters of one name on one worker stay apart."""
     rank: int
     tier: str
     """device (in a device slot) | host (in host memory) | storage (registered, read on demand)."""
@@ -114,7 +119,8 @@ class ServingState(_Message):
     adapter_error: str | None = None
     """The last adapter load that failed, and why (cleared by the next load that succeeds)."""
     placement_errors: dict[str, str] = Field(default_factory=dict)
-    """Adapters the control plane placed here that failed to load: name -> why (LoRAAdapter status)."""
+    """Adapters the control plane placed here that failed to load: ``adapter_id`` -> why (LoRAAdapter
+    status)."""
     placement_reasons: dict[str, str] = Field(default_factory=dict)
     """The reason of each placement error, when the worker knows it (a vocabulary constant such as
     StorageAccessDenied); the others are AdapterLoadFailed."""
@@ -162,9 +168,16 @@ class ServingPoolRecord(_Message):
     """How long a request waits in the gateway for a warm pod before a 503."""
     ttft_slo_s: float | None = None
     tpot_slo_s: float | None = None
+    namespace: str = ""
+    """The WarmPool's namespace ("" from an operator that predates the field: admits everyone)."""
+    admits: list[str] = Field(default_factory=list)
+    """Other namespaces whose callers may use the pool's base model (its spec.allowedNamespaces; ``*``:
+    every namespace). The gateway resolves a base model name for a caller of the pool's namespace or of
+    one listed here (``pool_admits``)."""
     adapters: dict[str, int] = Field(default_factory=dict)
-    """LoRAAdapters (and published prompts, rank 0) of the pool's model: name -> rank. The gateway knows
-    them while no pod holds them (scaled to zero, or still loading) and holds their requests."""
+    """LoRAAdapters (and published prompts, rank 0) of the pool's model: ``adapter_id`` (namespace/name)
+    -> rank. The gateway knows them while no pod holds them (scaled to zero, or still loading) and holds
+    their requests."""
     vouched: dict[str, str] | None = None
     """The pool's workers as the control plane knows them, from a source no worker writes (the pods the
     API lists, the processes the local backend started): worker id -> ``host`` or ``host:port``
@@ -174,7 +187,8 @@ class ServingPoolRecord(_Message):
 
 
 class PlacedAdapter(_Message):
-    """An adapter the control plane wants a worker to hold (adapter placement, pulled by the worker)."""
+    """An adapter the control plane wants a worker to hold (adapter placement, pulled by the worker),
+    under its ``adapter_id`` in the worker's placement hash: the worker loads it as (namespace, name)."""
 
     url: str
     """The artifact (PEFT directory) as the worker resolves it: a path, file://, pvc://claim/path or
@@ -329,6 +343,32 @@ def vouched_url(address: str, url: str) -> str | None:
     if not _same_host(want.hostname, got.hostname) or (want_port is not None and want_port != got_port):
         return None
     return f"{got.scheme}://{vouched_address(want.hostname)}:{got_port}"
+
+
+NAMESPACE_HEADER = "x-elastune-namespace"
+"""Sent by the gateway with a request for an adapter: the namespace the worker resolves the request's
+``model`` in (the adapter's, which the gateway chose for the caller). A request without it (sent to the
+worker directly) is served by the adapter of that name when only one namespace's is loaded there."""
+
+
+def adapter_id(namespace: str, name: str) -> str:
+    """An adapter's identity in the registry (placements, pool records, worker records, demand and
+    request counts): ``namespace/name``, or the name alone for an adapter of no namespace (loaded by
+    hand). A Kubernetes name holds no ``/``, so two namespaces' adapters of one name never meet; the
+    engine keys its adapters the same way (``elastune_batching.adapter_ref.adapter_key``)."""
+    return f"{namespace}/{name}" if namespace else name
+
+
+def split_adapter_id(key: str) -> tuple[str, str]:
+    """(namespace, name) of an ``adapter_id``."""
+    namespace, _, name = key.rpartition("/")
+    return namespace, name
+
+
+def pool_admits(namespace: str, pool_namespace: str, admits: list[str] | tuple[str, ...]) -> bool:
+    """Whether a caller (or an object) of ``namespace`` may use a pool of ``pool_namespace`` whose
+    WarmPool admits ``admits`` (``*``: every namespace); a pool of no namespace admits everyone."""
+    return not pool_namespace or namespace_admitted(namespace, pool_namespace, admits)
 
 
 def worker_key(ns: str, worker_id: str) -> str:

@@ -1,6 +1,8 @@
-"""Namespaces isolate (issue 25 item 1, first step): a TuningJob or LoRAAdapter runs or is served only on
-a WarmPool of its own namespace, or of one whose WarmPool lists it in spec.allowedNamespaces; refusing or
-deleting a duplicate WarmPool in one namespace never touches the pool of another.
+"""Namespaces isolate (issue 25 item 1): a TuningJob or LoRAAdapter runs or is served only on a WarmPool
+of its own namespace, or of one whose WarmPool lists it in spec.allowedNamespaces; refusing or deleting a
+duplicate WarmPool in one namespace never touches the pool of another; two namespaces may each have a
+LoRAAdapter of one name, each placed, loaded and reported as its own, and deleting one never unloads the
+other.
 
 The operator's runtime (control core + Knative backend) runs in this process against the Kubernetes API
 emulator over HTTP and a real Redis, driven as kopf's handlers drive it; no worker runs (no torch)."""
@@ -24,6 +26,7 @@ from elastune_contract.api.constants import (
     PLURAL_WARM_POOLS,
     VERSION,
 )
+from elastune_contract.protocol import AdapterState, ServingState, WorkerRecord, WorkerState
 from elastune_contract.vocabulary import Reason
 from elastune_operator.k8s.knative import KNATIVE_GROUP, KNATIVE_PLURAL, KNATIVE_VERSION
 from operator_site import MODEL, OperatorSite, wait_for
@@ -39,6 +42,7 @@ def allow(site: OperatorSite, ns: str, name: str, allowed: list[str]) -> None:
 
 
 def served_adapters(site: OperatorSite, pool: str) -> set[str]:
+    """The adapters of the pool's record for the gateway, by id (namespace/name)."""
     record = site.bus.serving_pools().get(pool)
     return set(record.adapters) if record else set()
 
@@ -98,15 +102,15 @@ def test_an_adapter_of_another_namespace_is_not_served_on_the_pool_unless_admitt
     site.pool("tiny", A, volumes=JOB_STORAGE)
     site.adapter("a-adapter", A)
     site.adapter("b-adapter", B)
-    wait_for("A's adapter in A's pool record", lambda: "a-adapter" in served_adapters(site, "tiny"))
+    wait_for("A's adapter in A's pool record", lambda: f"{A}/a-adapter" in served_adapters(site, "tiny"))
     c = wait_for("B's adapter: Ready", lambda: site.condition("b-adapter", "Ready", PLURAL_LORA_ADAPTERS, B))
     assert (c["status"], c["reason"]) == ("False", Reason.POOL_NOT_SHARED), c
     assert f"{A}/tiny" in c["message"] and "allowedNamespaces" in c["message"], c["message"]
     time.sleep(0.5)
-    assert "b-adapter" not in served_adapters(site, "tiny")
+    assert f"{B}/b-adapter" not in served_adapters(site, "tiny")
 
     allow(site, A, "tiny", [B])
-    wait_for("B's adapter in A's pool record", lambda: "b-adapter" in served_adapters(site, "tiny"))
+    wait_for("B's adapter in A's pool record", lambda: f"{B}/b-adapter" in served_adapters(site, "tiny"))
     c = wait_for(
         "B's adapter past PoolNotShared",
         lambda: (
@@ -118,7 +122,7 @@ def test_an_adapter_of_another_namespace_is_not_served_on_the_pool_unless_admitt
 
     # Taken back: no longer served there.
     allow(site, A, "tiny", [])
-    wait_for("B's adapter off A's pool", lambda: "b-adapter" not in served_adapters(site, "tiny"))
+    wait_for("B's adapter off A's pool", lambda: f"{B}/b-adapter" not in served_adapters(site, "tiny"))
 
 
 def a_pool_with_a_job(site: OperatorSite) -> None:
@@ -187,3 +191,69 @@ def test_a_refused_pool_takes_over_once_the_model_s_pool_is_deleted(site: Operat
         lambda: (x := site.condition("own", "Ready", PLURAL_WARM_POOLS, B)) and x["status"] == "True",
     )
     wait_for("B's job in the core", lambda: f"{B}/theirs" in site.runtime.core.jobs)
+
+
+def serving_worker(site: OperatorSite, worker_id: str, pool: str, held: list[tuple[str, str]]) -> None:
+    """A warm serving pod's heartbeat, reporting the adapters it holds as (namespace, name)."""
+    now = time.time()
+    serving = ServingState(
+        model=MODEL, max_model_len=256, max_loras=4,
+        adapters=[AdapterState(name=n, namespace=ns, rank=8, tier="device") for ns, n in held],
+    )  # fmt: skip
+    site.bus.publish_worker(
+        WorkerRecord(
+            id=worker_id, pool=pool, model=MODEL, state=WorkerState.READY, started_at=now - 3,
+            ready_at=now, heartbeat=now, serving=serving,
+        )
+    )  # fmt: skip
+
+
+def test_two_namespaces_each_have_a_summarizer_and_deleting_one_leaves_the_other(site: OperatorSite) -> None:
+    """Fails before per-namespace identity: the second `summarizer` was refused (DuplicateAdapterName)."""
+    site.pool("tiny", A, volumes=JOB_STORAGE, allowedNamespaces=[B])
+    site.adapter("summarizer", A, artifactURL="pvc://shared/adapters/a-summarizer")
+    site.adapter("summarizer", B, artifactURL="pvc://shared/adapters/b-summarizer")
+    both = {f"{A}/summarizer", f"{B}/summarizer"}
+    wait_for("both in A's pool record", lambda: both <= served_adapters(site, "tiny"))
+    for ns in (A, B):
+        wait_for(
+            f"{ns}'s summarizer Ready",
+            lambda ns=ns: (
+                (x := site.condition("summarizer", "Ready", PLURAL_LORA_ADAPTERS, ns))
+                and x["status"] == "True"
+            ),
+        )
+
+    # One pod of the pool: each namespace's adapter is placed there as its own, with its own artifact.
+    serving_worker(site, "tiny-w1", "tiny", [])
+    placed = wait_for(
+        "both placed on the pod", lambda: (p := site.bus.placement("tiny-w1")) and both <= set(p) and p
+    )
+    assert placed[f"{A}/summarizer"].url.endswith("a-summarizer"), placed
+    assert placed[f"{B}/summarizer"].url.endswith("b-summarizer"), placed
+
+    # The pod loads both: each LoRAAdapter's status names the pod, from its own entry of the record.
+    serving_worker(site, "tiny-w1", "tiny", [(A, "summarizer"), (B, "summarizer")])
+    for ns in (A, B):
+        wait_for(
+            f"{ns}'s summarizer Loaded on tiny-w1",
+            lambda ns=ns: (
+                [p["pod"] for p in site.status("summarizer", PLURAL_LORA_ADAPTERS, ns).get("loadedOn", [])]
+                == ["tiny-w1"]
+            ),
+        )
+
+    # Deleting B's: B's is unloaded (its finalizer waits for that), A's stays placed, loaded and served.
+    b_body = site.get(PLURAL_LORA_ADAPTERS, "summarizer", B)
+    assert b_body is not None
+    assert site.runtime.delete_adapter(B, "summarizer") == ["tiny-w1"]  # still held: the finalizer waits
+    wait_for("B's off the placement", lambda: set(site.bus.placement("tiny-w1")) == {f"{A}/summarizer"})
+    assert served_adapters(site, "tiny") == {f"{A}/summarizer"}
+    serving_worker(site, "tiny-w1", "tiny", [(A, "summarizer")])  # the pod unloaded B's only
+    wait_for("B's delete done", lambda: site.runtime.delete_adapter(B, "summarizer") == [])
+    time.sleep(0.5)  # rounds pass
+    assert set(site.bus.placement("tiny-w1")) == {f"{A}/summarizer"}
+    conds = site.conditions("summarizer", PLURAL_LORA_ADAPTERS, A)
+    assert conds["Ready"]["status"] == "True" and conds["Loaded"]["status"] == "True", conds
+    assert f"{A}/summarizer" in site.runtime.core.serving.adapters
+    assert f"{B}/summarizer" not in site.runtime.core.serving.adapters

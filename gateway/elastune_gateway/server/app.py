@@ -174,12 +174,13 @@ def create_app(gateway: Gateway) -> FastAPI:
 
     @app.get("/v1/models", response_model=ModelList, tags=["openai"], responses={401: _ERRORS[401]})
     async def models(p: Caller) -> dict[str, Any]:
-        """The models known now; with authentication, only those the key may use."""
+        """The models known now; with authentication, those the key may use, as its namespace resolves
+        them (its own adapters, the base models of the pools that admit it)."""
         allowed = None if p is None else set(p.record.models)
         data = [
             {"id": m.name, "object": "model", "created": created, "owned_by": "elastune", "root": m.name,
              "parent": m.parent, "max_model_len": m.max_model_len}
-            for m in gateway.directory.models().values()
+            for m in gateway.directory.models(None if p is None else p.namespace).values()
             if allowed is None or m.name in allowed
         ]  # fmt: skip
         return {"object": "list", "data": data}

@@ -58,6 +58,12 @@ class Principal:
     def name(self) -> str:
         return self.record.secret
 
+    @property
+    def namespace(self) -> str:
+        """The namespace of the key's Secret: the caller's, in which a served name is resolved first
+        (its own adapters), then the base models of the WarmPools that admit it (directory.py)."""
+        return self.record.secret.partition("/")[0]
+
 
 @dataclass
 class _Window:

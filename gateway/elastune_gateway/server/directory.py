@@ -19,6 +19,18 @@ worker can write, and an endpoint is built only from a record whose id and URL m
 endpoints, or wait and get the usual 503 when none is left. A model no pool record vouches for (no
 control plane, or one older than the list) is served from the registry as before, unless
 ``vouched_only`` (fail closed).
+
+Tenancy: how a served name is resolved. A base model is known by its name; a LoRAAdapter (or published
+prompt) by its namespace and name (``protocol.adapter_id``), so two namespaces may each serve a
+``summarizer``. A request's ``model`` is resolved for the caller's namespace, the namespace of its API
+key's Secret (``model(name, namespace)``), in this order: (1) the adapter of that name in the caller's
+namespace; (2) the base model of that name, when its WarmPool is in the caller's namespace or admits it
+(spec.allowedNamespaces, ``*``: every namespace); (3) an adapter of no namespace (loaded on a worker by
+hand through its control endpoint). Nothing else: another namespace's adapter of that name is never
+reached, and is not listed in ``/v1/models`` or in the 404's list of models. Without authentication (a
+loopback-only ``elastune serve``) there is one tenant: a base model, else the adapter of that name when
+exactly one namespace serves one; a name two namespaces serve is then a 404 that says so. The request is
+forwarded with the adapter's namespace (``NAMESPACE_HEADER``), in which the worker resolves it again.
 """
 
 from __future__ import annotations
@@ -39,6 +51,9 @@ from elastune_contract.protocol import (
     ServingState,
     WorkerRecord,
     WorkerState,
+    adapter_id,
+    pool_admits,
+    split_adapter_id,
     vouched_url,
 )
 
@@ -85,6 +100,21 @@ class KnownModel:
     """For a LoRA adapter: the base model it runs on (``name`` is then the adapter's)."""
     rank: int = 0
     """For a LoRA adapter: its rank (routing costs depend on it)."""
+    namespace: str = ""
+    """For a LoRA adapter: its namespace ("" for one loaded by hand); for a base model: its WarmPool's
+    ("" when no pool record says: every namespace may use it)."""
+    admits: tuple[str, ...] = ()
+    """For a base model: the other namespaces its WarmPool admits (``*``: all)."""
+
+    @property
+    def id(self) -> str:
+        """Its identity in the registry (demand, request counts): an adapter's ``namespace/name``, a base
+        model's name."""
+        return self.name if self.parent is None else adapter_id(self.namespace, self.name)
+
+    def admitted(self, namespace: str) -> bool:
+        """Whether a caller of ``namespace`` may use this base model."""
+        return pool_admits(namespace, self.namespace, self.admits)
 
     @property
     def served_model(self) -> str:
@@ -94,7 +124,7 @@ class KnownModel:
 
 def _holdings(endpoints: dict[str, Endpoint]) -> set[tuple[str, str]]:
     return {(eid, "") for eid in endpoints} | {
-        (eid, a.name) for eid, ep in endpoints.items() for a in ep.serving.adapters
+        (eid, adapter_id(a.namespace, a.name)) for eid, ep in endpoints.items() for a in ep.serving.adapters
     }
 
 
@@ -128,6 +158,9 @@ class Directory:
         self.failure_cooldown_s = failure_cooldown_s
         self._endpoints: dict[str, Endpoint] = {}
         self._models: dict[str, KnownModel] = {}
+        """Base models by name."""
+        self._adapters: dict[tuple[str, str], KnownModel] = {}
+        """Adapters by (namespace, name)."""
         self._down: dict[str, tuple[float, float]] = {}
         """endpoint id → (until, started_at of the process that failed)."""
         self._changed = asyncio.Event()
@@ -137,7 +170,8 @@ class Directory:
         self.failed_refreshes = 0
         """Reads that failed in a row (0 after a good one)."""
         self._requests: dict[str, int] = {}
-        """Requests per served name since the last flush to the registry (adapter popularity)."""
+        """Requests per served model (a base model's name, an adapter's id) since the last flush to the
+        registry (adapter popularity)."""
 
     # -- reading the registry ---------------------------------------------------------------------
     async def refresh(self) -> None:
@@ -186,8 +220,8 @@ class Directory:
         return f"{why}: {self.last_error}" if self.last_error else why
 
     def count_request(self, name: str) -> None:
-        """One request for ``name`` (a base model or an adapter): the control plane places adapters by
-        these counts (replicas of popular adapters on more pods)."""
+        """One request for ``name`` (a base model's name or an adapter's ``KnownModel.id``): the control
+        plane places adapters by these counts (replicas of popular adapters on more pods)."""
         self._requests[name] = self._requests.get(name, 0) + 1
 
     def _vouched_endpoints(
@@ -251,12 +285,13 @@ class Directory:
                 del self._down[eid]  # gone, or a new process under the same id: forget the failure
         # A base model served before stays known (its pool may be at zero); adapters are known only
         # while a pod holds one or its pool lists it, so a deleted adapter is a 404 again.
-        models = {name: m for name, m in self._models.items() if m.parent is None}
+        models = dict(self._models)
         for rec in pools.values():
             prev = models.get(rec.model)
             models[rec.model] = KnownModel(
                 rec.model, rec.pool, prev.max_model_len if prev else None, rec.hold_timeout_s,
                 rec.routing_policy, rec.ttft_slo_s, rec.tpot_slo_s,
+                namespace=rec.namespace, admits=tuple(rec.admits),
             )  # fmt: skip
         for ep in endpoints.values():
             prev = models.get(ep.model)
@@ -265,17 +300,21 @@ class Directory:
                 if prev is not None
                 else KnownModel(ep.model, ep.pool, ep.serving.max_model_len, None, None)
             )
-        for ep in endpoints.values():  # adapters, under their own names, on their base model's pool
+        adapters: dict[tuple[str, str], KnownModel] = {}
+        for ep in endpoints.values():  # adapters, by namespace and name, on their base model's pool
             base = models[ep.model]
             for a in ep.serving.adapters:
-                if a.name not in models or models[a.name].parent is not None:
-                    models[a.name] = replace(base, name=a.name, parent=ep.model, rank=a.rank)
+                adapters[(a.namespace, a.name)] = replace(
+                    base, name=a.name, parent=ep.model, rank=a.rank, namespace=a.namespace, admits=()
+                )
         for rec in pools.values():  # adapters the control plane placed: known before any pod holds them
             base = models[rec.model]
-            for name, rank in rec.adapters.items():
-                if name not in models or models[name].parent is not None:
-                    models[name] = replace(base, name=name, parent=rec.model, rank=rank)
-        self._models = models
+            for key, rank in rec.adapters.items():
+                ns, name = split_adapter_id(key)
+                adapters[(ns, name)] = replace(
+                    base, name=name, parent=rec.model, rank=rank, namespace=ns, admits=()
+                )
+        self._models, self._adapters = models, adapters
         # Waiting requests look again when a pod comes or goes, and when one finishes loading an adapter.
         if _holdings(endpoints) != _holdings(self._endpoints):
             self._changed.set()
@@ -283,11 +322,38 @@ class Directory:
         self._endpoints = endpoints
 
     # -- what the app asks ------------------------------------------------------------------------
-    def models(self) -> dict[str, KnownModel]:
-        return dict(sorted(self._models.items()))
+    def models(self, namespace: str | None = None) -> dict[str, KnownModel]:
+        """The models a caller of ``namespace`` may name (None: no authentication, one tenant), by the
+        name it sends: what ``model`` resolves for each (see the module's doc)."""
+        out: dict[str, KnownModel] = {}
+        names = {name for _, name in self._adapters} | set(self._models)
+        for name in sorted(names):
+            m = self.model(name, namespace)
+            if m is not None:
+                out[name] = m
+        return out
 
-    def model(self, name: str) -> KnownModel | None:
-        return self._models.get(name)
+    def model(self, name: str, namespace: str | None = None) -> KnownModel | None:
+        """What ``name`` means for a caller of ``namespace`` (None: no authentication, one tenant):
+        the rule is in the module's doc."""
+        if namespace is not None:
+            own = self._adapters.get((namespace, name))
+            if own is not None:
+                return own
+            base = self._models.get(name)
+            if base is not None and base.admitted(namespace):
+                return base
+            return self._adapters.get(("", name))
+        base = self._models.get(name)
+        if base is not None:
+            return base
+        same = [m for (_, n), m in self._adapters.items() if n == name]
+        return same[0] if len(same) == 1 else None
+
+    def namespaces_serving(self, name: str) -> list[str]:
+        """The namespaces with an adapter of this name (to explain a name that is ambiguous without a
+        key)."""
+        return sorted(ns for ns, n in self._adapters if n == name)
 
     def endpoints(self, model: KnownModel, exclude: frozenset[str] = frozenset()) -> list[Endpoint]:
         """The model's warm endpoints that may take a request, in a stable order (by id); for an
@@ -297,7 +363,10 @@ class Directory:
             ep
             for eid, ep in sorted(self._endpoints.items())
             if ep.model == model.served_model
-            and (model.parent is None or any(a.name == model.name for a in ep.serving.adapters))
+            and (
+                model.parent is None
+                or any(a.name == model.name and a.namespace == model.namespace for a in ep.serving.adapters)
+            )
             and eid not in exclude
             and self._down.get(eid, (0.0, 0.0))[0] <= now
         ]

@@ -22,7 +22,7 @@ import httpx
 
 from elastune_contract.openai_api.errors import APIError, sse_error
 from elastune_contract.openai_api.protocol import ChatCompletionRequest, CompletionRequest, _Request
-from elastune_contract.protocol import Bus, ServingDemand
+from elastune_contract.protocol import NAMESPACE_HEADER, Bus, ServingDemand
 
 from ..routing.factory import make_router
 from ..routing.policy import NoEndpointError, RequestView, Router, RoutingPolicyName
@@ -157,7 +157,7 @@ class Gateway:
         exact_prompt_tokens: int | None,
     ) -> Answer:
         arrived = time.monotonic()
-        model = self._resolve(body.model)
+        model = self._resolve(body.model, call)
         call.model = model.name
         bad = body.unsupported()
         if bad is not None:
@@ -271,6 +271,8 @@ class Gateway:
             self.metrics.inflight.inc()
             try:
                 forwarded = {"x-request-id": call.request_id} if call.request_id else None
+                if model.parent is not None:  # the worker resolves the adapter in its namespace
+                    forwarded = {**(forwarded or {}), NAMESPACE_HEADER: model.namespace}
                 response = await open_response(self.upstream, endpoint, path, raw, forwarded)
             except EndpointUnavailable as exc:
                 self._done(entry, router, 0)
@@ -308,13 +310,22 @@ class Gateway:
             headers={"Retry-After": str(self.settings.retry_after_s)},
         )
 
-    def _resolve(self, name: str) -> KnownModel:
-        model = self.directory.model(name)
+    def _resolve(self, name: str, call: Call) -> KnownModel:
+        """The model ``name`` means for the caller: resolved in its key's namespace (the rule is in
+        directory.py's doc); without authentication, one tenant."""
+        namespace = call.principal.namespace if call.principal is not None else None
+        model = self.directory.model(name, namespace)
         if model is None:
             self.metrics.rejected_of("unknown_model").inc()
-            available = ", ".join(self.directory.models()) or "none yet"
+            several = self.directory.namespaces_serving(name) if namespace is None else []
+            if len(several) > 1:
+                raise APIError(
+                    404, f"The model `{name}` is served in several namespaces ({', '.join(several)}); "
+                    "call with an API key of the one you mean", "model",
+                )  # fmt: skip
+            available = ", ".join(self.directory.models(namespace)) or "none yet"
             raise APIError(404, f"The model `{name}` does not exist. Available: {available}", "model")
-        self.directory.count_request(model.name)
+        self.directory.count_request(model.id)
         return model
 
     async def _predict(self, text: str) -> int | None:
@@ -378,12 +389,12 @@ class Gateway:
                             headers={"Retry-After": str(self.settings.retry_after_s)},
                         )  # fmt: skip
                     entered = time.time()
-                    self._waiting.setdefault(model.name, []).append(entered)
+                    self._waiting.setdefault(model.id, []).append(entered)
                     self.metrics.waiting.labels(model.name).inc()
                 await self.directory.wait_changed(min(remaining, 1.0))
         finally:
             if entered is not None:
-                self._waiting[model.name].remove(entered)
+                self._waiting[model.id].remove(entered)
                 self.metrics.waiting.labels(model.name).dec()
                 self.metrics.held.labels(model.name).observe(time.time() - entered)
 

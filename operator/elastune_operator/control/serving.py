@@ -12,6 +12,13 @@ Each round (``tick``) it reads the workers' registry records and
 - reports each LoRAAdapter's status from what the workers say they hold (true residency: pod and tier),
   with Ready=False and a reason for anything that cannot be served.
 
+Tenancy: an adapter is the pair (namespace, name) everywhere here and in what is written for the others
+(``protocol.adapter_id``: ``namespace/name`` in pool records, placements, demand and request counts;
+the workers' records report the namespace of each adapter they hold), so two namespaces may each have a
+LoRAAdapter ``summarizer`` on one pool, each with its own status, placement and load, and deleting one
+never unloads the other. Clients still send the bare name: the gateway resolves it in the caller's
+namespace (``elastune_gateway.server.directory``).
+
 All state here is rebuilt from the resources and the registry after a restart: nothing is lost. What it
 owns in the registry (pool records, placements) is level-triggered: written when it changes, and written
 again every ``REASSERT_S``, after a round gap (Redis was unreachable: the rounds failed) and as soon as
@@ -34,11 +41,13 @@ from elastune_contract.api.common import ConditionStatus, set_condition
 from elastune_contract.api.loraadapter import AdapterPlacement, LoRAAdapterSpec, LoRAAdapterStatus
 from elastune_contract.api.warmpool import ServingSpec, namespace_admitted
 from elastune_contract.protocol import (
+    AdapterState,
     Bus,
     PlacedAdapter,
     ServingPoolRecord,
     WorkerRecord,
     WorkerState,
+    adapter_id,
     pools_key,
 )
 from elastune_contract.vocabulary import ConditionType, Reason
@@ -64,7 +73,8 @@ class AdapterRecord:
 
     namespace: str
     name: str
-    """The served model name (metadata.name), unique among the models clients may name."""
+    """The served model name (metadata.name): what the namespace's clients send as ``model``. Two
+    namespaces may each serve one of a name; ``key`` tells them apart."""
     spec: LoRAAdapterSpec
     generation: int = 1
     base_dir: Path | None = None
@@ -77,7 +87,8 @@ class AdapterRecord:
 
     @property
     def key(self) -> str:
-        return f"{self.namespace}/{self.name}"
+        """namespace/name: its identity here and in the registry (``protocol.adapter_id``)."""
+        return adapter_id(self.namespace, self.name)
 
 
 @dataclass
@@ -110,12 +121,12 @@ class ServingControl:
         self.on_status = on_status or (lambda _rec: None)
         self.clock = clock
         self.pools: dict[str, _Pool] = {}  # model -> pool
-        self.adapters: dict[str, AdapterRecord] = {}  # served name -> record
+        self.adapters: dict[str, AdapterRecord] = {}  # namespace/name -> record
         self._published: dict[str, str] = {}  # pool -> last record written
         self._placed: dict[str, dict[str, PlacedAdapter]] = {}  # worker -> placement written
         self._status_sent: dict[str, str] = {}
         self._pods: dict[str, int] = {}  # model -> serving pods seen in the last round
-        self._popularity: dict[str, int] = {}  # served name -> requests in the last 1-2 windows
+        self._popularity: dict[str, int] = {}  # adapter id or model -> requests in the last 1-2 windows
         self._popularity_at = float("-inf")
         self._asserted_at = float("-inf")  # when everything was last rewritten
         self._last_tick: float | None = None
@@ -150,35 +161,28 @@ class ServingControl:
 
     # -- adapters -----------------------------------------------------------------------------------
     def upsert_adapter(self, rec: AdapterRecord) -> None:
-        """A LoRAAdapter was created, changed or seen again after a restart (idempotent per generation)."""
-        known = self.adapters.get(rec.name)
-        if known is not None and known.namespace != rec.namespace:
-            rec.problem = artifacts.Problem(
-                Reason.DUPLICATE_ADAPTER_NAME,
-                f"the name {rec.name} is already served for LoRAAdapter {known.key}; clients name adapters "
-                "by metadata.name alone, so it must be unique across namespaces",
-            )
-            self._set_status(rec, [], rec.problem)
-            return
+        """A LoRAAdapter was created, changed or seen again after a restart (idempotent per generation).
+        Another namespace's adapter of the same name is another adapter (each namespace's callers reach
+        their own)."""
+        known = self.adapters.get(rec.key)
         if known is not None and known.generation == rec.generation and not known.deleting:
             return
         if known is not None:
             rec.status = known.status
-        self.adapters[rec.name] = rec
+        self.adapters[rec.key] = rec
         self._validate(rec)
 
     def delete_adapter(self, namespace: str, name: str, workers: dict[str, WorkerRecord]) -> bool:
-        """Unload it everywhere; True once no worker holds it any more (the finalizer may go)."""
-        rec = self.adapters.get(name)
-        if rec is None or rec.namespace != namespace:
+        """Unload it everywhere; True once no worker holds it any more (the finalizer may go). Only this
+        namespace's adapter: another namespace's of the same name stays placed and served."""
+        key = adapter_id(namespace, name)
+        rec = self.adapters.get(key)
+        if rec is None:
             return True
         rec.deleting = True
-        holders = [
-            w for w in workers.values() if w.serving and any(a.name == name for a in w.serving.adapters)
-        ]
-        if holders:
+        if holders_of(key, workers):
             return False
-        del self.adapters[name]
+        del self.adapters[key]
         self._status_sent.pop(rec.key, None)
         return True
 
@@ -227,7 +231,7 @@ class ServingControl:
         if pool is None:
             return 0
         need = pool.spec.min_replicas
-        names = [model] + [r.name for r in self.adapters.values() if r.spec.base_model == model and r.url]
+        names = [model] + [r.key for r in self.adapters.values() if r.spec.base_model == model and r.url]
         if any(self.bus.demand(name) is not None for name in names):
             need = max(need, 1)
         return need
@@ -283,9 +287,11 @@ class ServingControl:
             hold_timeout_s=float(s.hold_timeout_seconds),
             ttft_slo_s=s.slo.ttft_milliseconds / 1000 if s.slo and s.slo.ttft_milliseconds else None,
             tpot_slo_s=s.slo.tpot_milliseconds / 1000 if s.slo and s.slo.tpot_milliseconds else None,
+            namespace=pool.namespace,
+            admits=sorted(pool.allowed),
             adapters={
-                r.name: r.rank
-                for r in sorted(self.adapters.values(), key=lambda r: r.name)
+                r.key: r.rank
+                for r in sorted(self.adapters.values(), key=lambda r: r.key)
                 if r.spec.base_model == pool.model and r.url and not r.deleting
             },
             vouched=None if vouched is None else dict(sorted(vouched.items())),
@@ -305,28 +311,24 @@ class ServingControl:
                 max_loras=max(w.serving.max_loras, 0) if w.serving else 0,
                 max_cpu_loras=max(pool.spec.max_cpu_loras, pool.spec.max_loras),
                 max_lora_rank=pool.spec.max_lora_rank,
-                device=frozenset(
-                    a.name for a in (w.serving.adapters if w.serving else []) if a.tier == "device"
-                ),
-                host=frozenset(
-                    a.name for a in (w.serving.adapters if w.serving else []) if a.tier != "device"
-                ),
-                in_use=frozenset(a.name for a in (w.serving.adapters if w.serving else []) if a.running),
+                device=frozenset(_ids(w, lambda a: a.tier == "device")),
+                host=frozenset(_ids(w, lambda a: a.tier != "device")),
+                in_use=frozenset(_ids(w, lambda a: a.running > 0)),
                 ready=True,
             )
             for wid, w in sorted(serving.items())
         ]
         demands = [
             AdapterDemand(
-                name=r.name,
+                name=r.key,
                 rank=r.rank,
                 replicas=r.spec.replicas,
                 pinned=r.spec.pinned,
-                requests_per_window=float(self._popularity.get(r.name, 0)),
+                requests_per_window=float(self._popularity.get(r.key, 0)),
             )
-            for r in sorted(wanted, key=lambda r: r.name)
+            for r in sorted(wanted, key=lambda r: r.key)
         ]
-        by_name = {r.name: r for r in wanted}
+        by_name = {r.key: r for r in wanted}  # placement names adapters by their id (namespace/name)
         placement = place(pods, demands, PlacementConfig()) if pods else None
         for wid in serving:
             share: dict[str, PlacedAdapter] = {}
@@ -350,11 +352,11 @@ class ServingControl:
             if w.serving is None:
                 continue
             for a in w.serving.adapters:
-                if a.name == rec.name:
+                if adapter_id(a.namespace, a.name) == rec.key:
                     holders.append(Holder(wid, "device" if a.tier == "device" else "host", a.load_seconds))
-            if rec.name in w.serving.placement_errors:
-                errors.append(f"{wid}: {w.serving.placement_errors[rec.name]}")
-                reasons.add(w.serving.placement_reasons.get(rec.name, Reason.ADAPTER_LOAD_FAILED))
+            if rec.key in w.serving.placement_errors:
+                errors.append(f"{wid}: {w.serving.placement_errors[rec.key]}")
+                reasons.add(w.serving.placement_reasons.get(rec.key, Reason.ADAPTER_LOAD_FAILED))
         problem = rec.problem
         if problem is None and errors and not holders:
             # The worker's load is the check the control plane could not make (a claim only pods mount,
@@ -386,7 +388,8 @@ class ServingControl:
             ready = (
                 "True",
                 Reason.SERVABLE,
-                f"served as model {rec.name} on the WarmPool of {rec.spec.base_model}",
+                f"served as model {rec.name} to namespace {rec.namespace} on the WarmPool of "
+                f"{rec.spec.base_model}",
             )
         if holders:
             where = ", ".join(f"{h.pod} ({h.tier})" for h in holders)
@@ -425,6 +428,20 @@ class Holder:
     pod: str
     tier: Literal["device", "host"]
     load_seconds: float | None
+
+
+def _ids(w: WorkerRecord, which: Callable[[AdapterState], bool]) -> list[str]:
+    """The ids (namespace/name) of the adapters ``w`` reports holding that ``which`` selects."""
+    return [adapter_id(a.namespace, a.name) for a in (w.serving.adapters if w.serving else []) if which(a)]
+
+
+def holders_of(key: str, workers: dict[str, WorkerRecord]) -> list[str]:
+    """The workers that report holding the adapter ``key`` (namespace/name), by id."""
+    return sorted(
+        wid
+        for wid, w in workers.items()
+        if w.serving and any(adapter_id(a.namespace, a.name) == key for a in w.serving.adapters)
+    )
 
 
 def _placed(rec: AdapterRecord, tier: str) -> PlacedAdapter:

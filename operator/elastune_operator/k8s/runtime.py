@@ -44,7 +44,7 @@ from elastune_contract.api.loraadapter import LoRAAdapter, LoRAAdapterStatus
 from elastune_contract.api.resources import InvalidResource, parse_resource
 from elastune_contract.api.tuningjob import TuningJob
 from elastune_contract.api.warmpool import WarmPool, WarmPoolStatus
-from elastune_contract.protocol import PASSWORD_ENV, Bus
+from elastune_contract.protocol import PASSWORD_ENV, Bus, adapter_id
 from elastune_contract.vocabulary import ConditionType, Reason
 from elastune_operator.api_keys import namespace_models
 from elastune_operator.control.core import ControlCore, PublishRefused
@@ -58,7 +58,7 @@ from elastune_operator.control.resources import (
     job_record,
     pool_config,
 )
-from elastune_operator.control.serving import AdapterRecord
+from elastune_operator.control.serving import AdapterRecord, holders_of
 from elastune_operator.failpoints import PUBLISH_AFTER_CREATE, failpoint
 from elastune_operator.k8s.knative import KnativeBackend
 from elastune_operator.k8s.pod_status import PodFailureRules
@@ -389,11 +389,7 @@ class Runtime:
             if self.core.serving.delete_adapter(namespace, name, workers):
                 self._adapters_dirty.pop(f"{namespace}/{name}", None)
                 return []
-            return sorted(
-                wid
-                for wid, w in workers.items()
-                if w.serving and any(a.name == name for a in w.serving.adapters)
-            )
+            return holders_of(adapter_id(namespace, name), workers)
 
         held: list[str] = self.call(apply, wait=30)
         return held

@@ -1,8 +1,10 @@
 """Adapter placement on a worker: hold what the control plane placed here (issue 15).
 
-The operator writes, per worker, the adapters it should hold (``Bus.set_placement``: name -> artifact URL
-and tier); the worker pulls it with every heartbeat and applies it with the engine's own vLLM-style
-load/unload — the same calls a user's ``POST /v1/load_lora_adapter`` makes. Only adapters the placement
+The operator writes, per worker, the adapters it should hold (``Bus.set_placement``: adapter id, i.e.
+``namespace/name``, -> artifact URL and tier); the worker pulls it with every heartbeat and applies it with
+the engine's own vLLM-style load/unload — the same calls a user's ``POST /v1/load_lora_adapter`` makes —
+naming the adapter's namespace, so two namespaces' adapters of one name are two adapters here (the
+gateway's requests say which one: ``NAMESPACE_HEADER``). Only adapters the placement
 loaded are ever unloaded here (one a user loaded by hand stays), and an adapter that running requests
 use is unloaded on a later heartbeat, when they are done (the engine refuses it until then).
 
@@ -27,7 +29,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from elastune_contract.protocol import Bus, PlacedAdapter
+from elastune_contract.protocol import Bus, PlacedAdapter, adapter_id, split_adapter_id
 from elastune_worker.storage import s3
 
 log = logging.getLogger("elastune.worker")
@@ -43,7 +45,8 @@ class AdapterSync:
         self.client = client
         """The serving client (EngineServingClient) or None while the engine is not up."""
         self.managed: dict[str, str] = {}
-        """Adapters this sync loaded: name -> the URL it loaded them from."""
+        """Adapters this sync loaded: adapter id (namespace/name) -> the URL it loaded them from. Every
+        other map here is keyed by the adapter id too."""
         self.errors: dict[str, str] = {}
         self.reasons: dict[str, str] = {}
         """The reason of an error when it has one (StorageError's): ServingState.placement_reasons."""
@@ -108,7 +111,7 @@ class AdapterSync:
         it stays placed here. The engine's list is a snapshot of its last stats, so a load younger than
         STATS_GRACE_SECONDS is not judged by it."""
         try:
-            present = {a.name for a in client.adapters()}
+            present = {_loaded_id(a) for a in client.adapters()}
         except Exception:  # the engine restarting: judge next pass
             return
         now = time.monotonic()
@@ -121,11 +124,15 @@ class AdapterSync:
 
     def _load(self, client: Any, name: str, placed: PlacedAdapter) -> None:
         t0 = time.perf_counter()
+        namespace, served = split_adapter_id(name)
         try:
             path = placed.url
             if s3.is_s3(path):  # downloaded here, with the Secret the placement names, into the cache
                 path = str(s3.download(path, placed.secret))
-            asyncio.run(client.load_lora(name, path))
+            if namespace:
+                asyncio.run(client.load_lora(served, path, namespace))
+            else:
+                asyncio.run(client.load_lora(served, path))
         except Exception as exc:  # AdapterError and the like: the operator reports it on the resource
             self.errors[name] = str(exc)
             if isinstance(exc, s3.StorageError):
@@ -144,8 +151,12 @@ class AdapterSync:
         log.info("placed adapter %s loaded from %s in %.2f s", name, placed.url, self.load_seconds[name])
 
     def _unload(self, client: Any, name: str) -> None:
+        namespace, served = split_adapter_id(name)
         try:
-            asyncio.run(client.unload_lora(name))
+            if namespace:
+                asyncio.run(client.unload_lora(served, namespace))
+            else:
+                asyncio.run(client.unload_lora(served))
         except KeyError:
             pass  # already gone (unloaded through the API)
         except Exception as exc:  # in use: the engine refuses until its requests finish
@@ -153,3 +164,9 @@ class AdapterSync:
             return
         self.managed.pop(name, None)
         self.load_seconds.pop(name, None)
+
+
+def _loaded_id(adapter: Any) -> str:
+    """The adapter id of an adapter the engine reports (its reference's namespace and name)."""
+    ref = getattr(adapter, "ref", None)
+    return adapter_id(getattr(ref, "namespace", ""), adapter.name)

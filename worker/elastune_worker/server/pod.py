@@ -14,7 +14,7 @@ from typing import Any
 import uvicorn
 
 from elastune_contract.openai_api.limits import RequestLimits
-from elastune_contract.protocol import Bus, ServingState, WorkerState
+from elastune_contract.protocol import Bus, ServingState, WorkerState, adapter_id
 from elastune_worker.server.agent import Agent, AgentConfig
 from elastune_worker.server.control_auth import guard_control
 from elastune_worker.server.control_routes import control_router
@@ -147,7 +147,8 @@ class WorkerPod:
         state.placement_errors = dict(self.placement.errors)
         state.placement_reasons = dict(self.placement.reasons)
         for adapter in state.adapters:
-            adapter.load_seconds = self.placement.load_seconds.get(adapter.name)
+            key = adapter_id(adapter.namespace, adapter.name)
+            adapter.load_seconds = self.placement.load_seconds.get(key)
         return state
 
     def engine_call(self) -> EngineCall | None:

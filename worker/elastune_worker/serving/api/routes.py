@@ -33,6 +33,7 @@ from elastune_contract.openai_api.protocol import (
     UnloadLoRAAdapterRequest,
     _Request,
 )
+from elastune_contract.protocol import NAMESPACE_HEADER
 from elastune_worker.serving.api.client import EngineBusy, EngineClient
 from elastune_worker.serving.api.metrics import ServingMetrics
 from elastune_worker.serving.outputs import RequestOutput
@@ -56,16 +57,22 @@ def openai_router(
     bounds = limits or RequestLimits()
     created = int(time.time())
 
-    def engine_for(model: str) -> tuple[EngineClient, AdapterRef | None]:
+    def engine_for(model: str, namespace: str | None) -> tuple[EngineClient, AdapterRef | None]:
         """The engine, and the adapter (LoRA or soft prompt) when ``model`` names one: the one place a
-        served name is resolved on the worker; the reference travels with the request from here."""
+        served name is resolved on the worker; the reference travels with the request from here. The
+        name is resolved in ``namespace`` (the gateway's ``NAMESPACE_HEADER``: the caller's adapter);
+        without one, the adapter of that name when only one is loaded here."""
         engine = get_engine()
         if engine is None:
             raise EngineBusy("the model is still loading; retry shortly")
         if model == engine.model_name:
             return engine, None
         loaded = [a.ref for a in engine.adapters()]
-        adapter = resolve(model, loaded)
+        if namespace is not None:
+            adapter = resolve(model, loaded, namespace)
+        else:
+            same = [r for r in loaded if r.name == model]
+            adapter = resolve(model, loaded) or (same[0] if len(same) == 1 else None)
         if adapter is not None:
             return engine, adapter
         available = ", ".join([engine.model_name, *(r.name for r in loaded)])
@@ -122,7 +129,7 @@ def openai_router(
 
     @router.post("/completions", response_model=CompletionResponse, responses=_ERRORS)
     async def completions(body: CompletionRequest, request: Request) -> Any:
-        engine, adapter = engine_for(body.model)
+        engine, adapter = engine_for(body.model, request.headers.get(NAMESPACE_HEADER))
         _refuse_unsupported(body)
         bounds.check(body)  # before tokenizing
         prompt = body.single_prompt()
@@ -142,7 +149,7 @@ def openai_router(
 
     @router.post("/chat/completions", response_model=ChatCompletionResponse, responses=_ERRORS)
     async def chat(body: ChatCompletionRequest, request: Request) -> Any:
-        engine, adapter = engine_for(body.model)
+        engine, adapter = engine_for(body.model, request.headers.get(NAMESPACE_HEADER))
         _refuse_unsupported(body)
         bounds.check(body)  # before tokenizing
         try:

@@ -8,7 +8,7 @@ import time
 from collections.abc import AsyncGenerator, Sequence
 from typing import Any, Protocol
 
-from elastune_batching.adapter_ref import AdapterInfo, AdapterRef
+from elastune_batching.adapter_ref import DEFAULT_NAMESPACE, AdapterInfo, AdapterRef
 from elastune_batching.sampling import SamplingParams
 from elastune_contract.protocol import AdapterState, ServingCost, ServingState
 from elastune_worker.serving.api.client import LoRAInfo
@@ -104,7 +104,13 @@ class EngineServingClient:
             kv_capacity_tokens=self.engine.config.kv_blocks() * self.engine.config.block_size,
             max_loras=s.max_loras,
             adapters=[
-                AdapterState(name=a.name, rank=a.rank, tier=a.tier, running=s.lora_running.get(a.ref.key, 0))
+                AdapterState(
+                    name=a.name,
+                    namespace=a.ref.namespace,
+                    rank=a.rank,
+                    tier=a.tier,
+                    running=s.lora_running.get(a.ref.key, 0),
+                )
                 for a in s.loras
             ],
             adapter_error=self.adapter_error,
@@ -115,19 +121,20 @@ class EngineServingClient:
     def adapters(self) -> list[AdapterInfo]:
         return list(self.engine.stats().loras)
 
-    async def load_lora(self, name: str, path: str) -> AdapterInfo:
-        """Registers an adapter or soft prompt; a failure is kept (published with the worker's record)
-        until the next load succeeds."""
+    async def load_lora(self, name: str, path: str, namespace: str = DEFAULT_NAMESPACE) -> AdapterInfo:
+        """Registers an adapter or soft prompt, served as ``name`` in ``namespace`` (the LoRAAdapter's,
+        from the placement; none for one loaded by hand); a failure is kept (published with the worker's
+        record) until the next load succeeds."""
         try:
-            info: AdapterInfo = await self.engine.call(EngineOp.LOAD_LORA, (name, path))
+            info: AdapterInfo = await self.engine.call(EngineOp.LOAD_LORA, (name, path, namespace))
         except Exception as exc:
             self.adapter_error = f"{name} ({path}): {exc}"
             raise
         self.adapter_error = None
         return info
 
-    async def unload_lora(self, name: str) -> None:
-        await self.engine.call(EngineOp.UNLOAD_LORA, name)
+    async def unload_lora(self, name: str, namespace: str = DEFAULT_NAMESPACE) -> None:
+        await self.engine.call(EngineOp.UNLOAD_LORA, (name, namespace))
 
     def stats(self) -> dict[str, float]:
         s = dataclasses.asdict(self.engine.stats())

@@ -100,11 +100,11 @@ class EngineLoop:
 
 def engine_call(engine: LLMEngine, op: EngineOp, arg: Any) -> Any:
     """Runs an ``EngineCall`` on the engine: adapter management and co-served tuning."""
-    if op is EngineOp.LOAD_LORA:
-        name, path = arg
-        return engine.load_lora(name, path)
-    if op is EngineOp.UNLOAD_LORA:
-        return engine.unload_lora(arg)
+    if op is EngineOp.LOAD_LORA:  # (name, path) or (name, path, namespace)
+        name, path, *namespace = arg
+        return engine.load_lora(name, path, *namespace)
+    if op is EngineOp.UNLOAD_LORA:  # name or (name, namespace)
+        return engine.unload_lora(*arg) if isinstance(arg, tuple) else engine.unload_lora(arg)
     return _coserve_call(engine, op, arg)
 
 
