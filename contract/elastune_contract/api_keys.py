@@ -4,7 +4,9 @@ publishes for the gateway, and the Redis keys both use.
 A key is a Kubernetes Secret labelled ``elastune.dev/api-key: "true"`` in the namespace whose models it
 reaches, with ``stringData.key`` (the key itself), optional ``models`` (comma-separated; default: every
 model of that namespace: its WarmPools' models and its LoRAAdapters), ``requestsPerMinute`` and
-``tokensPerMinute`` (prompt + completion tokens).
+``tokensPerMinute`` (prompt + completion tokens), and ``allowPriority`` (``"true"``/``"false"``, default
+false: whether the OpenAI body's ``priority``, vLLM's queue-jumping extension, is honoured for the key;
+for any other key the gateway ignores it).
 
 Least privilege: the gateway never reads Secrets. The operator (which may list/watch Secrets in the
 namespaces it watches) publishes only the SHA-256 of each key with its scope and limits, as one Redis hash
@@ -28,6 +30,11 @@ API_KEY_LABEL = "elastune.dev/api-key"
 """The label (value ``"true"``) that makes a Secret an API key."""
 RATE_WINDOW_SECONDS = 60
 """Limits are per minute, counted in fixed windows of this length."""
+TENANT_HEADER = "x-elastune-tenant"
+"""Set by the gateway on each request it forwards for an authenticated key: the key's Secret
+(``namespace/name``), the tenant the engine's ``fair`` queue policy shares service across. Only the gateway
+sets it (it forwards no client header; workers take inference only from the gateway); without it the
+worker's tenant is ``""``."""
 
 
 class ApiKeyRecord(BaseModel):
@@ -41,10 +48,14 @@ class ApiKeyRecord(BaseModel):
     """The served model names the key may use (resolved by the operator; empty: none)."""
     requests_per_minute: int | None = Field(default=None, ge=1)
     tokens_per_minute: int | None = Field(default=None, ge=1)
+    allow_priority: bool = False
+    """The key may set the request's ``priority`` (lower first in the engine's priority/sjf queues);
+    for other keys the gateway ignores a client's ``priority``."""
 
 
 class InvalidApiKeySecret(ValueError):
-    """A labelled Secret that cannot be a key (no ``key``, a limit that is not a positive integer)."""
+    """A labelled Secret that cannot be a key (no ``key``, a limit that is not a positive integer, an
+    ``allowPriority`` that is neither true nor false)."""
 
 
 def key_digest(key: str) -> str:
@@ -81,6 +92,7 @@ class KeySecret(BaseModel):
     models: tuple[str, ...] | None
     requests_per_minute: int | None
     tokens_per_minute: int | None
+    allow_priority: bool = False
 
     @property
     def id(self) -> str:
@@ -93,6 +105,7 @@ class KeySecret(BaseModel):
         return ApiKeyRecord(
             secret=self.id, models=tuple(models),
             requests_per_minute=self.requests_per_minute, tokens_per_minute=self.tokens_per_minute,
+            allow_priority=self.allow_priority,
         )  # fmt: skip
 
 
@@ -126,10 +139,14 @@ def read_secret(doc: Mapping[str, Any], default_namespace: str = "default") -> K
         if value < 1:
             raise InvalidApiKeySecret(f"{where}: {field} must be a positive integer, got {raw!r}")
         limits[field] = value
+    allow = data.get("allowPriority", "").strip().lower()
+    if allow not in ("", "true", "false"):
+        raise InvalidApiKeySecret(f"{where}: allowPriority must be \"true\" or \"false\", got {allow!r}")
     return KeySecret(
         namespace=str(meta.get("namespace") or default_namespace), name=str(meta.get("name") or ""),
         key=key, models=models,
         requests_per_minute=limits["requestsPerMinute"], tokens_per_minute=limits["tokensPerMinute"],
+        allow_priority=allow == "true",
     )  # fmt: skip
 
 
@@ -149,8 +166,14 @@ def publish(redis: Any, ns: str, records: Mapping[str, ApiKeyRecord]) -> None:
     pipe = redis.pipeline(transaction=True)
     pipe.delete(api_keys_key(ns))
     if records:
-        pipe.hset(api_keys_key(ns), mapping={d: r.model_dump_json() for d, r in records.items()})
+        pipe.hset(api_keys_key(ns), mapping={d: _record_json(r) for d, r in records.items()})
     pipe.execute()
+
+
+def _record_json(record: ApiKeyRecord) -> str:
+    """A record as published. ``allow_priority`` only when set: a gateway older than the field (its
+    records forbid unknown fields) then still reads every key that does not use it."""
+    return record.model_dump_json(exclude=None if record.allow_priority else {"allow_priority"})
 
 
 def parse_map(raw: Mapping[str, str]) -> tuple[dict[str, ApiKeyRecord], int]:

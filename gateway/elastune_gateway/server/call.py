@@ -25,6 +25,8 @@ class Call:
     """The resolved model's name once known (the metrics label; unknown names get none)."""
     ticket: Ticket | None = None
     """Its place in the fair line (``fair_share``): released when its answer is over."""
+    priority_ignored: bool = False
+    """It set ``priority`` and its key may not (the answer says so in a header)."""
 
 
 @dataclass(slots=True)

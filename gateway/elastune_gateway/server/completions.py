@@ -29,7 +29,7 @@ from elastune_contract.openai_api.limits import BodySizeLimit, RequestLimits
 from elastune_contract.openai_api.protocol import ChatCompletionRequest, CompletionRequest, _Request
 
 from .call import Answer, Call, Stream, Whole
-from .service import SLO_HEADERS, Gateway
+from .service import PRIORITY_HEADER, SLO_HEADERS, Gateway
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -40,6 +40,7 @@ log = logging.getLogger("elastune.gateway")
 
 _TTFT_HEADER = SLO_HEADERS["ttft"].encode()
 _TPOT_HEADER = SLO_HEADERS["tpot"].encode()
+_PRIORITY_IGNORED = (PRIORITY_HEADER.encode(), b"ignored")
 _JSON = b"application/json"
 _SSE_HEADERS = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache")]
 
@@ -121,6 +122,8 @@ class CompletionRoutes:
             return
         headers = [(b"x-elastune-endpoint", answer.endpoint.encode())]
         headers += [(k.encode(), v.encode()) for k, v in quota.items()]
+        if call.priority_ignored:
+            headers.append(_PRIORITY_IGNORED)
         if isinstance(answer, Whole):
             self._count(call, answer.status)
             headers += [(b"content-type", answer.content_type), (b"content-length", b"%d" % len(answer.body))]

@@ -20,6 +20,7 @@ from typing import Any
 
 import httpx
 
+from elastune_contract.api_keys import TENANT_HEADER
 from elastune_contract.openai_api.errors import APIError, sse_error
 from elastune_contract.openai_api.protocol import ChatCompletionRequest, CompletionRequest, _Request
 from elastune_contract.protocol import NAMESPACE_HEADER, Bus, ServingDemand
@@ -47,6 +48,8 @@ max_tokens of a completion), until its usage says."""
 
 SLO_HEADERS = {"ttft": "x-slo-ttft-ms", "tpot": "x-slo-tpot-ms"}
 """Per-request SLO hints in llm-d's style; they override the pool's SLOs for routing."""
+PRIORITY_HEADER = "x-elastune-priority"
+"""On the answer to a request whose client-set ``priority`` was not honoured: ``ignored``."""
 
 
 class Gateway:
@@ -72,6 +75,8 @@ class Gateway:
             self.keys = KeyTable(self.bus.redis, settings.namespace, self.metrics)
             self.limiter = RateLimiter(settings.redis_url, settings.namespace, self.metrics)
         self._keys_read_at = 0.0
+        self._priority_logged: set[str] = set()
+        """Keys whose ignored ``priority`` was logged (once per key and process)."""
         self.line: FairLine | None = None
         if settings.fair_share:
             self.line = FairLine(
@@ -176,12 +181,16 @@ class Gateway:
         ttft_slo, tpot_slo = _slo_headers(call, model)
         predicted = await self._predict(text)
         wants_usage = bool(body.stream_options and body.stream_options.include_usage)
-        set_priority = predicted is not None and "priority" not in body.model_fields_set
-        if body.stream and not wants_usage and not set_priority and body.stream_options is None:
+        drop_priority = "priority" in body.model_fields_set and not self._may_set_priority(call)
+        set_priority = predicted is not None and ("priority" not in body.model_fields_set or drop_priority)
+        rewrite = set_priority or drop_priority
+        if body.stream and not wants_usage and not rewrite and body.stream_options is None:
             # The usage event asked for by appending the field: the body is a validated JSON object.
             raw = raw.rstrip()[:-1] + b',"stream_options":{"include_usage":true}}'
-        elif set_priority or (body.stream and not wants_usage):  # else the client's bytes go as they came
+        elif rewrite or (body.stream and not wants_usage):  # else the client's bytes go as they came
             payload: dict[str, Any] = json.loads(raw)
+            if drop_priority:
+                del payload["priority"]
             if set_priority:
                 payload["priority"] = predicted  # the engine's SJF queue orders by it (lower first)
             if body.stream:
@@ -202,6 +211,29 @@ class Gateway:
             if call.ticket is not None:
                 call.ticket.release()
             raise
+
+    def _may_set_priority(self, call: Call) -> bool:
+        """Whether the caller's ``priority`` goes to the engine (lower first in its priority and sjf
+        queues: a client setting it jumps every other key's requests). Without authentication (the
+        loopback ``elastune serve``) anyone's does, as before; with it, only a key whose Secret says
+        ``allowPriority: "true"``. Any other key's is ignored, not refused: ``priority`` is a vLLM
+        extension, a scheduling hint, and OpenAI's own tier field (``service_tier``) is served at the
+        tier the account may use, the answer saying which, rather than refused; so clients that always
+        send the field keep working. The caller learns it from the answer's ``x-elastune-priority:
+        ignored`` header, the operator from a log line once per key; the request is then ordered by the
+        gateway's own length prediction (SSJF) when there is one, else as if it had set none."""
+        principal = call.principal
+        if principal is None or principal.record.allow_priority:
+            return True
+        call.priority_ignored = True
+        if principal.name not in self._priority_logged:
+            self._priority_logged.add(principal.name)
+            log.info(
+                "key %s set `priority`, which its Secret does not allow (allowPriority): ignored "
+                "(logged once per key)",
+                principal.name,
+            )
+        return False
 
     async def _enter_line(
         self,
@@ -270,7 +302,7 @@ class Gateway:
             )
             self.metrics.inflight.inc()
             try:
-                forwarded = {"x-request-id": call.request_id} if call.request_id else None
+                forwarded = _forwarded_headers(call)
                 if model.parent is not None:  # the worker resolves the adapter in its namespace
                     forwarded = {**(forwarded or {}), NAMESPACE_HEADER: model.namespace}
                 response = await open_response(self.upstream, endpoint, path, raw, forwarded)
@@ -509,6 +541,17 @@ class Gateway:
             self.metrics.key_tokens_of(principal.name, "completion").inc(completion_tokens)
         if self.limiter is not None:
             self.limiter.add_tokens(principal, prompt_tokens + completion_tokens)
+
+
+def _forwarded_headers(call: Call) -> dict[str, str] | None:
+    """What the worker gets besides the body: the client's request id, and the caller's key as the
+    tenant the engine's ``fair`` queue shares service across (no header the client sent)."""
+    headers: dict[str, str] = {}
+    if call.request_id:
+        headers["x-request-id"] = call.request_id
+    if call.principal is not None:
+        headers[TENANT_HEADER] = call.principal.name
+    return headers or None
 
 
 def _prompt_tokens(event: bytes) -> int:
