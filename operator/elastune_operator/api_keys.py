@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+from elastune_contract.api.warmpool import ALL_NAMESPACES
 from elastune_contract.api_keys import (
     InvalidApiKeySecret,
     KeySecret,
@@ -122,12 +123,29 @@ class ApiKeyPublisher:
             time.sleep(0.05)  # a burst of events: one write
 
 
+class ScopedModels(dict[str, set[str]]):
+    """namespace → served names, where a namespace not listed (and every listed one) also reaches the
+    models of the WarmPools that admit every namespace (``allowedNamespaces: ["*"]``)."""
+
+    def __init__(self, everyone: set[str]) -> None:
+        super().__init__()
+        self.everyone = everyone
+
+    def get(self, namespace: str, default: Any = None) -> set[str]:
+        return super().get(namespace, set()) | self.everyone
+
+
 def namespace_models(pools: Iterable[Any], adapters: Iterable[Any]) -> dict[str, set[str]]:
-    """namespace → the served names its keys may reach by default: its WarmPools' models and its
-    LoRAAdapters (and published prompts)."""
-    out: dict[str, set[str]] = {}
+    """namespace → the served names its keys may reach by default: the models of its WarmPools and of
+    the WarmPools that admit it (spec.allowedNamespaces; ``*``: every namespace), and its LoRAAdapters
+    (and published prompts) — the names the gateway resolves for a caller of that namespace."""
+    everyone = {p.spec.model for p in pools if ALL_NAMESPACES in (p.spec.allowed_namespaces or ())}
+    out = ScopedModels(everyone)
     for p in pools:
         out.setdefault(p.metadata.namespace or "default", set()).add(p.spec.model)
+        for ns in p.spec.allowed_namespaces or ():
+            if ns != ALL_NAMESPACES:
+                out.setdefault(ns, set()).add(p.spec.model)
     for a in adapters:
         out.setdefault(a.namespace, set()).add(a.name)
     return out
