@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-QueuePolicyName = Literal["fcfs", "priority", "sjf"]
+QueuePolicyName = Literal["fcfs", "priority", "sjf", "fair"]
 BatchingName = Literal["continuous", "dynamic", "none"]
 
 
@@ -28,6 +28,7 @@ class SchedulerConfig:
     """Chunk size cap of one request's prefill per step (0: only the budget caps it)."""
     enable_prefix_caching: bool = True
     queue_policy: QueuePolicyName = "fcfs"
+    """fcfs, priority, sjf, or fair (VTC across ``Sequence.tenant``: ``queue_policy.VTCQueue``)."""
     sjf_max_bypass: int = 64
     sjf_max_wait_s: float = 0.0
     batching: BatchingName = "continuous"

@@ -1,7 +1,8 @@
 """Waiting-queue policies behind one interface, and the factory that picks one by name (pure).
 
-FCFS, priority (vLLM's), and SSJF's speculative shortest-job-first (``sjf``: ``priority`` holds the
-predicted output length). Preble's priority groups may join later.
+FCFS, priority (vLLM's), SSJF's speculative shortest-job-first (``sjf``: ``priority`` holds the
+predicted output length), and VTC fair sharing across tenants (``fair``). Preble's priority groups may
+join later.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ import heapq
 import itertools
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Protocol
 
 from elastune_batching.config import QueuePolicyName
@@ -205,6 +206,151 @@ class SJFQueue:
         return itertools.chain(list(self._front), rest)
 
 
+VTC_INPUT_WEIGHT = 1.0
+VTC_OUTPUT_WEIGHT = 2.0
+"""VTC's weights (Sheng et al., w_p = 1, w_q = 2): a decoded token costs twice a prefilled one. The
+gateway's fair line uses the same ones (``elastune_gateway.server.fair_queue``; a test keeps them equal)."""
+
+
+class VTCQueue:
+    """Fair sharing across tenants with virtual token counters (VTC: Sheng et al., "Fairness in Serving
+    Large Language Models", OSDI'24), the engine's side of the gateway's fair line.
+
+    Each tenant (``Sequence.tenant``: the API key the gateway authenticated) has a counter of the service
+    it received in weighted tokens: the scheduler charges a request's prompt when it is first admitted
+    and each output token as it is sampled (``served``; ``VTC_INPUT_WEIGHT``, ``VTC_OUTPUT_WEIGHT``).
+    The next request admitted is the oldest of the backlogged tenant (one with requests waiting) whose
+    counter is smallest, so one tenant flooding the engine cannot starve another: their requests are
+    admitted in turn, by service, not by arrival. Ties go to the tenant with fewer requests waiting, then
+    by name. A tenant that becomes backlogged after having nothing waiting has its counter lifted to the
+    smallest counter among the backlogged tenants (with nobody waiting, to that of the tenant that left
+    the queue last), so idleness banks no credit (the paper's rule).
+
+    A request put back (``push_front``: preempted for KV memory, or passed over for an adapter slot)
+    goes ahead of every waiting request, as in the other policies: it had already been admitted, and
+    its prompt is not charged again when it is readmitted. Within a tenant, requests go in arrival order.
+    With one tenant (every request's is "" without a gateway) this is FCFS.
+
+    Costs: push, pop O(tenants); the counter table holds the tenants seen (pruned of idle ones beyond
+    ``max_idle_tenants``).
+    """
+
+    def __init__(
+        self,
+        input_weight: float = VTC_INPUT_WEIGHT,
+        output_weight: float = VTC_OUTPUT_WEIGHT,
+        max_idle_tenants: int = 4096,
+    ) -> None:
+        self.input_weight, self.output_weight = input_weight, output_weight
+        self.max_idle_tenants = max_idle_tenants
+        self.counters: dict[str, float] = {}
+        """tenant -> weighted tokens served (lifted on return from idle)."""
+        self._front: deque[Sequence] = deque()
+        self._queues: dict[str, deque[Sequence]] = {}
+        """tenant -> its new requests, oldest first (only tenants with some)."""
+        self._waiting: dict[str, int] = {}
+        """tenant -> its requests waiting (front included; only tenants with some): the backlogged."""
+        self._last_left: str | None = None
+
+    # -- service ------------------------------------------------------------------------------------
+    def cost(self, input_tokens: float, output_tokens: float) -> float:
+        return self.input_weight * input_tokens + self.output_weight * output_tokens
+
+    def served(self, seq: Sequence, input_tokens: int = 0, output_tokens: int = 0) -> None:
+        """The scheduler served ``seq`` this much: its tenant's counter advances."""
+        t = seq.tenant
+        self.counters[t] = self.counters.get(t, 0.0) + self.cost(input_tokens, output_tokens)
+
+    def counter(self, tenant: str) -> float:
+        return self.counters.get(tenant, 0.0)
+
+    # -- the queue ----------------------------------------------------------------------------------
+    def _floor(self) -> float:
+        if self._waiting:
+            return min(self.counters.get(t, 0.0) for t in self._waiting)
+        return self.counters.get(self._last_left, 0.0) if self._last_left is not None else 0.0
+
+    def push(self, seq: Sequence) -> None:
+        t = seq.tenant
+        if t not in self._waiting:  # becomes backlogged: lifted, no credit banked while idle
+            floor = self._floor()
+            if len(self.counters) > len(self._waiting) + self.max_idle_tenants:
+                self._forget_idle(floor)
+            self.counters[t] = max(self.counters.get(t, 0.0), floor)
+        self._queues.setdefault(t, deque()).append(seq)
+        self._waiting[t] = self._waiting.get(t, 0) + 1
+
+    def push_front(self, seq: Sequence) -> None:
+        self._front.appendleft(seq)
+        self._waiting[seq.tenant] = self._waiting.get(seq.tenant, 0) + 1
+
+    def _tenant(self) -> str:
+        """The backlogged tenant with new requests whose counter is smallest."""
+        counters, queues = self.counters, self._queues
+        return min(queues, key=lambda t: (counters.get(t, 0.0), len(queues[t]), t))
+
+    def peek(self) -> Sequence:
+        if self._front:
+            return self._front[0]
+        return self._queues[self._tenant()][0]
+
+    def pop(self) -> Sequence:
+        if self._front:
+            seq = self._front.popleft()
+        else:
+            t = self._tenant()
+            queue = self._queues[t]
+            seq = queue.popleft()
+            if not queue:
+                del self._queues[t]
+        self._left(seq.tenant)
+        return seq
+
+    def _left(self, tenant: str) -> None:
+        n = self._waiting[tenant] - 1
+        if n:
+            self._waiting[tenant] = n
+        else:
+            del self._waiting[tenant]
+            self._last_left = tenant
+
+    def remove(self, seq: Sequence) -> None:
+        queue = self._queues.get(seq.tenant)
+        if queue is not None and any(s is seq for s in queue):
+            queue.remove(seq)
+            if not queue:
+                del self._queues[seq.tenant]
+        else:
+            self._front.remove(seq)
+        self._left(seq.tenant)
+
+    def _forget_idle(self, floor: float) -> None:
+        """Counters of tenants with nothing waiting at or below ``floor`` (a returning one is lifted to
+        at least that anyway): dropping them changes no decision."""
+        keep = self._last_left
+        for t in [t for t, c in self.counters.items() if t not in self._waiting and t != keep and c <= floor]:
+            del self.counters[t]
+
+    def __len__(self) -> int:
+        return len(self._front) + sum(len(q) for q in self._queues.values())
+
+    def __iter__(self) -> Iterator[Sequence]:
+        """Put-back requests, then the order VTC would admit the rest in if each were charged its prompt
+        and nothing else changed (the output charged later is not foreseen)."""
+        return itertools.chain(list(self._front), self._projected(self._queues.items()))
+
+    def _projected(self, queues: Iterable[tuple[str, deque[Sequence]]]) -> Iterator[Sequence]:
+        # (counter, requests left, tenant, its requests): tenants are distinct, so iterators never compare
+        heap = [(self.counters.get(t, 0.0), len(q), t, iter(list(q))) for t, q in queues]
+        heapq.heapify(heap)
+        while heap:
+            counter, n, t, seqs = heapq.heappop(heap)
+            seq = next(seqs)
+            yield seq
+            if n > 1:
+                heapq.heappush(heap, (counter + self.cost(len(seq.prompt_token_ids), 0), n - 1, t, seqs))
+
+
 def create_request_queue(
     policy: QueuePolicyName,
     *,
@@ -218,4 +364,6 @@ def create_request_queue(
         return PriorityQueue()
     if policy == "sjf":
         return SJFQueue(sjf_max_bypass, sjf_max_wait_s, clock)
-    raise ValueError(f"unknown queue policy {policy!r}; choose fcfs, priority or sjf")
+    if policy == "fair":
+        return VTCQueue()
+    raise ValueError(f"unknown queue policy {policy!r}; choose fcfs, priority, sjf or fair")

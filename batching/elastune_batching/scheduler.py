@@ -11,6 +11,10 @@ preempted by recompute (vLLM's policy): its blocks are freed, its computed token
 goes back to the front of the waiting queue; its generated tokens are kept and recomputed with the
 prompt. A step that preempted admits nobody new. Each step ends asserting its invariants.
 
+With the ``fair`` queue policy (VTC across tenants) the scheduler reports the service each tenant gets:
+a request's prompt tokens when it is first admitted (not again after a preemption: the recompute is the
+engine's doing), and each output token as it is sampled.
+
 ``batching`` picks when waiting requests may join (the three settings the SSJF paper compares):
 continuous admits in every step as above; none runs one request at a time; dynamic forms a batch of
 up to ``max_num_seqs`` requests only when the running set is empty, and nobody joins it until all of
@@ -27,7 +31,7 @@ from dataclasses import dataclass, field
 
 from elastune_batching.block_manager import BlockManager
 from elastune_batching.config import SchedulerConfig
-from elastune_batching.queue_policy import RequestQueue, create_request_queue
+from elastune_batching.queue_policy import RequestQueue, VTCQueue, create_request_queue
 from elastune_batching.sequence import Sequence, Status
 
 
@@ -89,6 +93,8 @@ class Scheduler:
                 sjf_max_wait_s=config.sjf_max_wait_s,
             )
         )
+        self._fair = self.waiting if isinstance(self.waiting, VTCQueue) else None
+        """The waiting queue when it shares service across tenants: told what each request is served."""
         self.running: list[Sequence] = []
         self._batch_forming = False
         """dynamic batching: the current batch still takes requests."""
@@ -225,6 +231,8 @@ class Scheduler:
                     seq.num_computed_tokens = 0
                     break
                 self.waiting.pop()
+                if self._fair is not None and not seq.num_preemptions:
+                    self._fair.served(seq, input_tokens=len(seq.prompt_token_ids))
                 self.blocks.count_admission(seq)
                 seq.status = Status.RUNNING
                 self.running.append(seq)
@@ -262,6 +270,8 @@ class Scheduler:
             if c.samples:
                 seq.output_token_ids.append(sampled[seq.request_id])
                 grew.append(seq)
+                if self._fair is not None:
+                    self._fair.served(seq, output_tokens=1)
         return grew
 
     # -- invariants ---------------------------------------------------------------------------------

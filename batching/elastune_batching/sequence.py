@@ -29,6 +29,9 @@ class Sequence:
     tokens lead its prompt: the first ``num_virtual_tokens`` ids are placeholders whose embeddings the
     runner replaces."""
     num_virtual_tokens: int = 0
+    tenant: str = ""
+    """Whose request it is (the gateway's API key, ``namespace/name``; "" when none was given): the
+    ``fair`` queue policy shares service across tenants."""
     output_token_ids: list[int] = field(default_factory=list)
     status: Status = Status.WAITING
     num_computed_tokens: int = 0
