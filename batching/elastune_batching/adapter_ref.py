@@ -2,12 +2,13 @@
 worker's API and carried as such to the engine's sequence (pure: the API, the front end and the engine's
 pure core all import it).
 
-A served name is resolved within a namespace. Today every adapter is served under ``DEFAULT_NAMESPACE``:
-the operator refuses a second LoRAAdapter with a name another namespace already serves
-(``Reason.DUPLICATE_ADAPTER_NAME``), so placements, the vLLM load/unload calls and the metrics name an
-adapter by its ``metadata.name`` alone. Tenancy (two namespaces each with a ``summarizer``) fills the
-namespace in: the load call and the placement say it, the API resolves the name in the caller's
-namespace, and everything keyed by ``AdapterRef.key`` keeps the two apart.
+A served name is resolved within a namespace (issue 25 item 1): two namespaces may each have a LoRAAdapter
+``summarizer``. The control plane's placement names each adapter by ``namespace/name``
+(``elastune_contract.protocol.adapter_id``, the same string as ``adapter_key``), the worker's placement
+sync loads it with its namespace, the gateway forwards a request with the namespace it resolved for the
+caller (``NAMESPACE_HEADER``) and the worker's API resolves the name there; everything keyed by
+``AdapterRef.key`` keeps the two apart. ``DEFAULT_NAMESPACE`` is left for adapters loaded by name alone
+(by hand through ``/v1/load_lora_adapter``, ``--lora-modules``, benchmarks).
 """
 
 from __future__ import annotations
@@ -19,8 +20,8 @@ from typing import Literal
 AdapterKind = Literal["lora", "soft_prompt"]
 
 DEFAULT_NAMESPACE = ""
-"""The namespace of an adapter loaded by name alone (every adapter today: names are unique across
-namespaces)."""
+"""The namespace of an adapter loaded by name alone (by hand, at start-up, in benchmarks); the control
+plane's placements always name the LoRAAdapter's namespace."""
 
 
 def adapter_key(namespace: str, name: str) -> str:

@@ -93,7 +93,6 @@ class Reason:
     STORAGE_UNREACHABLE: Final = "StorageUnreachable"
     RANK_ABOVE_MAXIMUM: Final = "RankAboveMaximum"
     NAME_CLASHES_WITH_MODEL: Final = "NameClashesWithModel"
-    DUPLICATE_ADAPTER_NAME: Final = "DuplicateAdapterName"
     # WarmPool Ready: configured, or refused because another namespace's WarmPool serves its model
     POOL_CONFIGURED: Final = "Configured"
     DUPLICATE_WARM_POOL: Final = "DuplicateWarmPool"
