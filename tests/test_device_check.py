@@ -40,9 +40,13 @@ def test_smoke_runs_every_part_and_writes_its_json(tmp_path: Path) -> None:
     )
     hf = json.loads((out / "hf_generate.json").read_text())
     assert hf["decode"]["4"]["engine_speedup"] > 0
-    assert "EMULATED" in json.loads((out / "lora.json").read_text())["emulation"]  # on the CPU only
+    lora = json.loads((out / "lora.json").read_text())
+    assert "EMULATED" in lora["emulation"]  # on the CPU only
+    assert lora["model"] == lora["model"] | {"shape": "llama-micro", "random_weights": True}
+    assert set(lora["cold_start"]) == {"cached", "cpu_assisted", "ondmd"} and "kernels" in lora
     coserve = json.loads((out / "coserve.json").read_text())
     assert "goal" in coserve or "skipped" in coserve
+    assert "skipped" in coserve or coserve["model"]["shape"] == "llama-micro"
     table = (out / "table.md").read_text()
     assert "decode b=4" in table and proc.stdout.rstrip().endswith("(exit 0)")
 
@@ -63,3 +67,31 @@ def test_rooflines_of_the_8b_shape() -> None:
     assert abs(step - (shape.weight_bytes_per_step(2) + 64 * 528 * 131072) / 3.0e12) < 1e-12
     assert 6.0e-3 < step < 7.0e-3
     assert 29e12 < shape.prefill_flops(2048) < 31e12  # ~2 x 7.0 G matmul weights x 2048 + attention
+
+
+def test_the_benchmarks_run_the_8b_shape_on_the_gpu_in_120_s_and_fit_an_h100() -> None:
+    """Issue 26 item 4c: bench lora and bench coserve on the random-weight Llama-3-8B on CUDA (the
+    micro shape in the smoke run), both within 120 s of time boxes; their GPU memory plans."""
+    from elastune_worker.bench.device import coserve_bench, lora_bench
+    from elastune_worker.bench.device.run import PARTS
+    from elastune_worker.serving.runner.models.random_init import lora_shapes
+
+    for part in (lora_bench, coserve_bench):
+        full, smoke = part.bench_argv("x.json", False), part.bench_argv("x.json", True)
+        assert full[full.index("--shape") + 1] == "llama-3-8b" and full[full.index("--device") + 1] == "cuda"
+        assert (
+            smoke[smoke.index("--shape") + 1] == "llama-micro" and smoke[smoke.index("--device") + 1] == "cpu"
+        )
+    boxes = dict(PARTS)
+    assert boxes["lora_bench"] + boxes["coserve_bench"] <= 120
+    shape = Shape.of(SHAPES["llama-3-8b"])
+    gib = 2**30
+    weights, kv_token = shape.params * 2 / gib, shape.kv_bytes_per_token(2) / gib
+    # coserve: the engine's weights and 2,048 KV blocks of 16 tokens, and the trainer's own copy.
+    assert 2 * weights + 2048 * 16 * kv_token < 35  # of 78 GiB: both working sets and graphs beside
+    # lora, cached mode (its largest engine): 16,384 KV tokens and 32 slots of every target at rank 64.
+    full = lora_bench.bench_argv("x.json", False)
+    slots = int(full[full.index("--adapters") + 1])
+    slot = 32 * 64 * sum(i + o for i, o in lora_shapes(SHAPES["llama-3-8b"]).values()) * 2 / gib
+    assert slot == 0.3125  # 320 MiB
+    assert weights + 16384 * kv_token + slots * slot < 30

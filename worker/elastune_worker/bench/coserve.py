@@ -20,6 +20,14 @@ duration. Modes:
 ``--device cuda`` (or auto with a GPU) serves and tunes on the GPU; spatial then shares that one GPU
 between two processes (it stands for a second GPU only on the CPU). ``--modes`` runs a subset.
 
+``--shape`` picks the model (bench/shapes.py): the tiny Llama (default), or a random-weight model of a
+real shape (``llama-3-8b``, bf16 on a GPU: where a GPU's iterations are not launch-bound and FlexLLM's
+claim can be tested), written once per run. The engine serves it by token ids (the trace tokenized
+with the tiny tokenizer, whose ids fit the shape's vocabulary) and the trainer's base is made from the
+same config once and shared by every mode's trainer (the co-served job must tune the engine's model
+directory; it runs on the trainer's own copy of the weights, so the GPU holds the weights twice: 2 x 15
+GiB at 8B). ``--light-requests`` shortens the light load (the goal compares the heavy one).
+
 Per mode and load: finetuning tokens/s (sample tokens of completed optimizer steps, virtual tokens not
 counted, over the trace's wall time), SLO attainment (% of requests whose TPOT is within the TPOT SLO),
 TTFT and TPOT p50/p99. The TPOT SLO is ``--slo-factor`` x the engine's profiled decode step of 8
@@ -32,6 +40,7 @@ before and after).
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import multiprocessing as mp
 import os
@@ -41,6 +50,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from elastune_worker.bench.shapes import TINY, BenchModel, bench_model, shape_names
 from elastune_worker.bench.stats import finish, loadavg, percentile
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -199,7 +209,7 @@ def run_temporal(engine: Any, trainer: Any, trace: Trace, n: int) -> RunResult:
 
 def _spatial_tuner(
     model: str, args: dict[str, Any], go: Any, stop: Any, out: Any, device: str = "cpu"
-) -> None:
+) -> None:  # a random-weight model's base is made here from its config (the worker's own copy)
     """The tuning worker of the spatial split: one torch thread, steps until told to stop."""
     import torch
 
@@ -295,6 +305,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", type=Path, help="write the results here")
     p.add_argument("--dataset", type=Path, default=DEFAULT_DATASET)
     p.add_argument("--requests", type=int, help="requests per load (default 200; --quick 80)")
+    p.add_argument("--light-requests", type=int, help="requests of the light load (default: --requests)")
     p.add_argument("--light-rate", type=float, default=8.0, help="requests per second at light load")
     p.add_argument("--heavy-rate", type=float, default=48.0, help="requests per second at heavy load")
     p.add_argument("--max-prompt", type=int, default=256, help="prompt tokens at most")
@@ -306,14 +317,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=1, help="torch threads of the one-process modes")
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto", help="auto: CUDA if present")
     p.add_argument("--modes", default=",".join(MODES), help=f"comma-separated subset of {','.join(MODES)}")
+    p.add_argument(
+        "--shape", choices=shape_names(), default=TINY,
+        help="the model: the tiny Llama, or a random-weight shape (llama-3-8b on a GPU)",
+    )  # fmt: skip
     args = p.parse_args(argv)
     modes = [m for m in args.modes.split(",") if m]
     if set(modes) - set(MODES) or "coserve" not in modes or not any(m.startswith("temporal") for m in modes):
         p.error(
             f"--modes: names from {', '.join(MODES)}, with coserve and a temporal one (the goal compares)"
         )
-    n = args.requests or (80 if args.quick else 200)
-    max_out = args.max_output or (32 if args.quick else 64)
     if not args.dataset.exists():
         print(f"bench coserve: skipped, dataset {args.dataset} not found (it lives in ../shared/datasets)")
         if args.json:
@@ -321,48 +334,80 @@ def main(argv: list[str] | None = None) -> int:
             skipped = {"skipped": f"dataset {args.dataset} not found"}
             args.json.write_text(json.dumps(skipped, indent=2) + "\n")
         return 0
+    model = bench_model(args.shape)
+    try:
+        return _run(args, model, modes)
+    finally:
+        model.close()
+
+
+def _write(result: dict[str, Any], path: Path | None) -> None:
+    """The figures so far (a time box may end the run before ``finish``)."""
+    if path is None:
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(result, indent=2) + "\n")
+    tmp.replace(path)
+
+
+def _run(args: argparse.Namespace, model: BenchModel, modes: list[str]) -> int:
     import torch
-    from transformers import AutoTokenizer
 
     from elastune_batching.sampling import SamplingParams
     from elastune_worker.serving.config import EngineConfig
     from elastune_worker.serving.core.engine import LLMEngine
     from elastune_worker.serving.core.profile import profile_costs
-    from elastune_worker.tiny.build import TINY_LLAMA_SPEC, ensure_tiny_model
-    from elastune_worker.tuning.trainer import Trainer
+    from elastune_worker.tuning.trainer import Trainer, load_base_model
 
+    started = time.perf_counter()
+    n = args.requests or (80 if args.quick else 200)
+    n_light = args.light_requests or n
+    max_out = args.max_output or (32 if args.quick else 64)
     threads = args.threads
     torch.set_num_threads(threads)
     device = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
-    model = ensure_tiny_model(spec=TINY_LLAMA_SPEC)
-    tok = AutoTokenizer.from_pretrained(model, local_files_only=True)
     engine = LLMEngine(
-        model,
+        model.path,
         EngineConfig(
-            num_kv_blocks=4096,
+            # 4,096 blocks of 16 tokens; 2,048 (32,768 tokens: 4 GiB) for a random shape (Llama-3-8B's
+            # KV is 128 KiB a token), so that the engine, the trainer's copy and both working sets fit
+            # an 80 GiB GPU.
+            num_kv_blocks=2048 if model.random else 4096,
             max_num_seqs=64,
             max_num_batched_tokens=512,
             device=device,  # type: ignore[arg-type]
         ),
+        tokenizer=model.engine_tokenizer(),
     )
     engine.generate([[5 + i] * 16 for i in range(8)], SamplingParams(max_tokens=16, ignore_eos=True))
     cost = profile_costs(engine)  # after a warm-up: first calls pay torch's one-off costs
     decode8 = cost.decode_step_base_s + 8 * cost.decode_step_per_seq_s
     slo_s = args.slo_factor * decode8
+    rates = (("light", args.light_rate, n_light), ("heavy", args.heavy_rate, n))
     traces = {
-        load: load_trace(tok, args.dataset, n, args.max_prompt, max_out, rate)
-        for load, rate in (("light", args.light_rate), ("heavy", args.heavy_rate))
+        load: load_trace(model.tokenizer, args.dataset, count, args.max_prompt, max_out, rate)
+        for load, rate, count in rates
     }
     cfg, records = tuning_setup(args)
+    t0 = time.perf_counter()
+    # One base for every mode's trainer (a random shape's is made on the device from its config).
+    base = load_base_model(model.path, device) if any(m != "spatial" for m in modes) else None
+    base_s = time.perf_counter() - t0
     result: dict[str, Any] = {
         "config": {
-            "requests": n, "max_output": max_out, "max_prompt": args.max_prompt,
+            "requests": n, "light_requests": n_light, "max_output": max_out, "max_prompt": args.max_prompt,
             "light_rate": args.light_rate, "heavy_rate": args.heavy_rate, "slo_factor": args.slo_factor,
             "tuning": {"method": cfg.method, "batch_size": cfg.batch_size, "max_length": cfg.max_length,
                        "virtual_tokens": cfg.virtual_tokens},
             "max_window": args.max_window, "micro_batch": args.micro_batch, "torch_threads": threads,
             "quick": args.quick, "device": device, "modes": modes,
         },
+        "model": {"shape": model.shape, "random_weights": model.random,
+                  "engine_dtype": str(engine.runner.dtype).removeprefix("torch."),
+                  "trainer_dtype": str(next(base.parameters()).dtype).removeprefix("torch.")
+                  if base is not None else None,
+                  "kv_blocks": engine.config.num_kv_blocks, "trainer_base_s": round(base_s, 2)},
         "tpot_slo_ms": round(slo_s * 1e3, 3),
         "profiled": {"decode8_ms": round(decode8 * 1e3, 3),
                      "prefill_us_per_token": round(cost.prefill_s_per_token * 1e6, 3)},
@@ -370,30 +415,39 @@ def main(argv: list[str] | None = None) -> int:
         "spatial_emulation": "two processes, 1 torch thread each (serving | tuning); other modes: one "
         f"process, {threads} torch threads",
     }  # fmt: skip
-    print(f"bench coserve: {n} requests per load, TPOT SLO {slo_s * 1e3:.2f} ms ({args.slo_factor} x "
-          f"profiled 8-request decode step {decode8 * 1e3:.2f} ms)", flush=True)  # fmt: skip
+    if device == "cuda":
+        result["model"]["gpu_memory_after_set_up_gib"] = round(torch.cuda.memory_allocated() / 2**30, 2)
+    print(f"bench coserve on {model.label()}: {n_light} light / {n} heavy requests, TPOT SLO "
+          f"{slo_s * 1e3:.2f} ms ({args.slo_factor} x profiled 8-request decode step {decode8 * 1e3:.2f} ms)"
+          f", set up in {time.perf_counter() - started:.1f} s", flush=True)  # fmt: skip
     for mode in modes:
         result[mode] = {}
         for load, trace in traces.items():
             engine.reset_counters()  # the same cold prefix cache for every mode
             if mode == "spatial":
-                r = run_spatial(engine, model, trace, args, device)
+                r = run_spatial(engine, model.path, trace, args, device)
             else:
-                trainer = Trainer(model, cfg, records, [], device=device)
+                trainer = Trainer(model.path, cfg, records, [], device=device, base_model=base)
                 if mode == "coserve":
                     r = run_coserve(engine, trainer, trace, slo_s, cost, args)
                 else:
                     r = run_temporal(engine, trainer, trace, int(mode.split("_")[1]))
+                del trainer
+                gc.collect()  # the last trainer's graph and optimizer state go before the next
             f = result[mode][load] = summarize(r, slo_s)
+            if device == "cuda":
+                f["gpu_memory_peak_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 2)
+            _write(result, args.json)
             print(
                 f"  {mode:12s} {load:5s} finetune {f['finetune_tokens_s']:8.1f} tok/s"
                 f"  SLO {f['slo_attainment_pct']:5.1f} %  TPOT p50 {f['tpot_ms_p50']:7.2f} p99 "
                 f"{f['tpot_ms_p99']:7.2f} ms  TTFT p50 {f['ttft_ms_p50']:8.1f} "
-                f"p99 {f['ttft_ms_p99']:8.1f} ms",
+                f"p99 {f['ttft_ms_p99']:8.1f} ms  ({f['finetune_steps']} steps, {f['wall_s']} s)",
                 flush=True,
             )
     result["goal"] = goal(result)
     result["machine"]["loadavg_after"] = loadavg()
+    result["wall_total_s"] = round(time.perf_counter() - started, 1)
     g = result["goal"]
     print(f"  goal (heavy): co-serving / best temporal ({g['best_temporal']}) = "
           f"{g['ratio_vs_best_temporal']}x, "

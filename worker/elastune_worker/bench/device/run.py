@@ -19,10 +19,13 @@ PARTS: tuple[tuple[str, int], ...] = (
     ("ceilings", 25),
     ("engine", 150),
     ("hf_generate", 75),
-    ("lora_bench", 50),
-    ("coserve_bench", 80),
+    ("lora_bench", 55),
+    ("coserve_bench", 65),
 )
-"""(module, seconds on the GPU): 455 s in all, inside the 8-minute run with the installs before."""
+"""(module, seconds on the GPU): 445 s in all, inside the 8-minute run with the installs before. The
+two benchmarks run the random-weight Llama-3-8B (issue 26 item 4c) in 120 s together, ~45 s each
+expected (their modules say how they are sized); each writes its JSON after every mode, so a part
+its time box ends keeps the modes it finished."""
 SMOKE_SECONDS = 60
 """A smoke part's time box (each takes 5-30 s on a loaded 2-core CPU)."""
 
@@ -53,13 +56,13 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("out", type=Path)
     p.add_argument("--smoke", action="store_true", help="every part on this machine's CPU, tiny shapes")
-    p.add_argument("--deadline", type=float, help="seconds for all parts (default 455; --smoke 170)")
+    p.add_argument("--deadline", type=float, help="seconds for all parts (default 445; --smoke 170)")
     p.add_argument("--parts", help="comma-separated subset of the parts (default all)")
     args = p.parse_args(argv)
     (args.out / "logs").mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     chosen = set(args.parts.split(",")) if args.parts else {m for m, _ in PARTS}
-    deadline = time.perf_counter() + (args.deadline or (170 if args.smoke else 455))
+    deadline = time.perf_counter() + (args.deadline or (170 if args.smoke else sum(s for _, s in PARTS)))
     statuses: list[dict[str, object]] = []
     for module, seconds in PARTS:
         if module not in chosen:

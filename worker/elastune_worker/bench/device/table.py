@@ -58,7 +58,8 @@ def render(out: Path) -> str:
                          f"{_share(pre)} (of matmul rate) | - | - |")  # fmt: skip
     lora = read_part(out, "lora")
     if lora and "cold_start" in lora:
-        lines += ["", f"LoRA ({lora.get('emulation', '')}):", "",
+        on = f" on {lora['model']['shape']}" if "model" in lora else ""
+        lines += ["", f"LoRA{on} ({lora.get('emulation', '')}):", "",
                   "| mode | TTFT ms mean / p99 | TPOT ms mean | overhead vs cached (TTFT) |",
                   "| --- | --- | --- | --- |"]  # fmt: skip
         for mode, r in lora["cold_start"].items():
@@ -71,11 +72,16 @@ def render(out: Path) -> str:
             lines.append(f"\nKernels: padded {k['padded']['tokens_per_s']} tok/s, unpadded "
                          f"{k['unpadded']['tokens_per_s']} tok/s.")  # fmt: skip
     co = read_part(out, "coserve")
+    on = f" on {co['model']['shape']}" if co and "model" in co else ""
     if co and "goal" in co:
         g = co["goal"]
-        lines += ["", f"Co-serving (heavy load): {g['ratio_vs_best_temporal']}x the finetuning tokens/s of "
-                  f"{g['best_temporal']}, SLO attainment {g['coserve_slo_attainment_pct']} % vs "
+        lines += ["", f"Co-serving{on} (heavy load): {g['ratio_vs_best_temporal']}x the finetuning "
+                  f"tokens/s of {g['best_temporal']}, SLO attainment {g['coserve_slo_attainment_pct']} % vs "
                   f"{g['best_temporal_slo_attainment_pct']} % (FlexLLM: 1.9-4.8x)."]  # fmt: skip
+    elif co and "config" in co:  # the run ended before every mode finished: what it has
+        done = [f"{m} {load}: {r['finetune_tokens_s']} tok/s, SLO {r['slo_attainment_pct']} %"
+                for m in co["config"]["modes"] for load, r in co.get(m, {}).items()]  # fmt: skip
+        lines += ["", f"Co-serving{on}, unfinished: " + ("; ".join(done) or "no mode finished")]
     elif co:
         lines += ["", f"Co-serving: {co.get('skipped', 'no result')}"]
     return "\n".join(lines) + "\n"
