@@ -209,8 +209,9 @@ def run_temporal(engine: Any, trainer: Any, trace: Trace, n: int) -> RunResult:
 
 def _spatial_tuner(
     model: str, args: dict[str, Any], go: Any, stop: Any, out: Any, device: str = "cpu"
-) -> None:  # a random-weight model's base is made here from its config (the worker's own copy)
-    """The tuning worker of the spatial split: one torch thread, steps until told to stop."""
+) -> None:
+    """The tuning worker of the spatial split: one torch thread, steps until told to stop (a
+    random-weight model's base is made here from its config: the worker's own copy)."""
     import torch
 
     torch.set_num_threads(1)
