@@ -35,8 +35,12 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     """Share full KV blocks between requests with the same token prefix."""
     queue_policy: QueuePolicyName = "fcfs"
-    """Order of the waiting queue: fcfs; priority (lower ``priority`` first, then arrival); or sjf
-    (SSJF: ``priority`` is the predicted output length, shortest first, with a starvation guard)."""
+    """Order of the waiting queue: fcfs; priority (lower ``priority`` first, then arrival); sjf (SSJF:
+    ``priority`` is the predicted output length, shortest first, with a starvation guard); or fair (VTC
+    across tenants, the API keys the gateway names: the backlogged tenant served the fewest weighted
+    tokens goes next, so one key flooding the engine cannot starve another). fcfs stays the default: with
+    the gateway's fair line in front (its default) the engine's queue holds few requests, and without a
+    gateway every request is one tenant's, where fair is fcfs."""
     sjf_max_bypass: int = 64
     """sjf: a waiting request that later arrivals have overtaken this many times goes first (0: off)."""
     sjf_max_wait_s: float = 0.0

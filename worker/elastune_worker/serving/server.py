@@ -42,7 +42,8 @@ def add_engine_args(p: argparse.ArgumentParser, engine_cpus: str = "auto") -> No
         "--queue-policy",
         choices=get_args(QueuePolicyName),
         default=_DEFAULTS.queue_policy,
-        help="waiting-queue order: fcfs, priority (lower first), sjf (priority = predicted output tokens)",
+        help="waiting-queue order: fcfs, priority (lower first), sjf (priority = predicted output tokens), "
+        "fair (VTC across the API keys the gateway names)",
     )
     g.add_argument(
         "--sjf-max-bypass",

@@ -46,9 +46,11 @@ class RecordingClient(EngineServingClient):
         params: SamplingParams,
         priority: int,
         adapter: AdapterRef | None = None,
+        *,
+        tenant: str = "",
     ) -> AsyncGenerator[RequestOutput, None]:
         self.seen.append(adapter)
-        return super().generate(request_id, prompt_token_ids, params, priority, adapter)
+        return super().generate(request_id, prompt_token_ids, params, priority, adapter, tenant=tenant)
 
 
 def soft_prompt_artifact(out: Path) -> Path:

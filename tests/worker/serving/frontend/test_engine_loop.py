@@ -127,8 +127,10 @@ def test_every_message_pickles_and_names_its_kind():
 
 def test_the_loop_reports_idle_stats_then_steps_until_the_requests_finish():
     engine = FakeEngine()
-    emitted = run(engine, [M.AddRequest("a", [1], PARAMS, priority=1, adapter=ADA)])
-    assert engine.log == [("add", "a", PARAMS, {"priority": 1, "extra_key": None, "adapter": ADA})]
+    emitted = run(engine, [M.AddRequest("a", [1], PARAMS, priority=1, adapter=ADA, tenant="team-a/k")])
+    assert engine.log == [
+        ("add", "a", PARAMS, {"priority": 1, "extra_key": None, "adapter": ADA, "tenant": "team-a/k"})
+    ]
     assert emitted == [
         M.StatsUpdate(Stats(0)),  # before any request: the placement reads it
         M.StepOutputs([out("a", 1)], Stats(1)),

@@ -72,10 +72,12 @@ class EngineClient(Protocol):
         params: SamplingParams,
         priority: int,
         adapter: AdapterRef | None = None,
+        *,
+        tenant: str = "",
     ) -> AsyncGenerator[RequestOutput, None]:
         """The engine's outputs until one is finished (served with ``adapter`` when given: a LoRA or a
-        soft prompt). Closing the iterator early aborts the request and frees its KV blocks (a client
-        that disconnects)."""
+        soft prompt; for ``tenant``, whom the ``fair`` queue policy shares service across). Closing the
+        iterator early aborts the request and frees its KV blocks (a client that disconnects)."""
         ...
 
     def adapters(self) -> Sequence[AdapterView]:

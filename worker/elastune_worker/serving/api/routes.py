@@ -20,6 +20,7 @@ from fastapi.responses import PlainTextResponse, StreamingResponse
 
 from elastune_batching.adapter_ref import AdapterRef, resolve
 from elastune_batching.sampling import SamplingParams
+from elastune_contract.api_keys import TENANT_HEADER
 from elastune_contract.openai_api.errors import APIError, sse_error
 from elastune_contract.openai_api.limits import RequestLimits
 from elastune_contract.openai_api.protocol import (
@@ -142,6 +143,7 @@ def openai_router(
                 raise APIError(400, f"prompt token ids must be in [0, {vocab})", "prompt")
         params = _params(body, body.max_tokens, len(ids), engine.max_model_len, engine)
         run = _Run(engine, f"cmpl-{uuid.uuid4().hex}", ids, params, body.priority, metrics, adapter)
+        run.tenant = _tenant(request)
         return await _answer(
             run, body, request, _completion_chunks, "text_completion",
             lambda text, reason: {"index": 0, "text": text, "finish_reason": reason, "logprobs": None},
@@ -158,6 +160,7 @@ def openai_router(
             raise APIError(400, f"messages: {exc}", "messages") from exc
         params = _params(body, body.token_limit(), len(ids), engine.max_model_len, engine)
         run = _Run(engine, f"chatcmpl-{uuid.uuid4().hex}", ids, params, body.priority, metrics, adapter)
+        run.tenant = _tenant(request)
         return await _answer(
             run, body, request, _chat_chunks, "chat.completion",
             lambda text, reason: {
@@ -238,6 +241,18 @@ def _params(
         raise APIError(400, str(exc)) from exc
 
 
+MAX_TENANT_CHARS = 256
+"""A tenant id longer than this is cut (a Secret's ``namespace/name`` is at most 317 characters, but the
+first 256 tell keys apart in practice; the cut bounds the engine's counter table's keys)."""
+
+
+def _tenant(request: Request) -> str:
+    """The tenant the gateway named (the caller's API key); "" without one (a request sent to the worker
+    directly, or through a gateway without authentication). Only the gateway reaches a worker's
+    inference routes in a cluster (NetworkPolicy), and it never forwards a client's own header."""
+    return (request.headers.get(TENANT_HEADER) or "")[:MAX_TENANT_CHARS]
+
+
 class _Run:
     """One request through the engine, timing what the metrics need."""
 
@@ -253,12 +268,16 @@ class _Run:
     ) -> None:
         self.engine, self.rid, self.ids, self.params, self.priority = engine, rid, ids, params, priority
         self.metrics, self.adapter = metrics, adapter
+        self.tenant = ""
+        """Whose request (the gateway's ``TENANT_HEADER``): what the ``fair`` queue policy shares across."""
         self.start = time.perf_counter()
         self.first: float | None = None
         self.last = RequestOutput(rid, [], "", False, None, len(ids), 0, 0)
 
     async def deltas(self) -> AsyncGenerator[RequestOutput, None]:
-        it = self.engine.generate(self.rid, self.ids, self.params, self.priority, self.adapter)
+        it = self.engine.generate(
+            self.rid, self.ids, self.params, self.priority, self.adapter, tenant=self.tenant
+        )
         try:
             async for d in _refusals_as_400(it):
                 if self.first is None and d.completion_tokens > 0:

@@ -123,8 +123,10 @@ class LLMEngine:
         arrival_time: float | None = None,
         extra_key: str | None = None,
         adapter: AdapterRef | None = None,
+        tenant: str = "",
     ) -> None:
-        """Queue a request, served with ``adapter`` (resolved from its served name: ``adapter_ref``).
+        """Queue a request, served with ``adapter`` (resolved from its served name: ``adapter_ref``), for
+        ``tenant`` (whom the ``fair`` queue policy shares service across; "" for none).
         ValueError (nothing allocated) for an empty prompt, one that leaves no room in the context,
         token ids outside the vocabulary, or an adapter that is not loaded (any more)."""
         params = params or SamplingParams()
@@ -156,6 +158,7 @@ class LLMEngine:
             extra_key=extra_key,
             adapter=adapter,
             num_virtual_tokens=virtual,
+            tenant=tenant,
         )
         self.scheduler.add(seq)
         self._detok[request_id] = IncrementalDetokenizer(self.tokenizer, params.stop, ids)

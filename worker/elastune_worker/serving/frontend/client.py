@@ -40,6 +40,7 @@ class RunningEngine(Protocol):
         *,
         priority: int = 0,
         adapter: AdapterRef | None = None,
+        tenant: str = "",
     ) -> AsyncGenerator[RequestOutput, None]: ...
 
     def stats(self) -> EngineStats: ...
@@ -78,9 +79,13 @@ class EngineServingClient:
         params: SamplingParams,
         priority: int,
         adapter: AdapterRef | None = None,
+        *,
+        tenant: str = "",
     ) -> AsyncGenerator[RequestOutput, None]:
         self.last_request_at = time.time()
-        return self.engine.generate(request_id, prompt_token_ids, params, priority=priority, adapter=adapter)
+        return self.engine.generate(
+            request_id, prompt_token_ids, params, priority=priority, adapter=adapter, tenant=tenant
+        )
 
     def serving_state(self) -> ServingState:
         """What the worker publishes with its heartbeat for the gateway."""

@@ -70,6 +70,7 @@ class EngineLoop:
                     priority=msg.priority,
                     extra_key=msg.extra_key,
                     adapter=msg.adapter,
+                    tenant=msg.tenant,
                 )
             except ValueError as exc:  # bad input is the caller's: hand the error back
                 self.emit(RequestRefused(msg.request_id, str(exc)))

@@ -61,6 +61,8 @@ class AddRequest:
     """Keeps this request's prefix-cache blocks apart from others' with the same tokens."""
     adapter: AdapterRef | None = None
     """The LoRA adapter or soft prompt it is served with (resolved from the served name at the API)."""
+    tenant: str = ""
+    """Whose request it is (the gateway's API key): what the ``fair`` queue policy shares across."""
 
 
 @dataclass(frozen=True, slots=True)

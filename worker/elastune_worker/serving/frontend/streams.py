@@ -67,6 +67,7 @@ class RequestStreams:
         priority: int = 0,
         extra_key: str | None = None,
         adapter: AdapterRef | None = None,
+        tenant: str = "",
     ) -> AsyncGenerator[RequestOutput, None]:
         loop = asyncio.get_running_loop()
         sink: asyncio.Queue[Any] = asyncio.Queue()
@@ -76,7 +77,7 @@ class RequestStreams:
             self._sinks[request_id] = (loop, sink)
         finished = False
         try:
-            self._send(AddRequest(request_id, prompt, params, priority, extra_key, adapter))
+            self._send(AddRequest(request_id, prompt, params, priority, extra_key, adapter, tenant))
             while True:
                 item = await sink.get()
                 if isinstance(item, BaseException):
