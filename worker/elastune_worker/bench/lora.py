@@ -262,8 +262,12 @@ def _run(args: argparse.Namespace, model: BenchModel, device: str, modes: list[s
         warm = adapter_names(min(4, args.adapters))
         eng.generate([model.encode("warm up →")] * (len(warm) + 1), None, [None, *warm])
         built = time.perf_counter() - t0
+        replayed, eager = eng.runner.steps_replayed, eng.runner.steps_eager
         res = replay(eng, requests, 16)
         res["engine_set_up_s"] = round(built, 2)
+        # Which path the trace's steps took (on the first H200 run cached's TPOT was 6x the others').
+        res["steps_graph"] = eng.runner.steps_replayed - replayed
+        res["steps_eager"] = eng.runner.steps_eager - eager
         if eng.runner.lora_cpu_pool is not None:
             res["cpu_worker_calls"] = eng.runner.lora_cpu_pool.calls
             eng.runner.lora_cpu_pool.close()
