@@ -281,16 +281,16 @@ def test_a_placed_adapter_that_cannot_be_read_reports_its_reason(
     loads: list[str] = []
 
     class Client:
-        async def load_lora(self, name: str, path: str) -> None:
+        async def load_lora(self, name: str, path: str, namespace: str = "") -> None:
             loads.append(path)
 
-    sync = AdapterSync(
-        _Placement({"a": PlacedAdapter(url=url, tier="host", secret=secret)}),  # type: ignore[arg-type]
+    sync = AdapterSync(  # placed under its adapter id, namespace/name
+        _Placement({"default/a": PlacedAdapter(url=url, tier="host", secret=secret)}),  # type: ignore[arg-type]
         "w1",
         lambda: Client(),
     )
     sync.sync()
-    assert loads == [] and sync.reasons == {"a": reason}, sync.errors
+    assert loads == [] and sync.reasons == {"default/a": reason}, sync.errors
     sync.sync()  # not retried at once (every STORAGE_RETRY_SECONDS)
     assert loads == []
 
@@ -302,7 +302,7 @@ def test_a_placed_adapter_that_cannot_be_read_reports_its_reason(
     rec = AdapterRecord("default", "a", LoRAAdapterSpec.model_validate(spec))
     control.upsert_adapter(rec)
     control.tick({"w1": _worker({}, {})})
-    assert bus.placement("w1") == {"a": PlacedAdapter(url=url, tier="host", secret=secret)}
+    assert bus.placement("w1") == {"default/a": PlacedAdapter(url=url, tier="host", secret=secret)}
     control.tick({"w1": _worker(sync.errors, sync.reasons)})
     ready = next(c for c in rec.status.conditions if c.type == "Ready")
     assert (ready.status, ready.reason) == ("False", reason) and "w1: " in ready.message
