@@ -141,7 +141,7 @@ def read_secret(doc: Mapping[str, Any], default_namespace: str = "default") -> K
         limits[field] = value
     allow = data.get("allowPriority", "").strip().lower()
     if allow not in ("", "true", "false"):
-        raise InvalidApiKeySecret(f"{where}: allowPriority must be \"true\" or \"false\", got {allow!r}")
+        raise InvalidApiKeySecret(f'{where}: allowPriority must be "true" or "false", got {allow!r}')
     return KeySecret(
         namespace=str(meta.get("namespace") or default_namespace), name=str(meta.get("name") or ""),
         key=key, models=models,
