@@ -2,6 +2,7 @@
 
 import importlib.util
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -150,3 +151,45 @@ def test_bench_operator_says_what_to_install_without_the_dev_extras(monkeypatch,
     assert cli.main(["bench", "operator", "--jobs", "1"]) == 2
     err = capsys.readouterr().err
     assert "missing: kmock" in err and "pip install -e '.[dev]'" in err
+
+
+def test_bench_is_found_through_its_entry_point_and_lists_every_benchmark():
+    from importlib.metadata import entry_points
+
+    (ep,) = entry_points(group=cli.COMMANDS_GROUP, name="bench")
+    assert ep.value == "elastune_bench.cli:main"
+    res = elastune("bench", "--help")
+    assert res.returncode == 0, res.stderr
+    for name in (
+        "scheduler",
+        "coserve-sim",
+        "operator",
+        "sync",
+        "bank",
+        "serve",
+        "lora",
+        "route",
+        "gateway",
+        "tenancy",
+        "ssjf",
+        "chaos",
+        "coserve",
+    ):
+        assert re.search(rf"^    {name}\b", res.stdout, re.MULTILINE), (name, res.stdout)
+    res = elastune("bench", "serve", "--help")  # the benchmark's own parser
+    assert res.returncode == 0 and res.stdout.startswith("usage: elastune bench serve"), res.stderr
+    assert "--no-vllm" in res.stdout
+
+
+def test_the_product_cli_imports_no_benchmark_and_says_when_they_are_missing(monkeypatch, capsys):
+    import importlib.metadata
+
+    monkeypatch.setattr(importlib.metadata, "entry_points", lambda **kw: ())
+    assert cli.main(["bench", "scheduler", "--quick"]) == 2
+    err = capsys.readouterr().err
+    assert "elastune_bench" in err and "not installed" in err
+
+
+def test_an_unknown_benchmark_is_a_usage_error():
+    res = elastune("bench", "nosuch")
+    assert res.returncode == 2 and "invalid choice: 'nosuch'" in res.stderr

@@ -27,7 +27,7 @@ def test_ruff_clean():
     if ruff is None:
         pytest.fail("ruff is not installed: pip install -e '.[dev]'")
     res = _run(ruff, "check", "contract", "operator", "worker", "testing", "gateway", "ssjf", "batching",
-               "tools", "tests")  # fmt: skip
+               "bench", "tools", "tests")  # fmt: skip
     assert res.returncode == 0, res.stdout + res.stderr
 
 

@@ -4,7 +4,7 @@
 # at most 8 minutes, and with --smoke on any CPU in under 3. It first checks which of the project's
 # runtime imports the machine lacks and installs only those from the wheels carried in .whl/
 # (tools/device_wheels.sh fetches them, the tiny models and the ShareGPT trace there: carry ".whl"),
-# puts the project on PYTHONPATH, then runs worker/elastune_worker/bench/device/run.py: (a)
+# puts the project on PYTHONPATH, then runs bench/elastune_bench/device/run.py: (a)
 # correctness on the device (greedy equality with transformers for the tiny Llama and GPT-2, LoRA with
 # both kernels and a soft prompt against peft, each attention backend against the gather reference,
 # CUDA graphs on vs off); (b) the copy bandwidth and bf16 matrix rate, then the engine on a random
@@ -42,7 +42,7 @@ fi
 # The tree's own packages always come first: an interpreter with an older install of some of them
 # (or none of the newer ones, such as batching/) must still run the code that travelled.
 TREE=""
-for pkg in contract batching worker operator gateway ssjf testing; do TREE="$TREE${TREE:+:}$ROOT/$pkg"; done
+for pkg in contract batching worker operator gateway ssjf testing bench; do TREE="$TREE${TREE:+:}$ROOT/$pkg"; done
 export PYTHONPATH="$TREE${PYTHONPATH:+:$PYTHONPATH}"
 # The tiny models and adapters built here (else they are built there: minutes) and the trace.
 if [[ -d "$ROOT/.whl/cache" && -z "${ELASTUNE_CACHE:-}" ]]; then
@@ -58,7 +58,7 @@ import importlib.util, sys
 print(' '.join(m for m in sys.argv[1:] if importlib.util.find_spec(m) is None))" $NEEDED elastune_worker)
 [[ -n "$still" ]] && echo "device_check: still missing: $still (the parts that need them will fail)"
 echo "device_check: set up in $(( $(date +%s) - START )) s; python $("$PY" -c 'import sys; print(sys.version.split()[0])')"
-"$PY" -m elastune_worker.bench.device.run "${SMOKE[@]}" "$OUT" "${@:2}"
+"$PY" -m elastune_bench.device.run "${SMOKE[@]}" "$OUT" "${@:2}"
 rc=$?
 echo "device_check: done in $(( $(date +%s) - START )) s (exit $rc)"
 exit $rc

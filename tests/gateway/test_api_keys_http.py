@@ -20,14 +20,14 @@ openai = pytest.importorskip("openai")
 httpx = pytest.importorskip("httpx")
 pytest.importorskip("torch")
 
-from elastune_contract.api_keys import KeySecret, key_map, publish  # noqa: E402
-from elastune_contract.protocol import Bus  # noqa: E402
-from elastune_gateway.bench.processes import (  # noqa: E402
+from elastune_bench.processes import (  # noqa: E402
     ServiceProcess,
     start_gateway,
     start_worker,
     wait_for_endpoints,
 )
+from elastune_contract.api_keys import KeySecret, key_map, publish  # noqa: E402
+from elastune_contract.protocol import Bus  # noqa: E402
 from elastune_worker.tiny import adapters as A  # noqa: E402
 from elastune_worker.tiny import build as B  # noqa: E402
 

@@ -23,15 +23,15 @@ httpx = pytest.importorskip("httpx")
 pytest.importorskip("torch")
 pytest.importorskip("fastapi")
 
-from elastune_contract.protocol import Bus, ServingPoolRecord  # noqa: E402
-from elastune_contract.servers import free_port  # noqa: E402
-from elastune_gateway.bench.processes import (  # noqa: E402
+from elastune_bench.processes import (  # noqa: E402
     ServiceProcess,
     start_gateway,
     start_worker,
     wait_for_endpoints,
     wait_for_worker,
 )
+from elastune_contract.protocol import Bus, ServingPoolRecord  # noqa: E402
+from elastune_contract.servers import free_port  # noqa: E402
 from elastune_worker.tiny import adapters as A  # noqa: E402
 from elastune_worker.tiny import build as B  # noqa: E402
 

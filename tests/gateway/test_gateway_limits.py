@@ -17,12 +17,12 @@ openai = pytest.importorskip("openai")
 httpx = pytest.importorskip("httpx")
 pytest.importorskip("fastapi")
 
+from elastune_bench.processes import ServiceProcess, start_gateway  # noqa: E402
 from elastune_contract.openai_api.limits import (  # noqa: E402
     DEFAULT_MAX_REQUEST_BYTES,
     DEFAULT_MAX_STOP_CHARS,
     DEFAULT_MAX_STOP_TOKEN_IDS,
 )
-from elastune_gateway.bench.processes import ServiceProcess, start_gateway  # noqa: E402
 
 MAX_PROMPT_CHARS = 5000  # set by flag: the limits are settings
 MODEL = "no-such-model"

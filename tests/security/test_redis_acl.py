@@ -184,7 +184,7 @@ def test_a_real_worker_and_gateway_serve_with_their_own_users(
     routes a completion to it; the test reads the registry as the operator (the URL names that user)."""
     httpx = pytest.importorskip("httpx")
     pytest.importorskip("torch")
-    from elastune_gateway.bench.processes import (
+    from elastune_bench.processes import (
         start_gateway,
         start_worker,
         wait_for_endpoints,

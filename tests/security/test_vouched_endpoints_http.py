@@ -26,6 +26,12 @@ openai = pytest.importorskip("openai")
 httpx = pytest.importorskip("httpx")
 pytest.importorskip("torch")
 
+from elastune_bench.processes import (  # noqa: E402
+    ServiceProcess,
+    start_gateway,
+    start_worker,
+    wait_for_endpoints,
+)
 from elastune_contract.api.warmpool import ServingSpec  # noqa: E402
 from elastune_contract.protocol import (  # noqa: E402
     Bus,
@@ -35,12 +41,6 @@ from elastune_contract.protocol import (  # noqa: E402
     vouched_address,
 )
 from elastune_contract.redis_acl import DEFAULT_USERS, ROLES, Role, acl_file  # noqa: E402
-from elastune_gateway.bench.processes import (  # noqa: E402
-    ServiceProcess,
-    start_gateway,
-    start_worker,
-    wait_for_endpoints,
-)
 from elastune_operator.control.serving import ServingControl  # noqa: E402
 from elastune_worker.tiny import build as B  # noqa: E402
 from real_servers import start_redis, stop  # noqa: E402

@@ -20,7 +20,7 @@ httpx = pytest.importorskip("httpx")
 pytest.importorskip("torch")
 pytest.importorskip("peft")
 
-from elastune_gateway.bench.processes import ServiceProcess, start_worker  # noqa: E402
+from elastune_bench.processes import ServiceProcess, start_worker  # noqa: E402
 from elastune_worker.tiny import adapters as A  # noqa: E402
 from elastune_worker.tiny import build as B  # noqa: E402
 

@@ -35,7 +35,7 @@ methods use ``layout="text"`` (``prompt\\ninput →``, the tiny corpus layout).
 
 CLI: ``python -m elastune_worker.bank build|lookup|insert|info --model DIR`` (``main(argv)``; ``elastune
 bank`` fills in the tiny demo defaults first: ``tiny/bank_cli.py``); benchmark: ``elastune bench bank``
-(``elastune_worker.bench.bank``).
+(``elastune_bench.tuning.bank``).
 
 Importing this package needs numpy only; torch and transformers load when a model is used.
 """

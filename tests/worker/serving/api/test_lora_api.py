@@ -19,8 +19,8 @@ torch = pytest.importorskip("torch")
 peft = pytest.importorskip("peft")
 transformers = pytest.importorskip("transformers")
 
+from elastune_bench.processes import ServiceProcess, start_worker  # noqa: E402
 from elastune_contract.protocol import Bus  # noqa: E402
-from elastune_gateway.bench.processes import ServiceProcess, start_worker  # noqa: E402
 from elastune_worker.tiny import adapters as A  # noqa: E402
 from elastune_worker.tiny import build as B  # noqa: E402
 

@@ -1,0 +1,1 @@
+"""The real operator (kopf) against the Kubernetes API emulator: reconcile latency (``reconcile``)."""

@@ -1,0 +1,86 @@
+"""The device check's driver: every part in its own interpreter under its own time box and one overall
+deadline, its output in OUTDIR/logs/<part>.log, its status in OUTDIR/run.json, the table last."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from elastune_bench.device import table
+
+PARTS: tuple[tuple[str, int], ...] = (
+    ("correctness", 75),
+    ("ceilings", 25),
+    ("engine", 150),
+    ("hf_generate", 75),
+    ("lora_bench", 55),
+    ("coserve_bench", 65),
+)
+"""(module, seconds on the GPU): 445 s in all, inside the 8-minute run with the installs before. The
+two benchmarks run the random-weight Llama-3-8B (issue 26 item 4c) in 120 s together, ~45 s each
+expected (their modules say how they are sized); each writes its JSON after every mode, so a part
+its time box ends keeps the modes it finished."""
+SMOKE_SECONDS = 60
+"""A smoke part's time box (each takes 5-30 s on a loaded 2-core CPU)."""
+
+
+def run_part(module: str, out: Path, smoke: bool, seconds: float) -> dict[str, object]:
+    log = out / "logs" / f"{module}.log"
+    cmd = [sys.executable, "-m", f"elastune_bench.device.{module}", str(out)]
+    cmd += ["--smoke"] if smoke else []
+    t0 = time.perf_counter()
+    with log.open("w") as f:
+        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            rc: int | None = proc.wait(timeout=seconds)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)  # its own session: the part and any child it started
+            proc.wait()
+            rc = None
+    status = {"module": module, "seconds": round(time.perf_counter() - t0, 1), "time_box_s": round(seconds)}
+    status |= {"status": "timed out"} if rc is None else {"status": "ok" if rc == 0 else f"exit {rc}"}
+    tail = log.read_text(errors="replace").splitlines()[-3:]
+    why = "" if rc == 0 else ": " + " | ".join(tail)
+    print(f"[{module}] {status['status']} in {status['seconds']} s{why}",
+          flush=True)  # fmt: skip
+    return status
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("out", type=Path)
+    p.add_argument("--smoke", action="store_true", help="every part on this machine's CPU, tiny shapes")
+    p.add_argument("--deadline", type=float, help="seconds for all parts (default 445; --smoke 170)")
+    p.add_argument("--parts", help="comma-separated subset of the parts (default all)")
+    args = p.parse_args(argv)
+    (args.out / "logs").mkdir(parents=True, exist_ok=True)
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    chosen = set(args.parts.split(",")) if args.parts else {m for m, _ in PARTS}
+    deadline = time.perf_counter() + (args.deadline or (170 if args.smoke else sum(s for _, s in PARTS)))
+    statuses: list[dict[str, object]] = []
+    for module, seconds in PARTS:
+        if module not in chosen:
+            continue
+        left = deadline - time.perf_counter()
+        if left < 10:
+            statuses.append({"module": module, "status": "skipped: the run's deadline came"})
+            continue
+        box = min(SMOKE_SECONDS if args.smoke else seconds, left)
+        statuses.append(run_part(module, args.out, args.smoke, box))
+        (args.out / "run.json").write_text(
+            json.dumps({"smoke": args.smoke, "parts": statuses}, indent=2) + "\n"
+        )
+    text = table.render(args.out)
+    (args.out / "table.md").write_text(text)
+    print(text)
+    return 0 if all(s["status"] == "ok" for s in statuses) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,1 @@
+"""Faults injected into a local stack, held or lost (``chaos``)."""

@@ -1,0 +1,97 @@
+"""tools/device_check.sh --smoke: every part of the prepared GPU check runs on this CPU with tiny shapes
+and writes the JSON the GPU run will write, so the script cannot rot between GPU runs; and the 8B
+run's memory plan and rooflines, computed from the config."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from elastune_bench.device.common import FULL
+from elastune_bench.device.engine import BLOCK, kv_blocks
+from elastune_bench.device.roofline import Shape
+from elastune_worker.serving.runner.models.random_init import SHAPES
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def test_smoke_runs_every_part_and_writes_its_json(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    env = os.environ | {"PYTHON": sys.executable, "OMP_WAIT_POLICY": "PASSIVE"}
+    proc = subprocess.run(
+        ["bash", str(ROOT / "tools" / "device_check.sh"), "--smoke", str(out)],
+        env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    run = json.loads((out / "run.json").read_text())
+    assert [p["status"] for p in run["parts"]] == ["ok"] * 6
+    checks = json.loads((out / "correctness.json").read_text())["checks"]
+    assert all(c == "not available in this build" or isinstance(c, str) or c["ok"] for c in checks.values())
+    assert checks["greedy_llama_vs_transformers"]["ok"] and checks["lora_unpadded_vs_peft"]["ok"]
+    ceilings = json.loads((out / "ceilings.json").read_text())
+    assert ceilings["copy_gbps"] > 0 and ceilings["matmul_tflops"] > 0
+    engine = json.loads((out / "engine.json").read_text())
+    assert set(engine["decode"]) == {"1", "4"} and engine["prefill"]["tokens_per_s"] > 0
+    assert all(
+        r["roofline_share"] > 0 and r["batch_running"] == r["batch"] for r in engine["decode"].values()
+    )
+    hf = json.loads((out / "hf_generate.json").read_text())
+    assert hf["decode"]["4"]["engine_speedup"] > 0
+    lora = json.loads((out / "lora.json").read_text())
+    assert "EMULATED" in lora["emulation"]  # on the CPU only
+    assert lora["model"] == lora["model"] | {"shape": "llama-micro", "random_weights": True}
+    assert set(lora["cold_start"]) == {"cached", "cpu_assisted", "ondmd"} and "kernels" in lora
+    coserve = json.loads((out / "coserve.json").read_text())
+    assert "goal" in coserve or "skipped" in coserve
+    assert "skipped" in coserve or coserve["model"]["shape"] == "llama-micro"
+    table = (out / "table.md").read_text()
+    assert "decode b=4" in table and proc.stdout.rstrip().endswith("(exit 0)")
+
+
+def test_the_8b_run_fits_an_h100_with_its_kv_cache_for_batch_256() -> None:
+    shape = Shape.of(SHAPES["llama-3-8b"])
+    assert round(shape.params / 1e9, 2) == 8.03 and shape.kv_bytes_per_token(2) == 128 * 1024
+    kv_tokens = kv_blocks(FULL) * BLOCK
+    assert kv_tokens >= 256 * (FULL.context + FULL.warm_steps + FULL.decode_steps)
+    weights_gib, kv_gib = shape.params * 2 / 2**30, kv_tokens * shape.kv_bytes_per_token(2) / 2**30
+    assert weights_gib + kv_gib < 40  # of 78 GiB: activations, the gather copies and graphs fit beside
+
+
+def test_rooflines_of_the_8b_shape() -> None:
+    shape = Shape.of(SHAPES["llama-3-8b"])
+    # Batch 64 at 528 tokens, 3 TB/s: 15.0 GB of weights (input embedding not read) + 4.4 GB of KV.
+    step = shape.decode_step_bound_s(64, 528, 2, 3.0e12)
+    assert abs(step - (shape.weight_bytes_per_step(2) + 64 * 528 * 131072) / 3.0e12) < 1e-12
+    assert 6.0e-3 < step < 7.0e-3
+    assert 29e12 < shape.prefill_flops(2048) < 31e12  # ~2 x 7.0 G matmul weights x 2048 + attention
+
+
+def test_the_benchmarks_run_the_8b_shape_on_the_gpu_in_120_s_and_fit_an_h100() -> None:
+    """Issue 26 item 4c: bench lora and bench coserve on the random-weight Llama-3-8B on CUDA (the
+    micro shape in the smoke run), both within 120 s of time boxes; their GPU memory plans."""
+    from elastune_bench.device import coserve_bench, lora_bench
+    from elastune_bench.device.run import PARTS
+    from elastune_worker.serving.runner.models.random_init import lora_shapes
+
+    for part in (lora_bench, coserve_bench):
+        full, smoke = part.bench_argv("x.json", False), part.bench_argv("x.json", True)
+        assert full[full.index("--shape") + 1] == "llama-3-8b" and full[full.index("--device") + 1] == "cuda"
+        assert (
+            smoke[smoke.index("--shape") + 1] == "llama-micro" and smoke[smoke.index("--device") + 1] == "cpu"
+        )
+    boxes = dict(PARTS)
+    assert boxes["lora_bench"] + boxes["coserve_bench"] <= 120
+    shape = Shape.of(SHAPES["llama-3-8b"])
+    gib = 2**30
+    weights, kv_token = shape.params * 2 / gib, shape.kv_bytes_per_token(2) / gib
+    # coserve: the engine's weights and 2,048 KV blocks of 16 tokens, and the trainer's own copy.
+    assert 2 * weights + 2048 * 16 * kv_token < 35  # of 78 GiB: both working sets and graphs beside
+    # lora, cached mode (its largest engine): 16,384 KV tokens and 32 slots of every target at rank 64.
+    full = lora_bench.bench_argv("x.json", False)
+    slots = int(full[full.index("--adapters") + 1])
+    slot = 32 * 64 * sum(i + o for i, o in lora_shapes(SHAPES["llama-3-8b"]).values()) * 2 / gib
+    assert slot == 0.3125  # 320 MiB
+    assert weights + 16384 * kv_token + slots * slot < 30
