@@ -17,6 +17,8 @@ COPY gateway/ gateway/
 # The continuous-batching core the gateway's simulator steps (and the worker package imports).
 COPY batching/ batching/
 COPY testing/ testing/
+# The benchmarks (`elastune bench`, found by entry point; no product process imports them).
+COPY bench/ bench/
 # A wheel of the one distribution (all its import packages; the worker's is inert without its extra).
 RUN pip wheel --no-deps --wheel-dir /wheels .
 

@@ -32,6 +32,8 @@ COPY worker/ worker/
 # The engine's continuous-batching core (scheduler, block manager): the engine imports it.
 COPY batching/ batching/
 COPY testing/ testing/
+# The benchmarks (`elastune bench`, found by entry point; no product process imports them).
+COPY bench/ bench/
 # SSJF's output-length predictor service runs from this image too (command: python -m elastune_ssjf).
 COPY ssjf/ ssjf/
 RUN pip install ".[worker]" && rm -rf /src
