@@ -20,7 +20,7 @@ duration. Modes:
 ``--device cuda`` (or auto with a GPU) serves and tunes on the GPU; spatial then shares that one GPU
 between two processes (it stands for a second GPU only on the CPU). ``--modes`` runs a subset.
 
-``--shape`` picks the model (bench/shapes.py): the tiny Llama (default), or a random-weight model of a
+``--shape`` picks the model (serving/shapes.py): the tiny Llama (default), or a random-weight model of a
 real shape (``llama-3-8b``, bf16 on a GPU: where a GPU's iterations are not launch-bound and FlexLLM's
 claim can be tested), written once per run. The engine serves it by token ids (the trace tokenized
 with the tiny tokenizer, whose ids fit the shape's vocabulary) and the trainer's base is made from the

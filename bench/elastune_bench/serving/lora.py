@@ -12,7 +12,7 @@
 2. Kernels: the same decode-heavy batch of mixed ranks (8 and 64) with the padded and the unpadded
    kernel: output tokens per second.
 
-``--shape`` picks the model (bench/shapes.py): the tiny Llama and its trained adapters (default), or a
+``--shape`` picks the model (serving/shapes.py): the tiny Llama and its trained adapters (default), or a
 random-weight model of a real shape (``llama-3-8b`` on a GPU) with random adapters of that shape, ranks
 8/16/32/64 on q, k, v in fp16 (rank 64: 75 MiB), so a real copy moves a real adapter's bytes. Prompts
 are token ids of the tiny tokenizer either way.

@@ -12,9 +12,9 @@ The variant is pretrained with the same recipe and sizes (``tiny.build`` pieces:
 schedule) on a corpus where every example carries an instruction: 85 % the partition's own, 15 % a
 generic family one, no bare examples and no plain text. The model then learns to read the instruction
 (a wrong one now costs: median 1.52 right / 1.93 sibling / 2.52 other family), which is the property
-the Prompt Bank exploits. With a learning rate whose steps are small next to the embedding scale
-(see bench/bank.py) a poor initial prompt then needs many more iterations to reach the target than a good
-one, as in the paper's §2.2.
+the Prompt Bank exploits. With a learning rate whose steps are small next to the embedding scale (see
+elastune_bench.tuning.bank) a poor initial prompt then needs many more iterations to reach the target
+than a good one, as in the paper's §2.2.
 """
 
 from __future__ import annotations
