@@ -42,6 +42,8 @@ def test_knative_service_follows_the_warm_pool(pool) -> None:
     env = {e["name"]: e for e in container["env"]}
     assert env["ELASTUNE_MODEL"]["value"] == pool.spec.model
     assert env["POD_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
+    # The worker registers as POD_NAMESPACE/POD_NAME: pod names repeat across namespaces (issue 25).
+    assert env["POD_NAMESPACE"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.namespace"
     assert env["ELASTUNE_REDIS_PASSWORD"]["valueFrom"]["secretKeyRef"]["name"] == "elastune-redis"
     assert [e["name"] for e in container["env"]].count(
         "ELASTUNE_REDIS_PASSWORD"

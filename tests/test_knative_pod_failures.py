@@ -168,16 +168,16 @@ def test_exited_reports_each_failing_pod_once_with_its_reason(
 
     got = backend.exited()
     assert {w: e.reason for w, e in got.items()} == {
-        "tiny-gpt2-00001-deployment-pull": Reason.IMAGE_PULL_BACK_OFF,
-        "tiny-gpt2-00001-deployment-crash": Reason.CRASH_LOOP_BACK_OFF,
-        "tiny-gpt2-00001-deployment-oom": Reason.OOM_KILLED,
+        f"{NS}/tiny-gpt2-00001-deployment-pull": Reason.IMAGE_PULL_BACK_OFF,
+        f"{NS}/tiny-gpt2-00001-deployment-crash": Reason.CRASH_LOOP_BACK_OFF,
+        f"{NS}/tiny-gpt2-00001-deployment-oom": Reason.OOM_KILLED,
     }
     assert all(e.model == MODEL for e in got.values())
-    assert got["tiny-gpt2-00001-deployment-crash"].detail == (
+    assert got[f"{NS}/tiny-gpt2-00001-deployment-crash"].detail == (
         "pod tiny-gpt2-00001-deployment-crash: CrashLoopBackOff (container worker, exit code 1, "
         "last termination Error, 2 restarts): back-off 20s restarting failed container"
     )
-    assert got["tiny-gpt2-00001-deployment-pull"].detail.startswith(
+    assert got[f"{NS}/tiny-gpt2-00001-deployment-pull"].detail.startswith(
         "pod tiny-gpt2-00001-deployment-pull: ImagePullBackOff (container worker, image ghcr.io/"
     )
 
@@ -189,12 +189,12 @@ def test_exited_reports_each_failing_pod_once_with_its_reason(
     # The unschedulable pod after its 60 s grace (the cluster autoscaler added no node meanwhile).
     clock.t += 40
     late = backend.exited()
-    assert list(late) == ["tiny-gpt2-00001-deployment-wait"]
-    assert late["tiny-gpt2-00001-deployment-wait"].reason == Reason.UNSCHEDULABLE
-    assert "Insufficient nvidia.com/gpu" in late["tiny-gpt2-00001-deployment-wait"].detail
+    assert list(late) == [f"{NS}/tiny-gpt2-00001-deployment-wait"]  # the id its worker registers under
+    assert late[f"{NS}/tiny-gpt2-00001-deployment-wait"].reason == Reason.UNSCHEDULABLE
+    assert "Insufficient nvidia.com/gpu" in late[f"{NS}/tiny-gpt2-00001-deployment-wait"].detail
 
     # The core releases a failed pod: Knative's min-scale drops and the ReplicaSet removes that pod first.
-    backend.shrink(POOL, ["tiny-gpt2-00001-deployment-pull"])
+    backend.shrink(POOL, [f"{NS}/tiny-gpt2-00001-deployment-pull"])
     assert min_scale(kube) == "3"
     pod = client.CoreV1Api(kube).read_namespaced_pod("tiny-gpt2-00001-deployment-pull", NS)
     assert pod.metadata.annotations[DELETION_COST] == COST_REMOVE
@@ -296,7 +296,7 @@ def test_a_bound_worker_whose_pod_crash_loops_is_lost_and_retried_then_fails(wor
         put_pod(kube, pod, RUNNING)
         bus.publish_worker(
             WorkerRecord(
-                id=pod,
+                id=f"{NS}/{pod}",  # as the pod's worker registers (POD_NAMESPACE/POD_NAME)
                 pool=POOL,
                 model=MODEL,
                 state=WorkerState.READY,
@@ -305,7 +305,7 @@ def test_a_bound_worker_whose_pod_crash_loops_is_lost_and_retried_then_fails(wor
             )
         )
         rounds(world, 0.05)
-        a = bus.pop_assignment(pod, timeout=0.5)
+        a = bus.pop_assignment(f"{NS}/{pod}", timeout=0.5)
         assert a is not None, f"no assignment for {pod}"
         return a
 

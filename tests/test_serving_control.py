@@ -100,7 +100,7 @@ def test_every_bad_adapter_gets_a_reason_and_the_good_one_is_placed(bus: Bus, tm
     assert ready(other) == ("False", Reason.UNKNOWN_MODEL)
     # Only the good one reaches the worker and the gateway's pool record.
     assert set(bus.placement("w1")) == {"default/good"}
-    assert bus.serving_pools()["tiny-llama"].adapters == {"default/good": 8}
+    assert bus.serving_pools()["default/tiny-llama"].adapters == {"default/good": 8}
 
 
 def test_status_follows_the_workers_and_their_load_errors(bus: Bus, tmp_path: Path) -> None:

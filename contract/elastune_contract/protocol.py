@@ -8,12 +8,16 @@ layout and the message shapes exist once.
 Keys (``ns`` defaults to ``elastune``):
 
 - ``{ns}:worker:{id}`` — the worker's ``WorkerRecord`` as JSON, with a TTL refreshed by its heartbeat:
-  a worker whose key expired is gone (pod deleted, process killed).
+  a worker whose key expired is gone (pod deleted, process killed). On Kubernetes the id is
+  ``<pod namespace>/<pod name>`` (``pod_worker_id``), so same-named pods of two namespaces never share a
+  record, a placement or an assignment queue.
 - ``{ns}:workers`` — set of worker ids ever registered (pruned when their record expired).
 - ``{ns}:assign:{id}`` — list of ``Assignment`` JSON; the worker BLPOPs it, so it runs them in order.
 - ``{ns}:job:{job}:events`` — stream of ``Event`` JSON: survives restarts of the control plane, which
   re-reads it from the last id it processed (kept in the job's status by the operator).
 - ``{ns}:job:{job}:cancel:{attempt}`` — set when an attempt must stop (job deleted, a peer died).
+- ``{ns}:serving-pools`` — hash of ``ServingPoolRecord`` JSON, one field per WarmPool that serves, named
+  ``<namespace>/<pool>`` (``pool_id``): two namespaces' WarmPools of one name each keep their record.
 """
 
 from __future__ import annotations
@@ -371,6 +375,26 @@ def pool_admits(namespace: str, pool_namespace: str, admits: list[str] | tuple[s
     return not pool_namespace or namespace_admitted(namespace, pool_namespace, admits)
 
 
+def pod_worker_id(namespace: str, pod: str) -> str:
+    """A worker's id in the registry: ``<namespace>/<pod>`` for a pod of a namespace (Kubernetes: pod
+    names are unique only within a namespace), the name alone for a worker of none (local processes).
+    Its record, placement and assignment queue are keyed by it (``worker_key``, ``placement_key``,
+    ``assign_key``)."""
+    return f"{namespace}/{pod}" if namespace else pod
+
+
+def split_worker_id(wid: str) -> tuple[str, str]:
+    """(namespace, pod name) of a ``pod_worker_id`` ("" for a worker of no namespace)."""
+    namespace, _, pod = wid.rpartition("/")
+    return namespace, pod
+
+
+def pool_id(namespace: str, name: str) -> str:
+    """A serving pool's field in ``{ns}:serving-pools``: ``<namespace>/<WarmPool name>`` (the name alone
+    for a pool of no namespace)."""
+    return f"{namespace}/{name}" if namespace else name
+
+
 def worker_key(ns: str, worker_id: str) -> str:
     return f"{ns}:worker:{worker_id}"
 
@@ -540,12 +564,13 @@ class Bus:
 
     # -- serving --------------------------------------------------------------------------------------
     def publish_pool(self, record: ServingPoolRecord) -> None:
-        self.redis.hset(pools_key(self.ns), record.pool, record.dumps())
+        self.redis.hset(pools_key(self.ns), pool_id(record.namespace, record.pool), record.dumps())
 
-    def forget_pool(self, pool: str) -> None:
-        self.redis.hdel(pools_key(self.ns), pool)
+    def forget_pool(self, pool: str, namespace: str = "") -> None:
+        self.redis.hdel(pools_key(self.ns), pool_id(namespace, pool))
 
     def serving_pools(self) -> dict[str, ServingPoolRecord]:
+        """The pool records by ``pool_id`` (``<namespace>/<pool>``)."""
         raw = cast(dict[str, str], self.redis.hgetall(pools_key(self.ns)))
         out = {}
         for pool, v in sorted(raw.items()):

@@ -17,7 +17,9 @@ Known limit: all workers share the worker user, so one worker can still overwrit
 record under ``{ns}:worker:*`` (Redis ACLs cannot tie a key to the client). Its address is not trusted
 for that: the gateway forwards only to the addresses the pool records (operator-written, read-only here)
 vouch for (``ServingPoolRecord.vouched``); what such a write can still do is misstate that worker's load
-or adapters. A per-namespace user needs worker keys that carry the namespace.
+or adapters. Worker keys now carry the pod's namespace (``{ns}:worker:<namespace>/<pod>``, and so do
+``assign:`` and ``placement:``: ``protocol.pod_worker_id``), so the patterns above match them unchanged
+and a user per pool namespace (``~{ns}:worker:<namespace>/*``) is possible; it is not built yet.
 
 ``acl_file`` writes the users as an ACL file (``--aclfile``) or ``user`` lines of redis.conf, with
 SHA-256 hashed passwords; clients name their user with ``ELASTUNE_REDIS_USERNAME`` (or in the URL).

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from elastune_contract.protocol import Bus
+from elastune_contract.protocol import Bus, pod_worker_id
 from elastune_operator.k8s.knative import (
     DELETION_COST,
     KNATIVE_GROUP,
@@ -111,14 +111,16 @@ class KnativeStandIn:
             ip = _pod_ip()
             core.patch_namespaced_pod_status(pod, ns, {"status": {"phase": "Running", "podIP": ip}})
             self.pods[pod] = _Pod(pod, ns, name, self._order)
-            self.backend.start_worker(pod, pool, env["ELASTUNE_MODEL"], host=ip, port=WORKER_PORT)
+            # Registered as POD_NAMESPACE/POD_NAME, as the Knative Service's downward API env makes it.
+            wid = pod_worker_id(ns, pod)
+            self.backend.start_worker(wid, pool, env["ELASTUNE_MODEL"], host=ip, port=WORKER_PORT)
         if len(mine) > want:
             costs = {p.name: self._cost(core, p) for p in mine}
             # ReplicaSet controller: lower deletion cost first, then the newest pod.
             victims = sorted(mine, key=lambda p: (costs[p.name], -p.order))[: len(mine) - want]
             records = self.bus.workers()
             for p in victims:
-                rec = records.get(p.name)
+                rec = records.get(pod_worker_id(p.namespace, p.name))
                 self.removals.append(Removal(p.name, rec.state.value if rec else None, costs[p.name]))
                 p.removed = True
                 try:
@@ -126,7 +128,7 @@ class KnativeStandIn:
                 except ApiException as exc:
                     if exc.status != 404:
                         raise
-                self.backend.shrink(name, [p.name])
+                self.backend.shrink(name, [pod_worker_id(p.namespace, p.name)])
 
     @staticmethod
     def _cost(core: client.CoreV1Api, pod: _Pod) -> int:

@@ -66,7 +66,8 @@ def rogue_pod(victim: dict[str, Any]) -> dict[str, Any]:
     env = [
         *redis_env,
         {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
-        {"name": "VICTIM", "value": victim["metadata"]["name"]},
+        # The id the victim's worker registers under: namespace/pod (POD_NAMESPACE/POD_NAME).
+        {"name": "VICTIM", "value": f"{TENANT}/{victim['metadata']['name']}"},
         {"name": "POOL", "value": POOL},
         {"name": "MODEL", "value": MODEL},
     ]

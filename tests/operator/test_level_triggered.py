@@ -124,7 +124,7 @@ def test_after_flushall_the_next_rounds_restore_pool_records_and_placements_and_
     rounds(env, 2, beat=["w1"])
     pools_before = bus.serving_pools()
     placed_before = bus.placement("w1")
-    assert set(pools_before["pool"].adapters) == {"default/units", "default/dates"}
+    assert set(pools_before["default/pool"].adapters) == {"default/units", "default/dates"}
     assert set(placed_before) == {"default/units", "default/dates"}
 
     bus.redis.flushall()  # what a Redis restarted without persistence looks like
@@ -192,7 +192,7 @@ def test_a_garbage_worker_record_is_skipped_and_counted_once_while_the_rounds_go
     serving_pod(env, "w1")  # the good worker is still bound, the pool record still written
     rounds(env, 5, beat=["w1"])
     assert set(bus.workers()) == {"w1"}
-    assert set(bus.serving_pools()["pool"].adapters) == {"default/units", "default/dates"}
+    assert set(bus.serving_pools()["default/pool"].adapters) == {"default/units", "default/dates"}
     assert poison(core, "worker") == 2  # counted once each, not once per round
 
 
@@ -221,6 +221,6 @@ def test_a_malformed_pool_record_or_placement_is_skipped_by_the_readers(env: dic
     rounds(env, 1, beat=["w1"])
     bus.redis.hset(pools_key(bus.ns), "junk", "[1, 2")
     bus.redis.hset(placement_key(bus.ns, "w1"), "junk", "{}")
-    assert set(bus.serving_pools()) == {"pool"}
+    assert set(bus.serving_pools()) == {"default/pool"}
     assert set(bus.placement("w1")) == {"default/units", "default/dates"}  # adapter ids: namespace/name
     assert bus.poison == {"pool": 1, "placement": 1}

@@ -149,7 +149,8 @@ def test_scale_from_zero_adapters_publish_delete_and_restart_through_the_operato
 
     for name in ("units", "case"):
         placed = wait_for(f"{name} loaded on a pod", lambda n=name: holders(n), 90)
-        pods = {p.metadata.name for p in cluster.core.list_namespaced_pod(NS).items}
+        # Workers register as namespace/pod (pod names repeat across namespaces); status names them so.
+        pods = {f"{NS}/{p.metadata.name}" for p in cluster.core.list_namespaced_pod(NS).items}
         assert all(h["pod"] in pods and h["tier"] in ("device", "host") for h in placed), (placed, pods)
         # True residency: the worker's own registry record says the same.
         rec = cluster.bus.workers()[placed[0]["pod"]]

@@ -43,7 +43,7 @@ def allow(site: OperatorSite, ns: str, name: str, allowed: list[str]) -> None:
 
 def served_adapters(site: OperatorSite, pool: str) -> set[str]:
     """The adapters of the pool's record for the gateway, by id (namespace/name)."""
-    record = site.bus.serving_pools().get(pool)
+    record = site.bus.serving_pools().get(f"{A}/{pool}")  # the field is namespace/pool
     return set(record.adapters) if record else set()
 
 
@@ -129,14 +129,14 @@ def a_pool_with_a_job(site: OperatorSite) -> None:
     site.pool("tiny", A, volumes=JOB_STORAGE)
     site.job("mine", A)
     wait_for("A's job in the core", lambda: f"{A}/mine" in site.runtime.core.jobs)
-    wait_for("A's pool record", lambda: "tiny" in site.bus.serving_pools())
+    wait_for("A's pool record", lambda: f"{A}/tiny" in site.bus.serving_pools())
     assert site.get(KNATIVE_PLURAL, "tiny", A, KNATIVE_GROUP, KNATIVE_VERSION) is not None
 
 
 def assert_a_pool_intact(site: OperatorSite) -> None:
     cfg = site.runtime.core.pools.get(MODEL)
     assert cfg is not None and (cfg.namespace, cfg.name) == (A, "tiny"), cfg
-    assert "tiny" in site.bus.serving_pools()
+    assert f"{A}/tiny" in site.bus.serving_pools()
     wp, _ = site.runtime.backend.pools["tiny"]
     assert wp.metadata.namespace == A
     assert site.get(KNATIVE_PLURAL, "tiny", A, KNATIVE_GROUP, KNATIVE_VERSION) is not None

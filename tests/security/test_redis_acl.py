@@ -142,6 +142,51 @@ def test_each_role_does_its_part_of_the_protocol(acl_redis: Any, monkeypatch) ->
     assert op.workers() == {}
 
 
+def test_same_named_pods_and_pools_of_two_namespaces_keep_their_own_records(
+    acl_redis: Any, monkeypatch
+) -> None:
+    """Issue 25 item 1: pod names repeat across namespaces (Knative names them after the Service, i.e. the
+    WarmPool), and so do WarmPool names. Each worker registers as ``<namespace>/<pod>``, so its record,
+    placement and queue are its own; each pool record is the hash field ``<namespace>/<pool>``. The worker
+    ACL user does all of it with the same rules."""
+    from elastune_worker.server.agent import default_worker_id
+
+    op = bus(acl_redis, "operator", monkeypatch)
+    gateway = bus(acl_redis, "gateway", monkeypatch)
+    worker = bus(acl_redis, "worker", monkeypatch)
+    op.redis.delete(pools_key(NS))  # what the tests before left
+    pod = "tiny-00001-deployment-abc12"
+    ids = {}
+    for ns, ip in (("team-a", "10.0.0.1"), ("team-b", "10.0.0.2")):
+        monkeypatch.setenv("POD_NAME", pod)
+        monkeypatch.setenv("POD_NAMESPACE", ns)
+        ids[ns] = default_worker_id("tiny")
+        worker.publish_worker(
+            WorkerRecord(id=ids[ns], pool="tiny", model="m", state="ready", url=f"http://{ip}:8080",
+                         started_at=time.time())
+        )  # fmt: skip
+    assert ids == {"team-a": f"team-a/{pod}", "team-b": f"team-b/{pod}"}
+    got = gateway.workers()
+    assert set(got) == set(ids.values())
+    assert (
+        got[ids["team-a"]].url == "http://10.0.0.1:8080" and got[ids["team-b"]].url == "http://10.0.0.2:8080"
+    )
+    op.set_placement(ids["team-a"], {"team-a/s": PlacedAdapter.model_validate({"url": "/mnt/a"})})
+    op.set_placement(ids["team-b"], {"team-b/s": PlacedAdapter.model_validate({"url": "/mnt/b"})})
+    assert set(worker.placement(ids["team-a"])) == {"team-a/s"}
+    assert set(worker.placement(ids["team-b"])) == {"team-b/s"}
+    for ns in ("team-a", "team-b"):
+        op.publish_pool(ServingPoolRecord(pool="tiny", model=f"m-{ns}", namespace=ns))
+    pools = gateway.serving_pools()
+    assert {k: v.model for k, v in pools.items()} == {"team-a/tiny": "m-team-a", "team-b/tiny": "m-team-b"}
+    op.forget_pool("tiny", "team-b")
+    assert set(gateway.serving_pools()) == {"team-a/tiny"}
+    worker.forget_worker(ids["team-b"])  # leaving touches only its own record and placement
+    assert set(op.workers()) == {ids["team-a"]} and set(op.placement(ids["team-a"])) == {"team-a/s"}
+    worker.forget_worker(ids["team-a"])
+    op.forget_pool("tiny", "team-a")
+
+
 def test_gradients_flow_through_the_channel_as_the_worker(acl_redis: Any, monkeypatch) -> None:
     import numpy as np
 

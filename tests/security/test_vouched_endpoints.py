@@ -157,21 +157,23 @@ def test_the_serving_control_publishes_what_the_backend_vouches_for_and_keeps_it
     control.add_pool("q", "other", ServingSpec())
     control.tick({})
     pools = bus.serving_pools()
-    assert pools["p"].vouched == {"w1": "10.0.0.1:8080"}
-    assert pools["q"].vouched == {}  # a pool the backend knows no worker of: an empty list, not none
+    assert pools["default/p"].vouched == {"w1": "10.0.0.1:8080"}
+    assert pools["default/q"].vouched == {}  # a pool the backend knows no worker of: an empty list, not none
     known["p"]["w2"] = "10.0.0.2:8080"  # a new pod came up
     control.tick({})
-    assert bus.serving_pools()["p"].vouched == {"w1": "10.0.0.1:8080", "w2": "10.0.0.2:8080"}
+    assert bus.serving_pools()["default/p"].vouched == {"w1": "10.0.0.1:8080", "w2": "10.0.0.2:8080"}
     # A record rewritten behind its back (it cannot be by a worker: the ACL) is written again.
-    bus.publish_pool(ServingPoolRecord(pool="p", model=MODEL, vouched={"w1": "10.6.6.6"}))
+    bus.publish_pool(
+        ServingPoolRecord(pool="p", model=MODEL, namespace="default", vouched={"w1": "10.6.6.6"})
+    )
     control._asserted_at = float("-inf")
     control.tick({})
-    assert bus.serving_pools()["p"].vouched == {"w1": "10.0.0.1:8080", "w2": "10.0.0.2:8080"}
+    assert bus.serving_pools()["default/p"].vouched == {"w1": "10.0.0.1:8080", "w2": "10.0.0.2:8080"}
     # A backend that vouches for nothing: no list at all (the gateway's registry-only or closed mode).
     plain = ServingControl(bus)
     plain.add_pool("p", MODEL, ServingSpec())
     plain.tick({})
-    assert bus.serving_pools()["p"].vouched is None
+    assert bus.serving_pools()["default/p"].vouched is None
 
 
 def test_the_local_backend_vouches_for_its_live_processes_at_loopback(tmp_path: Path) -> None:
@@ -228,9 +230,10 @@ def test_the_knative_backend_vouches_for_running_pods_at_their_ip(k8s_emulator: 
     core.delete_namespaced_pod("going", ns)  # terminating: no new requests
     backend.exited()
     assert backend.vouched() == {
-        name: {"a": f"10.1.0.5:{WORKER_PORT}", "b": f"[fd00::7]:{WORKER_PORT}"},
+        # by the id each pod's worker registers under: namespace/pod (pod names repeat across namespaces)
+        name: {f"{ns}/a": f"10.1.0.5:{WORKER_PORT}", f"{ns}/b": f"[fd00::7]:{WORKER_PORT}"},
     }
     core.delete_namespaced_pod("a", ns)
     now[0] += 5  # the next listing (at most one per POD_POLL_S)
     backend.exited()
-    assert backend.vouched() == {name: {"b": f"[fd00::7]:{WORKER_PORT}"}}
+    assert backend.vouched() == {name: {f"{ns}/b": f"[fd00::7]:{WORKER_PORT}"}}

@@ -48,6 +48,7 @@ from elastune_contract.protocol import (
     WorkerRecord,
     WorkerState,
     adapter_id,
+    pool_id,
     pools_key,
 )
 from elastune_contract.vocabulary import ConditionType, Reason
@@ -122,7 +123,7 @@ class ServingControl:
         self.clock = clock
         self.pools: dict[str, _Pool] = {}  # model -> pool
         self.adapters: dict[str, AdapterRecord] = {}  # namespace/name -> record
-        self._published: dict[str, str] = {}  # pool -> last record written
+        self._published: dict[str, str] = {}  # namespace/pool -> last record written
         self._placed: dict[str, dict[str, PlacedAdapter]] = {}  # worker -> placement written
         self._status_sent: dict[str, str] = {}
         self._pods: dict[str, int] = {}  # model -> serving pods seen in the last round
@@ -149,8 +150,8 @@ class ServingControl:
     def remove_pool(self, model: str) -> None:
         pool = self.pools.pop(model, None)
         if pool is not None:
-            self.bus.forget_pool(pool.name)
-            self._published.pop(pool.name, None)
+            self.bus.forget_pool(pool.name, pool.namespace)
+            self._published.pop(pool_id(pool.namespace, pool.name), None)
         for rec in self.adapters.values():
             if rec.spec.base_model == model:
                 self._validate(rec)
@@ -297,9 +298,9 @@ class ServingControl:
             vouched=None if vouched is None else dict(sorted(vouched.items())),
         )
         text = record.dumps()
-        if self._published.get(pool.name) != text:
+        if self._published.get(key := pool_id(pool.namespace, pool.name)) != text:
             self.bus.publish_pool(record)
-            self._published[pool.name] = text
+            self._published[key] = text
 
     def _place(self, pool: _Pool, serving: dict[str, WorkerRecord]) -> None:
         wanted = [

@@ -9,12 +9,13 @@
   ``controller.kubernetes.io/pod-deletion-cost`` and keeps busy pods at a high one, so the
   ReplicaSet controller removes exactly the idle ones.
 
-Pods are named by Kubernetes; workers register under their pod name (POD_NAME from the downward API),
-so the core binds them like local workers. A pod that cannot start or stay up (ImagePullBackOff,
-CrashLoopBackOff, OOMKilled, Unschedulable past its grace: ``pod_status.py``) is reported through
-``exited()`` under that name, from one list of the pools' pods per namespace every few seconds.
-Knative objects go through the Kubernetes API as custom objects (there is no maintained Knative Python
-client).
+Pods are named by Kubernetes; workers register under ``<namespace>/<pod name>`` (POD_NAMESPACE and
+POD_NAME from the downward API: ``protocol.pod_worker_id``, since pod names repeat across namespaces), so
+the core binds them like local workers; this backend speaks to the API by the pod name in that id. A
+pod that cannot start or stay up (ImagePullBackOff, CrashLoopBackOff, OOMKilled, Unschedulable past its
+grace: ``pod_status.py``) is reported through ``exited()`` under that id, from one list of the pools'
+pods per namespace every few seconds. Knative objects go through the Kubernetes API as custom objects
+(there is no maintained Knative Python client).
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ from elastune_contract.api.constants import (
     PVC_ROOT_ENV,
 )
 from elastune_contract.api.warmpool import WarmPool
-from elastune_contract.protocol import vouched_address
+from elastune_contract.protocol import pod_worker_id, split_worker_id, vouched_address
 from elastune_operator.control.backend import WorkerExit
 from elastune_operator.control.resources import worker_serving_args
 from elastune_operator.k8s.pod_status import PodFailureRules, pod_failure
@@ -105,6 +106,7 @@ def service_manifest(
         {"name": "ELASTUNE_MODEL", "value": spec.model},
         {"name": "ELASTUNE_REDIS_URL", "value": redis_url},
         {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+        {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
         # The address the gateway and peers reach this pod at: the worker registers it (DESIGN §6).
         {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
         # Where pod_volumes mounts the claims; fixed so worker.env cannot move pvc:// elsewhere.
@@ -387,7 +389,7 @@ class KnativeBackend:
         wp, desired = self.pools[pool]
         ns = wp.metadata.namespace or "default"
         failed = 0
-        for pod in worker_ids:
+        for pod in (split_worker_id(w)[1] for w in worker_ids):
             self.mark(ns, pod, COST_REMOVE)
             self._done.add((ns, pod))
             if (ns, pod) in self._failed:
@@ -415,8 +417,10 @@ class KnativeBackend:
 
     def mark_busy(self, pool: str, worker_ids: list[str], busy: bool) -> None:
         wp, _ = self.pools[pool]
-        for pod in worker_ids:
-            self.mark(wp.metadata.namespace or "default", pod, COST_BUSY if busy else None)
+        for wid in worker_ids:
+            self.mark(
+                wp.metadata.namespace or "default", split_worker_id(wid)[1], COST_BUSY if busy else None
+            )
 
     def exited(self) -> dict[str, WorkerExit]:
         """Pool pods whose status says they will not become or stay workers, each reported once (the
@@ -452,14 +456,14 @@ class KnativeBackend:
                 pool_name = (meta.get("labels") or {}).get(LABEL_WARM_POOL, "")
                 model = models.get(pool_name)
                 if model is not None and (address := _pod_address(pod)) is not None:
-                    addresses.setdefault(pool_name, {})[key[1]] = address
+                    addresses.setdefault(pool_name, {})[pod_worker_id(ns, key[1])] = address
                 if model is None or key in self._done or meta.get("deletionTimestamp"):
                     continue  # not a pool of ours, already told, or going anyway
                 failure = pod_failure(pod, now, self.pod_rules)
                 if failure is not None:
                     reason, detail = failure
                     log.warning("worker pod %s/%s: %s", ns, key[1], detail)
-                    out[key[1]] = WorkerExit(model, detail, reason)
+                    out[pod_worker_id(ns, key[1])] = WorkerExit(model, detail, reason)
                     self._done.add(key)
                     self._failed.add(key)
             self._done = {k for k in self._done if k[0] != ns or k in listed}
@@ -473,9 +477,9 @@ class KnativeBackend:
         return out
 
     def vouched(self) -> dict[str, dict[str, str]]:
-        """The pods of each pool as the API lists them (pod name, the id its worker registers under ->
-        pod IP and worker port), refreshed with exited()'s listing: the gateway forwards only to these,
-        so a worker credential that rewrites another worker's registry record cannot redirect its
+        """The pods of each pool as the API lists them (``namespace/pod``, the id its worker registers
+        under -> pod IP and worker port), refreshed with exited()'s listing: the gateway forwards only to
+        these, so a worker credential that rewrites another worker's registry record cannot redirect its
         traffic. A namespace whose listing fails keeps its last good view; a pool never listed yet
         has none (its requests wait, rather than go to an address nobody vouched for)."""
         out: dict[str, dict[str, str]] = {}

@@ -72,7 +72,7 @@ class LocalBackend:
 
     def start_worker(self, wid: str, pool: str, model: str, host: str = LOOPBACK, port: int = 0) -> _Proc:
         """A worker process registered as ``wid``, serving on ``host:port`` (port 0: one it picks)."""
-        log = self.work_dir / "logs" / f"{wid}.log"
+        log = self.work_dir / "logs" / f"{wid.replace('/', '_')}.log"  # namespace/pod: one file
         argv = [self.python, "-m", "elastune_worker", "serve", "--pool", pool, "--model", model]
         argv += ["--redis-url", self.redis_url, "--namespace", self.namespace, "--worker-id", wid]
         argv += ["--host", host, "--port", str(port), "--threads", str(self.threads)]

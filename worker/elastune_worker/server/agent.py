@@ -25,6 +25,7 @@ from elastune_contract.protocol import (
     ServingState,
     WorkerRecord,
     WorkerState,
+    pod_worker_id,
 )
 from elastune_contract.vocabulary import Reason
 from elastune_worker.server.coserved import EngineCall, run_coserved
@@ -205,8 +206,12 @@ class Agent:
 
 
 def default_worker_id(pool: str) -> str:
-    """POD_NAME (downward API) on Kubernetes, else <pool>-<host>-<pid>."""
-    return os.environ.get("POD_NAME") or f"{pool}-{socket.gethostname()}-{os.getpid()}"
+    """POD_NAMESPACE/POD_NAME (downward API) on Kubernetes (``protocol.pod_worker_id``: pod names repeat
+    across namespaces), POD_NAME alone without a namespace, else <pool>-<host>-<pid>."""
+    pod = os.environ.get("POD_NAME")
+    if pod:
+        return pod_worker_id(os.environ.get("POD_NAMESPACE", ""), pod)
+    return f"{pool}-{socket.gethostname()}-{os.getpid()}"
 
 
 def _process_start_time() -> float:

@@ -44,7 +44,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--worker-id",
         default=os.environ.get("ELASTUNE_WORKER_ID"),
-        help="default: $POD_NAME or pool-host-pid",
+        help="default: $POD_NAMESPACE/$POD_NAME or pool-host-pid",
     )
     p.add_argument("--host", default="0.0.0.0")
     p.add_argument(
