@@ -38,6 +38,10 @@ NAMESPACE: Final = 'namespace=~"$namespace"'
 # The workers' serving metrics name the base model they serve in `model_name` (vLLM's label); the
 # gateway's name what the request asked for in `model` (a base model or a LoRAAdapter).
 BASE_MODEL: Final = 'model_name=~"$model_name"'
+# The gateway's per-model series also carry the model's namespace (an adapter is namespace/name; a base
+# model's is its WarmPool's): `model_namespace`, since the scrape's own `namespace` is the gateway pod's.
+GATEWAY_MODEL: Final = 'model_namespace=~"$model_namespace", model=~"$model"'
+BY_GATEWAY_MODEL: Final = "model_namespace, model"
 # The operator's metrics name the LLM in `model`: on the serving dashboard it follows $model_name.
 OPERATOR_MODEL: Final = 'model=~"$model_name"'
 TIER: Final = "sum by (model_name, tier) "
@@ -60,7 +64,7 @@ def query(expr: str, legend: str = "", ref: str = "A") -> prometheus.Dataquery:
 def quantiles(metric: str, by: str, selector: str, window: str, qs: Sequence[float]) -> list[tuple[str, str]]:
     """histogram_quantile over `metric`_bucket, one (expr, legend) per quantile."""
     group = f"le, {by}" if by else "le"
-    legend_by = f"{{{{{by}}}}} " if by else ""
+    legend_by = "".join(f"{{{{{label}}}}} " for label in by.split(", ")) if by else ""
     matchers = f"{{{selector}}}" if selector else ""
     return [
         (
@@ -619,13 +623,13 @@ def serving() -> dashboard_builders.Dashboard:
                     "Requests per second",
                     "Requests the gateway answered, all models and adapters.",
                     "reqps",
-                    f"sum({rate(requests, MODEL)})",
+                    f"sum({rate(requests, GATEWAY_MODEL)})",
                 ),
                 single(
                     "Error share",
                     "Answers that were not 2xx (the gateway's own 4xx/5xx and the workers' errors).",
                     "percentunit",
-                    ratio(rate(requests, 'code!~"2.."', MODEL), rate(requests, MODEL)),
+                    ratio(rate(requests, 'code!~"2.."', GATEWAY_MODEL), rate(requests, GATEWAY_MODEL)),
                 ),
                 single(
                     "In flight",
@@ -637,21 +641,26 @@ def serving() -> dashboard_builders.Dashboard:
                     "Waiting for scale-up",
                     "Requests held because their pool has no warm endpoint (scale from zero).",
                     "short",
-                    f"sum({series(waiting, MODEL)})",
+                    f"sum({series(waiting, GATEWAY_MODEL)})",
                 ),
                 graph(
                     "Request rate by model / adapter",
                     "Requests per second by the OpenAI `model` field: a base LLM or a LoRAAdapter ('-': the "
                     "request named no known model).",
                     "reqps",
-                    [(f"sum by (model) ({rate(requests, MODEL)})", "{{model}}")],
+                    [
+                        (
+                            f"sum by ({BY_GATEWAY_MODEL}) ({rate(requests, GATEWAY_MODEL)})",
+                            "{{model_namespace}} {{model}}",
+                        )
+                    ],
                     stacked=True,
                 ),
                 graph(
                     "Answers by status",
                     "Requests per second by HTTP status code.",
                     "reqps",
-                    [(f"sum by (code) ({rate(requests, MODEL)})", "{{code}}")],
+                    [(f"sum by (code) ({rate(requests, GATEWAY_MODEL)})", "{{code}}")],
                     stacked=True,
                 ),
             ],
@@ -953,7 +962,7 @@ def serving() -> dashboard_builders.Dashboard:
                     "Routing decisions by policy",
                     "Requests sent to an endpoint per second, by the routing policy that chose it.",
                     "reqps",
-                    [(f"sum by (policy) ({rate(routed, MODEL)})", "{{policy}}")],
+                    [(f"sum by (policy) ({rate(routed, GATEWAY_MODEL)})", "{{policy}}")],
                     span=8,
                     stacked=True,
                 ),
@@ -965,7 +974,8 @@ def serving() -> dashboard_builders.Dashboard:
                     "reqps",
                     [
                         (
-                            f"sum by (decision) ({rate('elastune_gateway_routing_decisions_total', MODEL)})",
+                            "sum by (decision) "
+                            f"({rate('elastune_gateway_routing_decisions_total', GATEWAY_MODEL)})",
                             "{{decision}}",
                         )
                     ],
@@ -976,7 +986,7 @@ def serving() -> dashboard_builders.Dashboard:
                     "Requests per endpoint",
                     "Requests sent to each worker endpoint per second (the routing's load balance).",
                     "reqps",
-                    [(f"sum by (endpoint) ({rate(routed, MODEL)})", "{{endpoint}}")],
+                    [(f"sum by (endpoint) ({rate(routed, GATEWAY_MODEL)})", "{{endpoint}}")],
                     span=8,
                 ),
                 graph(
@@ -995,7 +1005,12 @@ def serving() -> dashboard_builders.Dashboard:
                     "Requests waiting for scale-up",
                     "Requests held per model while its pool has no warm endpoint.",
                     "short",
-                    [(f"sum by (model) ({series(waiting, MODEL)})", "{{model}}")],
+                    [
+                        (
+                            f"sum by ({BY_GATEWAY_MODEL}) ({series(waiting, GATEWAY_MODEL)})",
+                            "{{model_namespace}} {{model}}",
+                        )
+                    ],
                     span=8,
                 ),
                 graph(
@@ -1003,7 +1018,11 @@ def serving() -> dashboard_builders.Dashboard:
                     "p50 and p99 of how long requests waited for a warm endpoint (scale from zero).",
                     "s",
                     quantiles(
-                        "elastune_gateway_hold_seconds", "model", MODEL, "$__rate_interval", (0.5, 0.99)
+                        "elastune_gateway_hold_seconds",
+                        BY_GATEWAY_MODEL,
+                        GATEWAY_MODEL,
+                        "$__rate_interval",
+                        (0.5, 0.99),
                     ),
                     span=8,
                 ),
@@ -1059,7 +1078,9 @@ def serving() -> dashboard_builders.Dashboard:
                             ("first byte", "elastune_gateway_time_to_first_byte_seconds"),
                             ("complete", "elastune_gateway_request_duration_seconds"),
                         )
-                        for expr, legend in quantiles(metric, "", MODEL, "$__rate_interval", (0.5, 0.99))
+                        for expr, legend in quantiles(
+                            metric, "", GATEWAY_MODEL, "$__rate_interval", (0.5, 0.99)
+                        )
                     ],
                     span=8,
                 ),
@@ -1142,7 +1163,12 @@ def serving() -> dashboard_builders.Dashboard:
         "zero.",
     )
     dashboard = (
-        dashboard.with_variable(model_variable("elastune_gateway_requests_total", "model", "Model / adapter"))
+        dashboard.with_variable(
+            model_variable(
+                "elastune_gateway_requests_total", "model_namespace", "Namespace (model / adapter)"
+            )
+        )
+        .with_variable(model_variable("elastune_gateway_requests_total", "model", "Model / adapter"))
         .with_variable(model_variable("vllm:num_requests_running", "model_name", "Base model"))
         .with_variable(window_variable())
         .with_variable(

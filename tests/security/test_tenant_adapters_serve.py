@@ -127,9 +127,31 @@ def test_each_key_reaches_its_own_namespaces_summarizer(tmp_path: Path) -> None:
         # team-b's key reaches the base model of team-a's pool (it admits team-b).
         base = clients[B].completions.create(model=MODEL, prompt=PROMPT, max_tokens=4, temperature=0)
         assert base.choices[0].text
+
+        # The gateway's per-model series say the model's namespace: two namespaces' summarizer are two
+        # series (one request each), the base model is its pool's namespace's (team-a).
+        text = httpx.get(f"{serve.url}/metrics", timeout=10).text
+        for metric in ("elastune_gateway_requests_total", "elastune_gateway_routed_requests_total",
+                       "elastune_gateway_request_duration_seconds_count"):  # fmt: skip
+            got = _series(text, metric)
+            assert got.get((A, "summarizer")) == 1 and got.get((B, "summarizer")) == 1, (metric, got)
+            assert got.get((A, MODEL)) == 1, (metric, got)
     finally:
         out = serve.stop(signal.SIGINT)
     assert serve.proc.returncode == 0, out
+
+
+def _series(text: str, metric: str) -> dict[tuple[str, str], float]:
+    """Samples of ``metric`` summed by (model_namespace, model)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out: dict[tuple[str, str], float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == metric:
+                key = (sample.labels.get("model_namespace", "?"), sample.labels.get("model", "?"))
+                out[key] = out.get(key, 0.0) + sample.value
+    return out
 
 
 def _worker_url(serve: ElastuneServe) -> str | None:

@@ -127,8 +127,9 @@ def create_app(gateway: Gateway) -> FastAPI:
         scope: Scope, status: int
     ) -> None:  # the FastAPI routes' answers (CompletionRoutes counts its own)
         if str(scope.get("path", "")).startswith("/v1/"):
-            model = scope.get("state", {}).get("model", "-")  # a known model only: no label per typo
-            metrics.requests.labels(model, str(status)).inc()
+            state = scope.get("state", {})
+            model = state.get("model", "-")  # a known model only: no label per typo
+            metrics.requests.labels(state.get("namespace", ""), model, str(status)).inc()
             key = scope.get("state", {}).get("principal")
             if key is not None:
                 metrics.key_requests.labels(key.name, str(status)).inc()

@@ -23,6 +23,9 @@ class Call:
     slo_tpot_ms: str | None = None
     model: str | None = None
     """The resolved model's name once known (the metrics label; unknown names get none)."""
+    namespace: str = ""
+    """The resolved model's namespace (an adapter's; a base model's WarmPool's): the metrics label
+    ``model_namespace`` next to ``model``."""
     ticket: Ticket | None = None
     """Its place in the fair line (``fair_share``): released when its answer is over."""
     priority_ignored: bool = False

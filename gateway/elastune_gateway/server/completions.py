@@ -152,7 +152,10 @@ class CompletionRoutes:
 
     def _count(self, call: Call | None, status: int) -> None:
         code = str(status)
-        self.metrics.requests_of(call.model if call is not None and call.model else "-", code).inc()
+        if call is not None and call.model:
+            self.metrics.requests_of(call.namespace, call.model, code).inc()
+        else:
+            self.metrics.requests_of("", "-", code).inc()
         if call is not None and call.principal is not None:
             self.metrics.key_requests_of(call.principal.name, code).inc()
 

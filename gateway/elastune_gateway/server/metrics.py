@@ -1,6 +1,12 @@
 """The gateway's Prometheus metrics (one registry per app), named in Prometheus style under
 ``elastune_gateway_``: requests by outcome, latency seen by clients, routing decisions, upstream
-failures, the waiting room, and the endpoints known per model."""
+failures, the waiting room, and the endpoints known per model.
+
+Per-model series carry ``model_namespace`` next to ``model`` (issue 25 item 1): a LoRA adapter is
+(namespace, name), so two namespaces' ``summarizer`` are two series; for a base model it is its
+WarmPool's namespace ("" when no pool record says, or for a request whose model is unknown). It is not
+called ``namespace``: the scrape's target label of that name is the gateway pod's own namespace (the
+chart's ServiceMonitor honours the gateway's labels, which would overwrite it)."""
 
 from __future__ import annotations
 
@@ -35,8 +41,8 @@ class GatewayMetrics:
     def __init__(self) -> None:
         self.registry = r = CollectorRegistry()
         self.requests = Counter(
-            "elastune_gateway_requests", "Requests answered, by model and HTTP status", ["model", "code"],
-            registry=r,
+            "elastune_gateway_requests", "Requests answered, by model and HTTP status",
+            ["model_namespace", "model", "code"], registry=r,
         )  # fmt: skip
         self.rejected = Counter(
             "elastune_gateway_rejected_requests",
@@ -46,13 +52,13 @@ class GatewayMetrics:
         )  # fmt: skip
         self.routed = Counter(
             "elastune_gateway_routed_requests", "Requests sent to an endpoint, by model, endpoint and policy",
-            ["model", "endpoint", "policy"], registry=r,
+            ["model_namespace", "model", "endpoint", "policy"], registry=r,
         )  # fmt: skip
         self.decisions = Counter(
             "elastune_gateway_routing_decisions",
             "Routing decisions of policies that make kinds of them, by model, policy and decision (Preble's "
             "E2: exploit | rebalance | explore | pd-balance)",
-            ["model", "policy", "decision"], registry=r,
+            ["model_namespace", "model", "policy", "decision"], registry=r,
         )  # fmt: skip
         self.upstream_failures = Counter(
             "elastune_gateway_upstream_failures",
@@ -65,20 +71,22 @@ class GatewayMetrics:
         )  # fmt: skip
         self.ttft = Histogram(
             "elastune_gateway_time_to_first_byte_seconds",
-            "Arrival at the gateway to the first streamed byte from the worker", ["model"],
+            "Arrival at the gateway to the first streamed byte from the worker", ["model_namespace", "model"],
             buckets=_LATENCY_BUCKETS, registry=r,
         )  # fmt: skip
         self.latency = Histogram(
             "elastune_gateway_request_duration_seconds", "Arrival to the last byte of the answer",
-            ["model"], buckets=_LATENCY_BUCKETS, registry=r,
+            ["model_namespace", "model"], buckets=_LATENCY_BUCKETS, registry=r,
         )  # fmt: skip
         self.held = Histogram(
-            "elastune_gateway_hold_seconds", "Time requests waited for a warm endpoint", ["model"],
+            "elastune_gateway_hold_seconds", "Time requests waited for a warm endpoint",
+            ["model_namespace", "model"],
             buckets=_LATENCY_BUCKETS, registry=r,
         )  # fmt: skip
         self.waiting = Gauge(
-            "elastune_gateway_waiting_requests", "Requests waiting for a warm endpoint", ["model"], registry=r
-        )
+            "elastune_gateway_waiting_requests", "Requests waiting for a warm endpoint",
+            ["model_namespace", "model"], registry=r,
+        )  # fmt: skip
         self.inflight = Gauge("elastune_gateway_inflight_requests", "Requests being served", registry=r)
         self.endpoints = Gauge(
             "elastune_gateway_endpoints", "Endpoints per model and state (up, down)", ["model", "state"],

@@ -163,7 +163,7 @@ class Gateway:
     ) -> Answer:
         arrived = time.monotonic()
         model = self._resolve(body.model, call)
-        call.model = model.name
+        call.model, call.namespace = model.name, model.namespace
         bad = body.unsupported()
         if bad is not None:
             self.metrics.rejected_of("invalid").inc()
@@ -294,9 +294,9 @@ class Gateway:
             # The pick that chose ``endpoint`` was the router's last one (nothing awaited in between).
             decision = getattr(router, "last_decision", None)
             if decision is not None:
-                self.metrics.decisions_of(model.name, policy, decision.kind).inc()
+                self.metrics.decisions_of(model.namespace, model.name, policy, decision.kind).inc()
             router.on_routed(view, endpoint.id, time.monotonic())
-            self.metrics.routed_of(model.name, endpoint.id, policy).inc()
+            self.metrics.routed_of(model.namespace, model.name, endpoint.id, policy).inc()
             entry = self.ledger.add(
                 view, endpoint.id, None if body.stream else self._prefill_estimate(endpoint, view)
             )
@@ -422,13 +422,13 @@ class Gateway:
                         )  # fmt: skip
                     entered = time.time()
                     self._waiting.setdefault(model.id, []).append(entered)
-                    self.metrics.waiting.labels(model.name).inc()
+                    self.metrics.waiting.labels(model.namespace, model.name).inc()
                 await self.directory.wait_changed(min(remaining, 1.0))
         finally:
             if entered is not None:
                 self._waiting[model.id].remove(entered)
-                self.metrics.waiting.labels(model.name).dec()
-                self.metrics.held.labels(model.name).observe(time.time() - entered)
+                self.metrics.waiting.labels(model.namespace, model.name).dec()
+                self.metrics.held.labels(model.namespace, model.name).observe(time.time() - entered)
 
     def _prefill_estimate(self, endpoint: Endpoint, view: RequestView) -> float | None:
         cost = endpoint.serving.cost
@@ -470,7 +470,7 @@ class Gateway:
             response.release()
             self._done(entry, router, output_tokens)
             self._count_usage(call, prompt_tokens, output_tokens)
-        self.metrics.latency_of(model.name).observe(time.monotonic() - arrived)
+        self.metrics.latency_of(model.namespace, model.name).observe(time.monotonic() - arrived)
         media = response.header_bytes(b"content-type") or b"application/json"
         return Whole(response.status_code, media, content, entry.endpoint)
 
@@ -496,7 +496,7 @@ class Gateway:
                 if first:
                     first = False
                     self.ledger.first_byte(entry)
-                    self.metrics.ttft_of(model.name).observe(time.monotonic() - arrived)
+                    self.metrics.ttft_of(model.namespace, model.name).observe(time.monotonic() - arrived)
                 pending += chunk
                 *events, pending = pending.split(b"\n\n")
                 out = []
@@ -525,7 +525,7 @@ class Gateway:
             self._count_usage(call, prompt_tokens, output_tokens)
             if call.ticket is not None:
                 call.ticket.release()
-            self.metrics.latency_of(model.name).observe(time.monotonic() - arrived)
+            self.metrics.latency_of(model.namespace, model.name).observe(time.monotonic() - arrived)
 
     def _count_usage(self, call: Call, prompt_tokens: int, completion_tokens: int) -> None:
         """A key's tokens: in its metrics, against its tokens/min (counted in Redis), and in its fair-share
