@@ -40,6 +40,7 @@ from elastune_testing.fixtures import k8s_emulator  # noqa: F401  (fixture)
 
 REPO = Path(__file__).resolve().parents[1]
 NS, POOL, MODEL = "team-a", "tiny-gpt2", "elastune/tiny-gpt2"
+KEY = f"{NS}/{POOL}"  # how the core names the pool to the backend (protocol.pool_id)
 
 
 class Clock:
@@ -55,9 +56,10 @@ def kube(k8s_emulator: EmulatorHandle) -> client.ApiClient:  # noqa: F811
     return config.new_client_from_config(config_file=str(k8s_emulator.kubeconfig_path))
 
 
-def warm_pool() -> Any:
+def warm_pool(namespace: str = NS, model: str = MODEL) -> Any:
     doc = yaml.safe_load((REPO / "manifests" / "warmpool.yaml").read_text())
-    doc["metadata"].update(namespace=NS, uid="u-1")
+    doc["metadata"].update(namespace=namespace, uid=f"u-{namespace}")
+    doc["spec"]["model"] = model
     return parse_resource(doc)
 
 
@@ -141,9 +143,9 @@ def put_pod(
     core.patch_namespaced_pod_status(name, NS, {"status": status})
 
 
-def min_scale(api: client.ApiClient) -> str:
+def min_scale(api: client.ApiClient, namespace: str = NS) -> str:
     svc = client.CustomObjectsApi(api).get_namespaced_custom_object(
-        KNATIVE_GROUP, KNATIVE_VERSION, NS, KNATIVE_PLURAL, POOL
+        KNATIVE_GROUP, KNATIVE_VERSION, namespace, KNATIVE_PLURAL, POOL
     )
     return str(svc["spec"]["template"]["metadata"]["annotations"][MIN_SCALE])
 
@@ -194,13 +196,13 @@ def test_exited_reports_each_failing_pod_once_with_its_reason(
     assert "Insufficient nvidia.com/gpu" in late[f"{NS}/tiny-gpt2-00001-deployment-wait"].detail
 
     # The core releases a failed pod: Knative's min-scale drops and the ReplicaSet removes that pod first.
-    backend.shrink(POOL, [f"{NS}/tiny-gpt2-00001-deployment-pull"])
+    backend.shrink(KEY, [f"{NS}/tiny-gpt2-00001-deployment-pull"])
     assert min_scale(kube) == "3"
     pod = client.CoreV1Api(kube).read_namespaced_pod("tiny-gpt2-00001-deployment-pull", NS)
     assert pod.metadata.annotations[DELETION_COST] == COST_REMOVE
     # A job still waiting grows the pool back at once: min-scale stays down until the failed pod is
     # gone (else Knative, at an unchanged size, would keep it and the job would wait forever) ...
-    backend.grow(POOL, MODEL, 1)
+    backend.grow(KEY, MODEL, 1)
     assert min_scale(kube) == "3"
     clock.t += 2
     assert backend.exited() == {}
@@ -217,6 +219,29 @@ def test_exited_reports_each_failing_pod_once_with_its_reason(
     with caplog.at_level(logging.WARNING, logger="elastune.knative"):
         assert backend.exited() == {}
     assert "cannot list the worker pods of namespace team-a" in caplog.text
+
+
+def test_two_namespaces_warm_pools_of_one_name_each_keep_their_own_service(kube: client.ApiClient) -> None:
+    """Issue 25 item 1: WarmPools are namespace/name. Two namespaces' pools named alike (other models)
+    are two pools of the backend: growing one scales its own Knative Service only, and each vouches for
+    its own namespace's pods."""
+    backend = KnativeBackend(kube, "redis://r:6379/0", clock=Clock())
+    backend.register(warm_pool(), 0)
+    backend.register(warm_pool("team-b", "elastune/other"), 0)
+    assert set(backend.pools) == {KEY, f"team-b/{POOL}"}
+    backend.grow(KEY, MODEL, 2)
+    backend.grow(f"team-b/{POOL}", "elastune/other", 1)
+    assert (min_scale(kube), min_scale(kube, "team-b")) == ("2", "1")
+    svc_b = client.CustomObjectsApi(kube).get_namespaced_custom_object(
+        KNATIVE_GROUP, KNATIVE_VERSION, "team-b", KNATIVE_PLURAL, POOL
+    )
+    env = {e["name"]: e.get("value") for e in svc_b["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env["ELASTUNE_MODEL"] == "elastune/other"
+    backend.shrink(KEY, [])
+    assert (min_scale(kube), min_scale(kube, "team-b")) == ("2", "1")
+    backend.unregister(KEY)
+    assert set(backend.pools) == {f"team-b/{POOL}"}
+    assert set(backend.vouched()) == {f"team-b/{POOL}"}
 
 
 # -- the control core with the real backend -----------------------------------------------------------
@@ -251,7 +276,7 @@ def world(kube: client.ApiClient, redis_server: Any, tmp_path: Path) -> dict[str
     backend.register(warm_pool(), 0)
     bus = Bus(redis_server.url, namespace=f"podfail{time.time_ns()}")
     settings = CoreSettings(cold_capacity=4, channel_url=redis_server.url, work_dir=tmp_path, max_attempts=2)
-    pool = PoolConfig(POOL, MODEL, max_warm=4, cold_start_seconds=5, seconds_per_iteration=0.1)
+    pool = PoolConfig(POOL, MODEL, max_warm=4, cold_start_seconds=5, seconds_per_iteration=0.1, namespace=NS)
     core = ControlCore(backend, bus, settings, [pool], clock=clock)
     return {"core": core, "bus": bus, "clock": clock, "kube": kube}
 

@@ -105,7 +105,7 @@ def run_to_dispatch(env: dict[str, Any], rec: JobRecord, workers: list[str]) -> 
     core, bus, clock = env["core"], env["bus"], env["clock"]
     core.submit(rec)
     core.tick()
-    assert env["backend"].grown == [("pool", len(workers))]
+    assert env["backend"].grown == [("default/pool", len(workers))]
     assert cond(rec, "Scheduled") == ("False", "PoolGrowing")
     for wid in workers:
         worker(bus, wid, clock)
@@ -183,7 +183,7 @@ def test_a_lost_worker_reschedules_its_job_from_the_checkpoint(env: dict[str, An
     core.tick()
     assert bus.cancelled(rec.key, 1) and cond(rec, "Running") == ("False", "WorkerLost")
     assert core.state.jobs[rec.key].done_iterations == 20
-    assert ("pool", 1) in backend.grown[1:]  # a replacement GPU leaves the cold pool
+    assert ("default/pool", 1) in backend.grown[1:]  # a replacement GPU leaves the cold pool
     worker(bus, "w2", env["clock"])
     core.tick()
     b = pop(bus, "w2")
@@ -213,7 +213,7 @@ def test_start_failures_fail_waiting_jobs_with_the_pods_reason_and_spare_running
     waiting = job("g2")
     core.submit(waiting)
     core.tick()
-    assert backend.grown[-1] == ("pool", 1)
+    assert backend.grown[-1] == ("default/pool", 1)
     # Registered while loading its weights, then OOMKilled: its record outlives it, still "starting".
     worker(bus, "pool-w2", clock, WorkerState.STARTING)
     core.tick()
@@ -511,7 +511,7 @@ def test_a_job_on_a_pod_that_serves_inference_is_co_served_and_others_say_why_no
     core.submit(target)
     clock.t += 1
     core.tick()
-    assert env["backend"].grown[grown:] == [("pool", 1)]
+    assert env["backend"].grown[grown:] == [("default/pool", 1)]
     assert bus.pop_assignment("w1", timeout=0.2) is None
     worker(bus, "w2", clock)
     clock.t += 5
@@ -586,7 +586,7 @@ def test_a_pool_with_co_serving_off_keeps_its_serving_pods_for_inference(env: di
     core.tick()
     # The serving pod is reported at rate 0: neither free for dedicated tuning nor offered to co-serve.
     assert core.state.coserve_rate == {core.fleet.gpu_of["w1"]: 0.0}
-    assert env["backend"].grown[grown:] == [("pool", 1)]
+    assert env["backend"].grown[grown:] == [("default/pool", 1)]
     assert bus.pop_assignment("w1", timeout=0.2) is None
     worker(bus, "w2", clock)
     clock.t += 5

@@ -103,7 +103,7 @@ def rounds(env: dict[str, Any], n: int, *, beat: list[str] | None = None) -> Non
 def serving_pod(env: dict[str, Any], wid: str) -> None:
     """min_replicas 1: the first round grows the pool; the worker comes up and is bound."""
     env["core"].tick()
-    assert env["backend"].grown == [("pool", 1)]
+    assert env["backend"].grown == [("default/pool", 1)]
     heartbeat(env["bus"], wid, env["clock"])
     env["clock"].t += 5
     env["core"].tick()
@@ -134,7 +134,7 @@ def test_after_flushall_the_next_rounds_restore_pool_records_and_placements_and_
 
     assert bus.serving_pools() == pools_before
     assert bus.placement("w1") == placed_before
-    assert "w1" in core.fleet.gpu_of and backend.shrunk == [] and backend.grown == [("pool", 1)]
+    assert "w1" in core.fleet.gpu_of and backend.shrunk == [] and backend.grown == [("default/pool", 1)]
 
 
 def test_what_the_core_owns_is_rewritten_periodically_even_when_nothing_changed(env: dict[str, Any]) -> None:

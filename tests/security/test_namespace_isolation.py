@@ -64,7 +64,7 @@ def test_a_job_of_another_namespace_waits_until_the_pool_admits_it(site: Operato
     assert f"{A}/tiny" in c["message"] and "allowedNamespaces" in c["message"], c["message"]
     time.sleep(0.5)  # rounds pass: nothing of A's pool moves for it
     assert f"{B}/theirs" not in site.runtime.core.jobs
-    assert site.runtime.backend.pools["tiny"][1] == 0
+    assert site.runtime.backend.pools[f"{A}/tiny"][1] == 0
     failed = site.condition("theirs", "Failed", PLURAL_TUNING_JOBS, B)
     assert failed is None or failed["status"] != "True", failed
 
@@ -137,7 +137,7 @@ def assert_a_pool_intact(site: OperatorSite) -> None:
     cfg = site.runtime.core.pools.get(MODEL)
     assert cfg is not None and (cfg.namespace, cfg.name) == (A, "tiny"), cfg
     assert f"{A}/tiny" in site.bus.serving_pools()
-    wp, _ = site.runtime.backend.pools["tiny"]
+    wp, _ = site.runtime.backend.pools[f"{A}/tiny"]
     assert wp.metadata.namespace == A
     assert site.get(KNATIVE_PLURAL, "tiny", A, KNATIVE_GROUP, KNATIVE_VERSION) is not None
     mine = site.runtime.core.jobs[f"{A}/mine"]

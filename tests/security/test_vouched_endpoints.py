@@ -151,7 +151,7 @@ def bus(redis_server: Server) -> Iterator[Bus]:
 
 
 def test_the_serving_control_publishes_what_the_backend_vouches_for_and_keeps_it_current(bus: Bus) -> None:
-    known = {"p": {"w1": "10.0.0.1:8080"}}
+    known = {"default/p": {"w1": "10.0.0.1:8080"}}  # by pool id (namespace/name), as backends key them
     control = ServingControl(bus, vouched=lambda: {k: dict(v) for k, v in known.items()})
     control.add_pool("p", MODEL, ServingSpec())
     control.add_pool("q", "other", ServingSpec())
@@ -159,7 +159,7 @@ def test_the_serving_control_publishes_what_the_backend_vouches_for_and_keeps_it
     pools = bus.serving_pools()
     assert pools["default/p"].vouched == {"w1": "10.0.0.1:8080"}
     assert pools["default/q"].vouched == {}  # a pool the backend knows no worker of: an empty list, not none
-    known["p"]["w2"] = "10.0.0.2:8080"  # a new pod came up
+    known["default/p"]["w2"] = "10.0.0.2:8080"  # a new pod came up
     control.tick({})
     assert bus.serving_pools()["default/p"].vouched == {"w1": "10.0.0.1:8080", "w2": "10.0.0.2:8080"}
     # A record rewritten behind its back (it cannot be by a worker: the ACL) is written again.
@@ -221,7 +221,8 @@ def test_the_knative_backend_vouches_for_running_pods_at_their_ip(k8s_emulator: 
         core.create_namespaced_pod(ns, body)
         core.patch_namespaced_pod_status(pod, ns, {"status": status})
 
-    assert backend.vouched() == {name: {}}  # never listed: vouches for nobody
+    key = f"{ns}/{name}"  # the pool's id (namespace/name)
+    assert backend.vouched() == {key: {}}  # never listed: vouches for nobody
     put("a", {"phase": "Running", "podIP": "10.1.0.5"})
     put("b", {"phase": "Running", "podIP": "fd00::7"})
     put("pending", {"phase": "Pending"})  # no IP yet
@@ -231,9 +232,9 @@ def test_the_knative_backend_vouches_for_running_pods_at_their_ip(k8s_emulator: 
     backend.exited()
     assert backend.vouched() == {
         # by the id each pod's worker registers under: namespace/pod (pod names repeat across namespaces)
-        name: {f"{ns}/a": f"10.1.0.5:{WORKER_PORT}", f"{ns}/b": f"[fd00::7]:{WORKER_PORT}"},
+        key: {f"{ns}/a": f"10.1.0.5:{WORKER_PORT}", f"{ns}/b": f"[fd00::7]:{WORKER_PORT}"},
     }
     core.delete_namespaced_pod("a", ns)
     now[0] += 5  # the next listing (at most one per POD_POLL_S)
     backend.exited()
-    assert backend.vouched() == {name: {f"{ns}/b": f"[fd00::7]:{WORKER_PORT}"}}
+    assert backend.vouched() == {key: {f"{ns}/b": f"[fd00::7]:{WORKER_PORT}"}}

@@ -48,7 +48,7 @@ def test_a_pvc_output_lands_where_the_adapter_loader_reads_it(
             termination={"maxIterations": 4},
             hyperparameters={"batchSize": 4, "virtualTokens": 4},
         )
-        wait_for("the pool to grow", lambda: operator.runtime.backend.pools["tiny"][1] >= 1)
+        wait_for("the pool to grow", lambda: operator.runtime.backend.pools[f"{NS}/tiny"][1] >= 1)
         agent = Agent(AgentConfig("tiny-pod-1", "tiny", model), operator.bus)
         assert agent.load()
         operator.ready_worker("tiny-pod-1", "tiny")

@@ -346,8 +346,8 @@ class ControlCore:
             job.gpu_seconds += len(job.workers) * max(0.0, now - job.started)
             job.started = None
             alive = self.fleet.alive(job.workers)
-            if alive:
-                self.backend.mark_busy(job.pool, alive, False)
+            if alive and job.llm in self.pools:
+                self.backend.mark_busy(self.pools[job.llm].key, alive, False)
 
     def _stop_attempt(self, job: JobRecord, resume_from: float, now: float) -> None:
         """Cancel the attempt in flight and put the job back to pending, resuming from ``resume_from``;
@@ -364,7 +364,7 @@ class ControlCore:
         """GPUs the state released on its own (keep_warm False): their workers go too."""
         gone = [wid for gid in gids if gid not in self.state.gpus and (wid := self.fleet.unbind(gid))]
         if gone:
-            self.backend.shrink(self.pools[llm].name, gone)
+            self.backend.shrink(self.pools[llm].key, gone)
 
     # -- what the fleet reports (FleetEvents) -------------------------------------------------------
     def worker_lost(self, wid: str, gid: int, now: float, how: WorkerExit | None = None) -> None:
@@ -374,7 +374,7 @@ class ControlCore:
             return
         # Its GPU goes back to the cold pool below: a pod Kubernetes still keeps (crash-looping) goes too.
         if gpu.llm in self.pools:
-            self.backend.shrink(self.pools[gpu.llm].name, [wid])
+            self.backend.shrink(self.pools[gpu.llm].key, [wid])
         reason = how.reason if how is not None and how.reason else Reason.WORKER_LOST
         detail = how.detail if how is not None else None
         if gpu.job is not None and gpu.job in self.jobs:
@@ -395,7 +395,7 @@ class ControlCore:
             self.state.release(gid)
 
     def worker_start_failed(self, wid: str, how: WorkerExit, now: float) -> None:
-        model, pool = how.model, self.pools[how.model].name
+        model, pool = how.model, self.pools[how.model].key
         self._drop_unbound(model, now)
         self.backend.shrink(pool, [wid])  # a pod that cannot start leaves the pool with its GPU
         n = self.fleet.count_start_failure(model)
@@ -417,7 +417,7 @@ class ControlCore:
             if job.llm == rec.model and not job.terminal:
                 self._fail(job, reason, message, now)
         self._drop_unbound(rec.model, now)
-        self.backend.shrink(self.pools[rec.model].name, [rec.id])
+        self.backend.shrink(self.pools[rec.model].key, [rec.id])
 
     def gpu_warm(self, job: str) -> None:
         self._touched.add(job)
@@ -563,7 +563,7 @@ class ControlCore:
                 releases.setdefault(gpu.llm, []).append(wid)
             st.release(gid)
         for llm, wids in releases.items():
-            self.backend.shrink(self.pools[llm].name, wids)
+            self.backend.shrink(self.pools[llm].key, wids)
         for launch in d.launches:
             self._launch(launch.llm, launch.count, launch.job, now)
             waiting = (
@@ -578,7 +578,7 @@ class ControlCore:
         for _ in range(count):
             gpu = self.state.launch(llm, now, job=job, target=count)
             self.fleet.launched(llm, gpu.id)
-        self.backend.grow(self.pools[llm].name, llm, count)
+        self.backend.grow(self.pools[llm].key, llm, count)
 
     def _dispatch(self, job: JobRecord, now: float) -> None:
         sched = self.state.jobs[job.key]
@@ -631,7 +631,7 @@ class ControlCore:
         self.state.start(job.key, now, predicted)
         self.metrics.attempts.labels(job.llm, "coserved" if coserve else "dedicated").inc()
         job.started = now
-        self.backend.mark_busy(job.pool, workers, True)
+        self.backend.mark_busy(self.pools[job.llm].key, workers, True)
         self.lifecycle.running(job, now, predicted)
         bank_s = self.policy.bank_budget_seconds(sched.slo) if bank_mode != "never" else 0.0
         self._watch[job.key] = AttemptWatch(job.attempt, now, now, setup_s=bank_s or 0.0)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from elastune_contract.api.tuningjob import TuningJobSpec, TuningJobStatus
 from elastune_contract.api.warmpool import ServingSpec, namespace_admitted
-from elastune_contract.protocol import WORKER_TTL_SECONDS
+from elastune_contract.protocol import WORKER_TTL_SECONDS, pool_id
 from elastune_operator.scheduling.policy import ROUND_SECONDS, PolicyName
 
 
@@ -32,6 +32,12 @@ class PoolConfig:
 
     def admits(self, namespace: str) -> bool:
         return namespace_admitted(namespace, self.namespace, self.allowed_namespaces)
+
+    @property
+    def key(self) -> str:
+        """namespace/name (``protocol.pool_id``): how the core names the pool to its backend, since two
+        namespaces may each have a WarmPool of one name."""
+        return pool_id(self.namespace, self.name)
 
 
 @dataclass

@@ -114,9 +114,9 @@ class ServingControl:
     ) -> None:
         self.bus = bus
         self.vouched = vouched
-        """The backend's workers per pool (pool -> worker id -> address), from what it started or the
-        API lists, never from the registry: published in each pool record for the gateway, which
-        forwards only to these. None: the backend vouches for nothing (the records carry no list)."""
+        """The backend's workers per pool (pool id namespace/name -> worker id -> address), from what it
+        started or the API lists, never from the registry: published in each pool record for the gateway,
+        which forwards only to these. None: the backend vouches for nothing (the records carry no list)."""
         self.metrics = metrics
         self.check_artifact_paths = check_artifact_paths
         self.on_status = on_status or (lambda _rec: None)
@@ -246,7 +246,9 @@ class ServingControl:
             self._popularity, self._popularity_at = self.bus.popularity(now), now
         vouched = self.vouched() if self.vouched is not None else None
         for model, pool in self.pools.items():
-            self._publish_pool(pool, None if vouched is None else vouched.get(pool.name, {}))
+            self._publish_pool(
+                pool, None if vouched is None else vouched.get(pool_id(pool.namespace, pool.name), {})
+            )
             serving = {
                 wid: w
                 for wid, w in workers.items()

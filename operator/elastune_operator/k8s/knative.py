@@ -42,7 +42,13 @@ from elastune_contract.api.constants import (
     PVC_ROOT_ENV,
 )
 from elastune_contract.api.warmpool import WarmPool
-from elastune_contract.protocol import pod_worker_id, split_worker_id, vouched_address
+from elastune_contract.protocol import (
+    pod_worker_id,
+    pool_id,
+    split_adapter_id,
+    split_worker_id,
+    vouched_address,
+)
 from elastune_operator.control.backend import WorkerExit
 from elastune_operator.control.resources import worker_serving_args
 from elastune_operator.k8s.pod_status import PodFailureRules, pod_failure
@@ -256,30 +262,33 @@ class KnativeBackend:
         self._secret_in: set[str] = set()  # namespaces whose Secret copy is written
         self._control_in: set[str] = set()  # namespaces whose worker control Secret exists
         self._policy_in: set[str] = set()  # namespaces whose worker NetworkPolicy is written
-        self.pools: dict[str, tuple[WarmPool, int]] = {}  # pool name -> (resource, desired size)
-        self.s3_secrets: dict[str, set[str]] = {}  # pool name -> Secrets its resources name for s3://
+        # Pools by ``protocol.pool_id`` (namespace/name: two namespaces may each have a WarmPool "tiny"),
+        # the id the core names them by.
+        self.pools: dict[str, tuple[WarmPool, int]] = {}  # pool id -> (resource, desired size)
+        self.s3_secrets: dict[str, set[str]] = {}  # pool id -> Secrets its resources name for s3://
         self.pod_rules = pod_rules or PodFailureRules()
         self.clock = clock
         self._polled = float("-inf")  # clock of the last pod listing
         self._done: set[tuple[str, str]] = set()  # (namespace, pod) reported or released: not again
         self._failed: set[tuple[str, str]] = set()  # pods exited() reported
-        self._releasing: dict[str, set[str]] = {}  # pool -> failed pods released, still listed
-        self._cap: dict[str, int] = {}  # pool -> highest min-scale while those pods are still there
+        self._releasing: dict[str, set[str]] = {}  # pool id -> failed pods released, still listed
+        self._cap: dict[str, int] = {}  # pool id -> highest min-scale while those pods are still there
         self._addresses: dict[str, dict[str, dict[str, str]]] = {}
         """namespace -> pool -> pod -> vouched address, from the last good listing of the namespace."""
 
     def register(self, pool: WarmPool, desired: int | None = None) -> int:
         """Create or update the pool's Service; returns the desired size in force (kept across
         operator restarts: it is read back from the Service's min-scale)."""
-        name, ns = pool.metadata.name, pool.metadata.namespace or "default"
+        name, ns = pool.metadata.name or "", pool.metadata.namespace or "default"
         if desired is None:
             desired = self._current_min_scale(name, ns)
         desired = max(desired, pool.spec.min_warm_gpus)
-        self.pools[name] = (pool, desired)
+        key = pool_id(ns, name)
+        self.pools[key] = (pool, desired)
         self.copy_redis_secret(ns)
         self.write_control_secret(ns)
         self.write_network_policy(ns)
-        self._apply(name)
+        self._apply(key)
         return desired
 
     def copy_redis_secret(self, ns: str) -> None:
@@ -375,6 +384,7 @@ class KnativeBackend:
             self._apply(pool)
 
     def unregister(self, name: str) -> None:
+        """``name``: the pool's id (namespace/name)."""
         """The WarmPool is gone; its Service goes with it through the owner reference."""
         self.pools.pop(name, None)
 
@@ -431,8 +441,8 @@ class KnativeBackend:
             return {}
         self._polled = now
         pools: dict[str, dict[str, str]] = {}  # namespace -> pool name -> model
-        for name, (wp, _) in self.pools.items():
-            pools.setdefault(wp.metadata.namespace or "default", {})[name] = wp.spec.model
+        for wp, _ in self.pools.values():
+            pools.setdefault(wp.metadata.namespace or "default", {})[wp.metadata.name or ""] = wp.spec.model
         out: dict[str, WorkerExit] = {}
         for ns in set(self._addresses) - set(pools):
             del self._addresses[ns]  # its last pool went
@@ -468,12 +478,12 @@ class KnativeBackend:
                     self._failed.add(key)
             self._done = {k for k in self._done if k[0] != ns or k in listed}
             self._failed = {k for k in self._failed if k[0] != ns or k in listed}
-            for name in [n for n in self._releasing if n in models]:
-                self._releasing[name] = {p for p in self._releasing[name] if (ns, p) in listed}
-                if not self._releasing[name]:  # the failed pods are gone: the pool's own size again
-                    del self._releasing[name]
-                    self._cap.pop(name, None)
-                    self._apply(name)
+            for key in [k for k in self._releasing if split_adapter_id(k) in ((ns, n) for n in models)]:
+                self._releasing[key] = {p for p in self._releasing[key] if (ns, p) in listed}
+                if not self._releasing[key]:  # the failed pods are gone: the pool's own size again
+                    del self._releasing[key]
+                    self._cap.pop(key, None)
+                    self._apply(key)
         return out
 
     def vouched(self) -> dict[str, dict[str, str]]:
@@ -483,9 +493,9 @@ class KnativeBackend:
         traffic. A namespace whose listing fails keeps its last good view; a pool never listed yet
         has none (its requests wait, rather than go to an address nobody vouched for)."""
         out: dict[str, dict[str, str]] = {}
-        for name, (wp, _) in self.pools.items():
+        for key, (wp, _) in self.pools.items():
             ns = wp.metadata.namespace or "default"
-            out[name] = dict(self._addresses.get(ns, {}).get(name, {}))
+            out[key] = dict(self._addresses.get(ns, {}).get(wp.metadata.name or "", {}))
         return out
 
     def close(self) -> None:
@@ -507,12 +517,12 @@ class KnativeBackend:
         except ValueError:
             return 0
 
-    def _apply(self, name: str) -> None:
-        wp, desired = self.pools[name]
-        ns = wp.metadata.namespace or "default"
-        desired = min(desired, self._cap.get(name, desired))
+    def _apply(self, key: str) -> None:
+        wp, desired = self.pools[key]
+        ns, name = wp.metadata.namespace or "default", wp.metadata.name or ""
+        desired = min(desired, self._cap.get(key, desired))
         body = service_manifest(
-            wp, desired, self.redis_url, self.redis_secret, self.secret_key, self.s3_secrets.get(name, ()),
+            wp, desired, self.redis_url, self.redis_secret, self.secret_key, self.s3_secrets.get(key, ()),
             redis_username=self.redis_username,
         )  # fmt: skip
         try:

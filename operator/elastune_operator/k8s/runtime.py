@@ -44,7 +44,7 @@ from elastune_contract.api.loraadapter import LoRAAdapter, LoRAAdapterStatus
 from elastune_contract.api.resources import InvalidResource, parse_resource
 from elastune_contract.api.tuningjob import TuningJob
 from elastune_contract.api.warmpool import WarmPool, WarmPoolStatus
-from elastune_contract.protocol import PASSWORD_ENV, Bus, adapter_id
+from elastune_contract.protocol import PASSWORD_ENV, Bus, adapter_id, pool_id
 from elastune_contract.vocabulary import ConditionType, Reason
 from elastune_operator.api_keys import namespace_models
 from elastune_operator.control.core import ControlCore, PublishRefused
@@ -258,7 +258,7 @@ class Runtime:
             if pool is None:
                 return None
             self.core.remove_pool(pool.spec.model, f"WarmPool {key} was deleted")
-            self.backend.unregister(pool.metadata.name or "")
+            self.backend.unregister(key)
             return next((p for p in self._rejected.values() if p.spec.model == pool.spec.model), None)
 
         waiting = self.call(apply, wait=30)
@@ -379,7 +379,8 @@ class Runtime:
         never reads S3 credentials."""
         for pool in list(self._pools.values()):
             if pool.metadata.namespace == namespace and pool.spec.model == model:
-                self.call(functools.partial(self.backend.use_s3_secret, pool.metadata.name or "", secret))
+                key = pool_id(namespace, pool.metadata.name or "")
+                self.call(functools.partial(self.backend.use_s3_secret, key, secret))
 
     def delete_adapter(self, namespace: str, name: str) -> list[str]:
         """Unload it from every pod; returns the pods still holding it (empty: the finalizer may go)."""

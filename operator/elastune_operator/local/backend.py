@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from elastune_contract.protocol import vouched_address
+from elastune_contract.protocol import split_adapter_id, vouched_address
 from elastune_operator.control.backend import WorkerExit
 
 LOOPBACK = "127.0.0.1"
@@ -26,6 +26,7 @@ LOOPBACK = "127.0.0.1"
 class _Proc:
     wid: str
     pool: str
+    """The pool's id (namespace/name) as the core names it."""
     model: str
     proc: subprocess.Popen[bytes]
     log: Path
@@ -65,13 +66,18 @@ class LocalBackend:
         (self.work_dir / "logs").mkdir(parents=True, exist_ok=True)
 
     def grow(self, pool: str, model: str, count: int) -> None:
+        """``pool``: the pool's id (namespace/name, as the core names it); the workers are told its name
+        and are numbered across pools, so two namespaces' pools of one name never share an id."""
+        name = split_adapter_id(pool)[1]
         for _ in range(count):
             self._n += 1
-            wid = f"{pool}-w{self._n}"
-            self.start_worker(wid, pool, model)
+            self.start_worker(f"{name}-w{self._n}", name, model, key=pool)
 
-    def start_worker(self, wid: str, pool: str, model: str, host: str = LOOPBACK, port: int = 0) -> _Proc:
-        """A worker process registered as ``wid``, serving on ``host:port`` (port 0: one it picks)."""
+    def start_worker(
+        self, wid: str, pool: str, model: str, host: str = LOOPBACK, port: int = 0, *, key: str | None = None
+    ) -> _Proc:
+        """A worker process registered as ``wid`` of pool ``pool`` (its name), serving on ``host:port``
+        (port 0: one it picks); ``key``: the pool's id its vouched list goes under (default: ``pool``)."""
         log = self.work_dir / "logs" / f"{wid.replace('/', '_')}.log"  # namespace/pod: one file
         argv = [self.python, "-m", "elastune_worker", "serve", "--pool", pool, "--model", model]
         argv += ["--redis-url", self.redis_url, "--namespace", self.namespace, "--worker-id", wid]
@@ -90,7 +96,7 @@ class LocalBackend:
             proc = subprocess.Popen(
                 argv, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True
             )
-        p = _Proc(wid, pool, model, proc, log)
+        p = _Proc(wid, key or pool, model, proc, log)
         self.procs[wid] = p
         return p
 
