@@ -290,7 +290,8 @@ def test_a_worker_pod_killed_mid_job_resumes_from_its_newest_checkpoint_on_anoth
         lambda: running_job(world, name),
         timeout=180,
     )
-    first_pod = running["status"]["pods"][0]
+    first_pod = running["status"]["pods"][0]  # the worker's id: namespace/pod
+    assert first_pod.startswith(f"{TENANT}/"), first_pod
     # Checkpoints on the pool's jobStorage claim: pvc://jobs/elastune/checkpoints/<ns>/<job>/<uid>/.
     checkpoints = _claim_dir(world) / "elastune" / "checkpoints" / TENANT / name
 
@@ -304,7 +305,8 @@ def test_a_worker_pod_killed_mid_job_resumes_from_its_newest_checkpoint_on_anoth
 
     at = wait_for("a first checkpoint on the claim", newest, timeout=120, period=0.05)
     assert at < iterations, f"the job finished ({at}) before the worker could be killed: raise iterations"
-    world.kubelet.kill(TENANT, first_pod)  # SIGKILL: the worker has no chance to report or checkpoint
+    # SIGKILL: the worker has no chance to report or checkpoint
+    world.kubelet.kill(TENANT, first_pod.rpartition("/")[2])
 
     def lost() -> dict[str, Any] | None:
         job = job_of(world, name)
@@ -339,7 +341,7 @@ def test_a_worker_pod_killed_mid_job_resumes_from_its_newest_checkpoint_on_anoth
     assert status["iterations"] == iterations, status
     assert status["attempts"] == 2, status
     # That pod's trainer really started from the checkpoint (not from iteration 0).
-    log = world.kubelet.log_of(TENANT, second.group(1))
+    log = world.kubelet.log_of(TENANT, second.group(1).rpartition("/")[2])
     assert f"at iteration {resumed_at}" in log, log[-3000:]
     # The claim holds the job's checkpoints (the newest plus one fallback) and its artifact.
     assert newest() == iterations, sorted(p.name for p in checkpoints.rglob("*"))
