@@ -171,9 +171,11 @@ def test_a_rewritten_worker_record_gets_no_traffic_and_the_vouched_worker_keeps_
         own = wait_registered(operator, victim)
         port = urlsplit(own.url).port
         assert port is not None
-        # The control plane: the pool record lists the pool's one worker at the address it knows.
+        # The control plane: the pool record lists the pool's one worker at the address it knows (the
+        # backends key their lists by pool id, namespace/name).
         control = ServingControl(
-            operator, vouched=lambda: {POOL: {VICTIM: vouched_address("127.0.0.1", port)}}
+            operator,
+            vouched=lambda: {f"default/{POOL}": {VICTIM: vouched_address("127.0.0.1", port)}},
         )
         control.add_pool(POOL, MODEL, ServingSpec())
         control.tick({})
