@@ -172,7 +172,7 @@ def build_parser() -> argparse.ArgumentParser:
     """The listing `elastune bench --help` prints; each benchmark parses its own flags."""
     parser = argparse.ArgumentParser(
         prog="elastune bench",
-        description="Every benchmark of the project; each has its own flags (elastune bench BENCHMARK --help).",
+        description="Every benchmark of the project, each with its own flags (elastune bench NAME --help).",
     )
     sub = parser.add_subparsers(dest="benchmark", metavar="BENCHMARK", required=True)
     for name, bench in BENCHMARKS.items():
