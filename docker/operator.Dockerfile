@@ -11,6 +11,7 @@ ENV PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY contract/ contract/
+COPY common/ common/
 COPY operator/ operator/
 COPY worker/ worker/
 COPY gateway/ gateway/

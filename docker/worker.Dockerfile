@@ -27,6 +27,7 @@ RUN if [ -n "$TORCH_INDEX" ]; then \
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY contract/ contract/
+COPY common/ common/
 COPY operator/ operator/
 COPY worker/ worker/
 # The engine's continuous-batching core (scheduler, block manager): the engine imports it.

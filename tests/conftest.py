@@ -12,7 +12,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from elastune_contract.servers import Server
+from elastune_common.servers import Server
 from real_servers import start_redis, stop
 
 

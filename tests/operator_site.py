@@ -17,6 +17,7 @@ from typing import Any
 from kubernetes import client, config
 from kubernetes.client.rest import ApiException
 
+from elastune_common.bus import Bus
 from elastune_contract.api.constants import (
     GROUP,
     PLURAL_LORA_ADAPTERS,
@@ -24,7 +25,7 @@ from elastune_contract.api.constants import (
     PLURAL_WARM_POOLS,
     VERSION,
 )
-from elastune_contract.protocol import Bus, WorkerRecord, WorkerState
+from elastune_contract.protocol import WorkerRecord, WorkerState
 from elastune_operator.k8s.runtime import Runtime
 from elastune_operator.k8s.settings import OperatorSettings
 from elastune_testing.emulator import start_emulator

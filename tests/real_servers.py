@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from elastune_contract.servers import Server, ServerError
-from elastune_contract.servers import start_memcached as _start_memcached
-from elastune_contract.servers import start_redis as _start_redis
+from elastune_common.servers import Server, ServerError
+from elastune_common.servers import start_memcached as _start_memcached
+from elastune_common.servers import start_redis as _start_redis
 
 
 def stop(proc: subprocess.Popen[bytes]) -> None:

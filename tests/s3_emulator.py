@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from elastune_contract.servers import free_port
+from elastune_common.servers import free_port
 
 REGION = "us-east-1"
 

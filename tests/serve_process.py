@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 import yaml
 
-from elastune_contract.servers import free_port
+from elastune_common.servers import free_port
 
 
 def write_manifests(folder: Path, docs: Iterable[dict[str, Any]]) -> Path:

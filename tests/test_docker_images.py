@@ -12,8 +12,8 @@ REPO = Path(__file__).resolve().parents[1]
 
 # Image -> the top-level folders (import packages) its processes import.
 NEEDS = {
-    "worker.Dockerfile": {"contract", "worker", "batching", "ssjf"},
-    "operator.Dockerfile": {"contract", "operator", "gateway", "batching"},
+    "worker.Dockerfile": {"contract", "common", "worker", "batching", "ssjf"},
+    "operator.Dockerfile": {"contract", "common", "operator", "gateway", "batching"},
 }
 
 

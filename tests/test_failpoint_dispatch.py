@@ -22,8 +22,9 @@ pytest.importorskip("kopf")
 
 from kubernetes import client, config
 
+from elastune_common.bus import Bus
 from elastune_contract.api.constants import GROUP, PLURAL_TUNING_JOBS, PLURAL_WARM_POOLS, VERSION
-from elastune_contract.protocol import Bus, Event, WorkerRecord, WorkerState, assign_key
+from elastune_contract.protocol import Event, WorkerRecord, WorkerState, assign_key
 from elastune_operator.failpoints import DISPATCH_AFTER_STATUS, EXIT_CODE, FAILPOINT_ENV
 from elastune_testing.emulator import start_emulator
 from operator_site import MODEL, NS, wait_for

@@ -20,9 +20,10 @@ pytest.importorskip("kmock")
 import kmock
 from kubernetes import client, config
 
+from elastune_common.bus import Bus
 from elastune_contract.api.constants import LABEL_WARM_POOL
 from elastune_contract.api.resources import parse_resource
-from elastune_contract.protocol import Bus, Event, WorkerRecord, WorkerState
+from elastune_contract.protocol import Event, WorkerRecord, WorkerState
 from elastune_contract.vocabulary import Reason
 from elastune_operator.control.core import ControlCore
 from elastune_operator.control.records import CoreSettings, JobRecord, PoolConfig

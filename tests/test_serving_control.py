@@ -11,17 +11,11 @@ from pathlib import Path
 
 import pytest
 
+from elastune_common.bus import Bus
+from elastune_common.servers import Server
 from elastune_contract.api.loraadapter import LoRAAdapterSpec
 from elastune_contract.api.warmpool import ServingSpec
-from elastune_contract.protocol import (
-    AdapterState,
-    Bus,
-    ServingDemand,
-    ServingState,
-    WorkerRecord,
-    WorkerState,
-)
-from elastune_contract.servers import Server
+from elastune_contract.protocol import AdapterState, ServingDemand, ServingState, WorkerRecord, WorkerState
 from elastune_contract.vocabulary import Reason
 from elastune_operator.control.serving import AdapterRecord, ServingControl
 

@@ -42,7 +42,7 @@ fi
 # The tree's own packages always come first: an interpreter with an older install of some of them
 # (or none of the newer ones, such as batching/) must still run the code that travelled.
 TREE=""
-for pkg in contract batching worker operator gateway ssjf testing bench; do TREE="$TREE${TREE:+:}$ROOT/$pkg"; done
+for pkg in contract common batching worker operator gateway ssjf testing bench; do TREE="$TREE${TREE:+:}$ROOT/$pkg"; done
 export PYTHONPATH="$TREE${PYTHONPATH:+:$PYTHONPATH}"
 # The tiny models and adapters built here (else they are built there: minutes) and the trace.
 if [[ -d "$ROOT/.whl/cache" && -z "${ELASTUNE_CACHE:-}" ]]; then

@@ -17,9 +17,9 @@ from pathlib import Path
 
 import httpx
 
+from elastune_common.bus import Bus
+from elastune_common.servers import free_port
 from elastune_contract.api_keys import KeySecret, key_map, publish
-from elastune_contract.protocol import Bus
-from elastune_contract.servers import free_port
 
 ROUTERS_VENV = Path(os.environ.get("ELASTUNE_CACHE", "~/.cache/elastune")).expanduser() / "venvs" / "routers"
 """Where ``tools/peer_routers_venv.sh`` puts vllm-router==0.1.17 and sglang-router==0.3.2 (smg)."""

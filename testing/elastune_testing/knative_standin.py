@@ -20,7 +20,8 @@ from dataclasses import dataclass, field
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from elastune_contract.protocol import Bus, pod_worker_id
+from elastune_common.bus import Bus
+from elastune_contract.protocol import pod_worker_id
 from elastune_operator.k8s.knative import (
     DELETION_COST,
     KNATIVE_GROUP,

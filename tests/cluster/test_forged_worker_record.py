@@ -23,7 +23,8 @@ ROGUE = "rogue"
 ROGUE_SCRIPT = r"""
 import json, os, threading, time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from elastune_contract.protocol import Bus, ServingState, WorkerRecord, WorkerState
+from elastune_common.bus import Bus
+from elastune_contract.protocol import ServingState, WorkerRecord, WorkerState
 
 class Handler(BaseHTTPRequestHandler):
     def do_GET(self):

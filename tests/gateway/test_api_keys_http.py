@@ -26,8 +26,8 @@ from elastune_bench.processes import (  # noqa: E402
     start_worker,
     wait_for_endpoints,
 )
+from elastune_common.bus import Bus  # noqa: E402
 from elastune_contract.api_keys import KeySecret, key_map, publish  # noqa: E402
-from elastune_contract.protocol import Bus  # noqa: E402
 from elastune_worker.tiny import adapters as A  # noqa: E402
 from elastune_worker.tiny import build as B  # noqa: E402
 

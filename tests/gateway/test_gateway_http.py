@@ -30,8 +30,9 @@ from elastune_bench.processes import (  # noqa: E402
     wait_for_endpoints,
     wait_for_worker,
 )
-from elastune_contract.protocol import Bus, ServingPoolRecord  # noqa: E402
-from elastune_contract.servers import free_port  # noqa: E402
+from elastune_common.bus import Bus  # noqa: E402
+from elastune_common.servers import free_port  # noqa: E402
+from elastune_contract.protocol import ServingPoolRecord  # noqa: E402
 from elastune_worker.tiny import adapters as A  # noqa: E402
 from elastune_worker.tiny import build as B  # noqa: E402
 

@@ -24,8 +24,9 @@ httpx = pytest.importorskip("httpx")
 uvicorn = pytest.importorskip("uvicorn")
 pytest.importorskip("fastapi")
 
+from elastune_common.bus import Bus  # noqa: E402
 from elastune_contract.api_keys import TENANT_HEADER, KeySecret, key_map, publish  # noqa: E402
-from elastune_contract.protocol import Bus, ServingState, WorkerRecord, WorkerState  # noqa: E402
+from elastune_contract.protocol import ServingState, WorkerRecord, WorkerState  # noqa: E402
 from elastune_gateway.server.app import create_app  # noqa: E402
 from elastune_gateway.server.service import Gateway  # noqa: E402
 from elastune_gateway.server.settings import GatewaySettings  # noqa: E402

@@ -18,15 +18,15 @@ import pytest
 httpx = pytest.importorskip("httpx")
 pytest.importorskip("fastapi")
 
+from elastune_common.bus import Bus  # noqa: E402
+from elastune_common.servers import Server, binary  # noqa: E402
 from elastune_contract.protocol import (  # noqa: E402
-    Bus,
     ServingPoolRecord,
     ServingState,
     WorkerRecord,
     WorkerState,
     worker_key,
 )
-from elastune_contract.servers import Server, binary  # noqa: E402
 from elastune_gateway.server.app import create_app  # noqa: E402
 from elastune_gateway.server.service import Gateway  # noqa: E402
 from elastune_gateway.server.settings import GatewaySettings  # noqa: E402

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from elastune_contract.servers import binary
+from elastune_common.servers import binary
 from elastune_gateway.server.resp import PipelineClient, RedisUnavailable, ReplyError
 from real_servers import start_redis, stop
 

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import asyncio
 
+from elastune_common.bus import Bus
 from elastune_contract.protocol import (
     AdapterState,
-    Bus,
     ServingPoolRecord,
     ServingState,
     WorkerRecord,

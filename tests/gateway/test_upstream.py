@@ -10,7 +10,7 @@ from collections.abc import Awaitable, Callable
 
 import pytest
 
-from elastune_contract.servers import free_port
+from elastune_common.servers import free_port
 from elastune_gateway.server.upstream import ConnectFailed, ConnectionLost, ReadTimeout, UpstreamPool
 
 Script = Callable[[asyncio.StreamReader, asyncio.StreamWriter, int], Awaitable[bool]]

@@ -12,7 +12,8 @@ from typing import Any
 from test_control_core import MODEL, cond, job, pop, post, run_to_dispatch, worker
 from test_control_core import env as env  # the core under test, a fixture shared with test_control_core
 
-from elastune_contract.protocol import Assignment, Bus, WorkerState
+from elastune_common.bus import Bus
+from elastune_contract.protocol import Assignment, WorkerState
 from elastune_contract.vocabulary import Reason
 from elastune_operator.control import core as core_module
 from elastune_operator.control.core import ControlCore

@@ -10,8 +10,9 @@ from typing import Any
 
 import pytest
 
+from elastune_common.bus import Bus
 from elastune_contract.api.resources import parse_resource
-from elastune_contract.protocol import Assignment, Bus, Event, PromptBankReport, WorkerRecord, WorkerState
+from elastune_contract.protocol import Assignment, Event, PromptBankReport, WorkerRecord, WorkerState
 from elastune_contract.vocabulary import Reason
 from elastune_operator.control.backend import WorkerExit
 from elastune_operator.control.core import ControlCore

@@ -15,10 +15,11 @@ from typing import Any
 import pytest
 from test_control_core import MODEL, Clock, FakeBackend, job
 
+from elastune_common.bus import Bus
+from elastune_common.servers import Server
 from elastune_contract.api.loraadapter import LoRAAdapterSpec
 from elastune_contract.api.warmpool import ServingSpec
 from elastune_contract.protocol import (
-    Bus,
     Event,
     ServingState,
     WorkerRecord,
@@ -28,7 +29,6 @@ from elastune_contract.protocol import (
     pools_key,
     worker_key,
 )
-from elastune_contract.servers import Server
 from elastune_operator.control.backend import WorkerExit
 from elastune_operator.control.core import ControlCore
 from elastune_operator.control.lifecycle import succeeded

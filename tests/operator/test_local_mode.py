@@ -19,8 +19,8 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 torch = pytest.importorskip("torch")
 
+from elastune_common.bus import Bus  # noqa: E402
 from elastune_contract.api.resources import parse_resource  # noqa: E402
-from elastune_contract.protocol import Bus  # noqa: E402
 from elastune_operator.control.core import ControlCore  # noqa: E402
 from elastune_operator.control.records import CoreSettings, JobRecord, PoolConfig  # noqa: E402
 from elastune_operator.local.backend import LocalBackend  # noqa: E402

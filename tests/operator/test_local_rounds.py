@@ -12,7 +12,7 @@ from pathlib import Path
 
 from test_control_core import MODEL, Clock, FakeBackend
 
-from elastune_contract.protocol import Bus
+from elastune_common.bus import Bus
 from elastune_operator.control.core import ControlCore
 from elastune_operator.control.records import CoreSettings, PoolConfig
 from elastune_operator.local.rounds import Rounds

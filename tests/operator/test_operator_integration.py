@@ -29,10 +29,15 @@ pytest.importorskip("kmock")
 from kubernetes import client, config  # noqa: E402
 from kubernetes.client.rest import ApiException  # noqa: E402
 
+from elastune_common.bus import Bus  # noqa: E402
+from elastune_common.servers import free_port  # noqa: E402
 from elastune_contract.api.constants import GROUP, PVC_ROOT_ENV, VERSION  # noqa: E402
-from elastune_contract.protocol import Bus  # noqa: E402
-from elastune_contract.servers import free_port  # noqa: E402
-from elastune_operator.k8s.knative import KNATIVE_GROUP, KNATIVE_PLURAL, KNATIVE_VERSION, MIN_SCALE  # noqa: E402
+from elastune_operator.k8s.knative import (  # noqa: E402
+    KNATIVE_GROUP,
+    KNATIVE_PLURAL,
+    KNATIVE_VERSION,
+    MIN_SCALE,
+)
 from elastune_operator.local.backend import LocalBackend  # noqa: E402
 from elastune_testing.emulator import start_emulator  # noqa: E402
 from elastune_testing.knative_standin import KnativeStandIn  # noqa: E402

@@ -17,9 +17,9 @@ from typing import Any
 import httpx
 import pytest
 
+from elastune_common.bus import Bus
 from elastune_contract.api_keys import api_keys_key
 from elastune_contract.openai_api.errors import APIError
-from elastune_contract.protocol import Bus
 from elastune_gateway.server.auth import KeyTable
 from elastune_gateway.server.metrics import GatewayMetrics
 from elastune_operator.api_keys import ApiKeyPublisher

@@ -15,9 +15,9 @@ from typing import Any
 import pytest
 import redis
 
+from elastune_common.bus import Bus
 from elastune_contract.protocol import (
     Assignment,
-    Bus,
     Event,
     PlacedAdapter,
     ServingPoolRecord,

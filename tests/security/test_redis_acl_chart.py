@@ -18,9 +18,10 @@ from typing import Any
 import pytest
 import redis
 
-from elastune_contract.protocol import Bus, ServingPoolRecord, pools_key
+from elastune_common.bus import Bus
+from elastune_common.servers import free_port
+from elastune_contract.protocol import ServingPoolRecord, pools_key
 from elastune_contract.redis_acl import acl_rules
-from elastune_contract.servers import free_port
 from elastune_operator.k8s.knative import service_manifest
 from elastune_operator.k8s.settings import OperatorSettings
 from test_helm import RELEASE, named, render

@@ -23,8 +23,9 @@ import yaml
 torch = pytest.importorskip("torch")
 openai = pytest.importorskip("openai")
 
+from elastune_common.bus import Bus  # noqa: E402
 from elastune_contract.api_keys import API_KEY_LABEL  # noqa: E402
-from elastune_contract.protocol import NAMESPACE_HEADER, Bus  # noqa: E402
+from elastune_contract.protocol import NAMESPACE_HEADER  # noqa: E402
 from elastune_worker.tiny import adapters as tiny_adapters  # noqa: E402
 from elastune_worker.tiny import build as tiny_build  # noqa: E402
 from serve_process import ElastuneServe  # noqa: E402

@@ -20,10 +20,11 @@ from typing import Any
 import pytest
 import yaml
 
+from elastune_common.bus import Bus
+from elastune_common.servers import Server
 from elastune_contract.api.warmpool import ServingSpec
 from elastune_contract.protocol import (
     AdapterState,
-    Bus,
     ServingPoolRecord,
     ServingState,
     WorkerRecord,
@@ -31,7 +32,6 @@ from elastune_contract.protocol import (
     vouched_address,
     vouched_url,
 )
-from elastune_contract.servers import Server
 from elastune_gateway.server.directory import Directory
 from elastune_gateway.server.metrics import GatewayMetrics
 from elastune_operator.control.serving import ServingControl

@@ -32,14 +32,9 @@ from elastune_bench.processes import (  # noqa: E402
     start_worker,
     wait_for_endpoints,
 )
+from elastune_common.bus import Bus  # noqa: E402
 from elastune_contract.api.warmpool import ServingSpec  # noqa: E402
-from elastune_contract.protocol import (  # noqa: E402
-    Bus,
-    ServingState,
-    WorkerRecord,
-    WorkerState,
-    vouched_address,
-)
+from elastune_contract.protocol import ServingState, WorkerRecord, WorkerState, vouched_address  # noqa: E402
 from elastune_contract.redis_acl import DEFAULT_USERS, ROLES, Role, acl_file  # noqa: E402
 from elastune_operator.control.serving import ServingControl  # noqa: E402
 from elastune_worker.tiny import build as B  # noqa: E402

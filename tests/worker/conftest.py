@@ -10,7 +10,7 @@ from urllib.parse import unquote
 
 import pytest
 
-from elastune_contract.servers import Server
+from elastune_common.servers import Server
 from real_servers import start_memcached, start_redis
 from real_servers import stop as _stop
 

@@ -19,7 +19,8 @@ import pytest
 torch = pytest.importorskip("torch")
 openai = pytest.importorskip("openai")
 
-from elastune_contract.protocol import Assignment, Bus, Event, ServingState  # noqa: E402
+from elastune_common.bus import Bus  # noqa: E402
+from elastune_contract.protocol import Assignment, Event, ServingState  # noqa: E402
 from elastune_worker.tiny import build as tiny_build  # noqa: E402
 from elastune_worker.tiny import tasks as tiny_tasks  # noqa: E402
 from tiny_test_model import TASK, TEST_SPEC  # noqa: E402 - the small model and task of the tuning tests

@@ -13,10 +13,10 @@ from typing import Any
 
 import pytest
 
+from elastune_common.bus import Bus
 from elastune_contract.protocol import (
     HEARTBEAT_SECONDS,
     WORKER_TTL_SECONDS,
-    Bus,
     PlacedAdapter,
     WorkerState,
     worker_key,

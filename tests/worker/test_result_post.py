@@ -13,7 +13,8 @@ import redis
 
 pytest.importorskip("torch")
 
-from elastune_contract.protocol import Assignment, Bus, Event
+from elastune_common.bus import Bus
+from elastune_contract.protocol import Assignment, Event
 from elastune_worker.server import job_events
 from elastune_worker.server.job_events import JobReporter
 

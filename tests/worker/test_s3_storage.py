@@ -21,16 +21,11 @@ import pytest
 pytest.importorskip("boto3")
 
 import s3_emulator
+from elastune_common.bus import Bus
+from elastune_common.servers import Server, free_port
 from elastune_contract.api.constants import S3_CACHE_ENV, S3_SECRETS_ROOT_ENV
 from elastune_contract.api.loraadapter import LoRAAdapterSpec
-from elastune_contract.protocol import (
-    Bus,
-    PlacedAdapter,
-    ServingState,
-    WorkerRecord,
-    WorkerState,
-)
-from elastune_contract.servers import Server, free_port
+from elastune_contract.protocol import PlacedAdapter, ServingState, WorkerRecord, WorkerState
 from elastune_contract.vocabulary import PERMANENT_FAILURE_REASONS, Reason
 from elastune_operator.control.serving import AdapterRecord, ServingControl
 from elastune_worker.server.placement import AdapterSync

@@ -19,7 +19,7 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("fastapi")
 
-from elastune_contract.protocol import Bus
+from elastune_common.bus import Bus
 from elastune_worker.tiny import build as tiny_build
 from tiny_test_model import TEST_SPEC
 

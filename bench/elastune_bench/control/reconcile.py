@@ -23,8 +23,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from elastune_common.servers import free_port, start_redis
 from elastune_contract.api.constants import GROUP, VERSION
-from elastune_contract.servers import free_port, start_redis
 
 NS = "default"
 

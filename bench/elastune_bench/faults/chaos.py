@@ -36,9 +36,10 @@ from typing import Any
 import httpx
 import yaml
 
+from elastune_common.bus import Bus
+from elastune_common.servers import binary, free_port
 from elastune_contract.protocol import (
     WORKER_TTL_SECONDS,
-    Bus,
     Event,
     WorkerRecord,
     WorkerState,
@@ -47,7 +48,6 @@ from elastune_contract.protocol import (
     pools_key,
     worker_key,
 )
-from elastune_contract.servers import binary, free_port
 from elastune_worker.serving.runner.sampler import FAILPOINT_SEED, SAMPLER_RAISE
 
 MODEL = "elastune/tiny-llama"

@@ -41,8 +41,9 @@ from elastune_bench.processes import (
     wait_for_endpoints,
     wait_for_worker,
 )
-from elastune_contract.protocol import Bus, ServingCost
-from elastune_contract.servers import Server, start_redis
+from elastune_common.bus import Bus
+from elastune_common.servers import Server, start_redis
+from elastune_contract.protocol import ServingCost
 from elastune_gateway.routing.cost import CostModel
 from elastune_gateway.routing.policy import RoutingPolicyName
 from elastune_gateway.server.views import cost_model

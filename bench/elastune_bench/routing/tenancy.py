@@ -41,9 +41,9 @@ from elastune_bench.processes import (
     start_worker,
     wait_for_endpoints,
 )
+from elastune_common.bus import Bus
+from elastune_common.servers import start_redis
 from elastune_contract.api_keys import KeySecret
-from elastune_contract.protocol import Bus
-from elastune_contract.servers import start_redis
 from elastune_gateway.sim.metrics import percentile
 
 RESULTS = Path("benchmarks/results/tenancy.json")

@@ -263,7 +263,7 @@ def run(
 ) -> dict[str, Any]:
     """Run the grid, print the table and note to ``out`` (default: the current ``sys.stdout``), write
     ``json_path`` and return the report."""
-    from elastune_contract.servers import Server, ServerError, start_memcached, start_redis
+    from elastune_common.servers import Server, ServerError, start_memcached, start_redis
     from elastune_worker.tiny import build, tasks
 
     t0 = time.monotonic()

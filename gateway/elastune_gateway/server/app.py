@@ -16,7 +16,7 @@ from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from elastune_contract.asgi import Receive, ResponseStatusHook, Scope, Send
+from elastune_common.asgi import Receive, ResponseStatusHook, Scope, Send
 from elastune_contract.openai_api.handlers import install_error_handlers
 from elastune_contract.openai_api.limits import BodySizeLimit
 from elastune_contract.openai_api.protocol import (

@@ -43,8 +43,8 @@ from collections import Counter
 from dataclasses import dataclass, replace
 from typing import Literal
 
+from elastune_common.bus import Bus
 from elastune_contract.protocol import (
-    Bus,
     PoisonKind,
     ServingDemand,
     ServingPoolRecord,

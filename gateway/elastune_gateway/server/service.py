@@ -20,10 +20,11 @@ from typing import Any
 
 import httpx
 
+from elastune_common.bus import Bus
 from elastune_contract.api_keys import TENANT_HEADER
 from elastune_contract.openai_api.errors import APIError, sse_error
 from elastune_contract.openai_api.protocol import ChatCompletionRequest, CompletionRequest, _Request
-from elastune_contract.protocol import NAMESPACE_HEADER, Bus, ServingDemand
+from elastune_contract.protocol import NAMESPACE_HEADER, ServingDemand
 
 from ..routing.factory import make_router
 from ..routing.policy import NoEndpointError, RequestView, Router, RoutingPolicyName

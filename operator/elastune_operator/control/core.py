@@ -22,11 +22,12 @@ import logging
 import time
 from collections.abc import Callable
 
+from elastune_common.bus import Bus
 from elastune_contract import storage
 from elastune_contract.api.loraadapter import LoRAAdapterSpec
 from elastune_contract.api.tuningjob import PromptBankMode
 from elastune_contract.coserve import coservable
-from elastune_contract.protocol import Assignment, Bus, Event, WorkerRecord, WorkerState
+from elastune_contract.protocol import Assignment, Event, WorkerRecord, WorkerState
 from elastune_contract.vocabulary import PERMANENT_FAILURE_REASONS, Reason
 from elastune_operator.control.backend import ClusterBackend, WorkerExit
 from elastune_operator.control.deadlines import AttemptDeadlines, AttemptWatch, overdue

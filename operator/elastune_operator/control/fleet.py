@@ -19,7 +19,8 @@ from __future__ import annotations
 import logging
 from typing import Protocol
 
-from elastune_contract.protocol import HEARTBEAT_SECONDS, Bus, PoisonKind, WorkerRecord, WorkerState
+from elastune_common.bus import Bus
+from elastune_contract.protocol import HEARTBEAT_SECONDS, PoisonKind, WorkerRecord, WorkerState
 from elastune_operator.control.backend import ClusterBackend, WorkerExit
 from elastune_operator.metrics import ControlMetrics
 from elastune_operator.scheduling.estimator import Estimator

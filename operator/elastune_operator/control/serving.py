@@ -36,13 +36,13 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Literal
 
+from elastune_common.bus import Bus
 from elastune_contract.api import units
 from elastune_contract.api.common import ConditionStatus, set_condition
 from elastune_contract.api.loraadapter import AdapterPlacement, LoRAAdapterSpec, LoRAAdapterStatus
 from elastune_contract.api.warmpool import ServingSpec, namespace_admitted
 from elastune_contract.protocol import (
     AdapterState,
-    Bus,
     PlacedAdapter,
     ServingPoolRecord,
     WorkerRecord,

@@ -27,6 +27,7 @@ from urllib.parse import urlsplit
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
+from elastune_common.bus import Bus
 from elastune_contract.api import units
 from elastune_contract.api.common import ConditionStatus, set_condition
 from elastune_contract.api.constants import (
@@ -44,7 +45,7 @@ from elastune_contract.api.loraadapter import LoRAAdapter, LoRAAdapterStatus
 from elastune_contract.api.resources import InvalidResource, parse_resource
 from elastune_contract.api.tuningjob import TuningJob
 from elastune_contract.api.warmpool import WarmPool, WarmPoolStatus
-from elastune_contract.protocol import PASSWORD_ENV, Bus, adapter_id, pool_id
+from elastune_contract.protocol import PASSWORD_ENV, adapter_id, pool_id
 from elastune_contract.vocabulary import ConditionType, Reason
 from elastune_operator.api_keys import namespace_models
 from elastune_operator.control.core import ControlCore, PublishRefused

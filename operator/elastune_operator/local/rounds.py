@@ -13,7 +13,7 @@ from typing import Protocol, TextIO
 
 import redis
 
-from elastune_contract.protocol import BusUnreachable
+from elastune_common.bus import BusUnreachable
 
 REDIS_AWAY = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, BusUnreachable)
 

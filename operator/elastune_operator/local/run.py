@@ -21,11 +21,11 @@ from typing import Any, TextIO
 
 import yaml
 
+from elastune_common.bus import Bus, BusUnreachable
+from elastune_common.servers import Server, ServerError, start_memcached, start_redis
 from elastune_contract.api import manifests, units
 from elastune_contract.api.tuningjob import TuningJob
 from elastune_contract.api.warmpool import WarmPool
-from elastune_contract.protocol import Bus, BusUnreachable
-from elastune_contract.servers import Server, ServerError, start_memcached, start_redis
 from elastune_contract.vocabulary import ConditionType, Reason
 from elastune_operator.control.core import ControlCore
 from elastune_operator.control.lifecycle import status_dict

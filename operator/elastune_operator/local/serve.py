@@ -23,12 +23,12 @@ from typing import TextIO
 
 import yaml
 
+from elastune_common.bus import BusUnreachable
+from elastune_common.servers import Server, ServerError, free_port
 from elastune_contract.api import manifests
 from elastune_contract.api.loraadapter import LoRAAdapter
 from elastune_contract.api.tuningjob import TuningJob
 from elastune_contract.api.warmpool import WarmPool
-from elastune_contract.protocol import BusUnreachable
-from elastune_contract.servers import Server, ServerError, free_port
 from elastune_operator.api_keys import namespace_models
 from elastune_operator.control.core import ControlCore
 from elastune_operator.control.records import CoreSettings, JobRecord

@@ -30,7 +30,7 @@ import redis
 from pymemcache.client.base import Client as MemcacheClient
 from pymemcache.exceptions import MemcacheError, MemcacheUnexpectedCloseError
 
-from elastune_contract.redact import redact_url
+from elastune_common.redact import redact_url
 
 __all__ = [
     "DEFAULT_MAX_ITEM_SIZE",

@@ -18,10 +18,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from elastune_common.bus import Bus
 from elastune_contract.protocol import (
     HEARTBEAT_SECONDS,
     Assignment,
-    Bus,
     ServingState,
     WorkerRecord,
     WorkerState,

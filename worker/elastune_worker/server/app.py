@@ -20,8 +20,8 @@ import os
 import signal
 import sys
 
+from elastune_common.bus import Bus, BusUnreachable
 from elastune_contract.openai_api.limits import limits_from
-from elastune_contract.protocol import Bus, BusUnreachable
 from elastune_worker.server.agent import default_worker_id
 from elastune_worker.server.pod import EngineSettings, WorkerPod
 from elastune_worker.serving.server import add_engine_args, engine_config, lora_modules

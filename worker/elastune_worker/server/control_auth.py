@@ -27,7 +27,7 @@ from pathlib import Path
 from fastapi import FastAPI
 from starlette.routing import Match
 
-from elastune_contract.asgi import App, Receive, Scope, Send
+from elastune_common.asgi import App, Receive, Scope, Send
 from elastune_contract.openai_api.errors import error_body
 
 

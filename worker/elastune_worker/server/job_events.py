@@ -9,7 +9,8 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from elastune_contract.protocol import Assignment, Bus, Event
+from elastune_common.bus import Bus
+from elastune_contract.protocol import Assignment, Event
 from elastune_worker.server.metrics import WorkerMetrics
 from elastune_worker.server.outcomes import Cancelled
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import time
 
-from elastune_contract.protocol import Bus
+from elastune_common.bus import Bus
 from elastune_contract.vocabulary import Reason
 from elastune_worker.comm import ChannelError, CollectiveTimeout
 from elastune_worker.storage import s3

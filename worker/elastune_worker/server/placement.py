@@ -29,7 +29,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from elastune_contract.protocol import Bus, PlacedAdapter, adapter_id, split_adapter_id
+from elastune_common.bus import Bus
+from elastune_contract.protocol import PlacedAdapter, adapter_id, split_adapter_id
 from elastune_worker.storage import s3
 
 log = logging.getLogger("elastune.worker")

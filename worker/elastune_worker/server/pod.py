@@ -13,8 +13,9 @@ from typing import Any
 
 import uvicorn
 
+from elastune_common.bus import Bus
 from elastune_contract.openai_api.limits import RequestLimits
-from elastune_contract.protocol import Bus, ServingState, WorkerState, adapter_id
+from elastune_contract.protocol import ServingState, WorkerState, adapter_id
 from elastune_worker.server.agent import Agent, AgentConfig
 from elastune_worker.server.control_auth import guard_control
 from elastune_worker.server.control_routes import control_router

@@ -16,7 +16,7 @@ import pytest
 httpx = pytest.importorskip("httpx")
 pytest.importorskip("torch")
 
-from elastune_contract.servers import free_port  # noqa: E402
+from elastune_common.servers import free_port  # noqa: E402
 from elastune_worker.tiny import build as B  # noqa: E402
 
 

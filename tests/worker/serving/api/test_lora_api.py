@@ -20,7 +20,7 @@ peft = pytest.importorskip("peft")
 transformers = pytest.importorskip("transformers")
 
 from elastune_bench.processes import ServiceProcess, start_worker  # noqa: E402
-from elastune_contract.protocol import Bus  # noqa: E402
+from elastune_common.bus import Bus  # noqa: E402
 from elastune_worker.tiny import adapters as A  # noqa: E402
 from elastune_worker.tiny import build as B  # noqa: E402
 

@@ -18,7 +18,7 @@ pytest.importorskip("torch")
 
 from worker_process import served_worker  # noqa: E402
 
-from elastune_contract.protocol import Bus  # noqa: E402
+from elastune_common.bus import Bus  # noqa: E402
 
 MODEL = "tiny-llama"
 NAMESPACE: dict[str, str] = {}

@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from elastune_contract.protocol import Bus
+from elastune_common.bus import Bus
 from elastune_worker.tiny import build as B
 
 

@@ -10,7 +10,7 @@ from typing import Any
 from fastapi import APIRouter, FastAPI
 from fastapi.openapi.utils import get_openapi
 
-from elastune_contract.asgi import ResponseStatusHook, Scope
+from elastune_common.asgi import ResponseStatusHook, Scope
 from elastune_contract.openai_api.limits import BodySizeLimit, RequestLimits
 from elastune_worker.serving.api import errors
 from elastune_worker.serving.api.client import EngineClient
