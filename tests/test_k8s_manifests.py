@@ -3,6 +3,7 @@ environment, and the status merge patch."""
 
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
 
 import pytest
@@ -172,3 +173,30 @@ def test_the_redis_secret_is_copied_into_each_pool_namespace(tmp_path: Path) -> 
         ]
     finally:
         emu.stop()
+
+
+def test_a_pool_can_share_its_pods_queues_fairly_by_tenant() -> None:
+    """serving.queuePolicy: fair (issue 25 item 3) reaches the worker as its engine flag, the worker's own
+    parser accepts it, and the CRD admits it; an unknown policy is refused by both."""
+    from elastune_contract.api.crds import render_crds
+    from elastune_contract.api.resources import InvalidResource
+
+    doc = yaml.safe_load((REPO / "manifests" / "serving" / "warmpool.yaml").read_text())
+    doc["spec"]["serving"]["queuePolicy"] = "fair"
+    pool = parse_resource(doc)
+    args = service_manifest(pool, 0, "redis://r:6379/0", None)["spec"]["template"]["spec"]["containers"][0][
+        "args"
+    ]
+    assert args[args.index("--queue-policy") + 1] == "fair"
+    server = pytest.importorskip("elastune_worker.serving.server")  # the worker's engine flags
+    engine_flags = argparse.ArgumentParser()
+    server.add_engine_args(engine_flags)
+    assert engine_flags.parse_known_args(args)[0].queue_policy == "fair"
+    crd = yaml.safe_load(render_crds()["elastune.dev_warmpools.yaml"])
+    serving = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"][
+        "serving"
+    ]
+    assert "fair" in serving["properties"]["queuePolicy"]["enum"]
+    doc["spec"]["serving"]["queuePolicy"] = "lottery"
+    with pytest.raises(InvalidResource, match="queuePolicy"):
+        parse_resource(doc)

@@ -171,9 +171,10 @@ class ServingSpec(ApiModel):
     """Token budget of one engine iteration."""
     chunked_prefill_tokens: int | None = Field(default=None, ge=1)
     """Largest prefill chunk a request adds to one iteration (unset: the iteration's budget)."""
-    queue_policy: Literal["fcfs", "priority", "sjf"] | None = None
+    queue_policy: Literal["fcfs", "priority", "sjf", "fair"] | None = None
     """Order of each pod's waiting queue: fcfs, priority (the request's priority field), sjf (predicted
-    output length from the gateway, SSJF)."""
+    output length from the gateway, SSJF), fair (service shared across API keys by virtual token
+    counters, VTC; the gateway names each request's key)."""
     routing_policy: RoutingPolicyName | None = None
     """The gateway's routing policy for this pool; unset: the gateway's default."""
     slo: ServingSLO | None = None
