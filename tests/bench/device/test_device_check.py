@@ -95,3 +95,33 @@ def test_the_benchmarks_run_the_8b_shape_on_the_gpu_in_120_s_and_fit_an_h100() -
     slot = 32 * 64 * sum(i + o for i, o in lora_shapes(SHAPES["llama-3-8b"]).values()) * 2 / gib
     assert slot == 0.3125  # 320 MiB
     assert weights + 16384 * kv_token + slots * slot < 30
+
+
+def test_the_extra_lora_profile_runs_only_when_named_and_says_where_a_step_goes(tmp_path: Path) -> None:
+    """profile_lora (not in the default run): one decode batch without adapters and with each kernel,
+    its step time, graph replays and the operators that took the most time; an unknown part is refused."""
+    from elastune_bench.device import run
+
+    assert "profile_lora" not in {m for m, _ in run.PARTS}
+    env = os.environ | {"OMP_WAIT_POLICY": "PASSIVE"}
+    cmd = [
+        sys.executable,
+        "-m",
+        "elastune_bench.device.run",
+        "--smoke",
+        str(tmp_path),
+        "--parts",
+        "profile_lora",
+    ]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    configs = json.loads((tmp_path / "profile_lora.json").read_text())["configs"]
+    assert set(configs) == {"base", "lora_padded", "lora_unpadded"}
+    for r in configs.values():
+        assert r["step_ms"] > 0 and r["batch_running"] == 4 and r["steps_eager"] + r["steps_graph"] == 3
+        assert r["top_ops"] and all(o["calls"] > 0 for o in r["top_ops"])
+    # every request of the LoRA runs has an adapter: their steps run the LoRA kernels, the base one's not
+    assert any(o["op"] == "aten::bmm" for o in configs["lora_padded"]["top_ops"])
+    assert not any(o["op"] == "aten::bmm" for o in configs["base"]["top_ops"])
+    bad = subprocess.run([*cmd[:-1], "no_such_part"], env=env, capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "unknown parts" in bad.stderr
