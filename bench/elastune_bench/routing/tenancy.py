@@ -1,10 +1,12 @@
 """``elastune bench tenancy [--quick] [--json PATH]``: does one API key flooding the gateway starve another?
 
-One real tiny-Llama worker (``--max-num-seqs``: its batch, which the gateway takes as its cap) in a real
+A real tiny-Llama worker (``--max-num-seqs``: its batch, which the gateway takes as its cap) in a real
 Redis, two keys, and in front of that worker two gateways up at once, both with authentication on: one
 with fair sharing (``--fair-share on``: at most the batch in flight, the rest in per-key queues served by
 virtual token counters, at most ``queued_per_key`` queued per key) and one without (``--fair-share off``:
-every request forwarded at once, the engine's FCFS queue), measured in turn in the same run.
+every request forwarded at once, the engine's FCFS queue); and a third gateway without fair sharing in
+front of a second worker whose own queue shares by key (``--queue-policy fair``, the same counters in the
+engine; the gateway names each request's key). Measured in turn in the same run.
 
 First the worker's capacity is measured (closed loop through the fair gateway). Then for each gateway,
 phase A: the victim key alone, open loop (Poisson arrivals) at ``victim_share`` of that capacity; phase
@@ -49,7 +51,11 @@ from elastune_gateway.sim.metrics import percentile
 RESULTS = Path("benchmarks/results/tenancy.json")
 MODEL = "tiny-llama"
 KEYS = {"victim": "sk-bench-tenancy-victim", "flood": "sk-bench-tenancy-flood"}
-MODES = {"fair": "on", "fcfs": "off"}
+MODES = {"fair": ("on", "fcfs"), "fcfs": ("off", "fcfs"), "engine_fair": ("off", "fair")}
+"""Mode -> (the gateway's --fair-share, the worker's --queue-policy). ``engine_fair``: the gateway forwards
+everything at once and the engine's own queue shares by key (the gateway names each request's key to it,
+``x-elastune-tenant``). A worker per queue policy, each in its own registry namespace, so each gateway
+reaches only its own."""
 GOAL_P99_RATIO = 1.5
 FLOOD_FACTOR = 10
 
@@ -227,14 +233,19 @@ def run(setup: Setup, logs: Path, say: Callable[[str], None]) -> dict[str, Any]:
     procs: list[ServiceProcess] = []
     out: dict[str, Any] = {"setup": asdict(setup)}
     try:
-        _publish_keys(redis.url, ns)
-        worker = start_worker(
-            redis.url, ns, "w0", "elastune/tiny-llama", MODEL, logs, "--threads", "1", "--engine-threads",
-            "1", "--max-num-seqs", str(setup.max_num_seqs),
-        )  # fmt: skip
-        procs.append(worker)
+        workers: dict[str, str] = {}  # queue policy -> its registry namespace
+        for policy in dict.fromkeys(q for _, q in MODES.values()):
+            workers[policy] = f"{ns}-{policy}"
+            _publish_keys(redis.url, workers[policy])
+            procs.append(
+                start_worker(
+                    redis.url, workers[policy], f"w-{policy}", "elastune/tiny-llama", MODEL, logs,
+                    "--threads", "1", "--engine-threads", "1", "--max-num-seqs", str(setup.max_num_seqs),
+                    "--queue-policy", policy,
+                )
+            )  # fmt: skip
         urls: dict[str, str] = {}
-        for mode, flag in MODES.items():
+        for mode, (flag, policy) in MODES.items():
             extra = (
                 "--auth",
                 "required",
@@ -243,7 +254,7 @@ def run(setup: Setup, logs: Path, say: Callable[[str], None]) -> dict[str, Any]:
                 "--max-queued-per-key",
                 str(setup.queued_per_key),
             )
-            g = start_gateway(redis.url, ns, logs, *extra)
+            g = start_gateway(redis.url, workers[policy], logs, *extra)
             procs.append(g)
             wait_for_endpoints(g.url, 1)
             urls[mode] = g.url
@@ -260,12 +271,14 @@ def run(setup: Setup, logs: Path, say: Callable[[str], None]) -> dict[str, Any]:
         d, tokens = setup.phase_s, setup.max_tokens
         with ProcessPoolExecutor(max_workers=2) as pool:
             for mode, url in urls.items():
-                _wait_idle(redis.url, ns, "w0")
+                policy = MODES[mode][1]
+                wns, wid = workers[policy], f"w-{policy}"
+                _wait_idle(redis.url, wns, wid)
                 alone = pool.submit(
                     drive, url, KEYS["victim"], "victim", victim_rate, d, tokens, 64, setup.seed
                 )
                 a = _summary(alone.result(), d, tokens)
-                _wait_idle(redis.url, ns, "w0")
+                _wait_idle(redis.url, wns, wid)
                 victim = pool.submit(
                     drive, url, KEYS["victim"], "victim", victim_rate, d, tokens, 64, setup.seed
                 )
@@ -284,7 +297,8 @@ def run(setup: Setup, logs: Path, say: Callable[[str], None]) -> dict[str, Any]:
                     f"{f['statuses']}, served {f['served_per_s']}/s, unfinished {f['unfinished']}; "
                     f"load {os.getloadavg()[0]:.1f}"
                 )
-        _wait_idle(redis.url, ns, "w0")
+        for policy, wns in workers.items():
+            _wait_idle(redis.url, wns, f"w-{policy}")
         out["goal"] = goal(out)
     finally:
         for p in reversed(procs):
@@ -305,6 +319,7 @@ def goal(out: dict[str, Any]) -> dict[str, Any]:
         "victim_p99_ratio_at_most": GOAL_P99_RATIO,
         "victim_p99_ratio": ratio,
         "fcfs_victim_p99_ratio": out["fcfs"].get("victim_p99_ratio"),
+        "engine_fair_victim_p99_ratio": out["engine_fair"].get("victim_p99_ratio"),
         "flood_429": flood_throttled,
         "victim_refused": victim_refused,
         "met": ratio is not None and ratio <= GOAL_P99_RATIO and flood_throttled > 0 and victim_refused == 0,
