@@ -127,13 +127,13 @@ def test_serving_need_scales_from_zero_while_requests_wait(bus: Bus, tmp_path: P
     control = ServingControl(bus)
     control.add_pool("tiny-llama", MODEL, ServingSpec(min_replicas=0))
     control.upsert_adapter(adapter("good", str(peft_dir(tmp_path, "g"))))
-    assert control.serving_need(MODEL) == 0
+    assert control.serving_need("default/tiny-llama") == 0  # by pool id
     bus.post_demand(
         ServingDemand(model="default/good", waiting=1, oldest_since=time.time(), updated_at=time.time())
     )
-    assert control.serving_need(MODEL) == 1  # a request for its adapter counts for the pool
+    assert control.serving_need("default/tiny-llama") == 1  # a request for its adapter counts for the pool
     control.add_pool("tiny-llama", MODEL, ServingSpec(min_replicas=3))
-    assert control.serving_need(MODEL) == 3
+    assert control.serving_need("default/tiny-llama") == 3
 
 
 def test_delete_waits_until_no_worker_holds_it(bus: Bus, tmp_path: Path) -> None:

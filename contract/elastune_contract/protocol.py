@@ -391,6 +391,14 @@ def pool_id(namespace: str, name: str) -> str:
     return f"{namespace}/{name}" if namespace else name
 
 
+def base_model_id(model: str, pool: str) -> str:
+    """A base model's identity in the registry's demand and request counts, per serving pool (two
+    namespaces may each have a WarmPool of one model, and a request waiting for one scales only that
+    one): ``<model>@<pool id>``; the model's name alone for a model no pool record names (a gateway
+    in front of workers alone, or one older than this id: the control plane reads both)."""
+    return f"{model}@{pool}" if pool else model
+
+
 def worker_key(ns: str, worker_id: str) -> str:
     return f"{ns}:worker:{worker_id}"
 

@@ -93,7 +93,7 @@ class Reason:
     STORAGE_UNREACHABLE: Final = "StorageUnreachable"
     RANK_ABOVE_MAXIMUM: Final = "RankAboveMaximum"
     NAME_CLASHES_WITH_MODEL: Final = "NameClashesWithModel"
-    # WarmPool Ready: configured, or refused because another namespace's WarmPool serves its model
+    # WarmPool Ready: configured, or refused because another WarmPool of its namespace serves its model
     POOL_CONFIGURED: Final = "Configured"
     DUPLICATE_WARM_POOL: Final = "DuplicateWarmPool"
     ADAPTER_LOAD_FAILED: Final = "AdapterLoadFailed"

@@ -1,8 +1,11 @@
 """Prometheus metrics of the control plane (operator and `elastune run`), one registry per process.
 
 Names follow Prometheus conventions: ``elastune_`` prefix, base units (seconds), ``_total`` on
-counters. Labels are bounded: ``model`` is a WarmPool's LLM (a handful per cluster); job names are
-never labels. The Grafana dashboards in ``helm/elastune/dashboards`` query exactly these names.
+counters. Labels are bounded: ``model`` is a WarmPool's LLM (a handful per cluster) and
+``pool_namespace`` the namespace of that WarmPool (two namespaces' pools of one model are two series;
+not ``namespace``, which the chart's ServiceMonitor keeps for the scrape target with honorLabels; ""
+for a job failed before a pool was chosen); job names are never labels. The Grafana dashboards in
+``helm/elastune/dashboards`` query exactly these names.
 """
 
 from __future__ import annotations
@@ -27,35 +30,38 @@ class ControlMetrics:
         self.jobs_submitted = Counter(
             "elastune_tuningjobs_submitted",
             "TuningJobs accepted by the control plane.",
-            ["model"],
+            ["model", "pool_namespace"],
             registry=r,
         )
         self.jobs_finished = Counter(
             "elastune_tuningjobs_finished",
             "TuningJobs that ended, by outcome (succeeded | failed | cancelled).",
-            ["model", "outcome"],
+            ["model", "pool_namespace", "outcome"],
             registry=r,
         )
         self.slo = Counter(
             "elastune_tuningjob_slo",
             "Finished TuningJobs by whether their deadline (SLO) was met (result = met | missed).",
-            ["model", "result"],
+            ["model", "pool_namespace", "result"],
             registry=r,
         )
         self.job_latency = Histogram(
             "elastune_tuningjob_latency_seconds",
             "Seconds from a TuningJob's creation to its completion.",
-            ["model"],
+            ["model", "pool_namespace"],
             buckets=JOB_LATENCY_BUCKETS,
             registry=r,
         )
         self.pending = Gauge(
-            "elastune_tuningjobs_pending", "TuningJobs waiting for GPUs.", ["model"], registry=r
+            "elastune_tuningjobs_pending",
+            "TuningJobs waiting for GPUs.",
+            ["model", "pool_namespace"],
+            registry=r,
         )
         self.gpus = Gauge(
             "elastune_warm_gpus",
             "GPUs in a model's warm pool by state (starting | idle | held | busy).",
-            ["model", "state"],
+            ["model", "pool_namespace", "state"],
             registry=r,
         )
         self.cold_free = Gauge(
@@ -64,7 +70,7 @@ class ControlMetrics:
         self.cold_start = Histogram(
             "elastune_allocation_overhead_seconds",
             "Measured T_cold: seconds from taking a GPU from the cold pool to a ready (warm) worker.",
-            ["model"],
+            ["model", "pool_namespace"],
             buckets=COLD_START_BUCKETS,
             registry=r,
         )
@@ -77,27 +83,27 @@ class ControlMetrics:
         self.bank_lookups = Counter(
             "elastune_prompt_bank_lookups",
             "Prompt Bank decisions per job (result = used | skipped | failed).",
-            ["model", "result"],
+            ["model", "pool_namespace", "result"],
             registry=r,
         )
         self.bank_latency = Histogram(
             "elastune_prompt_bank_lookup_duration_seconds",
             "Wall time of a Prompt Bank lookup.",
-            ["model"],
+            ["model", "pool_namespace"],
             buckets=BANK_BUCKETS,
             registry=r,
         )
         self.gpu_seconds = Counter(
             "elastune_gpu_seconds",
             "GPU-seconds paid in warm pools (busy or idle): the cost measure of the paper.",
-            ["model"],
+            ["model", "pool_namespace"],
             registry=r,
         )
         self.attempts = Counter(
             "elastune_tuningjob_attempts_started",
             "TuningJob attempts dispatched to workers, by placement (dedicated | coserved: beside "
             "inference on serving pods, FlexLLM).",
-            ["model", "placement"],
+            ["model", "pool_namespace", "placement"],
             registry=r,
         )
         self.handler_errors = Counter(
@@ -123,6 +129,6 @@ class ControlMetrics:
         self.workers_returned = Counter(
             "elastune_control_workers_returned",
             "Workers considered gone (registry record expired) that registered again and were used again.",
-            ["model"],
+            ["model", "pool_namespace"],
             registry=r,
         )

@@ -79,12 +79,12 @@ def test_a_lost_result_event_is_retried_and_the_job_finishes_exactly_once(env: d
     clock.t += 1
     core.tick()
     assert cond(rec, "Succeeded") == ("True", "MaxIterations") and rec.status.attempts == 2
-    finished = core.metrics.jobs_finished.labels(MODEL, "succeeded")._value.get()
+    finished = core.metrics.jobs_finished.labels(MODEL, "default", "succeeded")._value.get()
     for _ in range(3):
         worker(bus, "w1", clock)
         clock.t += 30
         core.tick()
-    assert core.metrics.jobs_finished.labels(MODEL, "succeeded")._value.get() == finished == 1
+    assert core.metrics.jobs_finished.labels(MODEL, "default", "succeeded")._value.get() == finished == 1
     assert no_assignment(bus, "w1")
 
 

@@ -19,6 +19,7 @@ from elastune_operator.control.core import ControlCore
 from elastune_operator.control.records import CoreSettings, JobRecord, PoolConfig
 
 MODEL = "test/model"
+POOL = "default/pool"  # the pool's id: the scheduler's per-pool state is keyed by it
 
 
 class FakeBackend:
@@ -125,7 +126,7 @@ def test_job_grows_the_pool_binds_warm_workers_runs_and_succeeds(env: dict[str, 
     (a,) = run_to_dispatch(env, rec, ["w1"])
     assert (a.rank, a.world, a.attempt, a.model) == (0, 1, 1, MODEL)
     assert cond(rec, "Running") == ("True", "Tuning") and rec.status.pods == ["w1"]
-    assert core.estimator.cold_start(MODEL) == pytest.approx(3.0)  # measured start-to-ready time
+    assert core.estimator.cold_start(POOL) == pytest.approx(3.0)  # measured start-to-ready time
 
     post(bus, a, "progress", iterations=0, resumed_from=0, initial_value=0.2, metric="loss")
     post(bus, a, "progress", iterations=20, checkpointed=20, value=0.5, seconds_per_iteration=0.2)
@@ -140,7 +141,7 @@ def test_job_grows_the_pool_binds_warm_workers_runs_and_succeeds(env: dict[str, 
     assert rec.status.optimized_prompt == "p" and rec.status.artifact_uri == "file:///out/a"
     assert rec.status.slo_met is True and rec.status.allocated_gpus == 0
     assert float(rec.status.gpu_seconds) == pytest.approx(8.0)  # 1 GPU from dispatch to the result
-    assert core.state.counts(MODEL)["idle"] == 1 and core.done()
+    assert core.state.counts(POOL)["idle"] == 1 and core.done()
 
 
 def test_permanent_failure_fails_the_job_and_cancels_the_other_ranks(env: dict[str, Any]) -> None:
@@ -155,7 +156,7 @@ def test_permanent_failure_fails_the_job_and_cancels_the_other_ranks(env: dict[s
         c.message for c in rec.status.conditions if c.type == "Failed"
     )
     assert bus.cancelled(rec.key, 1)
-    assert core.state.counts(MODEL)["idle"] == 2
+    assert core.state.counts(POOL)["idle"] == 2
 
 
 def test_transient_failure_retries_under_a_new_attempt_and_key(env: dict[str, Any]) -> None:
@@ -249,7 +250,7 @@ def test_unknown_model_and_deletion(env: dict[str, Any]) -> None:
     (a,) = run_to_dispatch(env, rec, ["w1"])
     core.cancel(rec.key)
     assert bus.cancelled(rec.key, a.attempt)
-    assert rec.key not in core.jobs and core.state.counts(MODEL)["idle"] == 1
+    assert rec.key not in core.jobs and core.state.counts(POOL)["idle"] == 1
 
 
 def test_idle_workers_return_to_the_cold_pool_after_the_window(env: dict[str, Any]) -> None:
@@ -319,13 +320,13 @@ def test_restart_adopts_an_attempt_that_still_runs_and_finishes_it_once(env: dic
     core, again = restarted(env, rec)
     core.submit(again)
     core.tick()
-    assert again.workers == ["w1", "w2"] and core.state.counts(MODEL)["busy"] == 2
+    assert again.workers == ["w1", "w2"] and core.state.counts(POOL)["busy"] == 2
     assert again.status.iterations == 10 and not again.terminal
     post(bus, a0, "succeeded", iterations=400, value=0.3)
     core.tick()
     assert cond(again, "Succeeded") == ("True", "Completed")
     assert bus.pop_assignment("w1", timeout=0.1) is None  # never dispatched again
-    assert core.metrics.jobs_finished.labels(MODEL, "succeeded")._value.get() == 1
+    assert core.metrics.jobs_finished.labels(MODEL, "default", "succeeded")._value.get() == 1
 
 
 def test_restart_takes_a_result_posted_while_the_control_plane_was_down(env: dict[str, Any]) -> None:
@@ -391,7 +392,7 @@ def test_bank_decision_reaches_the_status_and_a_retry_reuses_the_pick(env: dict[
     assert (
         pb is not None and pb.used and (pb.prompt, pb.score, pb.evaluations) == ("Classify it.", "1.25", 57)
     )
-    assert core.estimator.profile(MODEL).bank_lookup_seconds == 2.0  # the bank's own prediction
+    assert core.estimator.profile(POOL).bank_lookup_seconds == 2.0  # the bank's own prediction
     core.tick()
     b = pop(bus, "w1")  # the retry starts from the prompt the first attempt picked, without a lookup
     assert (b.attempt, b.prompt_bank, b.initial_prompt) == (2, "never", "Classify it.")
@@ -440,7 +441,7 @@ def test_the_policy_is_a_typed_setting_and_each_runs_a_job(redis_server: Any, tm
         assert sorted(backend.shrunk) == ran_on
         assert core.state.cold_free == 4
     else:
-        assert backend.shrunk == [] and core.state.counts(MODEL)["idle"] == len(assigned)
+        assert backend.shrunk == [] and core.state.counts(POOL)["idle"] == len(assigned)
 
 
 def test_an_unknown_policy_is_refused_with_the_variable_named() -> None:
@@ -491,12 +492,12 @@ def test_a_job_on_a_pod_that_serves_inference_is_co_served_and_others_say_why_no
     assert a.coserve is True and a.tpot_slo_s == pytest.approx(0.04)
     assert co.status.co_served is True and co.status.pods == ["w1"]
     # Its progress is not a dedicated iteration time: the estimator does not learn from it.
-    before = core.estimator.observed_iteration_seconds(MODEL)
+    before = core.estimator.observed_iteration_seconds(POOL)
     post(bus, a, "progress", iterations=2, checkpointed=0, seconds_per_iteration=9.0)
     clock.t += 1
     core.tick()
-    assert core.estimator.observed_iteration_seconds(MODEL) == before
-    assert core.estimator.coserved_iteration_seconds(MODEL) == 9.0  # learned apart
+    assert core.estimator.observed_iteration_seconds(POOL) == before
+    assert core.estimator.coserved_iteration_seconds(POOL) == 9.0  # learned apart
     # ... and it predicts the co-served job's end: 3 iterations left at 9 s each.
     assert co.status.predicted_completion_time is not None
     predicted = datetime.fromisoformat(co.status.predicted_completion_time.replace("Z", "+00:00"))
@@ -538,7 +539,7 @@ def test_a_job_on_a_pod_that_serves_inference_is_co_served_and_others_say_why_no
 
     # The attempts counter tells co-served from dedicated placements (the dashboard's co-serving row).
     def attempts(placement: str) -> float | None:
-        labels = {"model": MODEL, "placement": placement}
+        labels = {"model": MODEL, "pool_namespace": "default", "placement": placement}
         return core.metrics.registry.get_sample_value("elastune_tuningjob_attempts_started_total", labels)
 
     assert attempts("coserved") == 1 and attempts("dedicated") == 2
@@ -567,7 +568,7 @@ def test_a_co_served_attempt_the_engine_refused_says_so_in_status(env: dict[str,
     post(bus, a, "progress", iterations=2, checkpointed=0, seconds_per_iteration=0.5)
     clock.t += 1
     core.tick()
-    assert core.estimator.coserved_iteration_seconds(MODEL) is None
+    assert core.estimator.coserved_iteration_seconds(POOL) is None
 
 
 def test_a_pool_with_co_serving_off_keeps_its_serving_pods_for_inference(env: dict[str, Any]) -> None:
@@ -576,7 +577,7 @@ def test_a_pool_with_co_serving_off_keeps_its_serving_pods_for_inference(env: di
 
     core, bus, clock = env["core"], env["bus"], env["clock"]
     spec = ServingSpec.model_validate({"coServing": False})
-    core.pools[MODEL].serving = spec
+    core.pools[POOL].serving = spec
     core.serving.add_pool("pool", MODEL, spec)
     worker(bus, "w1", clock, serving=ServingState(model=MODEL, max_model_len=128, running=1))
     core.tick()

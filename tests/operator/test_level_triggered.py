@@ -158,7 +158,7 @@ def test_a_worker_lost_for_a_missing_record_that_registers_again_is_used_again(e
     rounds(env, 2, beat=["w1"])
     assert "w1" in core.fleet.gpu_of, "a worker that registers again is bound again"
     returned = core.metrics.registry.get_sample_value(
-        "elastune_control_workers_returned_total", {"model": MODEL}
+        "elastune_control_workers_returned_total", {"model": MODEL, "pool_namespace": "default"}
     )
     assert returned == 1
     # ... and used: a job goes to it.

@@ -1,6 +1,7 @@
 """Namespaces isolate (issue 25 item 1): a TuningJob or LoRAAdapter runs or is served only on a WarmPool
-of its own namespace, or of one whose WarmPool lists it in spec.allowedNamespaces; refusing or deleting a
-duplicate WarmPool in one namespace never touches the pool of another; two namespaces may each have a
+of its own namespace, or (when its namespace has none of its model) of one whose WarmPool lists it in
+spec.allowedNamespaces; two namespaces may each have a WarmPool of one model (a second one within a
+namespace is refused), and deleting one never touches the other's; two namespaces may each have a
 LoRAAdapter of one name, each placed, loaded and reported as its own, and deleting one never unloads the
 other.
 
@@ -9,7 +10,6 @@ emulator over HTTP and a real Redis, driven as kopf's handlers drive it; no work
 
 from __future__ import annotations
 
-import contextlib
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -134,63 +134,101 @@ def a_pool_with_a_job(site: OperatorSite) -> None:
 
 
 def assert_a_pool_intact(site: OperatorSite) -> None:
-    cfg = site.runtime.core.pools.get(MODEL)
-    assert cfg is not None and (cfg.namespace, cfg.name) == (A, "tiny"), cfg
+    cfg = site.runtime.core.pools.get(f"{A}/tiny")  # by pool id
+    assert cfg is not None and (cfg.namespace, cfg.name, cfg.model) == (A, "tiny", MODEL), cfg
     assert f"{A}/tiny" in site.bus.serving_pools()
     wp, _ = site.runtime.backend.pools[f"{A}/tiny"]
     assert wp.metadata.namespace == A
     assert site.get(KNATIVE_PLURAL, "tiny", A, KNATIVE_GROUP, KNATIVE_VERSION) is not None
     mine = site.runtime.core.jobs[f"{A}/mine"]
     assert not mine.terminal, mine.status.conditions
+    assert mine.pool == f"{A}/tiny"
     failed = site.condition("mine", "Failed", PLURAL_TUNING_JOBS, A)
     assert failed is None or failed["reason"] != Reason.WARM_POOL_DELETED, failed
 
 
-@pytest.mark.parametrize("dup_name", ["tiny", "tiny-copy"])
-def test_a_duplicate_pool_in_another_namespace_is_refused_with_a_condition(
-    site: OperatorSite, dup_name: str
+def ready(site: OperatorSite, name: str, ns: str) -> dict[str, Any]:
+    c = wait_for(
+        f"{ns}/{name} Ready",
+        lambda: (x := site.condition(name, "Ready", PLURAL_WARM_POOLS, ns)) and x["status"] == "True" and x,
+    )
+    assert c["reason"] == Reason.POOL_CONFIGURED, c
+    return c
+
+
+@pytest.mark.parametrize("b_name", ["tiny", "tiny-copy"])
+def test_a_second_namespace_s_pool_of_the_model_is_ready_and_serves_its_own_namespace(
+    site: OperatorSite, b_name: str
 ) -> None:
+    """Formerly refused (DuplicateWarmPool): a pool is per namespace and model."""
     a_pool_with_a_job(site)
-    site.pool(dup_name, B, volumes=JOB_STORAGE)
-    c = wait_for("the duplicate's Ready", lambda: site.condition(dup_name, "Ready", PLURAL_WARM_POOLS, B))
-    assert (c["status"], c["reason"]) == ("False", Reason.DUPLICATE_WARM_POOL), c
-    assert f"{A}/tiny" in c["message"], c["message"]
-    assert site.get(KNATIVE_PLURAL, dup_name, B, KNATIVE_GROUP, KNATIVE_VERSION) is None
+    site.pool(b_name, B, volumes=JOB_STORAGE)
+    ready(site, b_name, B)
+    ready(site, "tiny", A)
+    assert site.get(KNATIVE_PLURAL, b_name, B, KNATIVE_GROUP, KNATIVE_VERSION) is not None
+    wait_for("B's pool record", lambda: f"{B}/{b_name}" in site.bus.serving_pools())
+    site.job("theirs", B)
+    theirs = wait_for("B's job in the core", lambda: site.runtime.core.jobs.get(f"{B}/theirs"))
+    assert theirs.pool == f"{B}/{b_name}", "B's job runs on B's own pool"
+    c = wait_for("B's job Scheduled", lambda: site.condition("theirs", "Scheduled", PLURAL_TUNING_JOBS, B))
+    assert c["reason"] != Reason.POOL_NOT_SHARED, c
     assert_a_pool_intact(site)
 
 
-@pytest.mark.parametrize("dup_name", ["tiny", "tiny-copy"])
-def test_deleting_a_refused_duplicate_pool_leaves_the_other_namespaces_pool(
-    site: OperatorSite, dup_name: str
+@pytest.mark.parametrize("b_name", ["tiny", "tiny-copy"])
+def test_deleting_one_namespace_s_pool_leaves_the_other_namespaces_pool(
+    site: OperatorSite, b_name: str
 ) -> None:
     a_pool_with_a_job(site)
-    # kopf retries a handler that raises (what the duplicate got before); the object stays either way.
-    with contextlib.suppress(ValueError):
-        site.pool(dup_name, B, volumes=JOB_STORAGE)
-    dup = site.get(PLURAL_WARM_POOLS, dup_name, B)
-    site.custom.delete_namespaced_custom_object(GROUP, VERSION, B, PLURAL_WARM_POOLS, dup_name)
+    site.pool(b_name, B, volumes=JOB_STORAGE)
+    ready(site, b_name, B)
+    site.job("theirs", B)
+    wait_for("B's job in the core", lambda: f"{B}/theirs" in site.runtime.core.jobs)
+    dup = site.get(PLURAL_WARM_POOLS, b_name, B)
+    site.custom.delete_namespaced_custom_object(GROUP, VERSION, B, PLURAL_WARM_POOLS, b_name)
     site.runtime.delete_pool(dup)
     time.sleep(0.5)  # rounds pass
+    assert f"{B}/{b_name}" not in site.runtime.core.pools
     assert_a_pool_intact(site)
+    # B's job had no other pool (A's does not admit B): it fails with the reason; A's is untouched.
+    c = wait_for("B's job Failed", lambda: site.condition("theirs", "Failed", PLURAL_TUNING_JOBS, B))
+    assert (c["status"], c["reason"]) == ("True", Reason.WARM_POOL_DELETED), c
 
 
-def test_a_refused_pool_takes_over_once_the_model_s_pool_is_deleted(site: OperatorSite) -> None:
+def test_a_second_pool_of_the_model_in_one_namespace_is_refused_and_takes_over_when_the_first_goes(
+    site: OperatorSite,
+) -> None:
     site.pool("tiny", A, volumes=JOB_STORAGE)
-    site.pool("own", B, volumes=JOB_STORAGE)
-    c = wait_for("B's pool's Ready", lambda: site.condition("own", "Ready", PLURAL_WARM_POOLS, B))
-    assert c["reason"] == Reason.DUPLICATE_WARM_POOL, c
-    site.job("theirs", B)  # waits: A's pool does not admit B
-    wait_for("B's job waiting", lambda: site.condition("theirs", "Scheduled", PLURAL_TUNING_JOBS, B))
+    site.pool("own", B, volumes=JOB_STORAGE)  # another namespace's: its own pool, Ready
+    ready(site, "own", B)
+    site.pool("tiny-2", A, volumes=JOB_STORAGE)
+    c = wait_for("A's second pool's Ready", lambda: site.condition("tiny-2", "Ready", PLURAL_WARM_POOLS, A))
+    assert (c["status"], c["reason"]) == ("False", Reason.DUPLICATE_WARM_POOL), c
+    assert f"{A}/tiny" in c["message"] and A in c["message"], c["message"]
+    assert site.get(KNATIVE_PLURAL, "tiny-2", A, KNATIVE_GROUP, KNATIVE_VERSION) is None
     a_pool = site.get(PLURAL_WARM_POOLS, "tiny", A)
     site.custom.delete_namespaced_custom_object(GROUP, VERSION, A, PLURAL_WARM_POOLS, "tiny")
     site.runtime.delete_pool(a_pool)
-    cfg = wait_for("B's pool configured", lambda: site.runtime.core.pools.get(MODEL))
-    assert (cfg.namespace, cfg.name) == (B, "own")
-    wait_for(
-        "B's pool Ready",
-        lambda: (x := site.condition("own", "Ready", PLURAL_WARM_POOLS, B)) and x["status"] == "True",
-    )
-    wait_for("B's job in the core", lambda: f"{B}/theirs" in site.runtime.core.jobs)
+    cfg = wait_for("A's second pool configured", lambda: site.runtime.core.pools.get(f"{A}/tiny-2"))
+    assert (cfg.namespace, cfg.name) == (A, "tiny-2")
+    ready(site, "tiny-2", A)
+    assert f"{B}/own" in site.runtime.core.pools, "B's pool is never touched"
+
+
+def test_a_job_uses_an_admitting_pool_of_another_namespace_only_while_its_own_has_none(
+    site: OperatorSite,
+) -> None:
+    site.pool("tiny", A, volumes=JOB_STORAGE, allowedNamespaces=["*"])
+    site.job("early", B)
+    early = wait_for("B's job in the core", lambda: site.runtime.core.jobs.get(f"{B}/early"))
+    assert early.pool == f"{A}/tiny", "no pool of its own: the one that admits it"
+    site.pool("own", B, volumes=JOB_STORAGE)
+    ready(site, "own", B)
+    site.job("late", B)
+    late = wait_for("B's second job in the core", lambda: site.runtime.core.jobs.get(f"{B}/late"))
+    assert late.pool == f"{B}/own"
+    # The first was not dispatched yet (no worker runs here): it moved to B's own pool.
+    wait_for("B's first job on B's pool", lambda: early.pool == f"{B}/own")
 
 
 def serving_worker(site: OperatorSite, worker_id: str, pool: str, held: list[tuple[str, str]]) -> None:

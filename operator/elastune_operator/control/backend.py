@@ -13,6 +13,9 @@ class WorkerExit(NamedTuple):
     model: str
     detail: str
     reason: str | None = None
+    pool: str = ""
+    """The id (namespace/name) of the worker's pool ("": the backend does not say; the core takes the
+    pool of its model)."""
 
 
 class ClusterBackend(Protocol):

@@ -13,6 +13,13 @@ operator with the Knative backend. Every round (50 ms) it
    jobs on another GPU count),
 5. dispatches jobs whose GPUs are all warm: one ``Assignment`` per worker, ranks in GPU order.
 
+Pools are keyed by pool id (namespace/name, ``PoolConfig.key``): two namespaces may each have a WarmPool
+of one model. A job's pool is chosen once, at submission (``resolve``: its own namespace's WarmPool of
+its model, else the lowest id of those admitting its namespace), and the scheduler's per-LLM state,
+estimator profile and limits are those of that pool: Algorithms 1 and 2 run per pool (the state's
+``llm`` is the pool id; a pool serves one LLM), exactly as they ran per model. A job not dispatched yet
+is moved when a better pool appears (its own namespace's) or its pool goes while another admits it.
+
 Status transitions live in ``lifecycle.py``; the data it keeps in ``records.py``.
 """
 
@@ -31,9 +38,9 @@ from elastune_contract.protocol import Assignment, Event, WorkerRecord, WorkerSt
 from elastune_contract.vocabulary import PERMANENT_FAILURE_REASONS, Reason
 from elastune_operator.control.backend import ClusterBackend, WorkerExit
 from elastune_operator.control.deadlines import AttemptDeadlines, AttemptWatch, overdue
-from elastune_operator.control.fleet import Fleet
+from elastune_operator.control.fleet import Fleet, exit_pool
 from elastune_operator.control.lifecycle import JobLifecycle, is_terminal, succeeded
-from elastune_operator.control.records import CoreSettings, JobRecord, PoolConfig
+from elastune_operator.control.records import CoreSettings, JobRecord, PoolConfig, resolve_pool
 from elastune_operator.control.serving import AdapterRecord, ServingControl
 from elastune_operator.failpoints import DISPATCH_AFTER_STATUS, failpoint
 from elastune_operator.metrics import ControlMetrics
@@ -70,6 +77,7 @@ class ControlCore:
         on_adapter_status: Callable[[AdapterRecord], None] | None = None,
         on_publish: Callable[[JobRecord, AdapterRecord], None] | None = None,
         persist: Callable[[JobRecord], bool] | None = None,
+        on_move: Callable[[JobRecord, PoolConfig], bool] | None = None,
         deadlines: AttemptDeadlines | None = None,
         metrics: ControlMetrics | None = None,
         clock: Callable[[], float] = time.time,
@@ -77,7 +85,7 @@ class ControlCore:
         self.backend, self.bus, self.settings = backend, bus, settings
         self.metrics = metrics or ControlMetrics()
         self.clock = clock
-        self.pools: dict[str, PoolConfig] = {}
+        self.pools: dict[str, PoolConfig] = {}  # pool id (namespace/name) -> config
         self.state = ClusterState(settings.cold_capacity, [])
         self.estimator = Estimator([])
         self.policy = make_policy(settings.policy, self.estimator)
@@ -102,6 +110,9 @@ class ControlCore:
         once it exists (the job's own, created before: fine); raises PublishRefused when it will not,
         anything else to be retried. Status says published only after it returned."""
         self.persist = persist
+        self.on_move = on_move
+        """A job not dispatched yet is about to move to another pool (``_reresolve``): False keeps it where
+        it is (Kubernetes: its storage cannot be placed on the new pool's claims). None: it moves."""
         """Write the job's status now; True once stored. An attempt is in status before any worker is
         told to start it (None: ``on_status`` stores it synchronously, as local mode does)."""
         self.deadlines = deadlines or AttemptDeadlines()
@@ -116,16 +127,20 @@ class ControlCore:
 
     # -- pools and jobs -----------------------------------------------------------------------------
     def add_pool(self, pool: PoolConfig) -> None:
-        known = self.pools.get(pool.model)
-        if known is not None and (known.namespace, known.name) != (pool.namespace, pool.name):
-            raise ValueError(f"model {pool.model!r} already has a warm pool ({known.namespace}/{known.name})")
-        if known is None:
-            self.state.add_llm(pool.model)
-            self.fleet.add_model(pool.model)
-        self.pools[pool.model] = pool
+        """Add or update a pool. One namespace has at most one WarmPool per model (ValueError); other
+        namespaces' pools of the model are other pools."""
+        key = pool.key
+        same = (k for k, p in self.pools.items() if (p.namespace, p.model) == (pool.namespace, pool.model))
+        twin = next((k for k in same if k != key), None)
+        if twin is not None:
+            raise ValueError(f"namespace {pool.namespace} already has a warm pool of {pool.model!r} ({twin})")
+        if key not in self.pools:
+            self.state.add_llm(key)
+            self.fleet.add_pool(key)
+        self.pools[key] = pool
         self.estimator.register(
             LLMProfile(
-                pool.model,
+                key,
                 iteration_seconds=pool.seconds_per_iteration,
                 cold_start_seconds=pool.cold_start_seconds,
                 max_gpus_per_job=max(1, pool.max_warm),
@@ -134,27 +149,69 @@ class ControlCore:
         self.serving.add_pool(
             pool.name, pool.model, pool.serving, namespace=pool.namespace, allowed=pool.allowed_namespaces
         )
-        self._serving_need.pop(pool.model, None)
+        self._serving_need.pop(key, None)
         self._set_limits(pool, 0)
+        self._reresolve(self.clock())
+
+    def resolve(self, namespace: str, model: str) -> PoolConfig | None:
+        """The pool a job (or adapter) of ``namespace`` uses for ``model`` (``records.resolve_pool``)."""
+        return resolve_pool(self.pools.values(), namespace, model)
+
+    def _undispatched(self, job: JobRecord) -> bool:
+        """Never dispatched and holding no GPU: it may still move to another pool."""
+        sched = self.state.jobs.get(job.key)
+        if job.terminal or job.attempt or job.key in self.recovering or sched is None or sched.gpus:
+            return False
+        return not any(g.job == job.key for g in self.state.gpus.values())
+
+    def _reresolve(self, now: float) -> None:
+        """Pools changed: jobs not dispatched yet go to the pool that resolves for them now."""
+        for job in list(self.jobs.values()):
+            if not self._undispatched(job):
+                continue
+            pool = self.resolve(job.namespace, job.llm)
+            if (
+                pool is None
+                or pool.key == job.pool
+                or (self.on_move is not None and not self.on_move(job, pool))
+            ):
+                continue
+            log.info("%s: moves from pool %s to %s", job.key, job.pool or "none", pool.key)
+            self.state.remove(job.key)
+            job.pool = pool.key
+            self._admit(job, now, 0.0)
+            self._touched.add(job.key)
 
     def _set_limits(self, pool: PoolConfig, serving_need: int) -> None:
         """The pool runs max(tuning need, serving need): the serving need raises the scheduler's minimum
         warm GPUs (Alg. 2 grows the pool to it eagerly; the idle window never shrinks below it)."""
         minimum = min(max(pool.min_warm, serving_need), pool.max_warm)
-        self.policy.set_pool_limits(pool.model, PoolLimits(minimum, pool.max_warm, pool.idle_window_seconds))
+        self.policy.set_pool_limits(pool.key, PoolLimits(minimum, pool.max_warm, pool.idle_window_seconds))
 
-    def remove_pool(self, model: str, reason_message: str) -> None:
-        """The WarmPool went away: jobs that still need it fail; its GPUs are left to the backend."""
-        if model not in self.pools:
+    def remove_pool(self, key: str, reason_message: str) -> None:
+        """The WarmPool ``key`` (its id) went away: its jobs not dispatched yet move to another pool that
+        admits them, if any; the others fail; its GPUs are left to the backend. Other pools, of the
+        same model or not, are not touched."""
+        if key not in self.pools:
             return
         now = self.clock()
+        rest = [p for k, p in self.pools.items() if k != key]
         for job in list(self.jobs.values()):
-            if job.llm == model and not job.terminal:
-                if job.attempt:
-                    self.bus.cancel(job.key, job.attempt)
-                self._fail(job, Reason.WARM_POOL_DELETED, reason_message, now)
-        del self.pools[model]
-        self.serving.remove_pool(model)
+            if job.pool != key or job.terminal:
+                continue
+            other = resolve_pool(rest, job.namespace, job.llm) if self._undispatched(job) else None
+            if other is not None and (self.on_move is None or self.on_move(job, other)):
+                log.info("%s: its pool %s went; moves to %s", job.key, key, other.key)
+                self.state.remove(job.key)
+                job.pool = other.key
+                self._admit(job, now, 0.0)
+                self._touched.add(job.key)
+                continue
+            if job.attempt:
+                self.bus.cancel(job.key, job.attempt)
+            self._fail(job, Reason.WARM_POOL_DELETED, reason_message, now)
+        del self.pools[key]
+        self.serving.remove_pool(key)
 
     def submit(self, job: JobRecord) -> None:
         """Accept a TuningJob (or fail it with a reason); idempotent per key.
@@ -170,13 +227,18 @@ class ControlCore:
             # The operator may have stopped between the job's success and its LoRAAdapter's creation.
             self.publish(job)
             return
-        pool = self.pools.get(job.llm)
+        # The operator holds a job no pool of its model admits before it comes here (Runtime._hold); a
+        # caller without that check (local mode, as before pools were per namespace) gets the pool of
+        # the model with the lowest id.
+        pool = self.resolve(job.namespace, job.llm) or min(
+            (p for p in self.pools.values() if p.model == job.llm), key=lambda p: p.key, default=None
+        )
         if pool is None:
-            known = ", ".join(sorted(self.pools)) or "none"
+            known = ", ".join(sorted({p.model for p in self.pools.values()})) or "none"
             msg = f"no WarmPool serves model {job.llm!r} (pools serve: {known})"
             self._fail(job, Reason.UNKNOWN_MODEL, msg, now)
             return
-        job.pool = pool.name
+        job.pool = pool.key
         if job.attempt > 0:
             self.recovering[job.key] = now + self.settings.recovery_grace_s
             return
@@ -188,7 +250,7 @@ class ControlCore:
         """Enter the job into the scheduler's state (pending)."""
         sched = Job(
             job.key,
-            job.llm,
+            job.pool,  # the scheduler's per-LLM state is per pool
             job.created,
             job.spec.deadline_seconds,
             job.spec.termination.max_iterations,
@@ -214,7 +276,7 @@ class ControlCore:
             msg = "spec.promptBank is never: tuning starts from spec.initialPrompt"
         else:
             budget = self.policy.bank_budget_seconds(sched.slo)
-            lookup = self.estimator.profile(job.llm).bank_lookup_seconds
+            lookup = self.estimator.profile(job.pool).bank_lookup_seconds
             reason = Reason.LATENCY_BUDGET_EXCEEDED
             msg = f"predicted lookup {lookup:.1f} s exceeds the budget {budget:.1f} s (20% of the deadline)"
         self.lifecycle.bank_skipped(job, reason, msg)
@@ -230,7 +292,7 @@ class ControlCore:
         if sched is not None and sched.finished_at is None:
             self._settle(job, sched, self.clock())
         if not job.terminal:
-            self.metrics.jobs_finished.labels(job.llm, "cancelled").inc()
+            self.metrics.jobs_finished.labels(job.llm, job.pool_namespace, "cancelled").inc()
 
     def done(self) -> bool:
         return all(j.terminal for j in self.jobs.values())
@@ -242,7 +304,7 @@ class ControlCore:
         self._last_tick = now
         self._touched = touched = set[str]()
         adoptable = set(self.jobs) - set(self.recovering)
-        records = self._records = self.fleet.sync(now, set(self.pools), adoptable, self)
+        records = self._records = self.fleet.sync(now, self.pools, adoptable, self)
         self._serve(records, now)
         self.state.set_coserve_rates(self._coserve_rates(records, now))
         if self.recovering:
@@ -264,11 +326,11 @@ class ControlCore:
         """The serving half of the round: placement and adapter status, the serving need of each pool,
         and pods that serve requests kept from looking idle (the idle window counts from their last
         request, so a pool that serves never scales down under its traffic)."""
-        self.serving.tick(records)
-        for model, pool in self.pools.items():
-            need = self.serving.serving_need(model)
-            if self._serving_need.get(model) != need:
-                self._serving_need[model] = need
+        self.serving.tick(records, self.fleet.pool_of)
+        for key, pool in self.pools.items():
+            need = self.serving.serving_need(key)
+            if self._serving_need.get(key) != need:
+                self._serving_need[key] = need
                 self._set_limits(pool, need)
         for wid, rec in records.items():
             gid = self.fleet.gpu_of.get(wid)
@@ -282,14 +344,15 @@ class ControlCore:
         co-served job would get there, at the pod's peak utilisation of the last minute (the policy
         offers these GPUs to co-servable jobs only, see PromptTunerPolicy)."""
         rates: dict[int, float] = {}
-        allowed = {p.name: _co_serving_allowed(p) for p in self.pools.values()}
+        allowed = {k: _co_serving_allowed(p) for k, p in self.pools.items()}
         for wid, rec in records.items():
             gid = self.fleet.gpu_of.get(wid)
             if gid is None or rec.serving is None:
                 continue
             peak = self._peaks.observe(wid, rec.heartbeat, rec.serving.utilization)
             if _serves_inference(rec, now):  # rate 0: serving, and offered to no job (coServing: false)
-                rates[gid] = floored_rate(_coserve_model(rec), peak) if allowed.get(rec.pool, True) else 0.0
+                ok = allowed.get(self.fleet.pool_of.get(wid, ""), True)
+                rates[gid] = floored_rate(_coserve_model(rec), peak) if ok else 0.0
         self._peaks.forget(set(records))
         return rates
 
@@ -332,13 +395,14 @@ class ControlCore:
 
     def _account(self, dt: float) -> None:
         st = self.state
-        for llm in self.pools:
-            counts = st.counts(llm)
+        for key, pool in self.pools.items():
+            labels = (pool.model, pool.namespace)
+            counts = st.counts(key)
             for state_name, n in counts.items():
-                self.metrics.gpus.labels(llm, state_name).set(n)
-            self.metrics.pending.labels(llm).set(len(st.pending[llm]))
+                self.metrics.gpus.labels(*labels, state_name).set(n)
+            self.metrics.pending.labels(*labels).set(len(st.pending[key]))
             if dt > 0:
-                self.metrics.gpu_seconds.labels(llm).inc(st.pool_size[llm] * dt)
+                self.metrics.gpu_seconds.labels(*labels).inc(st.pool_size[key] * dt)
         self.metrics.cold_free.set(st.cold_free)
 
     def _close_segment(self, job: JobRecord, now: float) -> None:
@@ -347,8 +411,8 @@ class ControlCore:
             job.gpu_seconds += len(job.workers) * max(0.0, now - job.started)
             job.started = None
             alive = self.fleet.alive(job.workers)
-            if alive and job.llm in self.pools:
-                self.backend.mark_busy(self.pools[job.llm].key, alive, False)
+            if alive and job.pool in self.pools:
+                self.backend.mark_busy(job.pool, alive, False)
 
     def _stop_attempt(self, job: JobRecord, resume_from: float, now: float) -> None:
         """Cancel the attempt in flight and put the job back to pending, resuming from ``resume_from``;
@@ -357,15 +421,15 @@ class ControlCore:
         self._close_segment(job, now)
         gids = list(self.state.jobs[job.key].gpus)
         self.state.preempt(job.key, resume_from, now, keep_warm=self.policy.keep_warm)
-        self._return_to_cold(job.llm, gids)
+        self._return_to_cold(job.pool, gids)
         job.workers = []
         self._touched.add(job.key)
 
-    def _return_to_cold(self, llm: str, gids: list[int]) -> None:
+    def _return_to_cold(self, key: str, gids: list[int]) -> None:
         """GPUs the state released on its own (keep_warm False): their workers go too."""
         gone = [wid for gid in gids if gid not in self.state.gpus and (wid := self.fleet.unbind(gid))]
         if gone:
-            self.backend.shrink(self.pools[llm].key, gone)
+            self.backend.shrink(key, gone)
 
     # -- what the fleet reports (FleetEvents) -------------------------------------------------------
     def worker_lost(self, wid: str, gid: int, now: float, how: WorkerExit | None = None) -> None:
@@ -374,8 +438,8 @@ class ControlCore:
         if gpu is None:
             return
         # Its GPU goes back to the cold pool below: a pod Kubernetes still keeps (crash-looping) goes too.
-        if gpu.llm in self.pools:
-            self.backend.shrink(self.pools[gpu.llm].key, [wid])
+        if gpu.llm in self.pools:  # the state's llm: the pool id
+            self.backend.shrink(gpu.llm, [wid])
         reason = how.reason if how is not None and how.reason else Reason.WORKER_LOST
         detail = how.detail if how is not None else None
         if gpu.job is not None and gpu.job in self.jobs:
@@ -396,37 +460,42 @@ class ControlCore:
             self.state.release(gid)
 
     def worker_start_failed(self, wid: str, how: WorkerExit, now: float) -> None:
-        model, pool = how.model, self.pools[how.model].key
-        self._drop_unbound(model, now)
+        pool = exit_pool(how, self.pools)
+        if pool is None:
+            return
+        self._drop_unbound(pool, now)
         self.backend.shrink(pool, [wid])  # a pod that cannot start leaves the pool with its GPU
-        n = self.fleet.count_start_failure(model)
-        log.error("worker %s of %s failed before becoming warm: %s", wid, model, how.detail)
+        n = self.fleet.count_start_failure(pool)
+        log.error("worker %s of %s failed before becoming warm: %s", wid, pool, how.detail)
         if n >= self.settings.max_attempts:  # no point in launching more: fail what waits for it
             msg = f"{n} workers of pool {pool} failed before becoming warm in a row; last: {how.detail}"
             for job in list(self.jobs.values()):
                 sched = self.state.jobs.get(job.key)
                 running = sched is not None and sched.started_at is not None
-                if job.llm == model and not job.terminal and not running:
+                if job.pool == pool and not job.terminal and not running:
                     self._fail(job, how.reason or Reason.WORKER_START_FAILED, msg, now)
 
     def worker_broken(self, rec: WorkerRecord, now: float) -> None:
-        """A worker cannot load its model: every job waiting for that model fails with the reason."""
+        """A worker cannot load its model: every job waiting for its pool fails with the reason."""
+        pool = self.fleet.pool_of.get(rec.id)
+        if pool is None:
+            return
         reason = rec.reason or Reason.MODEL_LOAD_FAILED
-        message = f"worker {rec.id} of pool {rec.pool}: {rec.message or 'cannot load the model'}"
+        message = f"worker {rec.id} of pool {pool}: {rec.message or 'cannot load the model'}"
         log.error("%s", message)
         for job in list(self.jobs.values()):
-            if job.llm == rec.model and not job.terminal:
+            if job.pool == pool and not job.terminal:
                 self._fail(job, reason, message, now)
-        self._drop_unbound(rec.model, now)
-        self.backend.shrink(self.pools[rec.model].key, [rec.id])
+        self._drop_unbound(pool, now)
+        self.backend.shrink(pool, [rec.id])
 
     def gpu_warm(self, job: str) -> None:
         self._touched.add(job)
 
-    def _drop_unbound(self, model: str, now: float) -> None:
-        """A launched worker will never become warm: give its GPU back to the cold pool; a job
-        waiting on it goes back to pending."""
-        gid = self.fleet.take_unbound(model)
+    def _drop_unbound(self, key: str, now: float) -> None:
+        """A launched worker of pool ``key`` will never become warm: give its GPU back to the cold pool;
+        a job waiting on it goes back to pending."""
+        gid = self.fleet.take_unbound(key)
         if gid is None:
             return
         gpu = self.state.gpus[gid]
@@ -465,11 +534,11 @@ class ControlCore:
             job.last_event = "0-0"  # replay this attempt's events: progress, and the result if any
             if complete and self.state.cold_free >= world:
                 workers = [ranks[r].id for r in range(world)]
-                gids = self.fleet.adopt(job.llm, workers, now)
+                gids = self.fleet.adopt(job.pool, workers, now)
                 self.state.assign(key, gids, world)
                 sched = self.state.jobs[key]
                 self.state.start(
-                    key, now, now + self.estimator.t_warm(job.llm, sched.remaining_iterations, world)
+                    key, now, now + self.estimator.t_warm(job.pool, sched.remaining_iterations, world)
                 )
                 job.workers, job.started = workers, now
                 self._watch[key] = AttemptWatch(job.attempt, now, now, started=True, progressed=True)
@@ -509,7 +578,7 @@ class ControlCore:
                 self.lifecycle.bank_reported(job, ev.prompt_bank)
                 sched.bank_done = True
                 if ev.prompt_bank.predicted_seconds:  # the bank's own prediction beats the configured guess
-                    self.estimator.profile(job.llm).bank_lookup_seconds = ev.prompt_bank.predicted_seconds
+                    self.estimator.profile(job.pool).bank_lookup_seconds = ev.prompt_bank.predicted_seconds
             if ev.resumed_from is not None:
                 job.resumed_from.append(ev.resumed_from)
             if ev.iterations is not None:
@@ -519,16 +588,18 @@ class ControlCore:
             predicted = None
             # A co-served step shares its pod with inference: its time says nothing of a dedicated one.
             if ev.seconds_per_iteration and job.status.co_served:
-                self.estimator.observe_coserved_iteration(job.llm, ev.seconds_per_iteration)
-                per_iteration = self.estimator.coserved_iteration_seconds(job.llm) or ev.seconds_per_iteration
+                self.estimator.observe_coserved_iteration(job.pool, ev.seconds_per_iteration)
+                coserved = self.estimator.coserved_iteration_seconds(job.pool)
+                per_iteration = coserved or ev.seconds_per_iteration
                 predicted = now + sched.remaining_iterations * per_iteration
             elif ev.seconds_per_iteration and sched.gpus:
-                self.estimator.observe_iteration(job.llm, len(sched.gpus), ev.seconds_per_iteration)
-                remaining = self.estimator.t_warm(job.llm, sched.remaining_iterations, len(sched.gpus))
-                predicted = now + max(0.0, remaining - self.estimator.warm_overhead(job.llm))
+                self.estimator.observe_iteration(job.pool, len(sched.gpus), ev.seconds_per_iteration)
+                remaining = self.estimator.t_warm(job.pool, sched.remaining_iterations, len(sched.gpus))
+                predicted = now + max(0.0, remaining - self.estimator.warm_overhead(job.pool))
             self.lifecycle.progress(job, ev, predicted)
         elif ev.type == "succeeded":
-            self.estimator.observe_completion(job.llm, False, float(ev.iterations or 0), sched.max_iterations)
+            done = float(ev.iterations or 0)
+            self.estimator.observe_completion(job.pool, False, done, sched.max_iterations)
             self._settle(job, sched, now)
             self.lifecycle.succeeded(job, ev, now)
             self.publish(job)
@@ -548,7 +619,7 @@ class ControlCore:
         for jid, n in d.restarts:  # ElasticFlow-like: stop at the checkpoint, re-launch on n GPUs
             job = self.jobs[jid]
             self._stop_attempt(job, float(job.checkpointed), now)
-            self._launch(job.llm, n, jid, now)
+            self._launch(job.pool, n, jid, now)
             self.lifecycle.retrying(job, Reason.RESCHEDULING, f"the scheduler resizes the job to {n} GPU(s)")
         for alloc in d.allocations:
             st.assign(alloc.job, alloc.gpus, alloc.target)
@@ -563,8 +634,8 @@ class ControlCore:
             if wid is not None:
                 releases.setdefault(gpu.llm, []).append(wid)
             st.release(gid)
-        for llm, wids in releases.items():
-            self.backend.shrink(self.pools[llm].key, wids)
+        for key, wids in releases.items():  # the state's llm: the pool id
+            self.backend.shrink(key, wids)
         for launch in d.launches:
             self._launch(launch.llm, launch.count, launch.job, now)
             waiting = (
@@ -574,12 +645,13 @@ class ControlCore:
                 self.lifecycle.pool_growing(job, launch.count, held_for_job=launch.job is not None)
                 self._touched.add(job.key)
 
-    def _launch(self, llm: str, count: int, job: str | None, now: float) -> None:
-        """GPUs leave the cold pool for ``llm`` (held for ``job`` if given); the backend starts workers."""
+    def _launch(self, key: str, count: int, job: str | None, now: float) -> None:
+        """GPUs leave the cold pool for pool ``key`` (held for ``job`` if given); the backend starts
+        workers of the pool's model."""
         for _ in range(count):
-            gpu = self.state.launch(llm, now, job=job, target=count)
-            self.fleet.launched(llm, gpu.id)
-        self.backend.grow(self.pools[llm].key, llm, count)
+            gpu = self.state.launch(key, now, job=job, target=count)
+            self.fleet.launched(key, gpu.id)
+        self.backend.grow(key, self.pools[key].model, count)
 
     def _dispatch(self, job: JobRecord, now: float) -> None:
         sched = self.state.jobs[job.key]
@@ -625,14 +697,15 @@ class ControlCore:
                     ),
                 )
             )
-        predicted = now + self.estimator.t_warm(job.llm, sched.remaining_iterations, world)
+        predicted = now + self.estimator.t_warm(job.pool, sched.remaining_iterations, world)
         if coserve:  # at the slowest pod's co-serving rate (a data-parallel step waits for it)
             rates = [self.state.coserve_rate.get(g, 1.0) for g in sched.gpus]
             predicted = now + (predicted - now) / max(min(rates), 1e-3)
         self.state.start(job.key, now, predicted)
-        self.metrics.attempts.labels(job.llm, "coserved" if coserve else "dedicated").inc()
+        placement = "coserved" if coserve else "dedicated"
+        self.metrics.attempts.labels(job.llm, job.pool_namespace, placement).inc()
         job.started = now
-        self.backend.mark_busy(self.pools[job.llm].key, workers, True)
+        self.backend.mark_busy(job.pool, workers, True)
         self.lifecycle.running(job, now, predicted)
         bank_s = self.policy.bank_budget_seconds(sched.slo) if bank_mode != "never" else 0.0
         self._watch[job.key] = AttemptWatch(job.attempt, now, now, setup_s=bank_s or 0.0)
@@ -676,7 +749,7 @@ class ControlCore:
                 self.deadlines,
                 now,
                 progress_every=self.settings.progress_every,
-                guess_seconds_per_iteration=self.estimator.iteration_seconds(job.llm, len(job.workers)),
+                guess_seconds_per_iteration=self.estimator.iteration_seconds(job.pool, len(job.workers)),
             )
             if late is None:
                 continue
@@ -701,16 +774,17 @@ class ControlCore:
         job's status: a job that cannot be co-served while its pool serves says why."""
         job.status.co_served, job.status.co_serving_reason = False, None
         why = coservable(job.spec, job.llm)
-        if why is None and not _co_serving_allowed(self.pools[job.llm]):
+        if why is None and not _co_serving_allowed(self.pools[job.pool]):
             why = f"WarmPool {job.pool} sets serving.coServing: false"
         if why is not None:
-            if any(_serves_inference(r, now) for r in self._records.values() if r.pool == job.pool):
+            mine = (r for w, r in self._records.items() if self.fleet.pool_of.get(w) == job.pool)
+            if any(_serves_inference(r, now) for r in mine):
                 job.status.co_serving_reason = f"tuned on dedicated GPUs: {why}"
             return False, None
         if not any(_serves_inference(self._records.get(w), now) for w in workers):
             return False, None
         job.status.co_served = True
-        slo = self.serving.hold_model(job.llm).slo
+        slo = self.serving.hold(job.pool).slo
         tpot_ms = slo.tpot_milliseconds if slo is not None else None
         return True, tpot_ms / 1000 if tpot_ms else None
 
@@ -725,9 +799,9 @@ class ControlCore:
         elif sched.gpus:
             self.state.preempt(job.key, sched.done_iterations, now, keep_warm=self.policy.keep_warm)
             self.state.drop(job.key)
-        elif job.key in self.state.pending[job.llm]:
+        elif job.key in self.state.pending[job.pool]:
             self.state.drop(job.key)
-        self._return_to_cold(job.llm, gids)
+        self._return_to_cold(job.pool, gids)
         job.workers = []
 
     def _fail(self, job: JobRecord, reason: str, message: str, now: float) -> None:

@@ -1,8 +1,10 @@
 """The fleet: which worker process stands for which GPU of the scheduler's state.
 
-The scheduler thinks in GPUs (launched, warm, busy, released); the backend starts worker processes or
-pods, which show up in the Redis registry when they run. The fleet binds a newly warm worker to the
-oldest GPU launched for its model (its measured start-to-ready time is T_cold), notices workers that
+The scheduler thinks in GPUs (launched, warm, busy, released) of pools, by pool id (namespace/name);
+the backend starts worker processes or pods, which show up in the Redis registry when they run. The
+fleet binds a newly warm worker to the oldest GPU launched for its pool (``record_pool``: two
+namespaces' pools of one model never take each other's workers; its measured start-to-ready time is
+T_cold), notices workers that
 vanished, died before becoming warm or cannot load their model, and re-binds the workers of an attempt
 that outlived a control-plane restart. What happens to the jobs is the core's business: the fleet
 reports, the core decides.
@@ -17,11 +19,13 @@ bound and used again like a new one.
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from typing import Protocol
 
 from elastune_common.bus import Bus
 from elastune_contract.protocol import HEARTBEAT_SECONDS, PoisonKind, WorkerRecord, WorkerState
 from elastune_operator.control.backend import ClusterBackend, WorkerExit
+from elastune_operator.control.records import PoolConfig, record_pool
 from elastune_operator.metrics import ControlMetrics
 from elastune_operator.scheduling.estimator import Estimator
 from elastune_operator.scheduling.state import ClusterState
@@ -32,6 +36,14 @@ MISSING_GRACE_S = 3 * HEARTBEAT_SECONDS
 """A bound worker's record may be missing this long before the worker counts as lost (three heartbeats:
 the record of a live worker comes back with its next one after the registry lost it). Its record
 already expired after ``WORKER_TTL_SECONDS`` of silence, so this adds little to a real loss."""
+
+
+def exit_pool(how: WorkerExit, pools: Mapping[str, PoolConfig]) -> str | None:
+    """The id of the pool of a worker that exited: the one the backend names, else (a backend that
+    names none, or not by id) the lowest id of a pool serving its model."""
+    if how.pool in pools:
+        return how.pool
+    return min((k for k, p in pools.items() if p.model == how.model), default=None)
 
 
 class FleetEvents(Protocol):
@@ -64,10 +76,11 @@ class Fleet:
         self.estimator, self.metrics = estimator, metrics
         self.gpu_of: dict[str, int] = {}  # worker id -> GPU id
         self.worker_of: dict[int, str] = {}  # GPU id -> worker id
-        self.unbound: dict[str, list[int]] = {}  # llm -> GPUs launched, no worker bound yet (FIFO)
+        self.unbound: dict[str, list[int]] = {}  # pool id -> GPUs launched, no worker bound yet (FIFO)
         self.failed_workers: set[str] = set()
         self.gone: set[str] = set()
-        self.start_failures: dict[str, int] = {}
+        self.start_failures: dict[str, int] = {}  # pool id -> start failures in a row
+        self.pool_of: dict[str, str] = {}  # worker id -> pool id, of the records last read
         self.missing: dict[str, float] = {}  # bound worker id -> when its record was first missing
         self.silent: set[str] = set()  # lost because its record vanished (no exit seen): may come back
         # One malformed registry record is logged, counted and skipped (Bus._parse), never a failed round.
@@ -76,20 +89,21 @@ class Fleet:
     def _count_poison(self, kind: PoisonKind) -> None:
         self.metrics.poison_records.labels(kind).inc()
 
-    def add_model(self, llm: str) -> None:
-        self.unbound.setdefault(llm, [])
+    def add_pool(self, key: str) -> None:
+        self.unbound.setdefault(key, [])
 
     # -- the registry -------------------------------------------------------------------------------
     def sync(
-        self, now: float, models: set[str], adoptable: set[str], events: FleetEvents
+        self, now: float, pools: Mapping[str, PoolConfig], adoptable: set[str], events: FleetEvents
     ) -> dict[str, WorkerRecord]:
         """Read the registry and the backend's exits, report what changed, bind warm workers to
-        launched GPUs; returns the registry as read.
+        launched GPUs of their pools (``pools``: pool id -> config); returns the registry as read.
 
         ``adoptable`` are jobs this process knows and dispatched itself: a busy worker of any other job
         (the control plane restarted) is left to the core's recovery, never adopted as idle."""
         records = self.bus.workers()
         exited = self.backend.exited()
+        self.pool_of = {wid: key for wid, rec in records.items() if (key := record_pool(rec, pools))}
         for wid, gid in list(self.gpu_of.items()):
             if wid in records and wid not in exited:
                 self.missing.pop(wid, None)
@@ -101,7 +115,7 @@ class Fleet:
                 self.silent.add(wid)
             events.worker_lost(wid, gid, now, exited.get(wid))
         for wid, how in exited.items():
-            if wid in self.gone or wid in self.failed_workers or how.model not in models:
+            if wid in self.gone or wid in self.failed_workers or exit_pool(how, pools) is None:
                 continue
             rec = records.get(wid)
             if rec is not None and rec.state is WorkerState.FAILED:
@@ -117,8 +131,10 @@ class Fleet:
                 self.gone.discard(wid)
                 self.silent.discard(wid)
                 log.warning("worker %s registered again after it was considered gone: using it again", wid)
-                self.metrics.workers_returned.labels(rec.model).inc()
-            if wid in self.gpu_of or wid in self.gone or rec.model not in models:
+                pool_ns = self.pool_of.get(wid, "").rpartition("/")[0]
+                self.metrics.workers_returned.labels(rec.model, pool_ns).inc()
+            key = self.pool_of.get(wid)
+            if wid in self.gpu_of or wid in self.gone or key is None:
                 continue
             if rec.state is WorkerState.FAILED and wid not in self.failed_workers:
                 self.failed_workers.add(wid)
@@ -130,35 +146,35 @@ class Fleet:
                 # adopts it with its job, or it comes back READY when that attempt ends or is cancelled.
                 continue
             elif rec.state in (WorkerState.READY, WorkerState.BUSY) and (
-                self.unbound[rec.model] or self.state.cold_free > 0
+                self.unbound[key] or self.state.cold_free > 0
             ):
-                job = self._bind(wid, rec, now)
+                job = self._bind(wid, rec, key, now)
                 if job:
                     events.gpu_warm(job)
         return records
 
-    def _bind(self, wid: str, rec: WorkerRecord, now: float) -> str | None:
-        """Bind a warm worker to the oldest GPU launched for its model (one nobody launched in this
-        process — the control plane restarted — is adopted as a new GPU). Returns the GPU's job."""
-        unbound = self.unbound[rec.model]
-        gid = unbound.pop(0) if unbound else self.state.launch(rec.model, now).id
+    def _bind(self, wid: str, rec: WorkerRecord, key: str, now: float) -> str | None:
+        """Bind a warm worker to the oldest GPU launched for its pool ``key`` (one nobody launched in
+        this process — the control plane restarted — is adopted as a new GPU). Returns the GPU's job."""
+        unbound = self.unbound[key]
+        gid = unbound.pop(0) if unbound else self.state.launch(key, now).id
         self.gpu_of[wid], self.worker_of[gid] = gid, wid
         if rec.ready_at is not None:
             cold = max(0.0, rec.ready_at - rec.started_at)
-            self.estimator.observe_cold_start(rec.model, cold)
-            self.metrics.cold_start.labels(rec.model).observe(cold)
+            self.estimator.observe_cold_start(key, cold)
+            self.metrics.cold_start.labels(rec.model, key.rpartition("/")[0]).observe(cold)
         gpu = self.state.gpus[gid]
         self.state.gpu_ready(gid, now)
-        self.start_failures.pop(rec.model, None)  # max_attempts counts start failures in a row
+        self.start_failures.pop(key, None)  # max_attempts counts start failures in a row
         return gpu.job
 
     # -- changes the core asks for ------------------------------------------------------------------
-    def launched(self, llm: str, gid: int) -> None:
-        """A GPU left the cold pool for ``llm``; the next warm worker of that model binds to it."""
-        self.unbound[llm].append(gid)
+    def launched(self, key: str, gid: int) -> None:
+        """A GPU left the cold pool for pool ``key``; the next warm worker of that pool binds to it."""
+        self.unbound[key].append(gid)
 
-    def count_start_failure(self, model: str) -> int:
-        n = self.start_failures[model] = self.start_failures.get(model, 0) + 1
+    def count_start_failure(self, key: str) -> int:
+        n = self.start_failures[key] = self.start_failures.get(key, 0) + 1
         return n
 
     def forget(self, wid: str) -> int | None:
@@ -172,9 +188,9 @@ class Fleet:
         log.warning("worker %s is gone", wid)
         return gid
 
-    def take_unbound(self, model: str) -> int | None:
-        """A launched worker will never become warm: any unbound GPU of the model stands for it."""
-        return self.unbound[model].pop() if self.unbound.get(model) else None
+    def take_unbound(self, key: str) -> int | None:
+        """A launched worker will never become warm: any unbound GPU of the pool stands for it."""
+        return self.unbound[key].pop() if self.unbound.get(key) else None
 
     def unbind(self, gid: int) -> str | None:
         """The GPU returns to the cold pool: its worker (if any) is no longer ours. Returns it."""
@@ -190,11 +206,12 @@ class Fleet:
     def alive(self, wids: list[str]) -> list[str]:
         return [w for w in wids if w in self.gpu_of]
 
-    def adopt(self, llm: str, wids: list[str], now: float) -> list[int]:
-        """Workers still running an attempt after a control-plane restart get warm GPUs again."""
+    def adopt(self, key: str, wids: list[str], now: float) -> list[int]:
+        """Workers still running an attempt after a control-plane restart get warm GPUs of pool ``key``
+        again."""
         gids = []
         for wid in wids:
-            gpu = self.state.launch(llm, now)
+            gpu = self.state.launch(key, now)
             self.state.gpu_ready(gpu.id, now)
             self.gpu_of[wid], self.worker_of[gpu.id] = gpu.id, wid
             gids.append(gpu.id)

@@ -40,7 +40,7 @@ class JobLifecycle:
         self.condition(job, C.ACCEPTED, "True", Reason.VALIDATED, "spec is valid; waiting for the scheduler")
         self.condition(job, C.SCHEDULED, "False", Reason.PENDING, "waiting for warm GPUs")
         self.condition(job, C.SUCCEEDED, "Unknown", Reason.PENDING, "")
-        self.metrics.jobs_submitted.labels(job.llm).inc()
+        self.metrics.jobs_submitted.labels(job.llm, job.pool_namespace).inc()
 
     def warm_gpus_assigned(self, job: JobRecord, count: int) -> None:
         self.condition(
@@ -86,7 +86,7 @@ class JobLifecycle:
     def bank_skipped(self, job: JobRecord, reason: str, message: str) -> None:
         """The latency budget said no (or the spec said never): the job tunes from its own prompt."""
         job.status.prompt_bank = PromptBankStatus(used=False, reason=reason, message=message)
-        self.metrics.bank_lookups.labels(job.llm, "skipped").inc()
+        self.metrics.bank_lookups.labels(job.llm, job.pool_namespace, "skipped").inc()
 
     def bank_reported(self, job: JobRecord, report: PromptBankReport) -> None:
         """The worker's lookup outcome (its pick, or why the bank could not serve)."""
@@ -102,9 +102,9 @@ class JobLifecycle:
         result = (
             "used" if report.used else ("skipped" if report.reason in PROMPT_BANK_SKIP_REASONS else "failed")
         )
-        self.metrics.bank_lookups.labels(job.llm, result).inc()
+        self.metrics.bank_lookups.labels(job.llm, job.pool_namespace, result).inc()
         if report.latency_seconds is not None:
-            self.metrics.bank_latency.labels(job.llm).observe(report.latency_seconds)
+            self.metrics.bank_latency.labels(job.llm, job.pool_namespace).observe(report.latency_seconds)
 
     # -- progress and retries -----------------------------------------------------------------------
     def progress(self, job: JobRecord, ev: Event, predicted_completion: float | None) -> None:
@@ -193,9 +193,9 @@ class JobLifecycle:
         if status == "False":
             self.condition(job, C.FAILED, "True", reason, message)
         outcome = "succeeded" if status == "True" else "failed"
-        self.metrics.jobs_finished.labels(job.llm, outcome).inc()
-        self.metrics.slo.labels(job.llm, "met" if st.slo_met else "missed").inc()
-        self.metrics.job_latency.labels(job.llm).observe(now - job.created)
+        self.metrics.jobs_finished.labels(job.llm, job.pool_namespace, outcome).inc()
+        self.metrics.slo.labels(job.llm, job.pool_namespace, "met" if st.slo_met else "missed").inc()
+        self.metrics.job_latency.labels(job.llm, job.pool_namespace).observe(now - job.created)
         self.emit(job)
 
     # -- tune -> serve ------------------------------------------------------------------------------

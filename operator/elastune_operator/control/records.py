@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import uuid
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol, TypeVar
 
 from elastune_contract.api.tuningjob import TuningJobSpec, TuningJobStatus
 from elastune_contract.api.warmpool import ServingSpec, namespace_admitted
-from elastune_contract.protocol import WORKER_TTL_SECONDS, pool_id
+from elastune_contract.protocol import WORKER_TTL_SECONDS, WorkerRecord, pool_id, split_worker_id
 from elastune_operator.scheduling.policy import ROUND_SECONDS, PolicyName
 
 
@@ -38,6 +40,58 @@ class PoolConfig:
         """namespace/name (``protocol.pool_id``): how the core names the pool to its backend, since two
         namespaces may each have a WarmPool of one name."""
         return pool_id(self.namespace, self.name)
+
+
+class _PoolLike(Protocol):
+    @property
+    def model(self) -> str: ...
+    @property
+    def namespace(self) -> str: ...
+    @property
+    def key(self) -> str: ...
+    def admits(self, namespace: str) -> bool: ...
+
+
+P = TypeVar("P", bound=_PoolLike)
+
+
+class _Named(Protocol):
+    @property
+    def name(self) -> str: ...
+    @property
+    def model(self) -> str: ...
+
+
+def record_pool(rec: WorkerRecord, pools: Mapping[str, _Named]) -> str | None:
+    """The id of the pool (of ``pools``: pool id -> pool) a worker's registry record belongs to, None
+    for none of them: its ``pool`` when that is a pool id already; else the pool of that name in the
+    worker's namespace (a pod registers as ``<namespace>/<pod>`` with its WarmPool's name); else, for a
+    worker of no namespace (a local process), the pool of that name serving its model (the lowest id,
+    should two namespaces have one). A record whose pool serves another model than the record says
+    belongs to none."""
+    if rec.pool in pools:
+        key: str | None = rec.pool
+    elif ns := split_worker_id(rec.id)[0]:
+        key = pool_id(ns, rec.pool)
+    else:
+        key = min((k for k, p in pools.items() if p.name == rec.pool and p.model == rec.model), default=None)
+    return key if key is not None and key in pools and pools[key].model == rec.model else None
+
+
+def resolve_pool(pools: Iterable[P], namespace: str, model: str) -> P | None:
+    """The pool a TuningJob or LoRAAdapter of ``namespace`` uses for ``model``: the WarmPool of its own
+    namespace that serves the model (a namespace has at most one per model), else, of the other
+    namespaces' pools of the model that admit ``namespace`` (spec.allowedNamespaces), the one of the
+    lowest pool id; None when no pool of the model admits it."""
+    admitting: list[P] = []
+    for p in pools:
+        if p.model != model:
+            continue
+        if p.namespace == namespace:
+            return p
+        if p.admits(namespace):
+            admitting.append(p)
+    return min(admitting, key=lambda p: p.key, default=None)
 
 
 @dataclass
@@ -91,6 +145,8 @@ class JobRecord:
     gpu_seconds: float = 0.0
     terminal: bool = False
     pool: str = ""
+    """The pool it runs on, by id (namespace/name: ``PoolConfig.key``), chosen once at submission
+    (``ControlCore.resolve``); "" until then. The scheduler's per-pool state is keyed by it."""
     checkpoint_root: str | None = None
     """Where this job's checkpoints go, the attempt's uid appended: a pvc:// URI on the pool's durable
     claim (Kubernetes); None: ``CoreSettings.work_dir/checkpoints/<ns>/<name>``."""
@@ -98,3 +154,12 @@ class JobRecord:
     @property
     def llm(self) -> str:
         return self.spec.model
+
+    @property
+    def namespace(self) -> str:
+        return self.key.split("/", 1)[0]
+
+    @property
+    def pool_namespace(self) -> str:
+        """The namespace of its pool ("" before one is chosen): the metrics' ``pool_namespace``."""
+        return self.pool.rpartition("/")[0]

@@ -4,20 +4,24 @@ Each round (``tick``) it reads the workers' registry records and
 - publishes one ``ServingPoolRecord`` per WarmPool, listing the pool's adapters, so the gateway knows a
   model or adapter whose pool has no warm pod and holds its requests instead of a 404, and the addresses
   of the pool's workers the backend vouches for (the gateway forwards only to those);
-- answers the serving need of each pool: ``serving.minReplicas``, at least one pod while the gateway
-  reports requests waiting for the model or one of its adapters (scale from zero); the core runs the pool
-  at max(tuning need, serving need) through the scheduler's minimum warm GPUs;
+- answers the serving need of each pool (by pool id, namespace/name: two namespaces may each have a
+  WarmPool of one model, each with its own pods, adapters and need): ``serving.minReplicas``, at least
+  one pod while the gateway reports requests waiting for the model through this pool or for one of its
+  adapters (scale from zero); the core runs the pool at max(tuning need, serving need) through the
+  scheduler's minimum warm GPUs;
 - places adapters on the pool's serving pods (``scheduling.placement``, pure) and writes each pod's share
   to the registry, where the worker pulls and applies it with the engine's load/unload;
 - reports each LoRAAdapter's status from what the workers say they hold (true residency: pod and tier),
   with Ready=False and a reason for anything that cannot be served.
 
-Tenancy: an adapter is the pair (namespace, name) everywhere here and in what is written for the others
-(``protocol.adapter_id``: ``namespace/name`` in pool records, placements, demand and request counts;
-the workers' records report the namespace of each adapter they hold), so two namespaces may each have a
-LoRAAdapter ``summarizer`` on one pool, each with its own status, placement and load, and deleting one
-never unloads the other. Clients still send the bare name: the gateway resolves it in the caller's
-namespace (``elastune_gateway.server.directory``).
+Tenancy: an adapter runs on the pool ``records.resolve_pool`` picks for its namespace and base model
+(its own namespace's WarmPool of the model, else the lowest id of those admitting its namespace), and
+is placed only on that pool's pods. An adapter is the pair (namespace, name) everywhere here and in
+what is written for the others (``protocol.adapter_id``: ``namespace/name`` in pool records,
+placements, demand and request counts; the workers' records report the namespace of each adapter
+they hold), so two namespaces may each have a LoRAAdapter ``summarizer`` on one pool, each with its own
+status, placement and load, and deleting one never unloads the other. Clients still send the bare
+name: the gateway resolves it in the caller's namespace (``elastune_gateway.server.directory``).
 
 All state here is rebuilt from the resources and the registry after a restart: nothing is lost. What it
 owns in the registry (pool records, placements) is level-triggered: written when it changes, and written
@@ -48,11 +52,13 @@ from elastune_contract.protocol import (
     WorkerRecord,
     WorkerState,
     adapter_id,
+    base_model_id,
     pool_id,
     pools_key,
 )
 from elastune_contract.vocabulary import ConditionType, Reason
 from elastune_operator.control import artifacts
+from elastune_operator.control.records import record_pool, resolve_pool
 from elastune_operator.metrics import ControlMetrics
 from elastune_operator.scheduling.placement import AdapterDemand, PlacementConfig, PodView, place
 
@@ -85,6 +91,8 @@ class AdapterRecord:
     rank: int = 0
     problem: artifacts.Problem | None = None
     deleting: bool = False
+    pool: str = ""
+    """The id of the pool it is served on (``resolve_pool``), "" while none serves it."""
 
     @property
     def key(self) -> str:
@@ -99,6 +107,13 @@ class _Pool:
     spec: ServingSpec
     namespace: str = "default"
     allowed: tuple[str, ...] = ()
+
+    @property
+    def key(self) -> str:
+        return pool_id(self.namespace, self.name)
+
+    def admits(self, namespace: str) -> bool:
+        return namespace_admitted(namespace, self.namespace, self.allowed)
 
 
 class ServingControl:
@@ -121,12 +136,12 @@ class ServingControl:
         self.check_artifact_paths = check_artifact_paths
         self.on_status = on_status or (lambda _rec: None)
         self.clock = clock
-        self.pools: dict[str, _Pool] = {}  # model -> pool
+        self.pools: dict[str, _Pool] = {}  # pool id (namespace/name) -> pool
         self.adapters: dict[str, AdapterRecord] = {}  # namespace/name -> record
         self._published: dict[str, str] = {}  # namespace/pool -> last record written
         self._placed: dict[str, dict[str, PlacedAdapter]] = {}  # worker -> placement written
         self._status_sent: dict[str, str] = {}
-        self._pods: dict[str, int] = {}  # model -> serving pods seen in the last round
+        self._pods: dict[str, int] = {}  # pool id -> serving pods seen in the last round
         self._popularity: dict[str, int] = {}  # adapter id or model -> requests in the last 1-2 windows
         self._popularity_at = float("-inf")
         self._asserted_at = float("-inf")  # when everything was last rewritten
@@ -142,22 +157,27 @@ class ServingControl:
         namespace: str = "default",
         allowed: tuple[str, ...] = (),
     ) -> None:
-        self.pools[model] = _Pool(name, model, spec or DEFAULT_SERVING, namespace, allowed)
+        pool = _Pool(name, model, spec or DEFAULT_SERVING, namespace, allowed)
+        self.pools[pool.key] = pool
         for rec in self.adapters.values():
             if rec.spec.base_model == model:
-                self._validate(rec)
+                self._validate(rec)  # a pool of its own namespace may now serve it instead
 
-    def remove_pool(self, model: str) -> None:
-        pool = self.pools.pop(model, None)
-        if pool is not None:
-            self.bus.forget_pool(pool.name, pool.namespace)
-            self._published.pop(pool_id(pool.namespace, pool.name), None)
+    def remove_pool(self, key: str) -> None:
+        """``key``: the pool's id (namespace/name)."""
+        pool = self.pools.pop(key, None)
+        if pool is None:
+            return
+        self.bus.forget_pool(pool.name, pool.namespace)
+        self._published.pop(key, None)
+        self._pods.pop(key, None)
         for rec in self.adapters.values():
-            if rec.spec.base_model == model:
+            if rec.spec.base_model == pool.model:
                 self._validate(rec)
 
-    def hold_model(self, model: str) -> ServingSpec:
-        pool = self.pools.get(model)
+    def hold(self, key: str) -> ServingSpec:
+        """The serving section of pool ``key`` (the engine's defaults for an unknown one)."""
+        pool = self.pools.get(key)
         return pool.spec if pool is not None else DEFAULT_SERVING
 
     # -- adapters -----------------------------------------------------------------------------------
@@ -188,26 +208,29 @@ class ServingControl:
         return True
 
     def _validate(self, rec: AdapterRecord) -> None:
-        pool = self.pools.get(rec.spec.base_model)
+        pool = resolve_pool(self.pools.values(), rec.namespace, rec.spec.base_model)
+        of_model = sorted(p.key for p in self.pools.values() if p.model == rec.spec.base_model)
         rec.problem = None
         rec.url, rec.rank = "", 0
-        if rec.name in self.pools:
+        rec.pool = pool.key if pool is not None else ""
+        if any(p.model == rec.name for p in self.pools.values()):
             rec.problem = artifacts.Problem(
                 Reason.NAME_CLASHES_WITH_MODEL,
                 f"{rec.name} is the name of a base model a WarmPool serves; rename the adapter",
             )
-        elif pool is None:
-            known = ", ".join(sorted(self.pools)) or "none"
+        elif pool is None and not of_model:
+            known = ", ".join(sorted({p.model for p in self.pools.values()})) or "none"
             rec.problem = artifacts.Problem(
                 Reason.UNKNOWN_MODEL,
                 f"no WarmPool serves baseModel {rec.spec.base_model!r} (pools serve: {known})",
             )
-        elif not namespace_admitted(rec.namespace, pool.namespace, pool.allowed):
+        elif pool is None:
+            names = ", ".join(of_model)
             rec.problem = artifacts.Problem(
                 Reason.POOL_NOT_SHARED,
-                f"the WarmPool of baseModel {rec.spec.base_model!r} is {pool.namespace}/{pool.name}, "
-                f"which does not admit namespace {rec.namespace}: create a WarmPool in {rec.namespace}, "
-                f"or have {pool.namespace}/{pool.name} list {rec.namespace} in spec.allowedNamespaces",
+                f"the WarmPools of baseModel {rec.spec.base_model!r} ({names}) do not admit namespace "
+                f"{rec.namespace}: create a WarmPool in {rec.namespace}, or have one of them list "
+                f"{rec.namespace} in spec.allowedNamespaces",
             )
         else:
             found = artifacts.inspect(
@@ -226,18 +249,23 @@ class ServingControl:
         rec.status.observed_generation = rec.generation
 
     # -- the round ----------------------------------------------------------------------------------
-    def serving_need(self, model: str) -> int:
-        """Pods the pool must keep for serving: its minimum, one while requests for it wait."""
-        pool = self.pools.get(model)
+    def serving_need(self, key: str) -> int:
+        """Pods pool ``key`` (its id) must keep for serving: its minimum, one while requests for it wait
+        (for its base model through this pool, or for an adapter it serves). Requests waiting for the
+        model by name alone (a gateway older than ``base_model_id``) count for every pool of it."""
+        pool = self.pools.get(key)
         if pool is None:
             return 0
         need = pool.spec.min_replicas
-        names = [model] + [r.key for r in self.adapters.values() if r.spec.base_model == model and r.url]
+        names = [base_model_id(pool.model, key), pool.model]
+        names += [r.key for r in self.adapters.values() if r.pool == key and r.url]
         if any(self.bus.demand(name) is not None for name in names):
             need = max(need, 1)
         return need
 
-    def tick(self, workers: dict[str, WorkerRecord]) -> None:
+    def tick(self, workers: dict[str, WorkerRecord], pool_of: dict[str, str] | None = None) -> None:
+        """``pool_of``: worker id -> pool id of the records (the fleet's, read this round); None: worked
+        out here (``records.record_pool``)."""
         # Requests per adapter from the gateway(s) (POPULARITY_WINDOW_S windows): replicas by share. The
         # counts move by the minute, so they are read every few seconds, not every 50 ms round.
         now = self.clock()
@@ -245,18 +273,18 @@ class ServingControl:
         if self.pools and now - self._popularity_at >= POPULARITY_READ_S:
             self._popularity, self._popularity_at = self.bus.popularity(now), now
         vouched = self.vouched() if self.vouched is not None else None
-        for model, pool in self.pools.items():
-            self._publish_pool(
-                pool, None if vouched is None else vouched.get(pool_id(pool.namespace, pool.name), {})
-            )
+        if pool_of is None:
+            pool_of = {wid: k for wid, w in workers.items() if (k := record_pool(w, self.pools))}
+        for key, pool in self.pools.items():
+            self._publish_pool(pool, None if vouched is None else vouched.get(key, {}))
             serving = {
                 wid: w
                 for wid, w in workers.items()
-                if w.model == model
+                if pool_of.get(wid) == key
                 and w.serving is not None
                 and w.state in (WorkerState.READY, WorkerState.BUSY)
             }
-            self._pods[model] = len(serving)
+            self._pods[key] = len(serving)
             self._place(pool, serving)
         for rec in list(self.adapters.values()):
             self._report(rec, workers)
@@ -295,19 +323,17 @@ class ServingControl:
             adapters={
                 r.key: r.rank
                 for r in sorted(self.adapters.values(), key=lambda r: r.key)
-                if r.spec.base_model == pool.model and r.url and not r.deleting
+                if r.pool == pool.key and r.url and not r.deleting
             },
             vouched=None if vouched is None else dict(sorted(vouched.items())),
         )
         text = record.dumps()
-        if self._published.get(key := pool_id(pool.namespace, pool.name)) != text:
+        if self._published.get(key := pool.key) != text:
             self.bus.publish_pool(record)
             self._published[key] = text
 
     def _place(self, pool: _Pool, serving: dict[str, WorkerRecord]) -> None:
-        wanted = [
-            r for r in self.adapters.values() if r.spec.base_model == pool.model and r.url and not r.deleting
-        ]
+        wanted = [r for r in self.adapters.values() if r.pool == pool.key and r.url and not r.deleting]
         pods = [
             PodView(
                 name=wid,
@@ -391,15 +417,15 @@ class ServingControl:
             ready = (
                 "True",
                 Reason.SERVABLE,
-                f"served as model {rec.name} to namespace {rec.namespace} on the WarmPool of "
-                f"{rec.spec.base_model}",
+                f"served as model {rec.name} to namespace {rec.namespace} on WarmPool {rec.pool} "
+                f"({rec.spec.base_model})",
             )
         if holders:
             where = ", ".join(f"{h.pod} ({h.tier})" for h in holders)
             loaded = ("True", Reason.ADAPTER_LOADED, f"held by {where}")
         elif problem is not None:
             loaded = ("False", problem.reason, "not loaded: " + problem.message)
-        elif not self._pods.get(rec.spec.base_model):
+        elif not self._pods.get(rec.pool):
             loaded = (
                 "False",
                 Reason.NO_WARM_POD,

@@ -9,13 +9,15 @@ Run with ``elastune operator [kopf run flags]`` (e.g. ``--all-namespaces --liven
   apiserver without CEL the operator ignores them and says so in a Warning event: the job keeps
   running with the spec it was accepted with. Delete and re-create it to change the spec.
 - WarmPool create/resume/update → the pool is (re)configured and its Knative Service applied; delete →
-  jobs that still need it fail with WarmPoolDeleted (the Service goes with its owner reference). One
-  WarmPool serves a model: another of the same model (any namespace) is refused (Ready=False,
-  DuplicateWarmPool) and touches nothing; deleting it touches nothing either (keyed by namespace/name),
-  and when the serving pool goes a refused one takes its place.
-- Tenancy: a TuningJob or LoRAAdapter uses its model's WarmPool only when the pool is in its namespace or
-  lists that namespace in spec.allowedNamespaces ("*": all); otherwise the job waits (Scheduled=False,
-  PoolNotShared) and the adapter is not served (Ready=False, PoolNotShared) until the pool admits it.
+  jobs that still need it fail with WarmPoolDeleted (the Service goes with its owner reference). A pool
+  is per namespace and model: another WarmPool of the same model in the same namespace is refused
+  (Ready=False, DuplicateWarmPool) and touches nothing; deleting it touches nothing either (keyed by
+  namespace/name), and when the serving pool goes a refused one of its namespace takes its place.
+  Other namespaces' WarmPools of the model are pools of their own.
+- Tenancy: a TuningJob or LoRAAdapter uses its own namespace's WarmPool of its model, else the pool of
+  the lowest id among those listing its namespace in spec.allowedNamespaces ("*": all); with none the
+  job waits (Scheduled=False, PoolNotShared) and the adapter is not served (Ready=False, PoolNotShared)
+  until a pool admits it.
 - LoRAAdapter create/resume/update → validated against its artifact and placed on the pool's pods
   (status follows what the workers really hold); delete → unloaded from every pod, and only then does
   kopf remove our finalizer (retried every 2 s while a pod still holds it).

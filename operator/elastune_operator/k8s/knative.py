@@ -473,7 +473,7 @@ class KnativeBackend:
                 if failure is not None:
                     reason, detail = failure
                     log.warning("worker pod %s/%s: %s", ns, key[1], detail)
-                    out[pod_worker_id(ns, key[1])] = WorkerExit(model, detail, reason)
+                    out[pod_worker_id(ns, key[1])] = WorkerExit(model, detail, reason, pool_id(ns, pool_name))
                     self._done.add(key)
                     self._failed.add(key)
             self._done = {k for k in self._done if k[0] != ns or k in listed}

@@ -45,7 +45,7 @@ from elastune_contract.api.loraadapter import LoRAAdapter, LoRAAdapterStatus
 from elastune_contract.api.resources import InvalidResource, parse_resource
 from elastune_contract.api.tuningjob import TuningJob
 from elastune_contract.api.warmpool import WarmPool, WarmPoolStatus
-from elastune_contract.protocol import PASSWORD_ENV, adapter_id, pool_id
+from elastune_contract.protocol import PASSWORD_ENV, adapter_id
 from elastune_contract.vocabulary import ConditionType, Reason
 from elastune_operator.api_keys import namespace_models
 from elastune_operator.control.core import ControlCore, PublishRefused
@@ -128,6 +128,7 @@ class Runtime:
             on_adapter_status=self._on_adapter_status,
             on_publish=self._on_publish,
             persist=self._persist,
+            on_move=self._on_move,
             deadlines=AttemptDeadlines(
                 start_deadline_s=settings.attempt_start_deadline_s,
                 stall_floor_s=settings.attempt_stall_floor_s,
@@ -140,9 +141,10 @@ class Runtime:
         self._adapters_dirty: dict[str, AdapterRecord] = {}
         self._posted: dict[str, set[tuple[str, str, str]]] = {}  # job key -> conditions already evented
         self._pools: dict[str, WarmPool] = {}  # "ns/name" -> resource (the pools the core runs)
-        self._rejected: dict[str, WarmPool] = {}  # "ns/name" -> a WarmPool whose model has a pool
+        self._rejected: dict[str, WarmPool] = {}  # "ns/name" -> a WarmPool whose model has a pool in its ns
         self._pool_conditions: dict[str, list[Any]] = {}  # "ns/name" -> its Ready condition
-        self._held: dict[str, dict[str, Any]] = {}  # job key -> body: its model's pool does not admit it
+        self._held: dict[str, dict[str, Any]] = {}  # job key -> body: no pool of its model admits it
+        self._resources: dict[str, TuningJob] = {}  # job key -> resource, while it may move pools
         self._pool_status: dict[str, dict[str, Any]] = {}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -204,9 +206,11 @@ class Runtime:
 
     # -- commands (called from kopf handlers) -------------------------------------------------------
     def upsert_pool(self, body: dict[str, Any]) -> None:
-        """Configure the pool, or refuse it (Ready=False, DuplicateWarmPool) when a WarmPool of another
-        namespace/name already serves its model: a refused pool touches nothing of the other one. Jobs
-        held because no pool admitted their namespace are tried again."""
+        """Configure the pool, or refuse it (Ready=False, DuplicateWarmPool) when another WarmPool of its
+        namespace already serves its model (one per namespace and model): a refused pool touches nothing
+        of the other one. Other namespaces' pools of the model are pools of their own (each serves its
+        namespace and those it admits). Jobs held because no pool admitted their namespace are tried
+        again."""
         pool = parse_resource(body)
         assert isinstance(pool, WarmPool)
         retry: list[dict[str, Any]] = self.call(functools.partial(self._apply_pool, pool), wait=30)
@@ -216,23 +220,37 @@ class Runtime:
     def _apply_pool(self, pool: WarmPool) -> list[dict[str, Any]]:
         """In the core thread: accept or refuse ``pool``; returns the held jobs of its model."""
         key = f"{pool.metadata.namespace or 'default'}/{pool.metadata.name}"
-        model = pool.spec.model
-        owner = next((k for k, p in self._pools.items() if k != key and p.spec.model == model), None)
+        model, ns = pool.spec.model, pool.metadata.namespace or "default"
+        owner = next(
+            (
+                k
+                for k, p in self._pools.items()
+                if k != key and p.spec.model == model and (p.metadata.namespace or "default") == ns
+            ),
+            None,
+        )
         if owner is not None:
             self._rejected[key] = pool
             self._pool_condition(
                 key,
                 "False",
                 Reason.DUPLICATE_WARM_POOL,
-                f"model {model!r} already has WarmPool {owner}; one WarmPool serves a model. Delete this "
-                f"one and use {owner} (its owner lists this namespace in spec.allowedNamespaces), or "
-                f"serve another model",
+                f"namespace {ns} already has WarmPool {owner} of model {model!r}; a namespace has one "
+                f"WarmPool per model. Delete this one and use {owner}, or serve another model",
             )
-            log.warning("WarmPool %s refused: model %s already has WarmPool %s", key, model, owner)
+            log.warning("WarmPool %s refused: %s already has WarmPool %s of %s", key, ns, owner, model)
             return []
-        self.core.add_pool(pool_config(pool))
+        previous = self._pools.get(key)
+        self._pools[key] = pool  # before the core's add_pool: jobs moving to it place their storage here
+        try:
+            self.core.add_pool(pool_config(pool))
+        except Exception:
+            if previous is None:
+                del self._pools[key]
+            else:
+                self._pools[key] = previous
+            raise
         self._rejected.pop(key, None)
-        self._pools[key] = pool
         self.backend.register(pool)
         admits = ", ".join([pool.metadata.namespace or "default", *(pool.spec.allowed_namespaces or [])])
         self._pool_condition(key, "True", Reason.POOL_CONFIGURED, f"serves {model} to namespaces {admits}")
@@ -245,8 +263,9 @@ class Runtime:
 
     def delete_pool(self, body: dict[str, Any]) -> None:
         """Keyed by namespace/name: a refused duplicate goes without touching the pool that serves its
-        model; a configured pool's jobs fail (WarmPoolDeleted), and a refused pool of the same model,
-        if any, is configured in its place."""
+        model in its namespace; a configured pool's jobs not dispatched yet move to another pool that
+        admits them, the others fail (WarmPoolDeleted), and a refused pool of the same namespace and
+        model, if any, is configured in its place. Other namespaces' pools are never touched."""
         meta = body.get("metadata", {})
         key = f"{meta.get('namespace') or 'default'}/{meta.get('name')}"
 
@@ -258,9 +277,17 @@ class Runtime:
             pool = self._pools.pop(key, None)
             if pool is None:
                 return None
-            self.core.remove_pool(pool.spec.model, f"WarmPool {key} was deleted")
+            self.core.remove_pool(key, f"WarmPool {key} was deleted")
             self.backend.unregister(key)
-            return next((p for p in self._rejected.values() if p.spec.model == pool.spec.model), None)
+            ns = pool.metadata.namespace or "default"
+            return next(
+                (
+                    p
+                    for p in self._rejected.values()
+                    if p.spec.model == pool.spec.model and (p.metadata.namespace or "default") == ns
+                ),
+                None,
+            )
 
         waiting = self.call(apply, wait=30)
         if waiting is not None:
@@ -279,16 +306,16 @@ class Runtime:
             self._fail_invalid(meta, "; ".join(errors))
             return
         rec = job_record(job, created=None, dataset=job.spec.dataset, artifact=artifact)
-        if job.spec.model not in self.core.pools:
+        ns = meta.get("namespace") or "default"
+        if not any(p.model == job.spec.model for p in list(self.core.pools.values())):
             self._refresh_pools()  # a WarmPool applied together with the job may not be handled yet
         if job.spec.output and job.spec.output.secret_name and not is_terminal(rec):
-            ns = meta.get("namespace") or "default"
             self._mount_s3_secret(ns, job.spec.model, job.spec.output.secret_name)
 
         def submit() -> None:
-            cfg = self.core.pools.get(job.spec.model)
-            if cfg is not None and not is_terminal(rec) and not cfg.admits(rec.key.split("/", 1)[0]):
-                self._hold(body, rec, cfg)
+            of_model = sorted(k for k, p in self.core.pools.items() if p.model == job.spec.model)
+            if of_model and not is_terminal(rec) and self.core.resolve(ns, job.spec.model) is None:
+                self._hold(body, rec, of_model)
                 return
             self._held.pop(rec.key, None)
             if self._place_storage(job, rec, meta):
@@ -299,17 +326,17 @@ class Runtime:
         self.call(submit)
         log.info("submitted %s", key)
 
-    def _hold(self, body: dict[str, Any], rec: JobRecord, cfg: PoolConfig) -> None:
-        """In the core thread: the only pool of the job's model is another namespace's and does not
-        admit the job's: it is not scheduled (Scheduled=False, PoolNotShared) and waits, tried again
-        whenever a WarmPool of its model is applied."""
-        ns = rec.key.split("/", 1)[0]
+    def _hold(self, body: dict[str, Any], rec: JobRecord, pools: list[str]) -> None:
+        """In the core thread: the pools of the job's model (``pools``, their ids) are other
+        namespaces' and none admits the job's: it is not scheduled (Scheduled=False, PoolNotShared) and
+        waits, tried again whenever a WarmPool of its model is applied."""
+        ns = rec.namespace
         first = rec.key not in self._held
         self._held[rec.key] = body
+        names = ", ".join(pools)
         message = (
-            f"the WarmPool of model {rec.llm!r} is {cfg.namespace}/{cfg.name}, which does not admit "
-            f"namespace {ns}: create a WarmPool in {ns}, or have {cfg.namespace}/{cfg.name} list {ns} "
-            "in spec.allowedNamespaces"
+            f"the WarmPools of model {rec.llm!r} ({names}) do not admit namespace {ns}: create a "
+            f"WarmPool in {ns}, or have one of them list {ns} in spec.allowedNamespaces"
         )
         rec.status.observed_generation = rec.generation
         for ctype, status, reason, text in (
@@ -330,10 +357,11 @@ class Runtime:
         (``durable_storage``), or the job refused with the reason (False). Nothing in a pod's filesystem
         outlives the pod; a job that already ended keeps its status, and one whose model no pool serves
         is failed by the core (UnknownModel)."""
-        cfg = self.core.pools.get(job.spec.model)
-        pool = self._pools.get(f"{cfg.namespace}/{cfg.name}") if cfg else None
+        cfg = self.core.resolve(rec.namespace, job.spec.model)
+        pool = self._pools.get(cfg.key) if cfg else None
         if pool is None or is_terminal(rec):
             return True
+        self._resources[rec.key] = job
         try:
             placed = durable_storage(job, pool)
         except ValueError as exc:
@@ -343,9 +371,27 @@ class Runtime:
         rec.artifact_dir, rec.checkpoint_root = placed.artifact, placed.checkpoints
         return True
 
+    def _on_move(self, rec: JobRecord, cfg: PoolConfig) -> bool:
+        """In the core thread: a job not dispatched yet moves to pool ``cfg`` (its own namespace's
+        appeared, or its pool went): its artifact and checkpoints go on that pool's claims, or it stays
+        (False) when they cannot."""
+        job, pool = self._resources.get(rec.key), self._pools.get(cfg.key)
+        if job is None or pool is None:
+            return job is None  # no storage placed for it (terminal or not on Kubernetes storage)
+        try:
+            placed = durable_storage(job, pool)
+        except ValueError as exc:
+            log.info(
+                "%s stays on %s: its storage does not fit WarmPool %s (%s)", rec.key, rec.pool, cfg.key, exc
+            )
+            return False
+        rec.artifact_dir, rec.checkpoint_root = placed.artifact, placed.checkpoints
+        return True
+
     def cancel_job(self, key: str) -> None:
         def apply() -> None:
             self._held.pop(key, None)
+            self._resources.pop(key, None)
             self.core.cancel(key)
 
         self.call(apply, wait=30)
@@ -368,20 +414,24 @@ class Runtime:
             # Seeded from the stored status so `loadedOn[].since` survives an operator restart.
             status=res.status or LoRAAdapterStatus(),
         )
-        if res.spec.base_model not in self.core.pools:
+        if not any(p.model == res.spec.base_model for p in list(self.core.pools.values())):
             self._refresh_pools()  # a WarmPool applied together with the adapter may not be handled yet
         if res.spec.artifact_secret:
             self._mount_s3_secret(rec.namespace, res.spec.base_model, res.spec.artifact_secret)
         self.call(lambda: self.core.serving.upsert_adapter(rec), wait=30)
 
     def _mount_s3_secret(self, namespace: str, model: str, secret: str) -> None:
-        """The Secret an s3:// artifact names, mounted into the pods of the pool of ``model`` in the
-        resource's namespace (a pod reads Secrets of its own namespace only). By name: the operator
-        never reads S3 credentials."""
-        for pool in list(self._pools.values()):
-            if pool.metadata.namespace == namespace and pool.spec.model == model:
-                key = pool_id(namespace, pool.metadata.name or "")
-                self.call(functools.partial(self.backend.use_s3_secret, key, secret))
+        """The Secret an s3:// artifact names, mounted into the pods of the pool the resource of
+        ``namespace`` uses for ``model`` (``ControlCore.resolve``: its namespace's, else an admitting
+        one, where the Secret must exist: a pod reads Secrets of its own namespace only). By name: the
+        operator never reads S3 credentials."""
+
+        def mount() -> None:
+            cfg = self.core.resolve(namespace, model)
+            if cfg is not None:
+                self.backend.use_s3_secret(cfg.key, secret)
+
+        self.call(mount)
 
     def delete_adapter(self, namespace: str, name: str) -> list[str]:
         """Unload it from every pod; returns the pods still holding it (empty: the finalizer may go)."""
@@ -606,18 +656,17 @@ class Runtime:
         st = self.core.state
         est = self.core.estimator
         for key, pool in self._pools.items():
-            llm = pool.spec.model
-            if llm not in st.pool_size:
+            if key not in st.pool_size:  # the scheduler's per-pool state, by pool id
                 continue
-            c = st.counts(llm)
-            observed = est.observed_iteration_seconds(llm)
+            c = st.counts(key)
+            observed = est.observed_iteration_seconds(key)
             status = WarmPoolStatus(
                 observed_generation=pool.metadata.generation,
                 warm_gpus=c["idle"] + c["held"] + c["busy"],
                 busy_gpus=c["busy"] + c["held"],
                 idle_gpus=c["idle"],
                 starting_gpus=c["starting"],
-                cold_start_seconds=units.format_decimal(round(est.cold_start(llm), 3)),
+                cold_start_seconds=units.format_decimal(round(est.cold_start(key), 3)),
                 iteration_seconds={str(k): units.format_decimal(round(v, 6)) for k, v in observed.items()}
                 or None,
             ).model_dump(by_alias=True, mode="json", exclude_none=True)

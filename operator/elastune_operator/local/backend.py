@@ -61,7 +61,7 @@ class LocalBackend:
         self.control_token_file.write_text(self.control_token)
         self.procs: dict[str, _Proc] = {}
         self.pool_args: dict[str, list[str]] = {}
-        """Extra worker flags per pool (its serving section as engine flags)."""
+        """Extra worker flags per pool, by pool id (namespace/name; its serving section as engine flags)."""
         self._n = 0
         (self.work_dir / "logs").mkdir(parents=True, exist_ok=True)
 
@@ -82,7 +82,7 @@ class LocalBackend:
         argv = [self.python, "-m", "elastune_worker", "serve", "--pool", pool, "--model", model]
         argv += ["--redis-url", self.redis_url, "--namespace", self.namespace, "--worker-id", wid]
         argv += ["--host", host, "--port", str(port), "--threads", str(self.threads)]
-        argv += self.pool_args.get(pool, [])
+        argv += self.pool_args.get(key or pool, self.pool_args.get(pool, []))
         env = {
             **os.environ,
             # Idle OpenMP threads must not spin: workers share the cores (~25x slower otherwise).
@@ -133,9 +133,8 @@ class LocalBackend:
             if p.stopping:
                 del self.procs[wid]
                 continue
-            out[wid] = WorkerExit(
-                p.model, f"worker process {wid} exited with code {rc}; log {p.log}: {_tail(p.log)}"
-            )
+            detail = f"worker process {wid} exited with code {rc}; log {p.log}: {_tail(p.log)}"
+            out[wid] = WorkerExit(p.model, detail, pool=p.pool)
         return out
 
     def close(self, timeout: float = 10.0) -> None:

@@ -83,16 +83,17 @@ def plan(opts: RunOptions) -> tuple[list[PoolConfig], list[tuple[TuningJob, Path
     jobs = [(m.resource, m.file.resolve().parent) for m in found if isinstance(m.resource, TuningJob)]
     if not jobs:
         raise RunError(f"no TuningJob in {', '.join(map(str, opts.files))}")
+    # By pool id: two namespaces may each have a WarmPool of one model (the core resolves a job's).
     pools = {
-        m.resource.spec.model: pool_config(m.resource, opts.workers)
+        (cfg := pool_config(m.resource, opts.workers)).key: cfg
         for m in found
         if isinstance(m.resource, WarmPool)
     }
     for job, _ in jobs:
         model = job.spec.model
-        if model not in pools:  # local default: a pool of this machine's workers for the job's model
+        if all(p.model != model for p in pools.values()):  # local default: this machine's workers
             name = "local-" + re.sub(r"[^a-z0-9-]+", "-", model.lower()).strip("-")
-            pools[model] = PoolConfig(
+            pools[f"default/{name}"] = PoolConfig(
                 name=name, model=model, max_warm=opts.workers, cold_start_seconds=DEFAULT_COLD_START_SECONDS
             )
     return list(pools.values()), jobs

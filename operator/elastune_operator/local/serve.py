@@ -151,7 +151,7 @@ def serve(opts: ServeOptions, out: TextIO = sys.stdout, err: TextIO = sys.stderr
         backend = LocalBackend(state_dir, redis_url, extra_env=s3_env)
         configs = [pool_config(wp, opts.workers) for wp in pools]
         for wp, cfg in zip(pools, configs, strict=True):
-            backend.pool_args[cfg.name] = worker_serving_args(wp.spec.serving)
+            backend.pool_args[cfg.key] = worker_serving_args(wp.spec.serving)
         settings = CoreSettings(cold_capacity=opts.workers, channel_url=redis_url, work_dir=state_dir)
         core = ControlCore(
             backend, bus, settings, configs, on_status=status.job, on_adapter_status=status.adapter

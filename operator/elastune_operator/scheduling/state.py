@@ -1,7 +1,10 @@
 """Bookkeeping of GPU pools and jobs that every policy reads and every environment mutates.
 
 One shared cold pool with a fixed capacity (GPUs with nothing loaded; cost nothing) and one warm pool
-per LLM (GPUs with the runtime and weights loaded, or loading; paid whether busy or idle). The
+per LLM (GPUs with the runtime and weights loaded, or loading; paid whether busy or idle). The key
+``llm`` names a warm pool: the paper's LLM in the simulator, the pool id (namespace/name of a
+WarmPool, which serves one LLM) in the control plane, where two namespaces may each have a pool of one
+model; the algorithms run per key either way. The
 environment — the simulator, the local backend or the Knative backend — owns a ``ClusterState``,
 applies a policy's ``RoundDecision`` through its methods, and reports physics back (a GPU became
 warm, a job finished). ``version`` increases on every mutation so policies can skip rounds in which
@@ -10,7 +13,7 @@ nothing they read has changed.
 
 from __future__ import annotations
 
-from bisect import insort
+from bisect import bisect_left, insort
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -192,6 +195,18 @@ class ClusterState:
         job.dropped = True
         self.pending[job.llm].pop(job_id, None)
         self.pending_version[job.llm] += 1
+        self._touch()
+
+    def remove(self, job_id: str) -> None:
+        """Forget a pending job that holds no GPU (the control plane moves it to another pool before
+        it ever ran: it is submitted again there)."""
+        job = self.jobs.pop(job_id)
+        self.pending[job.llm].pop(job_id, None)
+        self.pending_version[job.llm] += 1
+        arrivals = self.arrivals[job.llm]
+        i = bisect_left(arrivals, (job.arrival, job_id))
+        if i < len(arrivals) and arrivals[i] == (job.arrival, job_id):
+            del arrivals[i]
         self._touch()
 
     def launch(self, llm: str, now: float, job: str | None = None, target: int = 0) -> GPU:
