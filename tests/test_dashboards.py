@@ -316,6 +316,7 @@ def test_every_query_is_valid_promql(tmp_path: Path) -> None:
         "$gpu_price": "5.12",
         "$model": ".*",
         "$namespace": ".*",
+        "$pool_namespace": ".*",
         "$model_name": ".*",
         "$ttft_slo": "1.0",
         "$tpot_slo": "0.1",

@@ -42,6 +42,12 @@ BASE_MODEL: Final = 'model_name=~"$model_name"'
 # model's is its WarmPool's): `model_namespace`, since the scrape's own `namespace` is the gateway pod's.
 GATEWAY_MODEL: Final = 'model_namespace=~"$model_namespace", model=~"$model"'
 BY_GATEWAY_MODEL: Final = "model_namespace, model"
+# The operator's per-LLM series also carry the namespace of the WarmPool (two namespaces may each have a
+# pool of one model): `pool_namespace`, since the scrape's own `namespace` is the operator pod's.
+POOL_MODEL: Final = 'pool_namespace=~"$pool_namespace", model=~"$model"'
+BY_POOL_MODEL: Final = "pool_namespace, model"
+SUM_BY_POOL: Final = f"sum by ({BY_POOL_MODEL}) "
+POOL_LEGEND: Final = "{{pool_namespace}} {{model}}"
 # The operator's metrics name the LLM in `model`: on the serving dashboard it follows $model_name.
 OPERATOR_MODEL: Final = 'model=~"$model_name"'
 TIER: Final = "sum by (model_name, tier) "
@@ -169,6 +175,10 @@ def model_variable(
     )
 
 
+def pool_namespace_variable(metric: str) -> dashboard_builders.QueryVariable:
+    return model_variable(metric, "pool_namespace", "Namespace (WarmPool)")
+
+
 def window_variable() -> dashboard_builders.CustomVariable:
     # Jobs end minutes apart: ratios and quantiles over a rate interval would mostly be empty.
     return (
@@ -241,37 +251,50 @@ def jobs_and_slos() -> dashboard_builders.Dashboard:
                     "SLO attainment",
                     "Share of finished TuningJobs that met their deadline over the window.",
                     "percentunit",
-                    ratio(increase(slo, met, MODEL), increase(slo, MODEL)),
+                    ratio(increase(slo, met, POOL_MODEL), increase(slo, POOL_MODEL)),
                 ),
                 single(
                     "Jobs pending",
                     "TuningJobs waiting for GPUs now.",
                     "short",
-                    f"sum({series('elastune_tuningjobs_pending', MODEL)})",
+                    f"sum({series('elastune_tuningjobs_pending', POOL_MODEL)})",
                 ),
                 single(
                     "Jobs submitted",
                     "TuningJobs accepted over the window.",
                     "short",
-                    f"sum({increase('elastune_tuningjobs_submitted_total', MODEL)})",
+                    f"sum({increase('elastune_tuningjobs_submitted_total', POOL_MODEL)})",
                 ),
                 single(
                     "Jobs missing their SLO",
                     "Finished TuningJobs over the window whose deadline passed first.",
                     "short",
-                    f"sum({increase(slo, missed, MODEL)})",
+                    f"sum({increase(slo, missed, POOL_MODEL)})",
                 ),
                 graph(
                     "SLO attainment by model",
                     "Met / finished over the sliding window, per LLM.",
                     "percentunit",
-                    [(ratio(increase(slo, met, MODEL), increase(slo, MODEL), by="model"), "{{model}}")],
+                    [
+                        (
+                            ratio(
+                                increase(slo, met, POOL_MODEL), increase(slo, POOL_MODEL), by=BY_POOL_MODEL
+                            ),
+                            POOL_LEGEND,
+                        )
+                    ],
                 ),
                 graph(
                     "Job latency (creation to completion)",
                     "p50 and p99 of TuningJob latency per LLM over the window.",
                     "s",
-                    quantiles("elastune_tuningjob_latency_seconds", "model", MODEL, "$window", (0.5, 0.99)),
+                    quantiles(
+                        "elastune_tuningjob_latency_seconds",
+                        BY_POOL_MODEL,
+                        POOL_MODEL,
+                        "$window",
+                        (0.5, 0.99),
+                    ),
                 ),
             ],
         ),
@@ -282,7 +305,7 @@ def jobs_and_slos() -> dashboard_builders.Dashboard:
                     "Pending jobs",
                     "TuningJobs waiting for GPUs (Algorithm 1 gave them none yet).",
                     "short",
-                    [(f"sum by (model) ({series('elastune_tuningjobs_pending', MODEL)})", "{{model}}")],
+                    [(SUM_BY_POOL + f"({series('elastune_tuningjobs_pending', POOL_MODEL)})", POOL_LEGEND)],
                     span=8,
                 ),
                 graph(
@@ -291,7 +314,8 @@ def jobs_and_slos() -> dashboard_builders.Dashboard:
                     "short",
                     [
                         (
-                            f"sum by (outcome) ({increase('elastune_tuningjobs_finished_total', MODEL)})",
+                            "sum by (outcome) "
+                            f"({increase('elastune_tuningjobs_finished_total', POOL_MODEL)})",
                             "{{outcome}}",
                         )
                     ],
@@ -304,8 +328,8 @@ def jobs_and_slos() -> dashboard_builders.Dashboard:
                     "short",
                     [
                         (
-                            f"sum by (model) ({rate('elastune_tuningjobs_submitted_total', MODEL)}) * 60",
-                            "{{model}}",
+                            SUM_BY_POOL + f"({rate('elastune_tuningjobs_submitted_total', POOL_MODEL)}) * 60",
+                            POOL_LEGEND,
                         )
                     ],
                     span=8,
@@ -322,7 +346,7 @@ def jobs_and_slos() -> dashboard_builders.Dashboard:
                     "short",
                     [
                         (
-                            f"sum by (result) ({increase('elastune_prompt_bank_lookups_total', MODEL)})",
+                            f"sum by (result) ({increase('elastune_prompt_bank_lookups_total', POOL_MODEL)})",
                             "{{result}}",
                         )
                     ],
@@ -333,11 +357,11 @@ def jobs_and_slos() -> dashboard_builders.Dashboard:
                     "p50 and p99 wall time of a lookup, and the mean.",
                     "s",
                     [
-                        *quantiles(bank, "", MODEL, "$window", (0.5, 0.99)),
+                        *quantiles(bank, "", POOL_MODEL, "$window", (0.5, 0.99)),
                         (
                             ratio(
-                                rate(f"{bank}_sum", MODEL, window="$window"),
-                                rate(f"{bank}_count", MODEL, window="$window"),
+                                rate(f"{bank}_sum", POOL_MODEL, window="$window"),
+                                rate(f"{bank}_count", POOL_MODEL, window="$window"),
                             ),
                             "mean",
                         ),
@@ -382,8 +406,10 @@ def jobs_and_slos() -> dashboard_builders.Dashboard:
         "Elastune / Jobs and SLOs",
         "TuningJob deadlines met, latency, queueing and Prompt Bank use (PromptTuner's SLO view).",
     )
-    dashboard = dashboard.with_variable(model_variable("elastune_tuningjobs_pending")).with_variable(
-        window_variable()
+    dashboard = (
+        dashboard.with_variable(pool_namespace_variable("elastune_tuningjobs_pending"))
+        .with_variable(model_variable("elastune_tuningjobs_pending"))
+        .with_variable(window_variable())
     )
     return with_panels(dashboard, rows)
 
@@ -401,19 +427,19 @@ def pools_and_cost() -> dashboard_builders.Dashboard:
                     "Cost now",
                     "Warm GPUs being paid (busy or idle) times the price per GPU-hour.",
                     "currencyUSD",
-                    f"sum({rate(paid, MODEL)}) * $gpu_price",
+                    f"sum({rate(paid, POOL_MODEL)}) * $gpu_price",
                 ),
                 single(
                     "Cost over the time range",
                     "GPU-hours paid in warm pools over the dashboard's time range times the price.",
                     "currencyUSD",
-                    f"sum({increase(paid, MODEL, window='$__range')}) / 3600 * $gpu_price",
+                    f"sum({increase(paid, POOL_MODEL, window='$__range')}) / 3600 * $gpu_price",
                 ),
                 single(
                     "Warm-GPU utilisation",
                     "Busy warm GPUs / all warm GPUs now: idle warm GPUs cost as much as busy ones.",
                     "percentunit",
-                    ratio(series(gpus, 'state="busy"', MODEL), series(gpus, MODEL)),
+                    ratio(series(gpus, 'state="busy"', POOL_MODEL), series(gpus, POOL_MODEL)),
                 ),
                 single(
                     "Cold pool free",
@@ -425,7 +451,7 @@ def pools_and_cost() -> dashboard_builders.Dashboard:
                     "Cost rate by model ($/h)",
                     "GPU-seconds paid per second (= warm GPUs) times $gpu_price per GPU-hour.",
                     "currencyUSD",
-                    [(f"sum by (model) ({rate(paid, MODEL)}) * $gpu_price", "{{model}}")],
+                    [(SUM_BY_POOL + f"({rate(paid, POOL_MODEL)}) * $gpu_price", POOL_LEGEND)],
                     stacked=True,
                     span=24,
                 ),
@@ -439,7 +465,12 @@ def pools_and_cost() -> dashboard_builders.Dashboard:
                     "Per LLM: starting (taken from the cold pool), idle, held (reserved by "
                     "DelaySchedulable) and busy.",
                     "short",
-                    [(f"sum by (model, state) ({series(gpus, MODEL)})", "{{model}} {{state}}")],
+                    [
+                        (
+                            f"sum by ({BY_POOL_MODEL}, state) ({series(gpus, POOL_MODEL)})",
+                            "{{pool_namespace}} {{model}} {{state}}",
+                        )
+                    ],
                     stacked=True,
                 ),
                 graph(
@@ -453,14 +484,14 @@ def pools_and_cost() -> dashboard_builders.Dashboard:
                     "Seconds from a cold-pool GPU to a warm worker: p50, p99 and mean per LLM.",
                     "s",
                     [
-                        *quantiles(overhead, "model", MODEL, "$__range", (0.5, 0.99)),
+                        *quantiles(overhead, BY_POOL_MODEL, POOL_MODEL, "$__range", (0.5, 0.99)),
                         (
                             ratio(
-                                rate(f"{overhead}_sum", MODEL, window="$__range"),
-                                rate(f"{overhead}_count", MODEL, window="$__range"),
-                                by="model",
+                                rate(f"{overhead}_sum", POOL_MODEL, window="$__range"),
+                                rate(f"{overhead}_count", POOL_MODEL, window="$__range"),
+                                by=BY_POOL_MODEL,
                             ),
-                            "{{model}} mean",
+                            "{{pool_namespace}} {{model}} mean",
                         ),
                     ],
                 ),
@@ -481,11 +512,15 @@ def pools_and_cost() -> dashboard_builders.Dashboard:
         "Elastune / Pools and cost",
         "Warm and cold GPU pools per LLM, what they cost, allocation overhead and scheduler speed.",
     )
-    dashboard = dashboard.with_variable(model_variable(gpus)).with_variable(
-        dashboard_builders.TextBoxVariable("gpu_price")
-        .label("$ per GPU-hour")
-        .description("Price of one GPU-hour in a warm pool (default: AWS p4de.24xlarge / 8).")
-        .default_value(DEFAULT_GPU_PRICE)
+    dashboard = (
+        dashboard.with_variable(pool_namespace_variable(gpus))
+        .with_variable(model_variable(gpus))
+        .with_variable(
+            dashboard_builders.TextBoxVariable("gpu_price")
+            .label("$ per GPU-hour")
+            .description("Price of one GPU-hour in a warm pool (default: AWS p4de.24xlarge / 8).")
+            .default_value(DEFAULT_GPU_PRICE)
+        )
     )
     return with_panels(dashboard, rows)
 
