@@ -32,7 +32,7 @@ from elastune_bench.processes import (  # noqa: E402
 )
 from elastune_common.bus import Bus  # noqa: E402
 from elastune_common.servers import free_port  # noqa: E402
-from elastune_contract.protocol import ServingPoolRecord  # noqa: E402
+from elastune_contract.protocol import ServingPoolRecord, base_model_id  # noqa: E402
 from elastune_worker.tiny import adapters as A  # noqa: E402
 from elastune_worker.tiny import build as B  # noqa: E402
 
@@ -310,9 +310,10 @@ def test_scale_from_zero_the_request_waits_for_the_first_pod(stack: Stack) -> No
     t = threading.Thread(target=call)
     t.start()
     deadline = time.time() + 10
-    while stack.bus.demand("late-model") is None and time.time() < deadline:
+    waiting_for = base_model_id("late-model", "late")  # per pool: the pool record's id (no namespace)
+    while stack.bus.demand(waiting_for) is None and time.time() < deadline:
         time.sleep(0.1)
-    demand = stack.bus.demand("late-model")
+    demand = stack.bus.demand(waiting_for)
     assert demand is not None and demand.waiting == 1, "the operator was not told that a request waits"
     stack.worker("w-late", served="late-model", wait=False)  # what the operator does on that demand
     t.join(timeout=150)

@@ -80,3 +80,62 @@ def test_without_authentication_a_name_two_namespaces_serve_is_ambiguous() -> No
     assert only is not None and only.namespace == A
     assert d.model(MODEL) is not None
     assert "summarizer" not in d.models() and "only-a" in d.models()
+
+
+def test_a_base_model_two_namespaces_pool_goes_to_the_caller_s_namespace_s_pool() -> None:
+    """Two namespaces each have a WarmPool of MODEL: a caller's request goes to its own namespace's pool
+    and only that pool's pods; a caller of a namespace with none, to the pool of the lowest id that
+    admits it; /v1/models lists the base model only where it resolves."""
+    d = Directory(Bus("redis://127.0.0.1:1/0"), 10.0, GatewayMetrics())
+    pools = {
+        f"{B}/tiny": ServingPoolRecord(
+            pool="tiny", model=MODEL, namespace=B, admits=["*"], vouched={f"{B}/tiny-1": "127.0.0.1"}
+        ),
+        f"{A}/tiny": ServingPoolRecord(
+            pool="tiny", model=MODEL, namespace=A, admits=[C], vouched={f"{A}/tiny-1": "127.0.0.1"}
+        ),
+    }
+    workers = {}
+    for ns in (A, B):
+        w = worker([]).model_copy(update={"id": f"{ns}/tiny-1"})
+        workers[w.id] = w
+
+    async def apply() -> None:
+        d._apply(workers, pools)
+
+    asyncio.run(apply())
+    for ns in (A, B):
+        m = d.model(MODEL, ns)
+        assert m is not None and (m.namespace, m.pool_key) == (ns, f"{ns}/tiny"), (ns, m)
+        assert [e.id for e in d.endpoints(m)] == [f"{ns}/tiny-1"], "only its own pool's pods"
+        assert m.id == f"{MODEL}@{ns}/tiny"  # a request waiting for it scales that pool only
+    # C has no pool: both admit it; the lowest id is A's.
+    c = d.model(MODEL, C)
+    assert c is not None and c.pool_key == f"{A}/tiny"
+    # D is admitted by B's pool only.
+    dm = d.model(MODEL, "team-d")
+    assert dm is not None and dm.pool_key == f"{B}/tiny"
+    assert [e.id for e in d.endpoints(dm)] == [f"{B}/tiny-1"]
+    assert MODEL in d.models("team-d")
+    # Without authentication: one tenant, the pool of the lowest id.
+    anyone = d.model(MODEL)
+    assert anyone is not None and anyone.pool_key == f"{A}/tiny"
+
+
+def test_a_base_model_is_not_listed_where_no_pool_of_it_admits_the_namespace() -> None:
+    d = Directory(Bus("redis://127.0.0.1:1/0"), 10.0, GatewayMetrics())
+    pools = {
+        f"{ns}/tiny": ServingPoolRecord(
+            pool="tiny", model=MODEL, namespace=ns, vouched={f"{ns}/tiny-1": "127.0.0.1"}
+        )
+        for ns in (A, B)
+    }
+    workers = {f"{ns}/tiny-1": worker([]).model_copy(update={"id": f"{ns}/tiny-1"}) for ns in (A, B)}
+
+    async def apply() -> None:
+        d._apply(workers, pools)
+
+    asyncio.run(apply())
+    assert d.model(MODEL, C) is None and MODEL not in d.models(C)
+    b = d.model(MODEL, B)
+    assert b is not None and [e.id for e in d.endpoints(b)] == [f"{B}/tiny-1"]

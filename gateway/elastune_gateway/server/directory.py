@@ -20,15 +20,19 @@ endpoints, or wait and get the usual 503 when none is left. A model no pool reco
 control plane, or one older than the list) is served from the registry as before, unless
 ``vouched_only`` (fail closed).
 
-Tenancy: how a served name is resolved. A base model is known by its name; a LoRAAdapter (or published
-prompt) by its namespace and name (``protocol.adapter_id``), so two namespaces may each serve a
-``summarizer``. A request's ``model`` is resolved for the caller's namespace, the namespace of its API
-key's Secret (``model(name, namespace)``), in this order: (1) the adapter of that name in the caller's
-namespace; (2) the base model of that name, when its WarmPool is in the caller's namespace or admits it
-(spec.allowedNamespaces, ``*``: every namespace); (3) an adapter of no namespace (loaded on a worker by
+Tenancy: how a served name is resolved. A base model is known per serving pool (``KnownModel.pool_key``,
+the pool id namespace/name: two namespaces may each have a WarmPool of one model, each with its own
+pods); a LoRAAdapter (or published prompt) by its namespace and name (``protocol.adapter_id``), so two
+namespaces may each serve a ``summarizer``. A request's ``model`` is resolved for the caller's
+namespace, the namespace of its API key's Secret (``model(name, namespace)``), in this order: (1) the
+adapter of that name in the caller's namespace; (2) the base model of that name through the caller's
+namespace's WarmPool of it, else through the pool of the lowest id among those that admit the caller's
+namespace (spec.allowedNamespaces, ``*``: every namespace), and only that pool's pods serve it; (3) an
+adapter of no namespace (loaded on a worker by
 hand through its control endpoint). Nothing else: another namespace's adapter of that name is never
 reached, and is not listed in ``/v1/models`` or in the 404's list of models. Without authentication (a
-loopback-only ``elastune serve``) there is one tenant: a base model, else the adapter of that name when
+loopback-only ``elastune serve``) there is one tenant: a base model (through the pool of the lowest
+id, when several serve it), else the adapter of that name when
 exactly one namespace serves one; a name two namespaces serve is then a 404 that says so. The request is
 forwarded with the adapter's namespace (``NAMESPACE_HEADER``), in which the worker resolves it again.
 """
@@ -52,7 +56,9 @@ from elastune_contract.protocol import (
     WorkerRecord,
     WorkerState,
     adapter_id,
+    base_model_id,
     pool_admits,
+    pool_id,
     split_adapter_id,
     vouched_url,
 )
@@ -79,6 +85,8 @@ class Endpoint:
     url: str
     started_at: float
     serving: ServingState
+    pool_key: str = ""
+    """The id of the pool whose record vouches for it ("": none does, see ``vouched_only``)."""
 
     @property
     def model(self) -> str:
@@ -105,12 +113,18 @@ class KnownModel:
     ("" when no pool record says: every namespace may use it)."""
     admits: tuple[str, ...] = ()
     """For a base model: the other namespaces its WarmPool admits (``*``: all)."""
+    pool_key: str = ""
+    """The id (namespace/name) of the pool that serves it, from its pool record ("" for a model known
+    from the workers' records alone); an adapter's is its base model's."""
 
     @property
     def id(self) -> str:
         """Its identity in the registry (demand, request counts): an adapter's ``namespace/name``, a base
-        model's name."""
-        return self.name if self.parent is None else adapter_id(self.namespace, self.name)
+        model's ``<model>@<pool id>`` (``protocol.base_model_id``; its name when no pool record names
+        it), so a request waiting for it scales up that pool only."""
+        if self.parent is not None:
+            return adapter_id(self.namespace, self.name)
+        return base_model_id(self.name, self.pool_key)
 
     def admitted(self, namespace: str) -> bool:
         """Whether a caller of ``namespace`` may use this base model."""
@@ -136,6 +150,18 @@ _WHY: dict[UnvouchedReason, str] = {
 }
 
 
+def _base_of(
+    models: dict[tuple[str, str], KnownModel], model: str, pool_key: str, default: KnownModel | None = None
+) -> KnownModel:
+    """The base model ``model`` through pool ``pool_key`` (any pool of it when that one is not known)."""
+    found = models.get((pool_key, model))
+    if found is None:
+        found = next((m for (_, n), m in sorted(models.items()) if n == model), None)
+    if found is None:
+        found = default or KnownModel(model, "", None, None, None, pool_key=pool_key)
+    return found
+
+
 class Directory:
     def __init__(
         self,
@@ -157,8 +183,8 @@ class Directory:
         bus.on_poison = self._count_poison
         self.failure_cooldown_s = failure_cooldown_s
         self._endpoints: dict[str, Endpoint] = {}
-        self._models: dict[str, KnownModel] = {}
-        """Base models by name."""
+        self._models: dict[tuple[str, str], KnownModel] = {}
+        """Base models by (pool id, name); ("", name) for a model no pool record names."""
         self._adapters: dict[tuple[str, str], KnownModel] = {}
         """Adapters by (namespace, name)."""
         self._down: dict[str, tuple[float, float]] = {}
@@ -230,11 +256,13 @@ class Directory:
         """The endpoints of the serving records the control plane vouches for (see the module's doc),
         built once per registry read so that routing a request costs nothing more."""
         vouching: dict[str, dict[str, list[str]]] = {}  # model -> worker id -> vouched addresses
+        vouched_by: dict[tuple[str, str], str] = {}  # (model, worker id) -> the pool id vouching for it
         for rec in pools.values():
             if rec.vouched is not None:
                 ids = vouching.setdefault(rec.model, {})
                 for wid, address in rec.vouched.items():
                     ids.setdefault(wid, []).append(address)
+                    vouched_by.setdefault((rec.model, wid), pool_id(rec.namespace, rec.pool))
         endpoints: dict[str, Endpoint] = {}
         skipped: Counter[UnvouchedReason] = Counter()
         for key, w in workers.items():
@@ -255,7 +283,8 @@ class Directory:
                 skipped[reason or "unlisted"] += 1
                 self._skipped_once(reason or "unlisted", key, w)
                 continue
-            endpoints[w.id] = Endpoint(w.id, w.pool, url, w.started_at, w.serving)
+            pool_key = vouched_by.get((w.serving.model, w.id), "")
+            endpoints[w.id] = Endpoint(w.id, w.pool, url, w.started_at, w.serving, pool_key)
         self.unvouched = dict(skipped)
         if self.metrics is not None:
             for r in UNVOUCHED_REASONS:
@@ -287,28 +316,32 @@ class Directory:
         # while a pod holds one or its pool lists it, so a deleted adapter is a 404 again.
         models = dict(self._models)
         for rec in pools.values():
-            prev = models.get(rec.model)
-            models[rec.model] = KnownModel(
+            mk = (pool_id(rec.namespace, rec.pool), rec.model)
+            prev = models.get(mk) or models.get(("", rec.model))
+            models[mk] = KnownModel(
                 rec.model, rec.pool, prev.max_model_len if prev else None, rec.hold_timeout_s,
                 rec.routing_policy, rec.ttft_slo_s, rec.tpot_slo_s,
-                namespace=rec.namespace, admits=tuple(rec.admits),
+                namespace=rec.namespace, admits=tuple(rec.admits), pool_key=mk[0],
             )  # fmt: skip
         for ep in endpoints.values():
-            prev = models.get(ep.model)
-            models[ep.model] = (
-                replace(prev, max_model_len=ep.serving.max_model_len)
-                if prev is not None
-                else KnownModel(ep.model, ep.pool, ep.serving.max_model_len, None, None)
-            )
+            same = [k for k in models if k[1] == ep.model and (not ep.pool_key or k[0] == ep.pool_key)]
+            for k in same:
+                models[k] = replace(models[k], max_model_len=ep.serving.max_model_len)
+            if not same:
+                models[("", ep.model)] = KnownModel(ep.model, ep.pool, ep.serving.max_model_len, None, None)
+        # A model a pool record names is that pool's (its namespace admits whom it admits), never also
+        # one of no pool that any caller may use.
+        for orphan in [k for k in models if not k[0] and any(o[0] and o[1] == k[1] for o in models)]:
+            del models[orphan]
         adapters: dict[tuple[str, str], KnownModel] = {}
         for ep in endpoints.values():  # adapters, by namespace and name, on their base model's pool
-            base = models[ep.model]
+            base = _base_of(models, ep.model, ep.pool_key)
             for a in ep.serving.adapters:
                 adapters[(a.namespace, a.name)] = replace(
                     base, name=a.name, parent=ep.model, rank=a.rank, namespace=a.namespace, admits=()
                 )
         for rec in pools.values():  # adapters the control plane placed: known before any pod holds them
-            base = models[rec.model]
+            base = models[(pool_id(rec.namespace, rec.pool), rec.model)]
             for key, rank in rec.adapters.items():
                 ns, name = split_adapter_id(key)
                 adapters[(ns, name)] = replace(
@@ -326,7 +359,7 @@ class Directory:
         """The models a caller of ``namespace`` may name (None: no authentication, one tenant), by the
         name it sends: what ``model`` resolves for each (see the module's doc)."""
         out: dict[str, KnownModel] = {}
-        names = {name for _, name in self._adapters} | set(self._models)
+        names = {name for _, name in self._adapters} | {name for _, name in self._models}
         for name in sorted(names):
             m = self.model(name, namespace)
             if m is not None:
@@ -336,17 +369,19 @@ class Directory:
     def model(self, name: str, namespace: str | None = None) -> KnownModel | None:
         """What ``name`` means for a caller of ``namespace`` (None: no authentication, one tenant):
         the rule is in the module's doc."""
+        bases = sorted((m for (_, n), m in self._models.items() if n == name), key=lambda m: m.pool_key)
         if namespace is not None:
             own = self._adapters.get((namespace, name))
             if own is not None:
                 return own
-            base = self._models.get(name)
-            if base is not None and base.admitted(namespace):
+            base = next((m for m in bases if m.namespace == namespace), None) or next(
+                (m for m in bases if m.admitted(namespace)), None
+            )
+            if base is not None:
                 return base
             return self._adapters.get(("", name))
-        base = self._models.get(name)
-        if base is not None:
-            return base
+        if bases:
+            return bases[0]
         same = [m for (_, n), m in self._adapters.items() if n == name]
         return same[0] if len(same) == 1 else None
 
@@ -356,13 +391,15 @@ class Directory:
         return sorted(ns for ns, n in self._adapters if n == name)
 
     def endpoints(self, model: KnownModel, exclude: frozenset[str] = frozenset()) -> list[Endpoint]:
-        """The model's warm endpoints that may take a request, in a stable order (by id); for an
-        adapter, those of its base model that have it loaded (in any tier)."""
+        """The model's warm endpoints that may take a request, in a stable order (by id): those of its
+        pool (an endpoint no pool record vouches for serves any pool of its model); for an adapter,
+        those of its base model's pool that have it loaded (in any tier)."""
         now = time.monotonic()
         return [
             ep
             for eid, ep in sorted(self._endpoints.items())
             if ep.model == model.served_model
+            and (not model.pool_key or not ep.pool_key or ep.pool_key == model.pool_key)
             and (
                 model.parent is None
                 or any(a.name == model.name and a.namespace == model.namespace for a in ep.serving.adapters)
@@ -370,6 +407,12 @@ class Directory:
             and eid not in exclude
             and self._down.get(eid, (0.0, 0.0))[0] <= now
         ]
+
+    def base(self, model: KnownModel) -> KnownModel:
+        """The base model ``model`` runs on (itself for a base model), through the same pool."""
+        if model.parent is None:
+            return model
+        return _base_of(self._models, model.served_model, model.pool_key, model)
 
     def all_endpoints(self) -> list[Endpoint]:
         return [ep for _, ep in sorted(self._endpoints.items())]

@@ -24,7 +24,7 @@ from elastune_common.bus import Bus
 from elastune_contract.api_keys import TENANT_HEADER
 from elastune_contract.openai_api.errors import APIError, sse_error
 from elastune_contract.openai_api.protocol import ChatCompletionRequest, CompletionRequest, _Request
-from elastune_contract.protocol import NAMESPACE_HEADER, ServingDemand
+from elastune_contract.protocol import NAMESPACE_HEADER, ServingDemand, base_model_id
 
 from ..routing.factory import make_router
 from ..routing.policy import NoEndpointError, RequestView, Router, RoutingPolicyName
@@ -271,7 +271,7 @@ class Gateway:
     def _capacity(self, model: KnownModel) -> int | None:
         """What the endpoints of ``model``'s base take at once (None: unbounded, or none warm: the
         scale-from-zero hold takes over)."""
-        base = self.directory.model(model.served_model) or model
+        base = self.directory.base(model)  # through its own pool, not another namespace's
         caps = [self._endpoint_cap(e) for e in self.directory.endpoints(base)]
         if not caps or 0 in caps:
             return None
@@ -369,9 +369,10 @@ class Gateway:
         return value
 
     def _router(self, model: KnownModel) -> tuple[RoutingPolicyName, Router]:
-        """One router per base model: its adapters' requests share its endpoints' load and history."""
+        """One router per base model and pool: its adapters' requests share its endpoints' load and
+        history."""
         policy = self.settings.policy_for(model.pool, model.routing_policy)
-        key = model.served_model
+        key = base_model_id(model.served_model, model.pool_key)  # one per pool of a model
         held = self._routers.get(key)
         if held is None or held[0] != policy:
             held = self._routers[key] = (policy, make_router(policy))
