@@ -121,6 +121,17 @@ def test_a_base_model_two_namespaces_pool_goes_to_the_caller_s_namespace_s_pool(
     anyone = d.model(MODEL)
     assert anyone is not None and anyone.pool_key == f"{A}/tiny"
 
+    # B's pool is deleted (its record goes): B's callers are not admitted by A's; C's still go to A's.
+    del pools[f"{B}/tiny"]
+
+    async def reapply() -> None:
+        d._apply({f"{A}/tiny-1": workers[f"{A}/tiny-1"]}, pools)
+
+    asyncio.run(reapply())
+    assert d.model(MODEL, B) is None and d.model(MODEL, "team-d") is None
+    c = d.model(MODEL, C)
+    assert c is not None and c.pool_key == f"{A}/tiny"
+
 
 def test_a_base_model_is_not_listed_where_no_pool_of_it_admits_the_namespace() -> None:
     d = Directory(Bus("redis://127.0.0.1:1/0"), 10.0, GatewayMetrics())

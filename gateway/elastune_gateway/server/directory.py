@@ -315,6 +315,9 @@ class Directory:
         # A base model served before stays known (its pool may be at zero); adapters are known only
         # while a pod holds one or its pool lists it, so a deleted adapter is a 404 again.
         models = dict(self._models)
+        if pools:  # a deleted pool's model is no longer served through it (a registry read empty keeps all)
+            live = {pool_id(rec.namespace, rec.pool) for rec in pools.values()}
+            models = {k: m for k, m in models.items() if not k[0] or k[0] in live}
         for rec in pools.values():
             mk = (pool_id(rec.namespace, rec.pool), rec.model)
             prev = models.get(mk) or models.get(("", rec.model))
