@@ -110,11 +110,12 @@ class ControlCore:
         once it exists (the job's own, created before: fine); raises PublishRefused when it will not,
         anything else to be retried. Status says published only after it returned."""
         self.persist = persist
-        self.on_move = on_move
-        """A job not dispatched yet is about to move to another pool (``_reresolve``): False keeps it where
-        it is (Kubernetes: its storage cannot be placed on the new pool's claims). None: it moves."""
         """Write the job's status now; True once stored. An attempt is in status before any worker is
         told to start it (None: ``on_status`` stores it synchronously, as local mode does)."""
+        self.on_move = on_move
+        """A job not dispatched yet is about to move to another pool (``_reresolve``, ``remove_pool``):
+        False keeps it where it is (Kubernetes: its storage cannot be placed on the new pool's claims).
+        None: it moves."""
         self.deadlines = deadlines or AttemptDeadlines()
         self._watch: dict[str, AttemptWatch] = {}  # job key -> its attempt in flight (control.deadlines)
         self._unsent: dict[str, list[tuple[str, Assignment]]] = {}  # dispatched, status not stored yet
