@@ -1,6 +1,7 @@
 """``elastune bench tenancy --quick`` end to end on short phases: the three modes (the gateway's fair line,
-FCFS, and FCFS in front of a worker whose engine queue shares by key) are measured, each phase reports the victim's and the flooder's answers, and the goal
-is computed from them. The shape only: the figures of a few seconds on shared cores are not the goal's."""
+FCFS, and FCFS in front of a worker whose engine queue shares by key) are measured, each phase reports the
+victim's and the flooder's answers, and the goal is computed from them. The shape only: the figures of a
+few seconds on shared cores are not the goal's."""
 
 from __future__ import annotations
 
