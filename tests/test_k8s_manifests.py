@@ -175,14 +175,15 @@ def test_the_redis_secret_is_copied_into_each_pool_namespace(tmp_path: Path) -> 
         emu.stop()
 
 
-def test_a_pool_can_share_its_pods_queues_fairly_by_tenant() -> None:
-    """serving.queuePolicy: fair (issue 25 item 3) reaches the worker as its engine flag, the worker's own
-    parser accepts it, and the CRD admits it; an unknown policy is refused by both."""
+def test_a_pool_can_share_its_pods_queues_fairly_by_tenant_and_bound_them() -> None:
+    """serving.queuePolicy: fair and serving.maxQueuedRequests (issue 25 item 3) reach the worker as its
+    flags, the worker's own parser accepts them, and the CRD admits fair; an unknown policy is refused."""
     from elastune_contract.api.crds import render_crds
     from elastune_contract.api.resources import InvalidResource
 
     doc = yaml.safe_load((REPO / "manifests" / "serving" / "warmpool.yaml").read_text())
     doc["spec"]["serving"]["queuePolicy"] = "fair"
+    doc["spec"]["serving"]["maxQueuedRequests"] = 256  # the bound on each pod's queue (503 past it)
     pool = parse_resource(doc)
     args = service_manifest(pool, 0, "redis://r:6379/0", None)["spec"]["template"]["spec"]["containers"][0][
         "args"
@@ -191,7 +192,8 @@ def test_a_pool_can_share_its_pods_queues_fairly_by_tenant() -> None:
     server = pytest.importorskip("elastune_worker.serving.server")  # the worker's engine flags
     engine_flags = argparse.ArgumentParser()
     server.add_engine_args(engine_flags)
-    assert engine_flags.parse_known_args(args)[0].queue_policy == "fair"
+    parsed = engine_flags.parse_known_args(args)[0]
+    assert parsed.queue_policy == "fair" and parsed.max_queued_requests == 256
     crd = yaml.safe_load(render_crds()["elastune.dev_warmpools.yaml"])
     serving = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"][
         "serving"

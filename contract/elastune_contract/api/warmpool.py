@@ -171,6 +171,9 @@ class ServingSpec(ApiModel):
     """Token budget of one engine iteration."""
     chunked_prefill_tokens: int | None = Field(default=None, ge=1)
     """Largest prefill chunk a request adds to one iteration (unset: the iteration's budget)."""
+    max_queued_requests: int | None = Field(default=None, ge=1, le=1_000_000)
+    """Requests a pod accepts and has not started at most; past it, 503 with Retry-After (unset: the
+    worker's default, 1024)."""
     queue_policy: Literal["fcfs", "priority", "sjf", "fair"] | None = None
     """Order of each pod's waiting queue: fcfs, priority (the request's priority field), sjf (predicted
     output length from the gateway, SSJF), fair (service shared across API keys by virtual token

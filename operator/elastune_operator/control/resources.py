@@ -189,6 +189,7 @@ def worker_serving_args(serving: ServingSpec | None) -> list[str]:
         "--max-num-batched-tokens": s.max_num_batched_tokens,
         "--long-prefill-token-threshold": s.chunked_prefill_tokens,
         "--queue-policy": s.queue_policy,
+        "--max-queued-requests": s.max_queued_requests,
     }
     for flag, value in optional.items():
         if value is not None:

@@ -96,6 +96,7 @@ def main(argv: list[str] | None = None) -> int:
         served_name=args.served_model_name or args.model,
         engine=None if args.no_serve else _engine_settings(args),
         limits=limits_from(args),
+        max_queued_requests=args.max_queued_requests,
     )
     url = pod.start_http(args.host, args.port, args.advertise_host)
     log.info("worker %s of pool %s serving on %s", pod.worker_id, args.pool, url)

@@ -55,8 +55,9 @@ class WorkerPod:
         served_name: str,
         engine: EngineSettings | None,
         limits: RequestLimits,
+        max_queued_requests: int | None = None,
     ) -> None:
-        """``engine`` None: tune only, /v1 answers 503."""
+        """``engine`` None: tune only, /v1 answers 503; ``max_queued_requests``: past it, 503 too."""
         self.bus, self.worker_id, self.served_name = bus, worker_id, served_name
         self.engine_settings = engine
         self.metrics = WorkerMetrics()
@@ -83,6 +84,7 @@ class WorkerPod:
             metrics=self.serving_metrics,
             control=control_router(self.agent, self.metrics),
             limits=limits,
+            max_queued_requests=max_queued_requests,
         )
         guard_control(self.app)  # adapter load/unload, /status: only with the control token
         self._http: uvicorn.Server | None = None

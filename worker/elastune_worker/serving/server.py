@@ -17,6 +17,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 
 from elastune_batching.config import BatchingName, QueuePolicyName
 from elastune_contract.openai_api.limits import add_limit_args
+from elastune_worker.serving.api.admission import DEFAULT_MAX_QUEUED_REQUESTS
 from elastune_worker.serving.config import EngineConfig
 from elastune_worker.serving.runner.cpu_binding import bind_process, plan_here, validate_spec
 
@@ -110,7 +111,14 @@ def add_engine_args(p: argparse.ArgumentParser, engine_cpus: str = "auto") -> No
         "--lora-modules", nargs="+", default=[], metavar="NAME=PATH",
         help="adapters to load at start (PEFT directories: a path, file:// or pvc://claim/path)",
     )  # fmt: skip
-    add_limit_args(p.add_argument_group("request limits (bodies over the size: 413; the others: 400)"))
+    limits = p.add_argument_group(
+        "request limits (bodies over the size: 413; a full queue: 503; the others: 400)"
+    )
+    add_limit_args(limits)
+    limits.add_argument(
+        "--max-queued-requests", type=int, default=DEFAULT_MAX_QUEUED_REQUESTS,
+        help="requests accepted and not yet started (waiting for the engine) at most; then 503 + Retry-After",
+    )  # fmt: skip
 
 
 def _cpu_spec(text: str) -> str:
@@ -245,7 +253,8 @@ def main(argv: list[str] | None = None) -> int:
     metrics = ServingMetrics(registry, name)
     metrics.watch_engine(registry, client.stats, client.lora_info)
     app = create_app(
-        lambda: client, metrics=metrics, control=health_router(registry), limits=limits_from(args)
-    )
+        lambda: client, metrics=metrics, control=health_router(registry), limits=limits_from(args),
+        max_queued_requests=args.max_queued_requests,
+    )  # fmt: skip
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning", access_log=False)
     return 0

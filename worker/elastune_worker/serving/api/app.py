@@ -13,6 +13,7 @@ from fastapi.openapi.utils import get_openapi
 from elastune_common.asgi import ResponseStatusHook, Scope
 from elastune_contract.openai_api.limits import BodySizeLimit, RequestLimits
 from elastune_worker.serving.api import errors
+from elastune_worker.serving.api.admission import QueueBound
 from elastune_worker.serving.api.client import EngineClient
 from elastune_worker.serving.api.metrics import ServingMetrics
 from elastune_worker.serving.api.routes import openai_router
@@ -24,9 +25,12 @@ def create_app(
     metrics: ServingMetrics | None = None,
     control: APIRouter | None = None,
     limits: RequestLimits | None = None,
+    max_queued_requests: int | None = None,
 ) -> FastAPI:
     """``get_engine`` returns None until the weights are loaded (requests then get 503 + Retry-After);
-    ``limits``: request size limits (bodies 413, prompts and stops 400; defaults: RequestLimits())."""
+    ``limits``: request size limits (bodies 413, prompts and stops 400; defaults: RequestLimits());
+    ``max_queued_requests``: requests accepted and not yet started at most (past it: 503 + Retry-After;
+    None: unbounded)."""
     app = FastAPI(
         title="Elastune worker",
         version="0.1.0",
@@ -44,7 +48,8 @@ def create_app(
 
         app.add_middleware(ResponseStatusHook, on_response=count_errors)
 
-    app.include_router(openai_router(get_engine, metrics, limits))
+    queue = QueueBound(max_queued_requests) if max_queued_requests is not None else None
+    app.include_router(openai_router(get_engine, metrics, limits, queue))
     if control is not None:
         app.include_router(control)
 

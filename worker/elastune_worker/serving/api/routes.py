@@ -35,6 +35,7 @@ from elastune_contract.openai_api.protocol import (
     _Request,
 )
 from elastune_contract.protocol import NAMESPACE_HEADER
+from elastune_worker.serving.api.admission import QueueBound, QueueTicket
 from elastune_worker.serving.api.client import EngineBusy, EngineClient
 from elastune_worker.serving.api.metrics import ServingMetrics
 from elastune_worker.serving.outputs import RequestOutput
@@ -44,7 +45,7 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
     for code, why in (
         (400, "Invalid request: unsupported option, prompt or max_tokens over the context"),
         (404, "Unknown model"),
-        (503, "The engine is not ready yet"),
+        (503, "The engine is not ready yet, or the worker's queue is full (Retry-After)"),
     )
 }
 
@@ -53,7 +54,9 @@ def openai_router(
     get_engine: Callable[[], EngineClient | None],
     metrics: ServingMetrics | None,
     limits: RequestLimits | None = None,
+    queue: QueueBound | None = None,
 ) -> APIRouter:
+    """``queue``: the bound on requests not yet started (admission.py); None: unbounded."""
     router = APIRouter(prefix="/v1", tags=["openai"])
     bounds = limits or RequestLimits()
     created = int(time.time())
@@ -144,6 +147,7 @@ def openai_router(
         params = _params(body, body.max_tokens, len(ids), engine.max_model_len, engine)
         run = _Run(engine, f"cmpl-{uuid.uuid4().hex}", ids, params, body.priority, metrics, adapter)
         run.tenant = _tenant(request)
+        run.ticket = queue.admit(run) if queue is not None else None  # after every 400: 503 if full
         return await _answer(
             run, body, request, _completion_chunks, "text_completion",
             lambda text, reason: {"index": 0, "text": text, "finish_reason": reason, "logprobs": None},
@@ -161,6 +165,7 @@ def openai_router(
         params = _params(body, body.token_limit(), len(ids), engine.max_model_len, engine)
         run = _Run(engine, f"chatcmpl-{uuid.uuid4().hex}", ids, params, body.priority, metrics, adapter)
         run.tenant = _tenant(request)
+        run.ticket = queue.admit(run) if queue is not None else None  # after every 400: 503 if full
         return await _answer(
             run, body, request, _chat_chunks, "chat.completion",
             lambda text, reason: {
@@ -270,6 +275,8 @@ class _Run:
         self.metrics, self.adapter = metrics, adapter
         self.tenant = ""
         """Whose request (the gateway's ``TENANT_HEADER``): what the ``fair`` queue policy shares across."""
+        self.ticket: QueueTicket | None = None
+        """Its place among the worker's queued requests, given back at its first output."""
         self.start = time.perf_counter()
         self.first: float | None = None
         self.last = RequestOutput(rid, [], "", False, None, len(ids), 0, 0)
@@ -280,11 +287,15 @@ class _Run:
         )
         try:
             async for d in _refusals_as_400(it):
+                if self.ticket is not None:
+                    self.ticket.release()
                 if self.first is None and d.completion_tokens > 0:
                     self.first = time.perf_counter() - self.start
                 self.last = d
                 yield d
         finally:
+            if self.ticket is not None:
+                self.ticket.release()
             await it.aclose()  # aborts the request if it is unfinished
             if self.metrics is not None:
                 reason = self.last.finish_reason if self.last.finished else "abort"
