@@ -469,6 +469,8 @@ class Runtime:
     # -- status -------------------------------------------------------------------------------------
     def _on_status(self, job: JobRecord) -> None:
         self._dirty[job.key] = job
+        if job.terminal or job.attempt:  # dispatched or ended: it no longer moves pools (_on_move)
+            self._resources.pop(job.key, None)
 
     def _on_adapter_status(self, rec: AdapterRecord) -> None:
         self._adapters_dirty[rec.key] = rec
