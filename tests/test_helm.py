@@ -103,6 +103,7 @@ COMBINATIONS = {
         "gateway.replicas=2",
         "gateway.routing.policy=rankAware",
         "gateway.routing.poolPolicies.tiny-gpt2=combined",
+        "gateway.routing.poolPolicies.team-a/tiny-gpt2=leastLoad",
         "gateway.holdTimeoutSeconds=90",
         "gateway.maxWaiting=64",
         "gateway.lengthPredictor.enabled=true",
@@ -664,8 +665,9 @@ def test_gateway_values_reach_its_command_line() -> None:
     args, settings = gateway_settings(container)
     assert args.port == 8080 and container["ports"][0]["containerPort"] == 8080
     assert settings.default_policy == "rankAware"
-    assert settings.pool_policies == {"tiny-gpt2": "combined"}
+    assert settings.pool_policies == {"tiny-gpt2": "combined", "team-a/tiny-gpt2": "leastLoad"}
     assert settings.policy_for("tiny-gpt2", None) == "combined"
+    assert settings.policy_for("tiny-gpt2", None, "team-a/tiny-gpt2") == "leastLoad"
     assert settings.hold_timeout_s == 90 and settings.max_waiting == 64
     assert settings.length_predictor_url == "http://ssjf.elastune-system.svc:8080"
     assert named(docs, "Service", f"{RELEASE}-gateway")["spec"]["ports"][0]["port"] == 80

@@ -150,3 +150,17 @@ def test_a_base_model_is_not_listed_where_no_pool_of_it_admits_the_namespace() -
     assert d.model(MODEL, C) is None and MODEL not in d.models(C)
     b = d.model(MODEL, B)
     assert b is not None and [e.id for e in d.endpoints(b)] == [f"{B}/tiny-1"]
+
+
+def test_a_routing_override_names_one_namespaces_pool_or_every_pool_of_a_name() -> None:
+    """--pool-policy team-a/tiny=... applies to that WarmPool only; a bare name to that name's pools in
+    every namespace; the namespaced entry wins over the bare one, both over what the pool publishes."""
+    from elastune_gateway.server.settings import GatewaySettings
+
+    s = GatewaySettings(
+        redis_url="redis://unused", pool_policies={"team-a/tiny": "leastLoad", "tiny": "roundRobin"}
+    )
+    assert s.policy_for("tiny", "rankAware", "team-a/tiny") == "leastLoad"
+    assert s.policy_for("tiny", "rankAware", "team-b/tiny") == "roundRobin"
+    assert s.policy_for("other", "rankAware", "team-a/other") == "rankAware"
+    assert s.policy_for("other", None, "") == s.default_policy

@@ -30,7 +30,8 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     p.add_argument("--policy", choices=ROUTING_POLICY_NAMES, default=defaults.default_policy,
                    help="routing policy of pools that name none")  # fmt: skip
     p.add_argument("--pool-policy", action="append", default=[], metavar="POOL=POLICY",
-                   help="routing policy of one pool (repeatable)")  # fmt: skip
+                   help="routing policy of one pool, POOL as namespace/name or a name for every "
+                   "namespace's pools of it (repeatable)")  # fmt: skip
     p.add_argument("--hold-timeout", type=float, default=defaults.hold_timeout_s,
                    help="seconds a request waits for a warm endpoint, then 503")  # fmt: skip
     p.add_argument("--max-waiting", type=int, default=defaults.max_waiting)

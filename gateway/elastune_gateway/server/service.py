@@ -371,7 +371,7 @@ class Gateway:
     def _router(self, model: KnownModel) -> tuple[RoutingPolicyName, Router]:
         """One router per base model and pool: its adapters' requests share its endpoints' load and
         history."""
-        policy = self.settings.policy_for(model.pool, model.routing_policy)
+        policy = self.settings.policy_for(model.pool, model.routing_policy, model.pool_key)
         key = base_model_id(model.served_model, model.pool_key)  # one per pool of a model
         held = self._routers.get(key)
         if held is None or held[0] != policy:

@@ -27,7 +27,9 @@ class GatewaySettings(BaseModel):
     default_policy: RoutingPolicyName = "preble"
     """Routing policy of a pool that names none (Preble's E2: prefix reuse with load balancing)."""
     pool_policies: dict[str, RoutingPolicyName] = Field(default_factory=dict)
-    """Per-pool routing policy (pool name → policy); a pool's published record may also name one."""
+    """Per-pool routing policy: ``namespace/name`` → policy for one WarmPool, or ``name`` → policy for the
+    pools of that name in every namespace (the namespaced entry wins); a pool's published record may also
+    name one."""
     hold_timeout_s: float = Field(default=30.0, ge=0)
     """How long a request waits for a warm endpoint when its pool has none (scale from zero), unless
     the pool's record says otherwise; then 503 with Retry-After."""
@@ -97,8 +99,14 @@ class GatewaySettings(BaseModel):
             max_stop_token_ids=self.max_stop_token_ids,
         )
 
-    def policy_for(self, pool: str, published: str | None) -> RoutingPolicyName:
-        return self.pool_policies.get(pool) or _policy_name(published) or self.default_policy
+    def policy_for(self, pool: str, published: str | None, pool_id: str = "") -> RoutingPolicyName:
+        """``pool``: the WarmPool's name; ``pool_id``: its ``namespace/name`` ("" when unknown)."""
+        return (
+            (self.pool_policies.get(pool_id) if pool_id else None)
+            or self.pool_policies.get(pool)
+            or _policy_name(published)
+            or self.default_policy
+        )
 
 
 def _policy_name(name: str | None) -> RoutingPolicyName | None:
