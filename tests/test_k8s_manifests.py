@@ -202,3 +202,16 @@ def test_a_pool_can_share_its_pods_queues_fairly_by_tenant_and_bound_them() -> N
     doc["spec"]["serving"]["queuePolicy"] = "lottery"
     with pytest.raises(InvalidResource, match="queuePolicy"):
         parse_resource(doc)
+
+
+def test_a_pools_job_limits_reach_the_core_and_the_crd_bounds_them() -> None:
+    from elastune_contract.api.resources import InvalidResource
+    from elastune_operator.control.resources import pool_config
+
+    doc = yaml.safe_load((REPO / "manifests" / "warmpool.yaml").read_text())
+    doc["spec"]["jobLimits"] = {"maxBatchSize": 32, "maxIterations": 2000}
+    cfg = pool_config(parse_resource(doc))
+    assert (cfg.max_batch_size, cfg.max_iterations) == (32, 2000)
+    doc["spec"]["jobLimits"] = {"maxBatchSize": 0}
+    with pytest.raises(InvalidResource, match=r"jobLimits\.maxBatchSize"):
+        parse_resource(doc)

@@ -69,6 +69,8 @@ class Reason:
     WORKER_ERROR: Final = "WorkerError"
     WORKER_START_FAILED: Final = "WorkerStartFailed"
     WARM_POOL_DELETED: Final = "WarmPoolDeleted"
+    # A TuningJob asks for more than its WarmPool's spec.jobLimits allow
+    EXCEEDS_POOL_LIMITS: Final = "ExceedsPoolLimits"
     # A worker pod that will not become or stay a worker, named as its status names it (the kubelet's
     # waiting/termination reasons, the scheduler's Unschedulable); the attempt is retried like a lost
     # worker, up to the core's max_attempts
@@ -126,6 +128,7 @@ PERMANENT_FAILURE_REASONS: Final = frozenset(
         Reason.DATASET_EMPTY,
         Reason.DATASET_UNSUPPORTED_SCHEME,
         Reason.INVALID_SPEC,
+        Reason.EXCEEDS_POOL_LIMITS,
         Reason.INVALID_ASSIGNMENT,
         Reason.CHECKPOINT_MISMATCH,
         Reason.CHANNEL_UNREACHABLE,

@@ -596,3 +596,25 @@ def test_a_pool_with_co_serving_off_keeps_its_serving_pods_for_inference(env: di
     a = pop(bus, "w2")
     assert a.coserve is False and rec.status.co_served is False
     assert "serving.coServing: false" in (rec.status.co_serving_reason or "")
+
+
+def test_a_job_over_its_pools_job_limits_fails_at_admission_and_nothing_runs(env: dict[str, Any]) -> None:
+    """Issue 25 item 5: batch size and iterations bounded by the pool's capacity (WarmPool spec.jobLimits),
+    beyond the TuningJob schema's bounds: a job over either fails at once with the field and the limit
+    named; a job within them is accepted; nothing is grown for the refused one."""
+    settings, bus = env["settings"], env["bus"]
+    pool = PoolConfig("pool", MODEL, max_warm=4, cold_start_seconds=5, max_batch_size=16, max_iterations=100)
+    core = ControlCore(env["backend"], bus, settings, [pool], clock=env["clock"])
+    big = job("big", iterations=500)
+    big.spec.hyperparameters.batch_size = 64
+    core.submit(big)
+    status, reason = cond(big, "Succeeded")
+    assert (status, reason) == ("False", "ExceedsPoolLimits") and big.terminal
+    message = next(c.message for c in big.status.conditions if c.type == "Succeeded")
+    assert "batchSize 64 is above WarmPool default/pool's jobLimits.maxBatchSize (16)" in message
+    assert "maxIterations 500 is above WarmPool default/pool's jobLimits.maxIterations (100)" in message
+    fits = job("fits", iterations=100)
+    fits.spec.hyperparameters.batch_size = 16
+    core.submit(fits)
+    core.tick()
+    assert not fits.terminal and env["backend"].grown == [("default/pool", 1)]

@@ -192,6 +192,18 @@ class ServingSpec(ApiModel):
         return units.parse_duration(self.hold_timeout)
 
 
+class JobLimits(ApiModel):
+    """What a TuningJob run on this pool may ask for: the pool's capacity as its owner states it (a
+    batch its GPUs' memory holds, the iterations its budget allows). A job over a limit fails when it
+    is submitted to the pool (Succeeded=False, reason ExceedsPoolLimits, the field and the limit named)
+    and nothing runs."""
+
+    max_batch_size: int | None = Field(default=None, ge=1, le=4096)
+    """Largest spec.hyperparameters.batchSize accepted."""
+    max_iterations: int | None = Field(default=None, ge=1, le=1_000_000)
+    """Largest spec.termination.maxIterations accepted."""
+
+
 class Profile(ApiModel):
     """Starting point of the estimator before any run of this model has been measured."""
 
@@ -244,6 +256,8 @@ class WarmPoolSpec(ApiModel):
     the pool never grows for requests alone (no serving replicas; requests are held up to 60 s)."""
     volumes: list[VolumeMount] | None = None
     """PersistentVolumeClaims mounted into every worker pod (adapter artifacts, shared checkpoints)."""
+    job_limits: JobLimits | None = None
+    """Bounds on the TuningJobs this pool runs, beyond the TuningJob schema's own (unset: those only)."""
     allowed_namespaces: list[AllowedNamespace] | None = Field(default=None, max_length=256)
     """Namespaces whose TuningJobs and LoRAAdapters may run on this pool, besides its own (Gateway API's
     allowedRoutes in spirit). Unset or empty: its own namespace only. "*" admits every namespace. A

@@ -174,6 +174,7 @@ class ControlCore:
             if (
                 pool is None
                 or pool.key == job.pool
+                or pool.exceeded_by(job.spec) is not None  # it stays where it was admitted
                 or (self.on_move is not None and not self.on_move(job, pool))
             ):
                 continue
@@ -201,6 +202,8 @@ class ControlCore:
             if job.pool != key or job.terminal:
                 continue
             other = resolve_pool(rest, job.namespace, job.llm) if self._undispatched(job) else None
+            if other is not None and other.exceeded_by(job.spec) is not None:
+                other = None  # a pool whose job limits it exceeds is no place to go
             if other is not None and (self.on_move is None or self.on_move(job, other)):
                 log.info("%s: its pool %s went; moves to %s", job.key, key, other.key)
                 self.state.remove(job.key)
@@ -242,6 +245,10 @@ class ControlCore:
         job.pool = pool.key
         if job.attempt > 0:
             self.recovering[job.key] = now + self.settings.recovery_grace_s
+            return
+        over = pool.exceeded_by(job.spec)  # checked at admission: a limit lowered later stops nothing
+        if over is not None:
+            self._fail(job, Reason.EXCEEDS_POOL_LIMITS, over, now)
             return
         self.lifecycle.accepted(job)
         self._admit(job, now, 0.0)

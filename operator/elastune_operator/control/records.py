@@ -32,8 +32,24 @@ class PoolConfig:
     """Namespaces besides its own whose jobs and adapters may use it ("*": all; WarmPool
     spec.allowedNamespaces)."""
 
+    max_batch_size: int | None = None
+    max_iterations: int | None = None
+    """The WarmPool's spec.jobLimits (None: the TuningJob schema's bounds only)."""
+
     def admits(self, namespace: str) -> bool:
         return namespace_admitted(namespace, self.namespace, self.allowed_namespaces)
+
+    def exceeded_by(self, spec: TuningJobSpec) -> str | None:
+        """Why a job of ``spec`` asks for more than this pool's job limits allow; None when it does not."""
+        over = [
+            f"{field} {value} is above WarmPool {self.key}'s jobLimits.{limit} ({bound})"
+            for field, value, limit, bound in (
+                ("batchSize", spec.hyperparameters.batch_size, "maxBatchSize", self.max_batch_size),
+                ("maxIterations", spec.termination.max_iterations, "maxIterations", self.max_iterations),
+            )
+            if bound is not None and value > bound
+        ]
+        return "; ".join(over) or None
 
     @property
     def key(self) -> str:

@@ -143,6 +143,8 @@ def pool_config(wp: WarmPool, cap: int | None = None) -> PoolConfig:
         serving=spec.serving,
         namespace=wp.metadata.namespace or "default",
         allowed_namespaces=tuple(spec.allowed_namespaces or ()),
+        max_batch_size=spec.job_limits.max_batch_size if spec.job_limits else None,
+        max_iterations=spec.job_limits.max_iterations if spec.job_limits else None,
     )
 
 
