@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # tools/device_check.sh [--smoke] OUTDIR [--parts a,b] — the prepared GPU check of issue 26, made to run once on a
 # borrowed GPU machine (one H100 or H200 with PyTorch, Triton, transformers and peft; no network) in
-# at most 8 minutes, and with --smoke on any CPU in under 3. It first checks which of the project's
+# at most 8 minutes, and with --smoke on any CPU in under 3 (once the tiny models are cached: a first run
+# on a fresh machine builds them, untimed, before the parts). It first checks which of the project's
 # runtime imports the machine lacks and installs only those from the wheels carried in .whl/
 # (tools/device_wheels.sh fetches them, the tiny models and the ShareGPT trace there: carry ".whl"),
 # puts the project on PYTHONPATH, then runs bench/elastune_bench/device/run.py: (a)
