@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from elastune_bench.device.common import device_info, part_args, sync, write_part
+from elastune_bench.serving.lora import adapter_names, free_device_memory
 
 
 @dataclass(frozen=True)
@@ -61,9 +62,8 @@ def _engine(plan: Plan, model: Any, kernel: str, paths: dict[int, Any]) -> Any:
         lora_load_mode="cached", lora_kernel=kernel,  # type: ignore[arg-type]
     )  # fmt: skip
     eng = LLMEngine(model.path, cfg, tokenizer=model.engine_tokenizer())
-    for i in range(plan.adapters):
-        rank = (8, 16, 32, 64)[i % 4]
-        eng.load_lora(f"r{rank}-{i}", str(paths[rank]))
+    for name in adapter_names(plan.adapters):  # r8-0, r16-1, ...: the rank leads the name
+        eng.load_lora(name, str(paths[int(name.split("-")[0][1:])]))
     return eng
 
 
@@ -76,7 +76,7 @@ def _decoding(eng: Any, plan: Plan, vocab: int, with_adapters: bool) -> Iterator
     prompts = torch.randint(0, vocab, (plan.batch, plan.prompt_len), generator=gen).tolist()
     steps = SLACK - 1  # more than the prefill, warm, timed and profiled steps: none finishes
     params = SamplingParams(max_tokens=steps, temperature=0.0, ignore_eos=True)
-    names = [f"r{(8, 16, 32, 64)[i % 4]}-{i}" for i in range(plan.adapters)]
+    names = adapter_names(plan.adapters)
     ids = [f"p{i}" for i in range(plan.batch)]
     for i, (rid, prompt) in enumerate(zip(ids, prompts, strict=True)):
         ref = eng.adapter_ref(names[i % len(names)]) if with_adapters else None
@@ -138,7 +138,6 @@ def measure(eng: Any, plan: Plan, vocab: int, with_adapters: bool) -> dict[str, 
 def main() -> int:
     args = part_args(__doc__.splitlines()[0])
     plan = SMOKE if args.smoke else FULL
-    from elastune_bench.serving.lora import _free
     from elastune_bench.serving.shapes import bench_model
     from elastune_worker.serving.runner.models.random_init import SHAPES
 
@@ -156,7 +155,7 @@ def main() -> int:
                       flush=True)  # fmt: skip
                 write_part(args.out, "profile_lora", result)
             del eng
-            _free(plan.device)
+            free_device_memory(plan.device)
     finally:
         model.close()
     return 0

@@ -73,7 +73,7 @@ def _engine(
     return eng
 
 
-def _free(device: str) -> None:
+def free_device_memory(device: str) -> None:
     """After the last reference to an engine is gone: its device memory back before the next engine is
     built (two Llama-3-8B engines would hold 2 x 15 GiB)."""
     gc.collect()
@@ -177,7 +177,7 @@ def kernels(
         eng.generate(prompts, params, loras)
         seconds = time.perf_counter() - t0
         del eng
-        _free(device)
+        free_device_memory(device)
         out[kernel] = {"tokens_per_s": round(batch * max_tokens / seconds, 1), "seconds": round(seconds, 3)}
     out["unpadded_vs_padded"] = round(out["unpadded"]["tokens_per_s"] / out["padded"]["tokens_per_s"], 3)
     out["batch"] = {"requests": batch, "ranks": "3/4 rank 8, 1/4 rank 64", "max_tokens": max_tokens}
@@ -272,7 +272,7 @@ def _run(args: argparse.Namespace, model: BenchModel, device: str, modes: list[s
             res["cpu_worker_calls"] = eng.runner.lora_cpu_pool.calls
             eng.runner.lora_cpu_pool.close()
         del eng
-        _free(device)
+        free_device_memory(device)
         result["cold_start"][mode] = res
         _write(result, target)  # each mode's figures as soon as they exist (a time box may end the run)
         print(

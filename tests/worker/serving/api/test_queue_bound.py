@@ -50,14 +50,13 @@ def _body(tokens: int) -> dict[str, Any]:
     }
 
 
-async def _behind_a_long_request(http: Any, engine: AsyncEngine, n: int) -> list[Any]:
+async def _behind_a_long_request(http: Any, engine: AsyncEngine, bound: QueueBound, n: int) -> list[Any]:
     """One long request running alone (max_num_seqs 1), then ``n`` more at once: the answers of those."""
     long = asyncio.create_task(http.post("/v1/completions", json=_body(600)))
     deadline = time.monotonic() + 30
-    while engine.stats().num_requests_running < 1:
+    while engine.stats().num_requests_running < 1 or bound.queued:  # started, its first output back
         assert time.monotonic() < deadline, "the long request never started"
         await asyncio.sleep(0.005)
-    await asyncio.sleep(0.2)  # its first output is back at the API: it holds no place in the queue
     answers = await asyncio.gather(*(http.post("/v1/completions", json=_body(2)) for _ in range(n)))
     assert (await long).status_code == 200
     return list(answers)
@@ -72,7 +71,7 @@ def test_past_the_bound_a_request_gets_503_with_retry_after_and_the_places_come_
     async def main() -> list[list[Any]]:
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://worker", timeout=120) as http:
-            return [await _behind_a_long_request(http, engine, 3) for _ in range(2)]
+            return [await _behind_a_long_request(http, engine, app.state.queue, 3) for _ in range(2)]
 
     for answers in asyncio.run(main()):  # twice: the first round's places were given back
         assert sorted(r.status_code for r in answers) == [200, 200, 503]

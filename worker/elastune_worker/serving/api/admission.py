@@ -2,9 +2,9 @@
 accepts it until its first output comes back from the engine (waiting in the engine's queue, or in its
 prefill). Past ``--max-queued-requests`` a new request gets 503 with ``Retry-After`` (OpenAI-shaped)
 instead of joining an unbounded queue: a flood reaching a worker directly, or through a gateway without
-its fair line, costs memory and a place in line for every later request, and is better sent elsewhere
-(the gateway retries another endpoint or holds the request in its own bounded line). SGLang has the same
-bound (``--max-queued-requests``); vLLM's queue is unbounded.
+its fair line, costs memory and a place in line for every later request. (Behind the gateway's fair line
+a worker never holds more than its batch; the gateway passes this 503 on, it does not retry it on another
+endpoint.) Ollama bounds its queue the same way (``OLLAMA_MAX_QUEUE``, 503 past it).
 
 Counted by the API, not read from the engine's stats: those are updated once per engine step, so a
 burst arriving within one step would pass the bound whole.

@@ -49,6 +49,7 @@ def create_app(
         app.add_middleware(ResponseStatusHook, on_response=count_errors)
 
     queue = QueueBound(max_queued_requests) if max_queued_requests is not None else None
+    app.state.queue = queue  # how many wait now (tests; None: unbounded)
     app.include_router(openai_router(get_engine, metrics, limits, queue))
     if control is not None:
         app.include_router(control)
