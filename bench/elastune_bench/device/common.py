@@ -109,6 +109,7 @@ def engine_features() -> dict[str, Any]:
     if "attention_backend" in fields:
         backends = [a for a in typing.get_args(hints["attention_backend"]) if isinstance(a, str)]
     return {
+        "options": sorted(fields),
         "cuda_graphs": "cuda_graphs" in fields,
         "attention_backend": "attention_backend" in fields,
         "attention_backends": backends,

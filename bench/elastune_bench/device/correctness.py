@@ -2,7 +2,8 @@
 Llama and GPT-2 (fp32); LoRA with both kernels equals peft's merged models on a mixed batch of ranks
 and the base; a soft prompt equals peft's PeftModel; each attention backend equals the gather
 reference (tokens, and logits within fp32 tolerance) on a mixed batch (decodes of different lengths,
-prefill chunks over a cached prefix, GQA); CUDA graphs on and off give the same tokens, with and
+prefill chunks over a cached prefix, GQA); the fused element-wise kernels equal the torch ops (each
+op, and the engine's tokens and logits); CUDA graphs on and off give the same tokens, with and
 without LoRA. A check the build lacks is recorded as not available; a failing check records its error
 and the others still run."""
 
@@ -162,18 +163,45 @@ def mixed_batch(eng: Any) -> tuple[list[list[int]], list[torch.Tensor]]:
 
 
 def check_attention(backend: str, device: str) -> dict[str, Any]:
+    return same_mixed_batch(device, "attention_backend", backend, "gather")
+
+
+def same_mixed_batch(device: str, option: str, value: str, reference: str) -> dict[str, Any]:
+    """The mixed batch's tokens and every step's logits with ``option`` = ``value`` against
+    ``reference`` (eager steps: the option alone, in every step)."""
     from elastune_worker.tiny import build as B
 
     path = B.ensure_tiny_model(spec=B.TINY_LLAMA_SPEC)  # 4 query heads over 2 KV heads (GQA)
     opts: dict[str, Any] = {"max_num_batched_tokens": 64, "enable_prefix_caching": True}
     if engine_features()["cuda_graphs"]:
-        opts["cuda_graphs"] = False  # the attention alone, in every step
-    ref_tokens, ref_logits = mixed_batch(engine(path, device, attention_backend="gather", **opts))
-    tokens, logits = mixed_batch(engine(path, device, attention_backend=backend, **opts))
+        opts["cuda_graphs"] = False
+    ref_tokens, ref_logits = mixed_batch(engine(path, device, **{option: reference}, **opts))
+    tokens, logits = mixed_batch(engine(path, device, **{option: value}, **opts))
     diff = max((float((a - b).abs().max()) for a, b in zip(logits, ref_logits, strict=True)), default=0.0)
     same_steps = len(logits) == len(ref_logits)
-    return {"ok": tokens == ref_tokens and same_steps and diff < 1e-3, "backend": backend,
+    return {"ok": tokens == ref_tokens and same_steps and diff < 1e-3, option: value,
             "tokens_equal": tokens == ref_tokens, "max_logit_diff": diff, "steps": len(logits)}  # fmt: skip
+
+
+def check_elementwise(device: str) -> dict[str, Any]:
+    """The fused norm, RoPE and SiLU-and-mul kernels against the torch ops: each op on a random input in
+    float32 and bfloat16 (the largest difference, and the share of elements that differ: compiled,
+    bfloat16 rounds to nearest as torch does, so few should), then the engine's mixed batch in float32."""
+    from elastune_worker.serving.runner import fused_ops
+
+    ops: dict[str, Any] = {}
+    ok = True
+    for dtype in (torch.float32, torch.bfloat16):
+        tol = 1e-5 if dtype == torch.float32 else 2e-2
+        for name, (got, want) in fused_ops.check_outputs(
+            torch.device(device), dtype, 64, 4096, (32, 8)
+        ).items():
+            diff = float((got.float() - want.float()).abs().max())
+            share = float((got != want).float().mean())
+            ok &= torch.allclose(got.float(), want.float(), rtol=tol, atol=tol)
+            ops[f"{name}_{str(dtype).removeprefix('torch.')}"] = {"max_diff": diff, "share_differing": share}
+    engine_check = same_mixed_batch(device, "elementwise_backend", "triton", "torch")
+    return {"ok": ok and engine_check["ok"], "ops": ops, "engine": engine_check}
 
 
 def check_graphs(device: str, lora: bool) -> dict[str, Any]:
@@ -235,6 +263,12 @@ def main() -> int:
             run(name, lambda: "skipped on the CPU (Triton's interpreter: the unit tests cover it)")
         else:
             run(name, lambda b=backend: check_attention(b, dev))  # type: ignore[misc]
+    if "elementwise_backend" not in feats["options"]:
+        run("elementwise_triton_vs_torch", lambda: NOT_AVAILABLE)
+    elif dev == "cpu":
+        run("elementwise_triton_vs_torch", lambda: "skipped on the CPU (Triton's interpreter: unit tests)")
+    else:
+        run("elementwise_triton_vs_torch", lambda: check_elementwise(dev))
     for lora in (False, True):
         name = "cuda_graphs_on_vs_off" + ("_lora" if lora else "")
         if feats["cuda_graphs"]:

@@ -28,6 +28,9 @@ from elastune_bench.device.common import (
 from elastune_bench.device.roofline import Shape
 
 BLOCK = 16
+TORCH_ELEMENTWISE_BATCHES = (1, 64)
+"""Decode batches measured again with the torch element-wise ops (fused_ops.py), when the engine used
+the fused Triton kernels: their gain, in the same run."""
 
 
 def prefill_steps(z: Sizes, batch: int) -> int:
@@ -56,12 +59,13 @@ def kv_blocks(z: Sizes) -> int:
     return max(max(z.decode_batches) * per_seq, prefill) + 8
 
 
-def build(model_dir: Path, z: Sizes, graphs: bool | None) -> Any:
+def build(model_dir: Path, z: Sizes, graphs: bool | None, **options: Any) -> Any:
+    """The engine for these sizes; ``options``: more EngineConfig fields (a backend to compare)."""
     from elastune_worker.serving.config import EngineConfig
     from elastune_worker.serving.core.engine import LLMEngine
     from elastune_worker.serving.runner.models.random_init import NoTokenizer
 
-    extra: dict[str, Any] = {} if graphs is None else {"cuda_graphs": graphs}
+    extra: dict[str, Any] = ({} if graphs is None else {"cuda_graphs": graphs}) | options
     cfg = EngineConfig(
         device=z.device, dtype=z.dtype, block_size=BLOCK, num_kv_blocks=kv_blocks(z),  # type: ignore[arg-type]
         max_num_seqs=max(z.decode_batches), max_num_batched_tokens=z.max_batched_tokens,
@@ -158,7 +162,7 @@ def main() -> int:
                   "kv_blocks": kv_blocks(z),
                   "kv_gib": round(kv_blocks(z) * BLOCK * shape.kv_bytes_per_token(dtype_bytes) / 2**30, 2)},
         "ceilings": {"copy_gbps": gbps, "matmul_tflops": tflops},
-        "decode": {}, "prefill": None, "decode_b1_eager": NOT_AVAILABLE,
+        "decode": {}, "prefill": None, "decode_b1_eager": NOT_AVAILABLE, "decode_torch_elementwise": {},
     }  # fmt: skip
     graphs = True if feats["cuda_graphs"] else None
     with tempfile.TemporaryDirectory() as tmp:
@@ -167,6 +171,7 @@ def main() -> int:
         eng = build(model_dir, z, graphs)
         sync(z.device)
         result["model"]["build_s"] = round(time.perf_counter() - t0, 2)
+        result["elementwise_backend"] = getattr(getattr(eng.runner, "elementwise", None), "name", "torch")
         write_part(args.out, "engine", result)
         for batch in z.decode_batches:
             r = result["decode"][str(batch)] = decode(eng, z, batch, shape, dtype_bytes, gbps)
@@ -182,13 +187,27 @@ def main() -> int:
             del eng
             if torch.cuda.is_available():
                 torch.cuda.empty_cache()
-            eager = build(model_dir, z, False)
-            r = result["decode_b1_eager"] = decode(eager, z, 1, shape, dtype_bytes, gbps)
+            eng = build(model_dir, z, False)
+            r = result["decode_b1_eager"] = decode(eng, z, 1, shape, dtype_bytes, gbps)
             graph_b1 = result["decode"].get("1", {}).get("tokens_per_s")
             if graph_b1:
                 r["graphs_speedup"] = round(graph_b1 / r["tokens_per_s"], 3)
             print(f"engine decode b=1 eager: {r['tokens_per_s']} tok/s", flush=True)
             write_part(args.out, "engine", result)
+        if result["elementwise_backend"] == "triton":  # the fused kernels' gain: the torch ops, graphs on
+            del eng
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
+            eng = build(model_dir, z, graphs, elementwise_backend="torch")
+            for batch in TORCH_ELEMENTWISE_BATCHES:
+                r = result["decode_torch_elementwise"][str(batch)] = decode(
+                    eng, z, batch, shape, dtype_bytes, gbps
+                )
+                fused = result["decode"].get(str(batch), {}).get("tokens_per_s")
+                if fused:
+                    r["fused_speedup"] = round(fused / r["tokens_per_s"], 3)
+                print(f"engine decode b={batch} torch element-wise: {r['tokens_per_s']} tok/s", flush=True)
+                write_part(args.out, "engine", result)
     return 0
 
 

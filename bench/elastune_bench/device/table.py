@@ -38,7 +38,7 @@ def render(out: Path) -> str:
     if eng:
         m = eng["model"]
         lines += ["", f"Engine on {m['shape']} ({m['dtype']}, random weights, {m['weight_gib']} GiB + KV "
-                  f"{m['kv_gib']} GiB):", "",
+                  f"{m['kv_gib']} GiB; element-wise ops: {eng.get('elementwise_backend', 'torch')}):", "",
                   "| run | engine tok/s | share of roofline | transformers tok/s | engine / transformers |",
                   "| --- | --- | --- | --- | --- |"]  # fmt: skip
         hf_decode = (hf or {}).get("decode", {})
@@ -52,6 +52,9 @@ def render(out: Path) -> str:
             lines.append(f"| decode b=1 eager (no CUDA graphs) | {eager['tokens_per_s']} | {_share(eager)} | "
                          "- | "
                          f"graphs {eager.get('graphs_speedup', '-')}x eager |")  # fmt: skip
+        for b, r in (eng.get("decode_torch_elementwise") or {}).items():
+            lines.append(f"| decode b={b}, torch element-wise ops (not fused) | {r['tokens_per_s']} | "
+                         f"{_share(r)} | - | fused {r.get('fused_speedup', '-')}x torch ops |")  # fmt: skip
         pre = eng.get("prefill")
         if pre:
             lines.append(f"| prefill {pre['prompts']} x {pre['prompt_len']} | {pre['tokens_per_s']} | "
@@ -84,4 +87,23 @@ def render(out: Path) -> str:
         lines += ["", f"Co-serving{on}, unfinished: " + ("; ".join(done) or "no mode finished")]
     elif co:
         lines += ["", f"Co-serving: {co.get('skipped', 'no result')}"]
+    lines += _attention_sweep(read_part(out, "profile_attention"))
     return "\n".join(lines) + "\n"
+
+
+def _attention_sweep(att: dict[str, Any] | None) -> list[str]:
+    """The extra part's rows: each shape's default launch, its best setting, and gather + SDPA."""
+    if not att or not att.get("shapes"):
+        return []
+    lines = ["", "Decode attention alone (one layer; us, GB/s of K/V read, share of the copy bandwidth):", "",
+             "| batch x context | Triton default | best setting (block_n/warps/stages) | gather + SDPA |",
+             "| --- | --- | --- | --- |"]  # fmt: skip
+
+    def cell(r: dict[str, Any]) -> str:
+        return f"{r['us']} us, {r['gb_per_s']} GB/s ({_share({'roofline_share': r.get('share_of_copy')})})"
+
+    for name, r in att["shapes"].items():
+        best = r.get("best")
+        how = f"{cell(best)} ({best['block_n']}/{best['num_warps']}/{best['num_stages']})" if best else "-"
+        lines.append(f"| {name} | {cell(r['default'])} | {how} | {cell(r['gather_sdpa'])} |")
+    return lines

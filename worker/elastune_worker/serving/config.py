@@ -10,6 +10,7 @@ from elastune_batching.config import BatchingName, QueuePolicyName, SchedulerCon
 LoraKernelName = Literal["padded", "unpadded"]
 LoraLoadMode = Literal["cpu_assisted", "async", "ondmd", "cached"]
 AttentionBackendName = Literal["auto", "gather", "triton"]
+ElementwiseBackendName = Literal["auto", "torch", "triton"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,6 +86,11 @@ class EngineConfig:
     """gather: contexts copied out of the paged cache, then SDPA; triton: a kernel that reads the cache
     in place (on the CPU only through Triton's interpreter, for tests); auto: triton on CUDA when it
     imports and passes its start-up check, gather otherwise."""
+    elementwise_backend: ElementwiseBackendName = "auto"
+    """A Llama layer's residual add + RMSNorm, RoPE and SiLU-and-mul: torch (plain ops, ~38 kernels a
+    layer in bfloat16), triton (one fused kernel each: 11 a layer; on the CPU only through Triton's
+    interpreter, for tests); auto: triton on CUDA when it imports and passes its start-up check, torch
+    otherwise. Other model families always use torch ops."""
 
     def __post_init__(self) -> None:
         if self.cuda_graph_max_batch < 1:
@@ -96,6 +102,10 @@ class EngineConfig:
         if self.attention_backend not in ("auto", "gather", "triton"):
             raise ValueError(
                 f"attention_backend must be auto, gather or triton, not {self.attention_backend!r}"
+            )
+        if self.elementwise_backend not in ("auto", "torch", "triton"):
+            raise ValueError(
+                f"elementwise_backend must be auto, torch or triton, not {self.elementwise_backend!r}"
             )
         if self.num_kv_blocks is not None and self.num_kv_blocks < 1:
             raise ValueError("num_kv_blocks must be >= 1")

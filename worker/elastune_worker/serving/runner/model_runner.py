@@ -17,6 +17,7 @@ from elastune_worker.serving.config import EngineConfig, LoraKernelName
 from elastune_worker.serving.runner import triton_attention
 from elastune_worker.serving.runner.attention import AttentionMetadata, DecodeGroup, paged_attention
 from elastune_worker.serving.runner.cuda_graphs import DecodeGraphs
+from elastune_worker.serving.runner.fused_ops import TORCH_OPS, ElementwiseOps, pick_elementwise_backend
 from elastune_worker.serving.runner.lora.cpu_workers import CpuLoRAPool
 from elastune_worker.serving.runner.lora.kernels import LoRABatch
 from elastune_worker.serving.runner.lora.manager import LoRAManager
@@ -58,6 +59,12 @@ class ModelRunner:
         self.vocab_size = int(self.hf_config["vocab_size"])
         self.hidden_size = int(self.hf_config.get("hidden_size") or self.hf_config["n_embd"])
         self.attention_backend = pick_attention_backend(config.attention_backend, self.device, self.dtype)
+        self.elementwise: ElementwiseOps = TORCH_OPS
+        """The norms, RoPE and SiLU-and-mul the model runs (fused Triton kernels or torch ops)."""
+        use_elementwise = getattr(self.model, "use_elementwise", None)
+        if use_elementwise is not None:  # Llama-family models; GPT-2 keeps its torch ops
+            self.elementwise = pick_elementwise_backend(config.elementwise_backend, self.device, self.dtype)
+            use_elementwise(self.elementwise)
         self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.num_kv_blocks = self._kv_blocks(config)
         """Blocks this cache holds for sequences: the engine's scheduler should hand out this many."""

@@ -5,24 +5,20 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from elastune_worker.serving.runner.attention import AttentionMetadata, paged_attention
+from elastune_worker.serving.runner.fused_ops import TORCH_OPS, ElementwiseOps
 from elastune_worker.serving.runner.lora.kernels import LoRABatch
 
 
 class RMSNorm(nn.Module):
+    """The norm's weight and epsilon; the layers apply it with the residual add (fused_ops.py)."""
+
     def __init__(self, dim: int, eps: float) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim))
         self.eps = eps
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        dtype = x.dtype
-        x32 = x.float()
-        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x32.to(dtype)
 
 
 def rope_table(
@@ -34,11 +30,6 @@ def rope_table(
     freqs = torch.outer(torch.arange(max_pos, device=device).float(), inv_freq)
     emb = torch.cat((freqs, freqs), dim=-1)
     return emb.cos(), emb.sin()
-
-
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
 class LlamaLayer(nn.Module):
@@ -65,46 +56,45 @@ class LlamaLayer(nn.Module):
         self.input_layernorm = RMSNorm(h, eps)
         self.post_attention_layernorm = RMSNorm(h, eps)
         self.scale = self.head_dim**-0.5
+        self.ops: ElementwiseOps = TORCH_OPS
 
     def forward(
         self,
         x: torch.Tensor,
+        residual: torch.Tensor | None,
         cos: torch.Tensor,
         sin: torch.Tensor,
         kv: tuple[torch.Tensor, torch.Tensor],
         meta: AttentionMetadata,
         lora: LoRABatch | None = None,
-    ) -> torch.Tensor:
-        t, i = x.shape[0], self.index
-        h = self.input_layernorm(x)
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(this layer's MLP output, the residual stream before it): the next layer (or the final norm)
+        adds them, in the kernel of its norm. ``residual`` None: x is the embeddings (the first layer)."""
+        t, i, ops = x.shape[0], self.index, self.ops
+        h, residual = ops.add_rms_norm(x, residual, self.input_layernorm.weight, self.input_layernorm.eps)
         qkv = self.qkv_proj(h)
         if lora is not None:
             qs, ks = self.q_size, self.q_size + self.kv_size
             lora.add(qkv[:, :qs], h, i, "q_proj")
             lora.add(qkv[:, qs:ks], h, i, "k_proj")
             lora.add(qkv[:, ks:], h, i, "v_proj")
-        q, k, v = qkv.split((self.q_size, self.kv_size, self.kv_size), dim=-1)
-        q = q.view(t, self.n_heads, self.head_dim)
-        k = k.view(t, self.n_kv, self.head_dim)
-        v = v.view(t, self.n_kv, self.head_dim)
-        q = q * cos + _rotate_half(q) * sin
-        k = k * cos + _rotate_half(k) * sin
+        q, k = ops.rope(qkv, self.n_heads, self.n_kv, self.head_dim, cos, sin)
+        v = qkv[:, self.q_size + self.kv_size :].view(t, self.n_kv, self.head_dim)
         a = paged_attention(q, k, v, kv[0], kv[1], meta, self.scale).reshape(t, -1)
         o = self.o_proj(a)
         if lora is not None:
             lora.add(o, a, i, "o_proj")
-        x = x + o
-        h = self.post_attention_layernorm(x)
+        norm = self.post_attention_layernorm
+        h, residual = ops.add_rms_norm(o, residual, norm.weight, norm.eps)
         gate_up = self.gate_up_proj(h)
         if lora is not None:
             lora.add(gate_up[:, : self.intermediate], h, i, "gate_proj")
             lora.add(gate_up[:, self.intermediate :], h, i, "up_proj")
-        gate, up = gate_up.split(self.intermediate, dim=-1)
-        m = F.silu(gate) * up
+        m = ops.silu_mul(gate_up, self.intermediate)
         d = self.down_proj(m)
         if lora is not None:
             lora.add(d, m, i, "down_proj")
-        return x + d
+        return d, residual
 
     def lora_shapes(self) -> dict[str, tuple[int, int]]:
         """(in, out) of every linear layer an adapter may target, by its transformers name."""
@@ -133,6 +123,14 @@ class LlamaModel(nn.Module):
         rope = cfg.get("rope_parameters") or {}
         self.rope_theta = float(rope.get("rope_theta", cfg.get("rope_theta", 10000.0)))
         self._rope: tuple[torch.Tensor, torch.Tensor] | None = None
+        self.ops: ElementwiseOps = TORCH_OPS
+
+    def use_elementwise(self, ops: ElementwiseOps) -> None:
+        """The norms, RoPE and SiLU-and-mul of every layer from ``ops`` (fused_ops.py)."""
+        self.ops = ops
+        for layer in self.layers:
+            assert isinstance(layer, LlamaLayer)
+            layer.ops = ops
 
     @property
     def num_layers(self) -> int:
@@ -156,14 +154,18 @@ class LlamaModel(nn.Module):
                 self.head_dim, self.cfg["max_position_embeddings"], self.rope_theta, tokens.device
             )
             self._rope = (cos.to(self.embed_tokens.weight.dtype), sin.to(self.embed_tokens.weight.dtype))
-        cos = self._rope[0][meta.positions].unsqueeze(1)
-        sin = self._rope[1][meta.positions].unsqueeze(1)
+        cos = self._rope[0][meta.positions]
+        sin = self._rope[1][meta.positions]
         x = self.embed_tokens(tokens)
         if embeds is not None:
             x[embeds[0]] = embeds[1]
+        residual: torch.Tensor | None = None
         for layer, kv in zip(self.layers, kv_caches, strict=True):
-            x = layer(x, cos, sin, kv, meta, lora)
-        x = self.norm(x[meta.logits_index])
+            x, residual = layer(x, residual, cos, sin, kv, meta, lora)
+        rows = meta.logits_index
+        x, _ = self.ops.add_rms_norm(
+            x[rows], None if residual is None else residual[rows], self.norm.weight, self.norm.eps
+        )
         return self.lm_head(x)
 
     #: Checkpoint weights stacked into one of this module's parameters: (its name, slice order).

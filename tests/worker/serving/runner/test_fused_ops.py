@@ -1,0 +1,225 @@
+"""The fused element-wise kernels (residual add + RMSNorm, RoPE, SiLU-and-mul) against the torch ops they
+replace: each op on shapes that are not powers of two, a whole engine's greedy tokens and logits, and the
+kernels a Llama layer launches (the reason they exist). On the CPU the kernels run in Triton's
+interpreter; on a GPU (the device script runs this file) compiled, in float32 and bfloat16."""
+
+from __future__ import annotations
+
+import collections
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+ON_GPU = torch.cuda.is_available()
+if not ON_GPU:  # the CPU runs the kernels in Triton's interpreter (set before the kernels' import)
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+pytest.importorskip("triton", reason="the fused element-wise kernels need the triton package")
+
+from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
+
+from elastune_batching.sampling import SamplingParams  # noqa: E402
+from elastune_worker.serving.config import EngineConfig  # noqa: E402
+from elastune_worker.serving.core.engine import LLMEngine  # noqa: E402
+from elastune_worker.serving.runner import fused_kernels, fused_ops  # noqa: E402
+from elastune_worker.serving.runner.attention import AttentionMetadata, DecodeGroup  # noqa: E402
+from elastune_worker.serving.runner.models import llama  # noqa: E402
+from elastune_worker.serving.runner.models.loader import load_model  # noqa: E402
+from elastune_worker.serving.runner.models.random_init import write_random_model  # noqa: E402
+from elastune_worker.tiny import build as B  # noqa: E402
+
+DEVICE = torch.device("cuda" if ON_GPU else "cpu")
+
+
+@pytest.mark.parametrize("rows", [1, 7])
+@pytest.mark.parametrize(("hidden", "heads"), [(96, (6, 2)), (40, (4, 4)), (256, (8, 2))])
+def test_each_op_equals_the_torch_ops_in_float32(rows: int, hidden: int, heads: tuple[int, int]) -> None:
+    pairs = fused_ops.check_outputs(DEVICE, torch.float32, rows, hidden, heads)
+    assert set(pairs) == {"add_rms_norm", "rms_norm", "rope", "silu_mul"}
+    for name, (got, want) in pairs.items():
+        assert got.shape == want.shape, name
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5, msg=name)
+
+
+def test_bfloat16_within_rounding_steps() -> None:
+    """Compiled, the kernels round float32 to bfloat16 to nearest where the torch ops round: within one
+    bfloat16 step, almost every element equal. Triton's interpreter truncates instead (seen here: 48 % of
+    a plain float32 -> bfloat16 cast differs from torch's), and an op rounds up to three times (the sum,
+    the norm, the weight), so on the CPU the bound is four steps. A step is relative to the output, or
+    to the inputs' scale (1: standard normal) where a difference cancels (RoPE's x1·cos - x2·sin)."""
+    step = 2**-7 * (1 if ON_GPU else 4)  # bfloat16 keeps 8 significant bits
+    for name, (got, want) in fused_ops.check_outputs(DEVICE, torch.bfloat16, 16, 512, (8, 2)).items():
+        torch.testing.assert_close(got.float(), want.float(), rtol=step, atol=step, msg=name)
+        if ON_GPU:
+            assert (got != want).float().mean() < 0.05, name
+
+
+def test_rope_rotates_q_and_k_in_place_and_leaves_v() -> None:
+    gen = torch.Generator().manual_seed(3)
+    n_heads, n_kv, d, t = 4, 2, 16, 3
+    qkv = torch.randn(t, (n_heads + 2 * n_kv) * d, generator=gen).to(DEVICE)
+    cos, sin = torch.randn(t, d, generator=gen).to(DEVICE), torch.randn(t, d, generator=gen).to(DEVICE)
+    v_before = qkv[:, (n_heads + n_kv) * d :].clone()
+    want_q, want_k = fused_ops.TORCH_OPS.rope(qkv, n_heads, n_kv, d, cos, sin)
+    q, k = fused_ops.TRITON_OPS.rope(qkv, n_heads, n_kv, d, cos, sin)
+    assert q.data_ptr() == qkv.data_ptr()  # views of the projection, rotated where they lie
+    torch.testing.assert_close(qkv[:, : n_heads * d].view(t, n_heads, d), want_q)
+    torch.testing.assert_close(k, want_k)
+    assert torch.equal(qkv[:, (n_heads + n_kv) * d :], v_before)
+
+
+def test_no_rows_and_bad_inputs() -> None:
+    empty = torch.empty(0, 32, device=DEVICE)
+    out, summed = fused_ops.TRITON_OPS.add_rms_norm(empty, empty, torch.ones(32, device=DEVICE), 1e-6)
+    assert out.shape == summed.shape == (0, 32)
+    assert fused_ops.TRITON_OPS.silu_mul(torch.empty(0, 8, device=DEVICE), 4).shape == (0, 4)
+    with pytest.raises(ValueError, match="unit stride"):
+        fused_ops.TRITON_OPS.silu_mul(torch.zeros(8, 4, device=DEVICE).T, 2)
+    with pytest.raises(ValueError, match="even head size"):
+        fused_ops.TRITON_OPS.rope(torch.zeros(2, 15, device=DEVICE), 1, 1, 5, *torch.zeros(2, 2, 5))
+
+
+def test_the_backend_is_picked_and_checked() -> None:
+    assert fused_ops.triton_problem(DEVICE, torch.float32) is None
+    assert fused_ops.pick_elementwise_backend("triton", DEVICE, torch.float32) is fused_ops.TRITON_OPS
+    assert fused_ops.pick_elementwise_backend("torch", DEVICE, torch.float32) is fused_ops.TORCH_OPS
+    want = fused_ops.TRITON_OPS if ON_GPU else fused_ops.TORCH_OPS  # auto: fused on CUDA only
+    assert fused_ops.pick_elementwise_backend("auto", DEVICE, torch.float32) is want
+    with pytest.raises(ValueError, match="elementwise_backend must be auto, torch or triton"):
+        EngineConfig(elementwise_backend="fast")  # type: ignore[arg-type]
+
+
+def test_a_failing_kernel_falls_back_to_the_torch_ops(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An unseen Triton or GPU that computes a kernel wrongly: auto serves with the torch ops, and an
+    explicit triton is refused with the reason."""
+    real = fused_ops.TritonOps.silu_mul
+    monkeypatch.setattr(fused_ops.TritonOps, "silu_mul", lambda self, g, i: real(self, g, i) * 1.5)
+    monkeypatch.setattr(fused_ops, "pick_elementwise_backend", fused_ops.pick_elementwise_backend)
+    assert "silu_mul differs" in (fused_ops.triton_problem(DEVICE, torch.float32) or "")
+    if ON_GPU:
+        assert fused_ops.pick_elementwise_backend("auto", DEVICE, torch.float32) is fused_ops.TORCH_OPS
+    with pytest.raises(ValueError, match="elementwise_backend triton: its silu_mul differs"):
+        fused_ops.pick_elementwise_backend("triton", DEVICE, torch.float32)
+
+
+def _engine(path: Path, backend: str) -> LLMEngine:
+    cfg = EngineConfig(
+        device=DEVICE.type, dtype="float32", num_kv_blocks=256, max_num_seqs=8, max_num_batched_tokens=48,
+        elementwise_backend=backend, cuda_graphs=False,  # type: ignore[arg-type]
+    )  # fmt: skip
+    return LLMEngine(path, cfg)
+
+
+def test_an_engine_with_the_fused_kernels_generates_what_the_torch_ops_do() -> None:
+    """The tiny Llama (grouped-query heads): chunked prefill (a 48-token budget splits the prompts) and
+    decodes of different lengths; tokens equal, every step's logits within float32 tolerance."""
+    path = B.ensure_tiny_model(spec=B.TINY_LLAMA_SPEC)
+    gen = torch.Generator().manual_seed(0)
+    results: dict[str, Any] = {}
+    for backend in ("torch", "triton"):
+        eng = _engine(path, backend)
+        assert eng.runner.elementwise.name == backend
+        prompts = [torch.randint(0, eng.vocab_size, (n,), generator=gen).tolist() for n in (3, 30, 61)]
+        gen.manual_seed(0)
+        logits: list[torch.Tensor] = []
+        forward = eng.runner.forward
+
+        def recorded(*args: Any, _f: Any = forward, _l: list = logits, **kwargs: Any) -> Any:
+            out = _f(*args, **kwargs)
+            _l.append(out[0].float().cpu())
+            return out
+
+        eng.runner.forward = recorded  # type: ignore[method-assign]
+        tokens = eng.generate(prompts, SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True))
+        results[backend] = (tokens, logits)
+    (want, want_logits), (got, got_logits) = results["torch"], results["triton"]
+    assert got == want
+    assert len(got_logits) == len(want_logits) > 3
+    for a, b in zip(got_logits, want_logits, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+
+
+class _Kernels(TorchDispatchMode):
+    """Counts what a forward launches: torch ops that compute (not views), and Triton kernels."""
+
+    VIEWS = frozenset(
+        ("view", "reshape", "_unsafe_view", "slice", "select", "unsqueeze", "transpose", "t", "split",
+         "split_with_sizes", "empty", "empty_like", "expand", "alias", "detach", "as_strided", "permute")
+    )  # fmt: skip
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.launches: collections.Counter[str] = collections.Counter()
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        name = func.__name__.split(".")[0]
+        if name not in self.VIEWS:
+            self.launches[name] += 1
+        return func(*args, **(kwargs or {}))
+
+
+@contextmanager
+def _counted_triton(counter: collections.Counter[str], monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Triton launches counted, not run (Triton's interpreter calls torch ops of its own): the outputs
+    are then garbage, the count is what this measures. Attention counts as the Triton backend's three
+    kernels (the gather path's count depends on the heads), the same in both runs."""
+
+    class Launch:
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+        def __getitem__(self, grid: Any) -> Any:
+            return lambda *a, **k: counter.update([self.name])
+
+    def attention(q: torch.Tensor, *args: Any) -> torch.Tensor:
+        counter.update(["k cache write", "v cache write", "attention kernel"])  # the Triton backend's 3
+        return q
+
+    with monkeypatch.context() as m:
+        for name in ("add_rms_norm_kernel", "rope_kernel", "silu_mul_kernel"):
+            m.setattr(fused_kernels, name, Launch(name))
+        m.setattr(llama, "paged_attention", attention)
+        yield
+
+
+def test_a_llama_layer_launches_three_times_fewer_kernels(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The reason the kernels exist: a decode step's small kernels each cost the GPU a few microseconds
+    even inside a CUDA graph. One layer of a bfloat16 decode step (the GPU's dtype): the torch ops
+    launch ~36 kernels (an RMSNorm is 8, RoPE 5 per tensor), the fused ones 11."""
+    path = write_random_model(tmp_path / "m", "llama-micro")
+    model, _ = load_model(path, torch.device("cpu"), torch.bfloat16)
+    layer, b, slots = model.layers[1], 4, 64 * 16  # not the first: its norm has no residual to add
+    kv = [
+        (torch.zeros(model.n_kv_heads, slots, model.head_dim, dtype=torch.bfloat16),) * 2
+        for _ in range(model.num_layers)
+    ]
+    meta = AttentionMetadata(
+        slot_mapping=torch.arange(b), positions=torch.arange(b), logits_index=torch.arange(b),
+        decodes=[DecodeGroup(torch.arange(b), torch.zeros(b, 1, dtype=torch.long),
+                             torch.ones(b, 1, 1, 16, dtype=torch.bool))],
+    )  # fmt: skip
+    per_layer: dict[str, int] = {}
+    for ops in (fused_ops.TORCH_OPS, fused_ops.TRITON_OPS):
+        model.use_elementwise(ops)
+        mode = _Kernels()
+        marks: list[int] = []
+
+        def mark(*_: Any, _mode: _Kernels = mode, _marks: list[int] = marks) -> None:
+            _marks.append(sum(_mode.launches.values()))
+
+        pre = layer.register_forward_pre_hook(mark)
+        post = layer.register_forward_hook(mark)
+        with torch.inference_mode(), _counted_triton(mode.launches, monkeypatch), mode:
+            model(torch.zeros(b, dtype=torch.long), meta, kv)
+        pre.remove()
+        post.remove()
+        per_layer[ops.name] = marks[1] - marks[0]
+    print(f"kernels per layer: {per_layer}")
+    assert per_layer["torch"] >= 30, per_layer
+    assert per_layer["triton"] <= 12, per_layer

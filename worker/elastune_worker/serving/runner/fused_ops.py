@@ -1,0 +1,213 @@
+"""The element-wise parts of a Llama layer: residual add + RMSNorm, rotary embedding, SiLU-and-mul.
+
+Two implementations of one interface. ``TorchOps`` is the plain torch code (several kernels each: an
+RMSNorm is seven in bfloat16, RoPE five per tensor). ``TritonOps`` is one Triton kernel each
+(fused_kernels.py). A decode step is a few hundred kernels either way; each of these small ones costs a
+few microseconds of GPU time even when a CUDA graph launches it, so on the first H200 run the ~38 kernels
+of a layer (1,216 per 8B step) were the likeliest part of the gap between the batch-1 decode step
+(6.95 ms) and its bandwidth bound (3.58 ms). TritonOps brings a layer to 11 kernels.
+
+The ``elementwise_backend`` setting picks one (model_runner.py): ``auto`` takes Triton on CUDA when
+it imports and agrees with the torch ops on a start-up check, torch otherwise (on the CPU, Triton runs
+only in its interpreter: tests). No module here imports Triton (see triton_attention.py for why)."""
+
+from __future__ import annotations
+
+import logging
+from typing import Literal, Protocol
+
+import torch
+import torch.nn.functional as F
+
+from elastune_worker.serving.runner import triton_attention
+
+log = logging.getLogger(__name__)
+
+ElementwiseBackend = Literal["torch", "triton"]
+
+
+class ElementwiseOps(Protocol):
+    name: ElementwiseBackend
+
+    def add_rms_norm(
+        self, x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(``weight * rmsnorm(x + residual)``, ``x + residual``); without a residual, the norm of x
+        and x itself. x and residual are [T, hidden] with unit stride along hidden."""
+        ...
+
+    def rope(
+        self, qkv: torch.Tensor, n_heads: int, n_kv: int, head_dim: int, cos: torch.Tensor, sin: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """q [T, n_heads, head_dim] and k [T, n_kv, head_dim] of the fused projection ``qkv`` (query
+        heads, then key heads, then value heads on each row), rotated by RoPE (rotate-half) with this
+        step's ``cos``/``sin`` rows [T, head_dim]. TritonOps rotates them in place inside ``qkv``."""
+        ...
+
+    def silu_mul(self, gate_up: torch.Tensor, intermediate: int) -> torch.Tensor:
+        """``silu(gate) * up`` of ``gate_up`` = [gate | up] ([T, 2 x intermediate])."""
+        ...
+
+
+class TorchOps:
+    name: ElementwiseBackend = "torch"
+
+    def add_rms_norm(
+        self, x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if residual is not None:
+            x = x + residual
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+        return weight * x32.to(x.dtype), x
+
+    def rope(
+        self, qkv: torch.Tensor, n_heads: int, n_kv: int, head_dim: int, cos: torch.Tensor, sin: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        t, q_size = qkv.shape[0], n_heads * head_dim
+        q = qkv[:, :q_size].view(t, n_heads, head_dim)
+        k = qkv[:, q_size : q_size + n_kv * head_dim].view(t, n_kv, head_dim)
+        c, s = cos.unsqueeze(1), sin.unsqueeze(1)
+        return q * c + _rotate_half(q) * s, k * c + _rotate_half(k) * s
+
+    def silu_mul(self, gate_up: torch.Tensor, intermediate: int) -> torch.Tensor:
+        gate, up = gate_up.split(intermediate, dim=-1)
+        return F.silu(gate) * up
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def _pow2(x: int) -> int:
+    return 1 << max(0, x - 1).bit_length()
+
+
+SILU_BLOCK = 1024
+"""Columns per program of silu_mul (a 14,336-wide Llama-3-8B MLP row: 14 programs per token)."""
+
+
+class TritonOps:
+    name: ElementwiseBackend = "triton"
+
+    def add_rms_norm(
+        self, x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        from elastune_worker.serving.runner.fused_kernels import add_rms_norm_kernel
+
+        _unit_stride(x, residual, weight)
+        t, n = x.shape
+        out = torch.empty_like(x)
+        summed = torch.empty_like(x) if residual is not None else x
+        if t:
+            add_rms_norm_kernel[(t,)](
+                x, x if residual is None else residual, out, summed, weight,
+                x.stride(0), (x if residual is None else residual).stride(0), out.stride(0),
+                summed.stride(0), n, eps, HAS_RESIDUAL=residual is not None, BLOCK=_pow2(n),
+            )  # fmt: skip
+        return out, summed
+
+    def rope(
+        self, qkv: torch.Tensor, n_heads: int, n_kv: int, head_dim: int, cos: torch.Tensor, sin: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        from elastune_worker.serving.runner.fused_kernels import rope_kernel
+
+        _unit_stride(qkv, cos, sin)
+        if head_dim % 2:
+            raise ValueError(f"rotate-half RoPE needs an even head size, not {head_dim}")
+        t, q_size = qkv.shape[0], n_heads * head_dim
+        if t:
+            half = head_dim // 2
+            rope_kernel[(t, n_heads + n_kv)](
+                qkv, cos, sin, qkv.stride(0), cos.stride(0), sin.stride(0), HALF=half, HALF_P2=_pow2(half)
+            )
+        q = qkv[:, :q_size].view(t, n_heads, head_dim)
+        return q, qkv[:, q_size : q_size + n_kv * head_dim].view(t, n_kv, head_dim)
+
+    def silu_mul(self, gate_up: torch.Tensor, intermediate: int) -> torch.Tensor:
+        from elastune_worker.serving.runner.fused_kernels import silu_mul_kernel
+
+        _unit_stride(gate_up)
+        t = gate_up.shape[0]
+        out = torch.empty(t, intermediate, dtype=gate_up.dtype, device=gate_up.device)
+        if t:
+            block = min(SILU_BLOCK, _pow2(intermediate))
+            grid = (t, -(-intermediate // block))
+            silu_mul_kernel[grid](gate_up, out, gate_up.stride(0), out.stride(0), intermediate, BLOCK=block)
+        return out
+
+
+def _unit_stride(*tensors: torch.Tensor | None) -> None:
+    for t in tensors:
+        if t is not None and t.stride(-1) != 1:
+            raise ValueError("the fused element-wise kernels need a unit stride along the last dimension")
+
+
+TORCH_OPS = TorchOps()
+TRITON_OPS = TritonOps()
+
+
+def pick_elementwise_backend(choice: str, device: torch.device, dtype: torch.dtype) -> ElementwiseOps:
+    """torch, or triton: asked for (it must work: else a clear error), or auto (on CUDA when Triton
+    imports and its kernels agree with the torch ops on a start-up check; torch otherwise)."""
+    if choice == "torch" or (choice == "auto" and device.type != "cuda"):
+        return TORCH_OPS
+    problem = triton_problem(device, dtype)
+    if problem is None:
+        return TRITON_OPS
+    if choice == "triton":
+        raise ValueError(f"elementwise_backend triton: {problem}")
+    log.warning("element-wise ops in torch: the fused Triton kernels are not usable here (%s)", problem)
+    return TORCH_OPS
+
+
+def triton_problem(device: torch.device, dtype: torch.dtype) -> str | None:
+    """Why the fused kernels cannot serve here (None: they can): checked against the torch ops on small
+    shapes that are not powers of two, so a Triton that compiles them differently on an unseen GPU
+    falls back instead of serving wrong tokens."""
+    if not triton_attention.available():
+        return "Triton is not installed"
+    if device.type == "cpu" and not triton_attention.interpreted():
+        return "on the CPU it runs only in Triton's interpreter (TRITON_INTERPRET=1 before Triton's import)"
+    try:
+        pairs = check_outputs(device, dtype)
+    except Exception as exc:  # any failure of an unseen Triton or GPU: use the torch ops
+        return f"{type(exc).__name__}: {exc}"
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    for name, (got, expected) in pairs.items():
+        if not torch.allclose(got.float(), expected.float(), rtol=tol, atol=tol):
+            err = (got.float() - expected.float()).abs().max().item()
+            return f"its {name} differs from the torch ops (max abs error {err:.3g})"
+    return None
+
+
+def check_outputs(
+    device: torch.device, dtype: torch.dtype, rows: int = 5, hidden: int = 96, heads: tuple[int, int] = (6, 2)
+) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    """(Triton's, torch's) output of every op on one random input: the start-up check, and the tests."""
+    gen = torch.Generator().manual_seed(0)
+
+    def rand(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=gen).to(device, dtype)
+
+    n_heads, n_kv = heads
+    head_dim = hidden // n_heads
+    x, res, w = rand(rows, hidden), rand(rows, hidden), rand(hidden)
+    qkv = rand(rows, (n_heads + 2 * n_kv) * head_dim)
+    cos, sin = rand(rows, head_dim), rand(rows, head_dim)
+    gate_up = rand(rows, 2 * 40)
+    out: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+    for name, fused, plain in (
+        ("add_rms_norm", TRITON_OPS.add_rms_norm(x, res, w, 1e-5), TORCH_OPS.add_rms_norm(x, res, w, 1e-5)),
+        ("rms_norm", TRITON_OPS.add_rms_norm(x, None, w, 1e-5), TORCH_OPS.add_rms_norm(x, None, w, 1e-5)),
+    ):
+        out[name] = (torch.cat(fused, 1), torch.cat(plain, 1))
+    plain_rope = TORCH_OPS.rope(qkv, n_heads, n_kv, head_dim, cos, sin)
+    fused_rope = TRITON_OPS.rope(qkv.clone(), n_heads, n_kv, head_dim, cos, sin)
+    out["rope"] = (
+        torch.cat([t.flatten(1) for t in fused_rope], 1),
+        torch.cat([t.flatten(1) for t in plain_rope], 1),
+    )
+    out["silu_mul"] = (TRITON_OPS.silu_mul(gate_up, 40), TORCH_OPS.silu_mul(gate_up, 40))
+    return out
