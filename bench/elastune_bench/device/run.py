@@ -26,9 +26,9 @@ PARTS: tuple[tuple[str, int], ...] = (
 two benchmarks run the random-weight Llama-3-8B (issue 26 item 4c) in 120 s together, ~45 s each
 expected (their modules say how they are sized); each writes its JSON after every mode, so a part
 its time box ends keeps the modes it finished."""
-EXTRA_PARTS: tuple[tuple[str, int], ...] = (("profile_lora", 60),)
+EXTRA_PARTS: tuple[tuple[str, int], ...] = (("profile_lora", 60), ("profile_attention", 90))
 """Run only when named in ``--parts`` (the default run stays inside its 8 minutes): where a LoRA decode
-step's time goes, under torch.profiler."""
+step's time goes, under torch.profiler; the decode attention kernel over its launch settings."""
 SMOKE_SECONDS = 60
 """A smoke part's time box (each takes 5-30 s on a loaded 2-core CPU)."""
 
@@ -85,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("out", type=Path)
     p.add_argument("--smoke", action="store_true", help="every part on this machine's CPU, tiny shapes")
     p.add_argument("--deadline", type=float, help="seconds for all parts (default 445; --smoke 170)")
-    p.add_argument("--parts", help="comma-separated parts (default: all but the extra profile_lora)")
+    p.add_argument("--parts", help="comma-separated parts (default: all but the extra profile_* ones)")
     args = p.parse_args(argv)
     (args.out / "logs").mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")

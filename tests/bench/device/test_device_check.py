@@ -126,3 +126,34 @@ def test_the_extra_lora_profile_runs_only_when_named_and_says_where_a_step_goes(
     assert not any(o["op"] == "aten::bmm" for o in configs["base"]["top_ops"])
     bad = subprocess.run([*cmd[:-1], "no_such_part"], env=env, capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "unknown parts" in bad.stderr
+
+
+def test_the_extra_attention_sweep_measures_each_launch_setting_against_gather(tmp_path: Path) -> None:
+    """profile_attention (not in the default run): the decode attention kernel with its default launch
+    and each setting of the sweep (Triton's interpreter here), equal to gather + SDPA, with the bytes it
+    reads per microsecond."""
+    from elastune_bench.device import run
+
+    assert "profile_attention" not in {m for m, _ in run.PARTS}
+    env = os.environ | {"OMP_WAIT_POLICY": "PASSIVE"}
+    cmd = [
+        sys.executable,
+        "-m",
+        "elastune_bench.device.run",
+        "--smoke",
+        str(tmp_path),
+        "--parts",
+        "profile_attention",
+    ]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    shapes = json.loads((tmp_path / "profile_attention.json").read_text())["shapes"]
+    assert list(shapes) == ["2x40"]
+    r = shapes["2x40"]
+    assert r["max_diff_vs_gather"] < 1e-4
+    assert r["default"]["us"] > 0 and r["gather_sdpa"]["gb_per_s"] > 0
+    assert [(s["block_n"], s["num_warps"], s["num_stages"]) for s in r["settings"]] == [
+        (16, 4, 1),
+        (32, 4, 1),
+    ]
+    assert all(s["us"] > 0 for s in r["settings"]) and r["best"] in r["settings"]

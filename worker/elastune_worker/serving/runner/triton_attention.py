@@ -48,6 +48,15 @@ class PagedTiles:
     """Query tokens per tile (1 for decodes)."""
 
 
+@dataclass(frozen=True)
+class LaunchTuning:
+    """Launch settings of the kernel (None: its default): keys per loop step, warps, pipeline stages."""
+
+    block_n: int | None = None
+    num_warps: int | None = None
+    num_stages: int | None = None
+
+
 def build_tiles(
     seqs: list[tuple[int, int, int, list[int]]], width: int, block_q: int, device: torch.device
 ) -> PagedTiles:
@@ -98,9 +107,11 @@ def paged_attention_in_place(
     tiles: PagedTiles,
     scale: float,
     page_size: int,
+    tuning: LaunchTuning | None = None,
 ) -> None:
     """q and out [T, H, D]; caches [KV, slots, D] (head-major) already holding the step's K/V. Writes the
-    rows of ``tiles``' sequences into ``out``."""
+    rows of ``tiles``' sequences into ``out``. ``tuning``: launch settings other than the defaults (the
+    device check's attention sweep measures them)."""
     n_tiles = tiles.tile_seq.shape[0]
     if n_tiles == 0:
         return
@@ -115,6 +126,10 @@ def paged_attention_in_place(
     block_q = max(_pow2(tiles.block_q), -(-16 // rep_p2))
     d_p2 = max(16, _pow2(d))
     block_n = 64 if d_p2 <= 128 else 32
+    launch: dict[str, int] = {}
+    if tuning is not None:
+        block_n = tuning.block_n or block_n
+        launch = {k: v for k, v in (("num_warps", tuning.num_warps), ("num_stages", tuning.num_stages)) if v}
     _kernel(q.device.type)[(n_tiles, n_kv)](
         q,
         k_cache,
@@ -145,6 +160,7 @@ def paged_attention_in_place(
         PAGE=page_size,
         BLOCK_N=block_n,
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        **launch,
     )
 
 
