@@ -74,6 +74,8 @@ class ModelRunner:
         held = max(self.num_kv_blocks, config.kv_blocks())
         self.kv_caches = self._alloc_kv(held + 1)
         self.scratch_slot = held * self.block_size
+        if self.attention_backend == "triton" and self.device.type == "cuda":
+            self.compile_kernels()
         self.use_cuda_graphs = config.cuda_graphs and self.device.type == "cuda"
         if config.cuda_graphs and self.device.type != "cuda":
             log.info("cuda_graphs ignored: the engine runs on %s (eager)", self.device.type)
@@ -249,6 +251,34 @@ class ModelRunner:
         self, tokens: torch.Tensor, meta: AttentionMetadata, lora: LoRABatch | None
     ) -> torch.Tensor:
         return self.model(tokens, meta, self.kv_caches, lora, None)
+
+    @torch.inference_mode()
+    def compile_kernels(self) -> None:
+        """One forward through every Triton kernel variant serving launches, before the first request:
+        a decode, and a prefill chunk over a cached prefix (the two query-tile sizes), at this model's
+        heads, dtype and memory layout. Triton compiles a variant at its first launch, and a compile
+        inside serving stalls every running request for as long as it takes (the likeliest cause, not
+        yet confirmed on a GPU, of the first H200 runs' LoRA steps of ~100 ms against 7-11 ms without
+        adapters, in traces of two seconds). The step writes K/V to the cache's first blocks: no
+        sequence owns them yet, and a sequence writes a slot before it reads it."""
+        bs, dev, n = self.block_size, self.device, PREFIX_TILE_TOKENS
+        blocks = -(-(bs + n) // bs)  # a one-block prefix, then the chunk
+        if self.num_kv_blocks < blocks:
+            return
+        table = list(range(blocks))  # block i holds positions i x bs ...: a slot is its position
+        meta = AttentionMetadata(
+            slot_mapping=torch.tensor([bs, *range(bs, bs + n)], device=dev),
+            positions=torch.tensor([bs, *range(bs, bs + n)], device=dev),
+            logits_index=torch.tensor([0, n], device=dev),
+            paged=[
+                triton_attention.build_tiles([(0, 1, bs + 1, table)], blocks, 1, dev),
+                triton_attention.build_tiles([(1, n, bs + n, table)], blocks, PREFIX_TILE_TOKENS, dev),
+            ],
+            page_size=bs,
+        )
+        self.model(torch.zeros(1 + n, dtype=torch.long, device=dev), meta, self.kv_caches, None, None)
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
 
     # -- KV cache ----------------------------------------------------------------------------------
     def kv_block_bytes(self) -> int:

@@ -20,7 +20,15 @@ def _add(a, b):
 
 # Reductions through these (not tl.max / tl.sum, which Triton defines as jit functions): the kernel then
 # runs in the interpreter even when Triton was imported before TRITON_INTERPRET was set (peft imports it).
-@triton.jit
+# Triton compiles a kernel per class of each integer argument (== 1, a multiple of 16, other) at its first
+# launch. stride_table is the block tables' width, which varies step by step in eager steps: without this,
+# serving would compile the kernel again the first time a batch's widest context crosses into another
+# class (a second or more on a cold GPU, every running request stalled). The other integers are fixed per
+# model, and compiled at start-up (model_runner.py: ModelRunner.compile_kernels).
+UNSPECIALIZED = ["stride_table"]
+
+
+@triton.jit(do_not_specialize=UNSPECIALIZED)
 def paged_attention_kernel(
     q_ptr,
     k_cache_ptr,

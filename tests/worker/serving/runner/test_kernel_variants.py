@@ -1,0 +1,100 @@
+"""No Triton kernel variant is compiled while serving: every variant of the paged-attention kernel that
+steps launch (the constexprs, the class of each specialized integer argument, the dtypes) was launched
+by ModelRunner.compile_kernels at start-up, whatever the contexts' widths and with prefix-cache hits. A
+compile inside serving stalls every running request (seconds on a cold GPU). On the CPU the kernel runs
+in Triton's interpreter (nothing compiles there: the launches' keys are compared, as Triton forms them);
+on a GPU the compiled-kernel cache itself must not grow."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+ON_GPU = torch.cuda.is_available()
+if not ON_GPU:
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+pytest.importorskip("triton", reason="the triton attention backend needs the triton package")
+
+from elastune_batching.sampling import SamplingParams  # noqa: E402
+from elastune_worker.serving.config import EngineConfig  # noqa: E402
+from elastune_worker.serving.core.engine import LLMEngine  # noqa: E402
+from elastune_worker.serving.runner import triton_attention, triton_paged_kernel  # noqa: E402
+from elastune_worker.tiny import build as B  # noqa: E402
+
+DEVICE = "cuda" if ON_GPU else "cpu"
+
+
+def variant(kernel: Any, args: tuple, kwargs: dict) -> tuple:
+    """What Triton compiles a kernel per: its constexprs and launch options, each tensor's dtype, and
+    for each integer it specializes, whether it is 1 and whether a multiple of 16."""
+    names = list(kernel.arg_names)
+    ints = tuple(
+        (name, a == 1, a % 16 == 0)
+        for name, a in zip(names, args, strict=False)
+        if isinstance(a, int) and not isinstance(a, bool) and name not in triton_paged_kernel.UNSPECIALIZED
+    )
+    dtypes = tuple(str(a.dtype) for a in args if isinstance(a, torch.Tensor))
+    return tuple(sorted(kwargs.items())), ints, dtypes
+
+
+@pytest.fixture
+def launches(monkeypatch: pytest.MonkeyPatch) -> list[tuple]:
+    seen: list[tuple] = []
+    real = triton_attention._kernel
+
+    class Recorded:
+        def __init__(self, kernel: Any) -> None:
+            self.kernel = kernel
+
+        def __getitem__(self, grid: Any) -> Any:
+            def launch(*args: Any, **kwargs: Any) -> Any:
+                seen.append(variant(self.kernel, args, kwargs))
+                return self.kernel[grid](*args, **kwargs)
+
+            return launch
+
+    monkeypatch.setattr(triton_attention, "_kernel", lambda device_type: Recorded(real(device_type)))
+    return seen
+
+
+def _compiled() -> int:
+    kernel = triton_paged_kernel.paged_attention_kernel
+    return sum(len(cache[0]) for cache in kernel.device_caches.values())
+
+
+def test_serving_launches_only_what_start_up_compiled(launches: list[tuple]) -> None:
+    """The tiny Llama, eager steps (no graphs): decodes whose widest context grows from one block to
+    several (block tables of width 1, 2, ... 5), chunked prompts, and a second round that prefills over
+    the first round's cached prefixes."""
+    path = B.ensure_tiny_model(spec=B.TINY_LLAMA_SPEC)
+    cfg = EngineConfig(device=DEVICE, dtype="float32", attention_backend="triton", num_kv_blocks=256,  # type: ignore[arg-type]
+                       max_num_batched_tokens=40, cuda_graphs=False)  # fmt: skip
+    eng = LLMEngine(path, cfg)
+    if not ON_GPU:  # on CUDA the runner compiles at start-up itself; the interpreter skips it (slow)
+        eng.runner.compile_kernels()
+    at_start = set(launches)  # the backend's own start-up check, then the model's variants
+    tiles = {dict(constexprs)["TILE_Q"] for constexprs, _, _ in at_start}
+    assert tiles == {1, 4, 16}, tiles  # the check's tiles of 1 and 4; the model's decode and prefix tiles
+    compiled = _compiled() if ON_GPU else 0
+    gen = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(0, eng.vocab_size, (n,), generator=gen).tolist() for n in (3, 14, 47)]
+    greedy = SamplingParams(max_tokens=30, temperature=0.0, ignore_eos=True)
+    eng.generate(prompts, greedy)
+    eng.generate(
+        [p + [5, 6, 7] * 6 for p in prompts], SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
+    )
+    assert eng.scheduler.blocks.hit_tokens > 0  # the second round did read cached prefixes
+    served = set(launches) - at_start
+    assert not served, f"variants first launched while serving: {served}"
+    if ON_GPU:
+        assert _compiled() == compiled
+
+
+def test_the_block_tables_width_is_not_specialized() -> None:
+    """Without this, the width (1, then 2-15, then 16...) would be three variants of the same kernel."""
+    assert triton_paged_kernel.UNSPECIALIZED == ["stride_table"]
+    if ON_GPU:
+        assert "stride_table" in triton_paged_kernel.paged_attention_kernel.do_not_specialize
