@@ -41,7 +41,6 @@ flex's decoding template leaves its fast path).
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import os
 import platform
@@ -79,9 +78,7 @@ def model_shapes() -> dict[str, AttnShape]:
     """The two CPU models of the project: the random-weight ``llama-micro`` (runner/models/random_init.py
     SHAPES) and the tiny Llama that worker/elastune_worker/tiny builds (TINY_LLAMA_SPEC)."""
     from elastune_worker.serving.runner.models.random_init import SHAPES
-
-    # imported by name: mypy would check tiny/build.py with it (its transformers calls are unchecked)
-    spec = importlib.import_module("elastune_worker.tiny.build").TINY_LLAMA_SPEC
+    from elastune_worker.tiny.build import TINY_LLAMA_SPEC as spec
     micro = SHAPES["llama-micro"]
     heads = int(micro["num_attention_heads"])
     return {

@@ -119,6 +119,12 @@ def _tenancy(argv: list[str]) -> int:
     return tenancy.main(argv)
 
 
+def _attention_cpu(argv: list[str]) -> int:
+    from elastune_bench import attention_cpu
+
+    return attention_cpu.main(argv)
+
+
 def _chaos(argv: list[str]) -> int:
     from elastune_bench.faults import chaos
 
@@ -153,6 +159,11 @@ BENCHMARKS: dict[str, Benchmark] = {
     "ssjf": Benchmark(
         "FCFS vs SJF (predicted, oracle lengths) job completion times on the engine, 3 batching settings",
         _ssjf,
+        WORKER_EXTRA,
+    ),
+    "attention-cpu": Benchmark(
+        "CPU decode attention: the engine's gather + SDPA vs FlexAttention over the paged KV cache",
+        _attention_cpu,
         WORKER_EXTRA,
     ),
     "chaos": Benchmark(
