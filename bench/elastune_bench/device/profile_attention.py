@@ -2,7 +2,9 @@
 take, against the bytes it must read. A model of the first H200 run's steps (issue 26) puts the Triton
 decode kernel at roughly a third of the bandwidth it could use at batch 64 (the rest of the step: the
 weights at ~80 %, ~1,200 small element-wise kernels, the host): this part measures it instead of
-guessing, and says which (keys per loop step, warps, pipeline stages) reads the cache fastest.
+guessing, and says which (keys per loop step, warps, pipeline stages) reads the cache fastest, and
+what splitting small batches' contexts across programs (flash-decoding, the default there) gains over
+one pass.
 
 Per shape (batch x context, Llama-3-8B's heads: 32 query over 8 KV heads of 128, bfloat16, pages of
 16 tokens scattered over the cache): the kernel's time with its default settings and with each setting
@@ -87,7 +89,11 @@ def timed_us(plan: Plan, fn: Any) -> float:
 
 def sweep_shape(plan: Plan, batch: int, context: int, gbps: float | None) -> dict[str, Any]:
     from elastune_worker.serving.runner.attention import paged_attention
-    from elastune_worker.serving.runner.triton_attention import LaunchTuning, paged_attention_in_place
+    from elastune_worker.serving.runner.triton_attention import (
+        LaunchTuning,
+        decode_splits,
+        paged_attention_in_place,
+    )
 
     x = inputs(plan, batch, context)
     q, (kc, vc), tiles = x["q"], x["cache"], x["tiles"]
@@ -105,6 +111,11 @@ def sweep_shape(plan: Plan, batch: int, context: int, gbps: float | None) -> dic
 
     res: dict[str, Any] = {"batch": batch, "context": context, "kv_mib": round(x["bytes"] / 2**20, 2)}
     res["default"] = rate(timed_us(plan, triton(None)))
+    res["default"]["splits"] = decode_splits(batch * plan.heads[1], torch.device(plan.device))
+    # Flash-decoding's gain where the default splits the contexts: the same launch in one pass.
+    if res["default"]["splits"] > 1:
+        res["one_pass"] = rate(timed_us(plan, triton(LaunchTuning(splits=1))))
+        res["split_vs_one_pass"] = round(res["one_pass"]["us"] / res["default"]["us"], 3)
     reference = paged_attention(q, x["k"], x["v"], kc, vc, x["meta"], scale)
     triton(None)()
     res["max_diff_vs_gather"] = float((out.float() - reference.float()).abs().max())

@@ -96,8 +96,8 @@ def _attention_sweep(att: dict[str, Any] | None) -> list[str]:
     if not att or not att.get("shapes"):
         return []
     lines = ["", "Decode attention alone (one layer; us, GB/s of K/V read, share of the copy bandwidth):", "",
-             "| batch x context | Triton default | best setting (block_n/warps/stages) | gather + SDPA |",
-             "| --- | --- | --- | --- |"]  # fmt: skip
+             "| batch x context | Triton default (splits) | one pass, no splits | best setting "
+             "(block_n/warps/stages) | gather + SDPA |", "| --- | --- | --- | --- | --- |"]  # fmt: skip
 
     def cell(r: dict[str, Any]) -> str:
         return f"{r['us']} us, {r['gb_per_s']} GB/s ({_share({'roofline_share': r.get('share_of_copy')})})"
@@ -105,5 +105,7 @@ def _attention_sweep(att: dict[str, Any] | None) -> list[str]:
     for name, r in att["shapes"].items():
         best = r.get("best")
         how = f"{cell(best)} ({best['block_n']}/{best['num_warps']}/{best['num_stages']})" if best else "-"
-        lines.append(f"| {name} | {cell(r['default'])} | {how} | {cell(r['gather_sdpa'])} |")
+        one = cell(r["one_pass"]) if "one_pass" in r else "-"
+        lines.append(f"| {name} | {cell(r['default'])} ({r['default'].get('splits', 1)}) | {one} | {how} | "
+                     f"{cell(r['gather_sdpa'])} |")  # fmt: skip
     return lines

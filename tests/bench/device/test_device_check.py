@@ -152,6 +152,7 @@ def test_the_extra_attention_sweep_measures_each_launch_setting_against_gather(t
     r = shapes["2x40"]
     assert r["max_diff_vs_gather"] < 1e-4
     assert r["default"]["us"] > 0 and r["gather_sdpa"]["gb_per_s"] > 0
+    assert r["default"]["splits"] > 1 and r["one_pass"]["us"] > 0  # 2 decodes: flash-decoding's split
     assert [(s["block_n"], s["num_warps"], s["num_stages"]) for s in r["settings"]] == [
         (16, 4, 1),
         (32, 4, 1),

@@ -195,3 +195,53 @@ def test_engine_greedy_outputs_equal_with_either_backend(arch):
         assert eng.runner.attention_backend == backend
         outs[backend] = eng.generate(PROMPTS, greedy)
     assert outs["triton"] == outs["gather"]
+
+
+@pytest.mark.parametrize("splits", [1, 2, 4, 16])
+@pytest.mark.parametrize(("n_heads", "n_kv", "d"), [(4, 2, 32), (6, 2, 24)], ids=["gqa", "rep3-d24"])
+def test_split_contexts_equal_one_pass(splits, n_heads, n_kv, d):
+    """Flash-decoding: each decode's context cut into ``splits`` runs of whole key blocks, each attended
+    by its own program, then merged. Contexts of 1 token (most splits empty), 17, 64 (exactly one
+    key block), 200 (a ragged last split) and a padding row (context 0, written as zeros)."""
+    from elastune_worker.serving.runner.triton_attention import LaunchTuning, paged_attention_in_place
+
+    page = 16
+    gen = torch.Generator().manual_seed(splits)
+    contexts = [1, 17, 64, 0, 200]
+    pages = [max(1, -(-c // page)) for c in contexts]
+    order = torch.randperm(sum(pages), generator=gen).tolist()
+    tables = [order[sum(pages[:i]) : sum(pages[: i + 1])] for i in range(len(contexts))]
+    q = torch.randn(len(contexts), n_heads, d, generator=gen).to(DEVICE)
+    cache = [torch.randn(n_kv, sum(pages) * page, d, generator=gen).to(DEVICE) for _ in range(2)]
+    tiles = build_tiles(
+        [(i, 1, c, t) for i, (c, t) in enumerate(zip(contexts, tables, strict=True))], max(pages), 1, DEVICE
+    )
+    out = torch.full_like(q, float("nan"))
+    paged_attention_in_place(q, cache[0], cache[1], out, tiles, d**-0.5, page, LaunchTuning(splits=splits))
+    rep = n_heads // n_kv
+    for row, (ctx, table) in enumerate(zip(contexts, tables, strict=True)):
+        if ctx == 0:
+            assert torch.equal(out[row], torch.zeros_like(out[row]))
+            continue
+        slots = torch.tensor(slots_of(table, ctx, page), device=DEVICE)
+        for h in range(n_heads):
+            kh, vh = cache[0][h // rep, slots], cache[1][h // rep, slots]
+            expected = torch.softmax(kh @ q[row, h] * d**-0.5, dim=0) @ vh
+            torch.testing.assert_close(out[row, h], expected, rtol=1e-5, atol=1e-5)
+
+
+def test_small_decode_batches_split_their_contexts():
+    from elastune_worker.serving.runner import triton_attention as TA
+
+    slots = TA._multiprocessors(DEVICE) if ON_GPU else TA.CPU_PROGRAM_SLOTS
+    assert TA.decode_splits(1, DEVICE) == min(TA.MAX_SPLITS, 1 << (2 * slots - 1).bit_length())
+    assert TA.decode_splits(2 * slots, DEVICE) == 1  # the batch fills the device alone
+    assert all(
+        s & (s - 1) == 0 and s <= TA.MAX_SPLITS
+        for s in map(lambda p: TA.decode_splits(p, DEVICE), range(1, 99))
+    )
+    with pytest.raises(ValueError, match="power of 2"):
+        q = torch.zeros(1, 2, 16, device=DEVICE)
+        tiles = build_tiles([(0, 1, 1, [0])], 1, 1, DEVICE)
+        TA.paged_attention_in_place(q, q[:, :1].transpose(0, 1), q[:, :1].transpose(0, 1), q, tiles, 1.0, 16,
+                                    TA.LaunchTuning(splits=3))  # fmt: skip

@@ -6,6 +6,7 @@ device memory left after the weights and a warm-up forward, unless a size is giv
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from pathlib import Path
 from typing import Literal
@@ -56,6 +57,7 @@ class ModelRunner:
         native = context_length(self.hf_config)
         self.max_model_len = min(config.max_model_len or native, native)
         self.block_size = config.block_size
+        self.max_num_seqs = config.max_num_seqs
         self.vocab_size = int(self.hf_config["vocab_size"])
         self.hidden_size = int(self.hf_config.get("hidden_size") or self.hf_config["n_embd"])
         self.attention_backend = pick_attention_backend(config.attention_backend, self.device, self.dtype)
@@ -255,23 +257,28 @@ class ModelRunner:
     @torch.inference_mode()
     def compile_kernels(self) -> None:
         """One forward through every Triton kernel variant serving launches, before the first request:
-        a decode, and a prefill chunk over a cached prefix (the two query-tile sizes), at this model's
-        heads, dtype and memory layout. Triton compiles a variant at its first launch, and a compile
-        inside serving stalls every running request for as long as it takes (the likeliest cause, not
-        yet confirmed on a GPU, of the first H200 runs' LoRA steps of ~100 ms against 7-11 ms without
-        adapters, in traces of two seconds). The step writes K/V to the cache's first blocks: no
-        sequence owns them yet, and a sequence writes a slot before it reads it."""
+        a decode at each count of context splits a decode batch can take, and a prefill chunk over a
+        cached prefix, at this model's heads, dtype and memory layout. Triton compiles a variant at its
+        first launch, and a compile inside serving stalls every running request for as long as it
+        takes (the likeliest cause, not yet confirmed on a GPU, of the first H200 runs' LoRA steps of
+        ~100 ms against 7-11 ms without adapters, in traces of two seconds). The step writes K/V to
+        the cache's first blocks: no sequence owns them yet, and a sequence writes a slot before it
+        reads it."""
         bs, dev, n = self.block_size, self.device, PREFIX_TILE_TOKENS
         blocks = -(-(bs + n) // bs)  # a one-block prefix, then the chunk
         if self.num_kv_blocks < blocks:
             return
         table = list(range(blocks))  # block i holds positions i x bs ...: a slot is its position
+        decode = triton_attention.build_tiles([(0, 1, bs + 1, table)], blocks, 1, dev)
+        # A decode batch's context splits depend on its size: every count a batch can take.
+        n_kv = self.model.n_kv_heads
+        splits = {triton_attention.decode_splits(b * n_kv, dev) for b in range(1, self.max_num_seqs + 1)}
         meta = AttentionMetadata(
             slot_mapping=torch.tensor([bs, *range(bs, bs + n)], device=dev),
             positions=torch.tensor([bs, *range(bs, bs + n)], device=dev),
             logits_index=torch.tensor([0, n], device=dev),
             paged=[
-                triton_attention.build_tiles([(0, 1, bs + 1, table)], blocks, 1, dev),
+                *(dataclasses.replace(decode, splits=s) for s in sorted(splits)),
                 triton_attention.build_tiles([(1, n, bs + n, table)], blocks, PREFIX_TILE_TOKENS, dev),
             ],
             page_size=bs,

@@ -46,6 +46,8 @@ class PagedTiles:
     """[tiles] int32: the tile's first query token within its sequence."""
     block_q: int
     """Query tokens per tile (1 for decodes)."""
+    splits: int | None = None
+    """Decode tiles: programs per (sequence, KV head) over shares of its context; None: decode_splits."""
 
 
 @dataclass(frozen=True)
@@ -55,6 +57,36 @@ class LaunchTuning:
     block_n: int | None = None
     num_warps: int | None = None
     num_stages: int | None = None
+    splits: int | None = None
+    """Decode tiles: programs per (sequence, KV head), each over a share of the context (a power of 2)."""
+
+
+MAX_SPLITS = 16
+CPU_PROGRAM_SLOTS = 4
+"""Stands in for a GPU's multiprocessors on the CPU (Triton's interpreter: tests), so that small decode
+batches take the split path there too."""
+
+
+def decode_splits(programs: int, device: torch.device) -> int:
+    """Flash-decoding: a decode batch of few (sequence, KV head) programs leaves most of a GPU idle while
+    each walks its whole context, so its contexts are split until there are two programs per
+    multiprocessor (a power of 2, at most MAX_SPLITS; 1 once the batch alone fills the device). The
+    split count depends on the batch only, so a CUDA graph captured for a batch size keeps it."""
+    slots = _multiprocessors(device) if device.type == "cuda" else CPU_PROGRAM_SLOTS
+    splits = 1
+    while splits < MAX_SPLITS and programs * splits < 2 * slots:
+        splits *= 2
+    return splits
+
+
+_SM_COUNT: dict[int, int] = {}
+
+
+def _multiprocessors(device: torch.device) -> int:
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in _SM_COUNT:
+        _SM_COUNT[index] = torch.cuda.get_device_properties(index).multi_processor_count
+    return _SM_COUNT[index]
 
 
 def build_tiles(
@@ -95,6 +127,13 @@ def _kernel(device_type: str) -> Any:
     return paged_attention_kernel
 
 
+def _merge_kernel(device_type: str) -> Any:
+    from elastune_worker.serving.runner.triton_paged_kernel import merge_splits_kernel
+
+    _kernel(device_type)  # the same interpreter check
+    return merge_splits_kernel
+
+
 def _pow2(x: int) -> int:
     return 1 << max(0, x - 1).bit_length()
 
@@ -127,14 +166,25 @@ def paged_attention_in_place(
     d_p2 = max(16, _pow2(d))
     block_n = 64 if d_p2 <= 128 else 32
     launch: dict[str, int] = {}
+    splits = tiles.splits or (decode_splits(n_tiles * n_kv, q.device) if tiles.block_q == 1 else 1)
     if tuning is not None:
         block_n = tuning.block_n or block_n
+        splits = tuning.splits or splits
         launch = {k: v for k, v in (("num_warps", tuning.num_warps), ("num_stages", tuning.num_stages)) if v}
-    _kernel(q.device.type)[(n_tiles, n_kv)](
+    if splits > 1 and (tiles.block_q != 1 or splits & (splits - 1)):
+        raise ValueError(f"context splits are for decode tiles, a power of 2: not {splits}")
+    # Partials of the split path, [rows, heads, splits] (max, sum) and [rows, heads, splits, head_dim].
+    rows = q.shape[0] if splits > 1 else 0
+    part_ml = torch.empty(rows, n_heads, splits, 2, dtype=torch.float32, device=q.device)
+    part_acc = torch.empty(rows, n_heads, splits, d, dtype=torch.float32, device=q.device)
+    kernels = _kernel(q.device.type)
+    kernels[(n_tiles, n_kv, splits)](
         q,
         k_cache,
         v_cache,
         out,
+        part_acc,
+        part_ml,
         tiles.q_row,
         tiles.q_len,
         tiles.context_len,
@@ -160,8 +210,14 @@ def paged_attention_in_place(
         PAGE=page_size,
         BLOCK_N=block_n,
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        SPLITS=splits,
         **launch,
     )
+    if splits > 1:
+        _merge_kernel(q.device.type)[(n_tiles, n_heads)](
+            part_acc, part_ml, out, tiles.q_row, tiles.tile_seq, out.stride(0), out.stride(1),
+            HEAD_DIM=d, D_P2=d_p2, SPLITS=splits,
+        )  # fmt: skip
 
 
 def interpreted() -> bool:

@@ -34,6 +34,8 @@ def paged_attention_kernel(
     k_cache_ptr,
     v_cache_ptr,
     out_ptr,
+    part_acc_ptr,
+    part_ml_ptr,
     q_row_ptr,
     q_len_ptr,
     context_len_ptr,
@@ -59,9 +61,14 @@ def paged_attention_kernel(
     PAGE: tl.constexpr,
     BLOCK_N: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    SPLITS: tl.constexpr,
 ):
+    """SPLITS > 1 (decode tiles only: flash-decoding): program (tile, KV head, split) attends to the
+    split-th of the context's keys and writes its unnormalized partial (max, sum, accumulator) to
+    ``part_*`` for merge_splits_kernel; SPLITS 1 attends to all of them and writes the output."""
     tile = tl.program_id(0)
     kv_head = tl.program_id(1).to(tl.int64)
+    split = tl.program_id(2)
     seq = tl.load(tile_seq_ptr + tile)
     q0 = tl.load(tile_q0_ptr + tile)
     q_row = tl.load(q_row_ptr + seq)
@@ -92,15 +99,19 @@ def paged_attention_kernel(
     n = tl.arange(0, BLOCK_N)
     k_base = k_cache_ptr + kv_head * stride_kh
     v_base = v_cache_ptr + kv_head * stride_vh
-    for start in range(0, kv_end, BLOCK_N):
+    # This split's keys: whole BLOCK_N runs, so that every split but the last is full.
+    per_split = tl.cdiv(tl.cdiv(kv_end, SPLITS), BLOCK_N) * BLOCK_N
+    lo = split * per_split
+    hi = tl.minimum(kv_end, lo + per_split)
+    for start in range(lo, hi, BLOCK_N):
         pos = start + n
-        key_ok = pos < kv_end
+        key_ok = pos < hi
         block = tl.load(block_table_ptr + seq * stride_table + pos // PAGE, mask=key_ok, other=0)
         slot = (block * PAGE + pos % PAGE).to(tl.int64)
         kv_mask = key_ok[:, None] & d_ok[None, :]
         k = tl.load(k_base + slot[:, None] * stride_ks + d[None, :], mask=kv_mask, other=0.0)
         s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale
-        s = tl.where(row_ok[:, None] & (pos[None, :] <= q_pos[:, None]), s, -1.0e30)
+        s = tl.where(row_ok[:, None] & key_ok[None, :] & (pos[None, :] <= q_pos[:, None]), s, -1.0e30)
         m_new = tl.maximum(m_i, tl.reduce(s, 1, _maximum))
         alpha = tl.exp(m_i - m_new)
         p = tl.exp(s - m_new[:, None])
@@ -108,9 +119,48 @@ def paged_attention_kernel(
         v = tl.load(v_base + slot[:, None] * stride_vs + d[None, :], mask=kv_mask, other=0.0)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
         m_i = m_new
-    out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
-    tl.store(
-        out_ptr + rows[:, None] * stride_ot + head[:, None] * stride_oh + d[None, :],
-        out.to(out_ptr.dtype.element_ty),
-        mask=row_ok[:, None] & d_ok[None, :],
-    )
+    if SPLITS == 1:
+        out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+        tl.store(
+            out_ptr + rows[:, None] * stride_ot + head[:, None] * stride_oh + d[None, :],
+            out.to(out_ptr.dtype.element_ty),
+            mask=row_ok[:, None] & d_ok[None, :],
+        )
+    else:  # partials [row, head, split]: (max, sum) pairs and accumulators, float32
+        n_heads = tl.num_programs(1) * REP
+        part = (rows * n_heads + head) * SPLITS + split
+        tl.store(part_ml_ptr + part * 2, m_i, mask=row_ok)
+        tl.store(part_ml_ptr + part * 2 + 1, l_i, mask=row_ok)
+        part_mask = row_ok[:, None] & d_ok[None, :]
+        tl.store(part_acc_ptr + part[:, None] * HEAD_DIM + d[None, :], acc, mask=part_mask)
+
+
+@triton.jit
+def merge_splits_kernel(
+    part_acc_ptr,
+    part_ml_ptr,
+    out_ptr,
+    q_row_ptr,
+    tile_seq_ptr,
+    stride_ot,
+    stride_oh,
+    HEAD_DIM: tl.constexpr,
+    D_P2: tl.constexpr,
+    SPLITS: tl.constexpr,
+):
+    """One decode row and query head: its splits' partials rescaled to their common max and summed
+    (an empty split has sum 0 and adds nothing; a row with no keys, padding, is written as zeros)."""
+    tile = tl.program_id(0)
+    head = tl.program_id(1).to(tl.int64)
+    row = tl.load(q_row_ptr + tl.load(tile_seq_ptr + tile)).to(tl.int64)
+    part = (row * tl.num_programs(1) + head) * SPLITS + tl.arange(0, SPLITS)
+    m = tl.load(part_ml_ptr + part * 2)
+    l_s = tl.load(part_ml_ptr + part * 2 + 1)
+    d = tl.arange(0, D_P2)
+    d_ok = d < HEAD_DIM
+    acc = tl.load(part_acc_ptr + part[:, None] * HEAD_DIM + d[None, :], mask=d_ok[None, :], other=0.0)
+    m_max = tl.reduce(m, 0, _maximum)
+    w = tl.exp(m - m_max)
+    total = tl.reduce(l_s * w, 0, _add)
+    out = tl.reduce(acc * w[:, None], 0, _add) / tl.where(total > 0, total, 1.0)
+    tl.store(out_ptr + row * stride_ot + head * stride_oh + d, out.to(out_ptr.dtype.element_ty), mask=d_ok)
