@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from elastune_bench.device.common import FULL
 from elastune_bench.device.engine import BLOCK, kv_blocks
 from elastune_bench.device.roofline import Shape
@@ -158,3 +160,15 @@ def test_the_extra_attention_sweep_measures_each_launch_setting_against_gather(t
         (32, 4, 1),
     ]
     assert all(s["us"] > 0 for s in r["settings"]) and r["best"] in r["settings"]
+
+
+def test_parts_all_adds_the_extra_parts_to_the_default_run() -> None:
+    """One GPU call can then run the check and both profiles (device time is lent in minutes)."""
+    from elastune_bench.device import run
+
+    default = {m for m, _ in run.PARTS}
+    assert run.chosen_parts(None) == default
+    assert run.chosen_parts("all") == default | {"profile_lora", "profile_attention"}
+    assert run.chosen_parts("engine,profile_attention") == {"engine", "profile_attention"}
+    with pytest.raises(ValueError, match="unknown parts"):
+        run.chosen_parts("engine,nope")
