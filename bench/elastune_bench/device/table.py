@@ -81,6 +81,10 @@ def render(out: Path) -> str:
         lines += ["", f"Co-serving{on} (heavy load): {g['ratio_vs_best_temporal']}x the finetuning "
                   f"tokens/s of {g['best_temporal']}, SLO attainment {g['coserve_slo_attainment_pct']} % vs "
                   f"{g['best_temporal_slo_attainment_pct']} % (FlexLLM: 1.9-4.8x)."]  # fmt: skip
+        if "inference_only_slo_attainment_pct" in g:
+            within = "within" if g["load_within_capacity"] else "PAST (the comparison measures the overload)"
+            alone = g["inference_only_slo_attainment_pct"]
+            lines.append(f"Inference alone at that load: SLO attainment {alone} %, {within} the capacity.")
     elif co and "config" in co:  # the run ended before every mode finished: what it has
         done = [f"{m} {load}: {r['finetune_tokens_s']} tok/s, SLO {r['slo_attainment_pct']} %"
                 for m in co["config"]["modes"] for load, r in co.get(m, {}).items()]  # fmt: skip

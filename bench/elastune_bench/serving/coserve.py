@@ -11,6 +11,8 @@ duration. Modes:
   what the hybrid token scheduler leaves beside the inference tokens under the TPOT-derived target;
 * ``temporal_<n>``: n inference iterations, then one whole finetuning step (forward, backward,
   optimizer) that blocks the engine; an idle engine runs finetuning steps back to back;
+* ``inference_only``: the trace alone, no job: the SLO attainment the pod reaches at this load without
+  finetuning, the reference that says whether the comparison is inside the pod's capacity;
 * ``spatial``: one worker serves, another tunes. On the 2-core machine this is emulated by two
   processes each pinned to 1 torch thread (serving here, the trainer in a spawned process). The other
   modes run in one process with ``--threads`` torch threads (default 1: on the shared 2-core machine a
@@ -56,7 +58,11 @@ from elastune_bench.stats import finish, loadavg, percentile
 ROOT = Path(__file__).resolve().parents[3]
 DEFAULT_DATASET = ROOT.parent / "shared" / "datasets" / "sharegpt_250.json"
 TEMPORAL = (16, 32, 64, 128)
-MODES = ("coserve", *(f"temporal_{n}" for n in TEMPORAL), "spatial")
+MODES = ("coserve", *(f"temporal_{n}" for n in TEMPORAL), "spatial", "inference_only")
+CAPACITY_SLO_PCT = 90.0
+"""The inference-only run's SLO attainment below which a load is past what the pod serves alone: a
+finetuning comparison at that load measures the overload, not co-serving (FlexLLM sets its SLOs where
+inference alone meets them)."""
 
 
 @dataclass
@@ -297,7 +303,16 @@ def goal(result: dict[str, Any], load: str = "heavy") -> dict[str, Any]:
         "best_temporal_at_equal_or_better_slo": best_matching,
         "ratio_vs_best_temporal_at_equal_or_better_slo": ratio(best_matching) if best_matching else None,
         "met": r_best >= 1.9 and co["slo_attainment_pct"] >= temporal[best]["slo_attainment_pct"],
-    }
+    } | _capacity(result, load)
+
+
+def _capacity(result: dict[str, Any], load: str) -> dict[str, Any]:
+    """The inference-only reference, when it ran: is this load within what the pod serves alone?"""
+    alone = result.get("inference_only", {}).get(load)
+    if alone is None:
+        return {}
+    pct = alone["slo_attainment_pct"]
+    return {"inference_only_slo_attainment_pct": pct, "load_within_capacity": pct >= CAPACITY_SLO_PCT}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -435,6 +450,8 @@ def _run(args: argparse.Namespace, model: BenchModel, modes: list[str]) -> int:
             engine.reset_counters()  # the same cold prefix cache for every mode
             if mode == "spatial":
                 r = run_spatial(engine, model.path, trace, args, device)
+            elif mode == "inference_only":
+                r = RunResult(*replay(engine, trace), finetune_tokens=0, finetune_steps=0)
             else:
                 trainer = Trainer(model.path, cfg, records, [], device=device, base_model=base)
                 if mode == "coserve":
