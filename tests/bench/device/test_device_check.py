@@ -109,18 +109,7 @@ def test_the_extra_lora_profile_runs_only_when_named_and_says_where_a_step_goes(
     from elastune_bench.device import run
 
     assert "profile_lora" not in {m for m, _ in run.PARTS}
-    env = os.environ | {"OMP_WAIT_POLICY": "PASSIVE"}
-    cmd = [
-        sys.executable,
-        "-m",
-        "elastune_bench.device.run",
-        "--smoke",
-        str(tmp_path),
-        "--parts",
-        "profile_lora",
-    ]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert _run_smoke(tmp_path, "profile_lora").returncode == 0
     configs = json.loads((tmp_path / "profile_lora.json").read_text())["configs"]
     assert set(configs) == {"base", "lora_padded", "lora_unpadded"}
     for r in configs.values():
@@ -129,8 +118,17 @@ def test_the_extra_lora_profile_runs_only_when_named_and_says_where_a_step_goes(
     # every request of the LoRA runs has an adapter: their steps run the LoRA kernels, the base one's not
     assert any(o["op"] == "aten::bmm" for o in configs["lora_padded"]["top_ops"])
     assert not any(o["op"] == "aten::bmm" for o in configs["base"]["top_ops"])
-    bad = subprocess.run([*cmd[:-1], "no_such_part"], env=env, capture_output=True, text=True, timeout=60)
+    bad = _run_smoke(tmp_path, "no_such_part", check=False)
     assert bad.returncode == 2 and "unknown parts" in bad.stderr
+
+
+def _run_smoke(out: Path, parts: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    """run.py --smoke with these parts, in its own interpreter (as device_check.sh runs it)."""
+    cmd = [sys.executable, "-m", "elastune_bench.device.run", "--smoke", str(out), "--parts", parts]
+    env = os.environ | {"OMP_WAIT_POLICY": "PASSIVE"}
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert not check or proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc
 
 
 def test_the_extra_attention_sweep_measures_each_launch_setting_against_gather(tmp_path: Path) -> None:
@@ -140,18 +138,7 @@ def test_the_extra_attention_sweep_measures_each_launch_setting_against_gather(t
     from elastune_bench.device import run
 
     assert "profile_attention" not in {m for m, _ in run.PARTS}
-    env = os.environ | {"OMP_WAIT_POLICY": "PASSIVE"}
-    cmd = [
-        sys.executable,
-        "-m",
-        "elastune_bench.device.run",
-        "--smoke",
-        str(tmp_path),
-        "--parts",
-        "profile_attention",
-    ]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    _run_smoke(tmp_path, "profile_attention")
     shapes = json.loads((tmp_path / "profile_attention.json").read_text())["shapes"]
     assert list(shapes) == ["2x40"]
     r = shapes["2x40"]
