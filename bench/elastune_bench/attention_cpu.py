@@ -79,6 +79,7 @@ def model_shapes() -> dict[str, AttnShape]:
     SHAPES) and the tiny Llama that worker/elastune_worker/tiny builds (TINY_LLAMA_SPEC)."""
     from elastune_worker.serving.runner.models.random_init import SHAPES
     from elastune_worker.tiny.build import TINY_LLAMA_SPEC as spec
+
     micro = SHAPES["llama-micro"]
     heads = int(micro["num_attention_heads"])
     return {

@@ -189,13 +189,12 @@ def check_elementwise(device: str) -> dict[str, Any]:
     bfloat16 rounds to nearest as torch does, so few should), then the engine's mixed batch in float32."""
     from elastune_worker.serving.runner import fused_ops
 
+    LLAMA_3_8B = fused_ops.LayerShape(hidden=4096, n_heads=32, n_kv=8, head_dim=128, intermediate=14_336)
     ops: dict[str, Any] = {}
     ok = True
     for dtype in (torch.float32, torch.bfloat16):
         tol = 1e-5 if dtype == torch.float32 else 2e-2
-        for name, (got, want) in fused_ops.check_outputs(
-            torch.device(device), dtype, 64, 4096, (32, 8)
-        ).items():
+        for name, (got, want) in fused_ops.check_outputs(torch.device(device), dtype, 64, LLAMA_3_8B).items():
             diff = float((got.float() - want.float()).abs().max())
             share = float((got != want).float().mean())
             ok &= torch.allclose(got.float(), want.float(), rtol=tol, atol=tol)

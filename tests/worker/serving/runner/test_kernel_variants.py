@@ -98,3 +98,20 @@ def test_the_block_tables_width_is_not_specialized() -> None:
     assert triton_paged_kernel.UNSPECIALIZED == ["stride_table"]
     if ON_GPU:
         assert "stride_table" in triton_paged_kernel.paged_attention_kernel.do_not_specialize
+
+
+def test_a_kernel_that_fails_at_the_models_shapes_leaves_the_gather_backend(monkeypatch, caplog) -> None:
+    path = B.ensure_tiny_model(spec=B.TINY_LLAMA_SPEC)
+    cfg = EngineConfig(device=DEVICE, dtype="float32", attention_backend="triton", num_kv_blocks=256,  # type: ignore[arg-type]
+                       cuda_graphs=False)  # fmt: skip
+    eng = LLMEngine(path, cfg)
+
+    def fails(self: Any) -> None:
+        raise RuntimeError("out of resource: shared memory")
+
+    monkeypatch.setattr(type(eng.runner), "compile_kernels", fails)
+    eng.runner.compile_or_fall_back()
+    assert eng.runner.attention_backend == "gather"
+    assert "triton kernel failed at this model's shapes (RuntimeError: out of resource" in caplog.text
+    greedy = SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True)
+    assert len(eng.generate([[1, 2, 3]], greedy)[0]) == 3  # and it serves

@@ -14,6 +14,7 @@ only in its interpreter: tests). No module here imports Triton (see triton_atten
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from typing import Literal, Protocol
 
 import torch
@@ -24,6 +25,21 @@ from elastune_worker.serving.runner import triton_attention
 log = logging.getLogger(__name__)
 
 ElementwiseBackend = Literal["torch", "triton"]
+
+
+@dataclass(frozen=True)
+class LayerShape:
+    """What the kernels are compiled for: a Llama layer's widths."""
+
+    hidden: int
+    n_heads: int
+    n_kv: int
+    head_dim: int
+    intermediate: int
+
+
+CHECK_SHAPE = LayerShape(hidden=96, n_heads=6, n_kv=2, head_dim=16, intermediate=40)
+"""Widths that are not powers of two, for checks that need no model."""
 
 
 class ElementwiseOps(Protocol):
@@ -148,12 +164,15 @@ TORCH_OPS = TorchOps()
 TRITON_OPS = TritonOps()
 
 
-def pick_elementwise_backend(choice: str, device: torch.device, dtype: torch.dtype) -> ElementwiseOps:
+def pick_elementwise_backend(
+    choice: str, device: torch.device, dtype: torch.dtype, shape: LayerShape = CHECK_SHAPE
+) -> ElementwiseOps:
     """torch, or triton: asked for (it must work: else a clear error), or auto (on CUDA when Triton
-    imports and its kernels agree with the torch ops on a start-up check; torch otherwise)."""
+    imports and its kernels agree with the torch ops on a start-up check at the model's ``shape``,
+    which also compiles them for it; torch otherwise)."""
     if choice == "torch" or (choice == "auto" and device.type != "cuda"):
         return TORCH_OPS
-    problem = triton_problem(device, dtype)
+    problem = triton_problem(device, dtype, shape)
     if problem is None:
         return TRITON_OPS
     if choice == "triton":
@@ -162,16 +181,16 @@ def pick_elementwise_backend(choice: str, device: torch.device, dtype: torch.dty
     return TORCH_OPS
 
 
-def triton_problem(device: torch.device, dtype: torch.dtype) -> str | None:
-    """Why the fused kernels cannot serve here (None: they can): checked against the torch ops on small
-    shapes that are not powers of two, so a Triton that compiles them differently on an unseen GPU
-    falls back instead of serving wrong tokens."""
+def triton_problem(device: torch.device, dtype: torch.dtype, shape: LayerShape = CHECK_SHAPE) -> str | None:
+    """Why the fused kernels cannot serve here (None: they can): checked against the torch ops, so a
+    Triton that compiles them differently on an unseen GPU, or cannot compile them at the model's
+    widths, falls back instead of serving wrong tokens or failing at the first request."""
     if not triton_attention.available():
         return "Triton is not installed"
     if device.type == "cpu" and not triton_attention.interpreted():
         return "on the CPU it runs only in Triton's interpreter (TRITON_INTERPRET=1 before Triton's import)"
     try:
-        pairs = check_outputs(device, dtype)
+        pairs = check_outputs(device, dtype, shape=shape)
     except Exception as exc:  # any failure of an unseen Triton or GPU: use the torch ops
         return f"{type(exc).__name__}: {exc}"
     tol = 1e-5 if dtype == torch.float32 else 2e-2
@@ -183,31 +202,31 @@ def triton_problem(device: torch.device, dtype: torch.dtype) -> str | None:
 
 
 def check_outputs(
-    device: torch.device, dtype: torch.dtype, rows: int = 5, hidden: int = 96, heads: tuple[int, int] = (6, 2)
+    device: torch.device, dtype: torch.dtype, rows: int = 5, shape: LayerShape = CHECK_SHAPE
 ) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
-    """(Triton's, torch's) output of every op on one random input: the start-up check, and the tests."""
+    """(Triton's, torch's) output of every op on one random input of ``shape``: the start-up check, and
+    the tests."""
     gen = torch.Generator().manual_seed(0)
 
-    def rand(*shape: int) -> torch.Tensor:
-        return torch.randn(*shape, generator=gen).to(device, dtype)
+    def rand(*dims: int) -> torch.Tensor:
+        return torch.randn(*dims, generator=gen).to(device, dtype)
 
-    n_heads, n_kv = heads
-    head_dim = hidden // n_heads
-    x, res, w = rand(rows, hidden), rand(rows, hidden), rand(hidden)
-    qkv = rand(rows, (n_heads + 2 * n_kv) * head_dim)
-    cos, sin = rand(rows, head_dim), rand(rows, head_dim)
-    gate_up = rand(rows, 2 * 40)
+    h, n_heads, n_kv, d, inter = shape.hidden, shape.n_heads, shape.n_kv, shape.head_dim, shape.intermediate
+    x, res, w = rand(rows, h), rand(rows, h), rand(h)
+    qkv = rand(rows, (n_heads + 2 * n_kv) * d)
+    cos, sin = rand(rows, d), rand(rows, d)
+    gate_up = rand(rows, 2 * inter)
     out: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
     for name, fused, plain in (
         ("add_rms_norm", TRITON_OPS.add_rms_norm(x, res, w, 1e-5), TORCH_OPS.add_rms_norm(x, res, w, 1e-5)),
         ("rms_norm", TRITON_OPS.add_rms_norm(x, None, w, 1e-5), TORCH_OPS.add_rms_norm(x, None, w, 1e-5)),
     ):
         out[name] = (torch.cat(fused, 1), torch.cat(plain, 1))
-    plain_rope = TORCH_OPS.rope(qkv, n_heads, n_kv, head_dim, cos, sin)
-    fused_rope = TRITON_OPS.rope(qkv.clone(), n_heads, n_kv, head_dim, cos, sin)
+    plain_rope = TORCH_OPS.rope(qkv, n_heads, n_kv, d, cos, sin)
+    fused_rope = TRITON_OPS.rope(qkv.clone(), n_heads, n_kv, d, cos, sin)
     out["rope"] = (
         torch.cat([t.flatten(1) for t in fused_rope], 1),
         torch.cat([t.flatten(1) for t in plain_rope], 1),
     )
-    out["silu_mul"] = (TRITON_OPS.silu_mul(gate_up, 40), TORCH_OPS.silu_mul(gate_up, 40))
+    out["silu_mul"] = (TRITON_OPS.silu_mul(gate_up, inter), TORCH_OPS.silu_mul(gate_up, inter))
     return out

@@ -65,7 +65,9 @@ class ModelRunner:
         """The norms, RoPE and SiLU-and-mul the model runs (fused Triton kernels or torch ops)."""
         use_elementwise = getattr(self.model, "use_elementwise", None)
         if use_elementwise is not None:  # Llama-family models; GPT-2 keeps its torch ops
-            self.elementwise = pick_elementwise_backend(config.elementwise_backend, self.device, self.dtype)
+            shape = self.model.elementwise_shape()  # type: ignore[operator]
+            choice = config.elementwise_backend
+            self.elementwise = pick_elementwise_backend(choice, self.device, self.dtype, shape)
             use_elementwise(self.elementwise)
         self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.num_kv_blocks = self._kv_blocks(config)
@@ -77,7 +79,7 @@ class ModelRunner:
         self.kv_caches = self._alloc_kv(held + 1)
         self.scratch_slot = held * self.block_size
         if self.attention_backend == "triton" and self.device.type == "cuda":
-            self.compile_kernels()
+            self.compile_or_fall_back()
         self.use_cuda_graphs = config.cuda_graphs and self.device.type == "cuda"
         if config.cuda_graphs and self.device.type != "cuda":
             log.info("cuda_graphs ignored: the engine runs on %s (eager)", self.device.type)
@@ -253,6 +255,17 @@ class ModelRunner:
         self, tokens: torch.Tensor, meta: AttentionMetadata, lora: LoRABatch | None
     ) -> torch.Tensor:
         return self.model(tokens, meta, self.kv_caches, lora, None)
+
+    def compile_or_fall_back(self) -> None:
+        """compile_kernels, and on any failure the gather backend (logged): the Triton kernel passed
+        its start-up check at small shapes, not necessarily at this model's (shared memory, a head size
+        an unseen Triton compiles wrongly): serving goes on without it rather than failing."""
+        try:
+            self.compile_kernels()
+        except Exception as exc:
+            log.warning("attention backend gather: the triton kernel failed at this model's shapes "
+                        "(%s: %s)", type(exc).__name__, exc)  # fmt: skip
+            self.attention_backend = "gather"
 
     @torch.inference_mode()
     def compile_kernels(self) -> None:

@@ -6,8 +6,9 @@ KV head: its rows are (token, query head of that KV head's group), so the K/V of
 for all query heads that share them (grouped-query attention). It walks the sequence's block table up
 to the tile's last query position, with an online softmax in float32 (as FlashAttention does), and
 writes each row's output in place. A small decode batch also splits each context across programs
-(flash-decoding, ``decode_splits``) and merges their partials in a second kernel. The same kernel runs on CUDA (compiled) and on CPU tensors through
-Triton's interpreter (tests only: it is orders of magnitude slower than gather + SDPA there).
+(flash-decoding, ``decode_splits``) and merges their partials in a second kernel. The same kernels
+run on CUDA (compiled) and on CPU tensors through Triton's interpreter (tests only: orders of
+magnitude slower than gather + SDPA there).
 
 Shapes are static per (tiles, KV heads), and nothing here reads a device value on the host, so a
 decode step that uses it can be captured in a CUDA graph (cuda_graphs.py).

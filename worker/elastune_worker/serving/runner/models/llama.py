@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from elastune_worker.serving.runner.attention import AttentionMetadata, paged_attention
-from elastune_worker.serving.runner.fused_ops import TORCH_OPS, ElementwiseOps
+from elastune_worker.serving.runner.fused_ops import TORCH_OPS, ElementwiseOps, LayerShape
 from elastune_worker.serving.runner.lora.kernels import LoRABatch
 
 
@@ -124,6 +124,12 @@ class LlamaModel(nn.Module):
         self.rope_theta = float(rope.get("rope_theta", cfg.get("rope_theta", 10000.0)))
         self._rope: tuple[torch.Tensor, torch.Tensor] | None = None
         self.ops: ElementwiseOps = TORCH_OPS
+
+    def elementwise_shape(self) -> LayerShape:
+        """The widths its element-wise kernels run at (fused_ops.py compiles and checks them there)."""
+        first: LlamaLayer = self.layers[0]  # type: ignore[assignment]
+        h = self.cfg["hidden_size"]
+        return LayerShape(h, first.n_heads, first.n_kv, first.head_dim, first.intermediate)
 
     def use_elementwise(self, ops: ElementwiseOps) -> None:
         """The norms, RoPE and SiLU-and-mul of every layer from ``ops`` (fused_ops.py)."""
