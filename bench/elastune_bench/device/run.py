@@ -26,9 +26,14 @@ PARTS: tuple[tuple[str, int], ...] = (
 two benchmarks run the random-weight Llama-3-8B (issue 26 item 4c) in 130 s together, ~45-50 s each
 expected (their modules say how they are sized); each writes its JSON after every mode, so a part
 its time box ends keeps the modes it finished."""
-EXTRA_PARTS: tuple[tuple[str, int], ...] = (("profile_lora", 60), ("profile_attention", 90))
+EXTRA_PARTS: tuple[tuple[str, int], ...] = (
+    ("profile_lora", 60),
+    ("profile_attention", 90),
+    ("gpu_tests", 120),
+)
 """Run only when named in ``--parts`` (the default run stays inside its 8 minutes): where a LoRA decode
-step's time goes, under torch.profiler; the decode attention kernel over its launch settings."""
+step's time goes, under torch.profiler; the decode attention kernel over its launch settings; the
+engine's GPU test files under pytest (their CUDA-only cases)."""
 SMOKE_SECONDS = 60
 """A smoke part's time box (each takes 5-30 s on a loaded 2-core CPU)."""
 

@@ -92,6 +92,11 @@ def render(out: Path) -> str:
     elif co:
         lines += ["", f"Co-serving: {co.get('skipped', 'no result')}"]
     lines += _attention_sweep(read_part(out, "profile_attention"))
+    tests = read_part(out, "gpu_tests")
+    if tests and "passed" in tests:
+        lines += ["", f"GPU test files: {tests['passed']} passed, {len(tests['failed'])} failed, "
+                  f"{tests['skipped']} skipped."] + [f"- FAILED {f['test']}: {f['message'][:160]}"
+                                                     for f in tests["failed"]]  # fmt: skip
     return "\n".join(lines) + "\n"
 
 

@@ -158,7 +158,15 @@ def test_parts_all_adds_the_extra_parts_to_the_default_run() -> None:
 
     default = {m for m, _ in run.PARTS}
     assert run.chosen_parts(None) == default
-    assert run.chosen_parts("all") == default | {"profile_lora", "profile_attention"}
+    assert run.chosen_parts("all") == default | {"profile_lora", "profile_attention", "gpu_tests"}
     assert run.chosen_parts("engine,profile_attention") == {"engine", "profile_attention"}
     with pytest.raises(ValueError, match="unknown parts"):
         run.chosen_parts("engine,nope")
+
+
+def test_the_gpu_test_part_reads_pytests_report(tmp_path: Path) -> None:
+    """gpu_tests (extra): the engine's GPU test files under pytest on the device; here one quick case."""
+    _run_smoke(tmp_path, "gpu_tests")
+    r = json.loads((tmp_path / "gpu_tests.json").read_text())
+    assert r["pytest_exit"] == 0 and r["passed"] == 1 and r["failed"] == []
+    assert "GPU test files: 1 passed, 0 failed" in (tmp_path / "table.md").read_text()
