@@ -35,11 +35,17 @@ class SchedulerConfig:
     max_loras: int = 4
     """The most distinct LoRA adapters among running requests (the device's adapter slots)."""
     check_invariants: bool = True
-    """Assert the step's invariants after each ``schedule`` (O(blocks in use)); the simulator, which
-    runs millions of steps, checks them only when asked."""
+    """Assert the step's invariants after each ``schedule``; the simulator, which runs millions of
+    steps, checks them only when asked."""
+    block_check_interval: int = 1
+    """With ``check_invariants``: the block manager's own invariants (every block's reference count
+    against the sequences' tables: O(blocks in use), a third of a decode step's host time at 256 x
+    512-token contexts) every this many steps, and at every step that leaves nothing running. The
+    engine checks every 16th (EngineConfig); the tests of this package every step."""
 
     def __post_init__(self) -> None:
-        for name in ("num_kv_blocks", "block_size", "max_num_batched_tokens", "max_num_seqs", "max_loras"):
+        for name in ("num_kv_blocks", "block_size", "max_num_batched_tokens", "max_num_seqs", "max_loras",
+                     "block_check_interval"):  # fmt: skip
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1")
         if self.sjf_max_bypass < 0 or self.sjf_max_wait_s < 0:

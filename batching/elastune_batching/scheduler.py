@@ -81,6 +81,7 @@ class Scheduler:
         brings Preble's priority groups)."""
         self.config = config
         self.max_model_len = max_model_len
+        self._steps_checked = 0
         self.blocks = BlockManager(
             config.num_kv_blocks, config.block_size, enable_prefix_caching=config.enable_prefix_caching
         )
@@ -288,7 +289,9 @@ class Scheduler:
             assert c.start == seq.num_computed_tokens and c.start + c.num_tokens <= seq.num_tokens
             need = -(-(c.start + c.num_tokens) // self.config.block_size)
             assert len(seq.block_table) >= need, "a chunk has no KV slots"
-        self.check_blocks()
+        self._steps_checked += 1
+        if not self.running or self._steps_checked % self.config.block_check_interval == 0:
+            self.check_blocks()
 
     def check_blocks(self) -> None:
         """The block manager's invariants over every sequence that holds blocks."""

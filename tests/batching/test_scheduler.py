@@ -164,3 +164,24 @@ def test_max_loras_counts_lora_references_only_never_soft_prompts():
     s.hold_loras(set())  # loaded: b now waits for a slot (a and c hold both)
     assert plan(s.schedule()) == [(f"r{i}", 3, 1) for i in (0, 1, 3, 4, 5, 6, 7)]
     assert [q.request_id for q in s.waiting] == ["r2"]
+
+
+def test_the_block_check_runs_every_nth_step_and_whenever_nothing_runs():
+    """A reference count off by one (a leaked block): with block_check_interval 4 the check finds it at
+    the 4th step, not the 1st-3rd; and at once at a step that leaves nothing running."""
+    s = make_scheduler(block_check_interval=4)
+    for r in make_requests(3, 3, max_tokens=20):
+        s.add(r)
+    run_step(s, s.schedule())  # step 1: prefills, checked (nothing wrong yet)
+    leaked = s.running[0].block_table[0]
+    s.blocks.ref_count[leaked] += 1
+    run_step(s, s.schedule())  # steps 2 and 3 pass unchecked
+    run_step(s, s.schedule())
+    with pytest.raises(AssertionError, match=f"block {leaked}: ref count"):
+        s.schedule()  # step 4
+    idle = make_scheduler(block_check_interval=1000)
+    del idle.blocks.free[5]  # a block neither free nor referenced: leaked
+    with pytest.raises(AssertionError, match="neither free nor referenced"):
+        idle.schedule()  # nothing running: checked whatever the interval
+    with pytest.raises(ValueError, match="block_check_interval"):
+        make_scheduler(block_check_interval=0)
