@@ -20,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 
 from elastune_worker.serving.runner.attention import AttentionMetadata
@@ -215,14 +216,17 @@ class DecodeGraphs:
         width = max(len(t) for t in step.block_tables)
         tables = [t + [0] * (width - len(t)) for t in step.block_tables]
 
-        def put(dst: torch.Tensor, values: list[int] | list[list[int]]) -> None:
+        def put(dst: torch.Tensor, values: list[int]) -> None:
             dst.copy_(torch.tensor(values, dtype=dst.dtype), non_blocking=True)
 
         put(self.tokens[:batch], step.tokens)
         put(self.positions[:batch], step.positions)
         put(self.slot_mapping[:batch], step.slots)
         put(self.context_lens[:batch], step.context_lens)
-        put(self.block_tables[:batch, :width], tables)
+        # numpy builds a 256 x 33 table ~3x faster than torch.tensor of nested lists (host time the GPU
+        # waits for at every decode step)
+        table = torch.from_numpy(np.array(tables, dtype=np.int32))
+        self.block_tables[:batch, :width].copy_(table, non_blocking=True)
         put(self.lora_slots[:batch], step.lora_slots)
         return batch
 

@@ -21,6 +21,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 
 
@@ -104,14 +105,17 @@ def build_tiles(
             tile_q0.append(q0)
     tables = [t[:width] + [0] * (width - len(t[:width])) for _, _, _, t in seqs]
 
-    def i32(values: list[int] | list[list[int]]) -> torch.Tensor:
+    def i32(values: list[int]) -> torch.Tensor:
         return torch.tensor(values, dtype=torch.int32).to(device, non_blocking=True)
 
     return PagedTiles(
         q_row=i32([r for r, _, _, _ in seqs]),
         q_len=i32([n for _, n, _, _ in seqs]),
         context_len=i32([c for _, _, c, _ in seqs]),
-        block_table=i32(tables),
+        # numpy: ~3x faster than torch.tensor of nested lists for a batch's table
+        block_table=torch.from_numpy(np.array(tables, dtype=np.int32).reshape(len(seqs), width)).to(
+            device, non_blocking=True
+        ),
         tile_seq=i32(tile_seq),
         tile_q0=i32(tile_q0),
         block_q=block_q,
