@@ -226,3 +226,34 @@ def test_a_llama_layer_launches_three_times_fewer_kernels(
     print(f"kernels per layer: {per_layer}")
     assert per_layer["torch"] >= 30, per_layer
     assert per_layer["triton"] <= 12, per_layer
+
+
+LATE_INTERPRETER = """
+import os, triton  # imported first, as peft imports it in a whole test session
+os.environ["TRITON_INTERPRET"] = "1"
+import torch
+from elastune_worker.serving.runner import fused_ops
+from elastune_worker.serving.runner.triton_attention import LaunchTuning, build_tiles
+from elastune_worker.serving.runner.triton_attention import paged_attention_in_place
+q, cache = torch.randn(2, 4, 32), [torch.randn(2, 64, 32) for _ in range(2)]
+tiles = build_tiles([(0, 1, 20, [0, 1]), (1, 1, 5, [2])], 2, 1, torch.device("cpu"))
+for splits in (1, 2):
+    paged_attention_in_place(q, *cache, torch.empty_like(q), tiles, 0.1, 16, LaunchTuning(splits=splits))
+assert fused_ops.triton_problem(torch.device("cpu"), torch.float32) is None
+print("ran")
+"""
+
+
+@pytest.mark.skipif(ON_GPU, reason="the interpreter is the CPU's path")
+def test_the_kernels_run_in_the_interpreter_when_triton_was_imported_first() -> None:
+    """A kernel that calls a jit function of Triton's library (tl.cdiv, tl.sum, ...) fails in the
+    interpreter once Triton was imported before TRITON_INTERPRET: the whole suite failed so (flash-
+    decoding's first version used tl.cdiv) while each file alone passed."""
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    proc = subprocess.run(
+        [sys.executable, "-c", LATE_INTERPRETER], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0 and "ran" in proc.stdout, proc.stderr[-2000:]

@@ -100,7 +100,9 @@ def paged_attention_kernel(
     k_base = k_cache_ptr + kv_head * stride_kh
     v_base = v_cache_ptr + kv_head * stride_vh
     # This split's keys: whole BLOCK_N runs, so that every split but the last is full.
-    per_split = tl.cdiv(tl.cdiv(kv_end, SPLITS), BLOCK_N) * BLOCK_N
+    # (no tl.cdiv: a jit function of Triton's library, which the interpreter cannot call when Triton
+    # was imported before TRITON_INTERPRET was set, as in a whole test session)
+    per_split = ((kv_end + SPLITS - 1) // SPLITS + BLOCK_N - 1) // BLOCK_N * BLOCK_N
     lo = split * per_split
     hi = tl.minimum(kv_end, lo + per_split)
     for start in range(lo, hi, BLOCK_N):
