@@ -1,11 +1,11 @@
 """The element-wise parts of a Llama layer: residual add + RMSNorm, rotary embedding, SiLU-and-mul.
 
 Two implementations of one interface. ``TorchOps`` is the plain torch code (several kernels each: an
-RMSNorm is seven in bfloat16, RoPE five per tensor). ``TritonOps`` is one Triton kernel each
-(fused_kernels.py). A decode step is a few hundred kernels either way; each of these small ones costs a
-few microseconds of GPU time even when a CUDA graph launches it, so on the first H200 run the ~38 kernels
-of a layer (1,216 per 8B step) were the likeliest part of the gap between the batch-1 decode step
-(6.95 ms) and its bandwidth bound (3.58 ms). TritonOps brings a layer to 11 kernels.
+RMSNorm is eight in bfloat16, RoPE five per tensor). ``TritonOps`` is one Triton kernel each
+(fused_kernels.py). Each small kernel costs a few microseconds of GPU time even when a CUDA graph
+launches it, so on the first H200 run a layer's 37 kernels (~1,200 per 32-layer 8B step; counted in
+test_fused_ops.py) were the likeliest part of the gap between the batch-1 decode step (6.95 ms) and its
+bandwidth bound (3.58 ms). TritonOps brings a layer to 11 kernels.
 
 The ``elementwise_backend`` setting picks one (model_runner.py): ``auto`` takes Triton on CUDA when
 it imports and agrees with the torch ops on a start-up check, torch otherwise (on the CPU, Triton runs
@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from elastune_worker.serving.runner import triton_attention
+from elastune_worker.serving.runner.triton_attention import next_pow2
 
 log = logging.getLogger(__name__)
 
@@ -96,10 +97,6 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
-def _pow2(x: int) -> int:
-    return 1 << max(0, x - 1).bit_length()
-
-
 SILU_BLOCK = 1024
 """Columns per program of silu_mul (a 14,336-wide Llama-3-8B MLP row: 14 programs per token)."""
 
@@ -120,7 +117,7 @@ class TritonOps:
             add_rms_norm_kernel[(t,)](
                 x, x if residual is None else residual, out, summed, weight,
                 x.stride(0), (x if residual is None else residual).stride(0), out.stride(0),
-                summed.stride(0), n, eps, HAS_RESIDUAL=residual is not None, BLOCK=_pow2(n),
+                summed.stride(0), n, eps, HAS_RESIDUAL=residual is not None, BLOCK=next_pow2(n),
             )  # fmt: skip
         return out, summed
 
@@ -136,7 +133,14 @@ class TritonOps:
         if t:
             half = head_dim // 2
             rope_kernel[(t, n_heads + n_kv)](
-                qkv, cos, sin, qkv.stride(0), cos.stride(0), sin.stride(0), HALF=half, HALF_P2=_pow2(half)
+                qkv,
+                cos,
+                sin,
+                qkv.stride(0),
+                cos.stride(0),
+                sin.stride(0),
+                HALF=half,
+                HALF_P2=next_pow2(half),
             )
         q = qkv[:, :q_size].view(t, n_heads, head_dim)
         return q, qkv[:, q_size : q_size + n_kv * head_dim].view(t, n_kv, head_dim)
@@ -148,7 +152,7 @@ class TritonOps:
         t = gate_up.shape[0]
         out = torch.empty(t, intermediate, dtype=gate_up.dtype, device=gate_up.device)
         if t:
-            block = min(SILU_BLOCK, _pow2(intermediate))
+            block = min(SILU_BLOCK, next_pow2(intermediate))
             grid = (t, -(-intermediate // block))
             silu_mul_kernel[grid](gate_up, out, gate_up.stride(0), out.stride(0), intermediate, BLOCK=block)
         return out

@@ -140,7 +140,8 @@ def _merge_kernel(device_type: str) -> Any:
     return merge_splits_kernel
 
 
-def _pow2(x: int) -> int:
+def next_pow2(x: int) -> int:
+    """The smallest power of 2 >= x (Triton's block shapes; fused_ops.py sizes its kernels with it)."""
     return 1 << max(0, x - 1).bit_length()
 
 
@@ -165,11 +166,11 @@ def paged_attention_in_place(
         if t.stride(-1) != 1:
             raise ValueError("paged attention needs a unit stride along the head dimension")
     rep = n_heads // n_kv
-    rep_p2 = _pow2(rep)
+    rep_p2 = next_pow2(rep)
     # tl.dot needs every dimension >= 16: pad the query rows (BLOCK_Q tokens cover a TILE_Q-token tile),
     # the head dimension and the key tile.
-    block_q = max(_pow2(tiles.block_q), -(-16 // rep_p2))
-    d_p2 = max(16, _pow2(d))
+    block_q = max(next_pow2(tiles.block_q), -(-16 // rep_p2))
+    d_p2 = max(16, next_pow2(d))
     block_n = 64 if d_p2 <= 128 else 32
     launch: dict[str, int] = {}
     splits = tiles.splits or (decode_splits(n_tiles * n_kv, q.device) if tiles.block_q == 1 else 1)
