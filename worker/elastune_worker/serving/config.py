@@ -91,10 +91,10 @@ class EngineConfig:
     running (SGLang checks its pool when idle). Every step, it was a third of a batch-256 decode step's
     host time (0.9 of 2.9 ms on this CPU), work the GPU waits for; 1 checks every step."""
     elementwise_backend: ElementwiseBackendName = "auto"
-    """A Llama layer's residual add + RMSNorm, RoPE and SiLU-and-mul: torch (plain ops, 37 kernels a
-    layer in bfloat16), triton (one fused kernel each: 11 a layer; on the CPU only through Triton's
-    interpreter, for tests); auto: triton on CUDA when it imports and passes its start-up check, torch
-    otherwise. Other model families always use torch ops."""
+    """A Llama layer's residual add + RMSNorm, RoPE with the KV-cache write, and SiLU-and-mul: torch
+    (plain ops, 37 kernels a layer in bfloat16), triton (one fused kernel each: 9 a layer; on the CPU
+    only through Triton's interpreter, for tests); auto: triton on CUDA when it imports and passes its
+    start-up check, torch otherwise. Other model families always use torch ops."""
 
     def __post_init__(self) -> None:
         if self.cuda_graph_max_batch < 1:

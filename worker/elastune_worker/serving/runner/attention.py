@@ -1,9 +1,10 @@
 """Paged attention over a flat batch of mixed prefill chunks and decodes, in plain torch.
 
 The step's tokens are flattened ([T, heads, head_dim]). Their K/V are written into the cache at their
-slots first; then each prefill chunk attends causally to its whole cached prefix, and all decodes
-attend together, each to its own context, through gathered K/V and a length mask. The same code runs
-on CPU and CUDA (``scaled_dot_product_attention`` picks the kernel).
+slots first (here, or by the caller: a Llama layer's RoPE writes them); then each prefill chunk attends
+causally to its whole cached prefix, and all decodes attend together, each to its own context, through
+gathered K/V and a length mask. The same code runs on CPU and CUDA (``scaled_dot_product_attention``
+picks the kernel).
 
 The cache is head-major ([KV heads, slots, head_dim]): one head's block is one contiguous run, so a
 gathered context is a contiguous [length, head_dim] matrix per (decode, head). On the CPU the decodes
@@ -64,11 +65,14 @@ def paged_attention(
     meta: AttentionMetadata,
     scale: float,
     per_head: bool | None = None,
+    kv_written: bool = False,
 ) -> torch.Tensor:
     """q [T, H, D], k/v [T, KV, D]; caches [KV, slots, D]. Returns [T, H, D]. ``per_head``: decodes
-    one KV head at a time (default: on the CPU)."""
-    k_cache.index_copy_(1, meta.slot_mapping, k.transpose(0, 1))
-    v_cache.index_copy_(1, meta.slot_mapping, v.transpose(0, 1))
+    one KV head at a time (default: on the CPU). ``kv_written``: the caller already wrote k/v into the
+    caches at ``meta.slot_mapping`` (a Llama layer's RoPE does, fused_ops.py)."""
+    if not kv_written:
+        k_cache.index_copy_(1, meta.slot_mapping, k.transpose(0, 1))
+        v_cache.index_copy_(1, meta.slot_mapping, v.transpose(0, 1))
     n_heads, n_kv, d = q.shape[1], k.shape[1], q.shape[2]
     gqa = n_heads != n_kv
     if per_head is None:

@@ -57,14 +57,26 @@ def rope_kernel(
     qkv_ptr,
     cos_ptr,
     sin_ptr,
+    k_cache_ptr,
+    v_cache_ptr,
+    slot_ptr,
     stride_row,
     stride_cos,
     stride_sin,
+    stride_kh,
+    stride_ks,
+    stride_vh,
+    stride_vs,
+    N_HEADS: tl.constexpr,
+    N_KV: tl.constexpr,
     HALF: tl.constexpr,
     HALF_P2: tl.constexpr,
+    WRITE_KV: tl.constexpr,
 ):
-    """Rotates one head of one token in place (rotate-half RoPE): program (token, head) over the first
-    heads of the row, which are the query heads then the key heads (the fused qkv projection's order)."""
+    """Program (token, head) over the heads of the fused qkv row (query heads, key heads, value heads):
+    rotates a query or key head in place (rotate-half RoPE); WRITE_KV also stores each rotated key head
+    and each value head into the token's slot of the head-major KV cache (the cache write that would
+    otherwise be two more kernels a layer). Without WRITE_KV the grid covers query and key heads only."""
     token = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1).to(tl.int64)
     j = tl.arange(0, HALF_P2)
@@ -72,17 +84,29 @@ def rope_kernel(
     base = qkv_ptr + token * stride_row + head * 2 * HALF
     x1 = tl.load(base + j, mask=ok, other=0.0)
     x2 = tl.load(base + HALF + j, mask=ok, other=0.0)
-    dtype = x1.dtype
-    c1 = tl.load(cos_ptr + token * stride_cos + j, mask=ok, other=0.0).to(tl.float32)
-    c2 = tl.load(cos_ptr + token * stride_cos + HALF + j, mask=ok, other=0.0).to(tl.float32)
-    s1 = tl.load(sin_ptr + token * stride_sin + j, mask=ok, other=0.0).to(tl.float32)
-    s2 = tl.load(sin_ptr + token * stride_sin + HALF + j, mask=ok, other=0.0).to(tl.float32)
-    a1, a2 = x1.to(tl.float32), x2.to(tl.float32)
-    # x * cos + rotate_half(x) * sin, each product rounded as the torch ops round it
-    o1 = ((a1 * c1).to(dtype).to(tl.float32) + (-a2 * s1).to(dtype).to(tl.float32)).to(dtype)
-    o2 = ((a2 * c2).to(dtype).to(tl.float32) + (a1 * s2).to(dtype).to(tl.float32)).to(dtype)
-    tl.store(base + j, o1, mask=ok)
-    tl.store(base + HALF + j, o2, mask=ok)
+    if head < N_HEADS + N_KV:
+        dtype = x1.dtype
+        c1 = tl.load(cos_ptr + token * stride_cos + j, mask=ok, other=0.0).to(tl.float32)
+        c2 = tl.load(cos_ptr + token * stride_cos + HALF + j, mask=ok, other=0.0).to(tl.float32)
+        s1 = tl.load(sin_ptr + token * stride_sin + j, mask=ok, other=0.0).to(tl.float32)
+        s2 = tl.load(sin_ptr + token * stride_sin + HALF + j, mask=ok, other=0.0).to(tl.float32)
+        a1, a2 = x1.to(tl.float32), x2.to(tl.float32)
+        # x * cos + rotate_half(x) * sin, each product rounded as the torch ops round it
+        o1 = ((a1 * c1).to(dtype).to(tl.float32) + (-a2 * s1).to(dtype).to(tl.float32)).to(dtype)
+        o2 = ((a2 * c2).to(dtype).to(tl.float32) + (a1 * s2).to(dtype).to(tl.float32)).to(dtype)
+        tl.store(base + j, o1, mask=ok)
+        tl.store(base + HALF + j, o2, mask=ok)
+        if WRITE_KV:  # noqa: SIM102 - a constexpr test, resolved at compile time: kept apart
+            if head >= N_HEADS:  # a key head: into the K cache, rotated
+                slot = tl.load(slot_ptr + token).to(tl.int64)
+                dst = k_cache_ptr + (head - N_HEADS) * stride_kh + slot * stride_ks
+                tl.store(dst + j, o1, mask=ok)
+                tl.store(dst + HALF + j, o2, mask=ok)
+    else:  # a value head (WRITE_KV only): into the V cache as it is
+        slot = tl.load(slot_ptr + token).to(tl.int64)
+        dst = v_cache_ptr + (head - N_HEADS - N_KV) * stride_vh + slot * stride_vs
+        tl.store(dst + j, x1, mask=ok)
+        tl.store(dst + HALF + j, x2, mask=ok)
 
 
 @triton.jit

@@ -5,7 +5,8 @@ RMSNorm is eight in bfloat16, RoPE five per tensor). ``TritonOps`` is one Triton
 (fused_kernels.py). Each small kernel costs a few microseconds of GPU time even when a CUDA graph
 launches it, so on the first H200 run a layer's 37 kernels (~1,200 per 32-layer 8B step; counted in
 test_fused_ops.py) were the likeliest part of the gap between the batch-1 decode step (6.95 ms) and its
-bandwidth bound (3.58 ms). TritonOps brings a layer to 11 kernels.
+bandwidth bound (3.58 ms). TritonOps brings a layer to 9 kernels: its RoPE kernel also writes the
+step's keys and values into the KV cache (two index_copy_ kernels a layer in the torch ops).
 
 The ``elementwise_backend`` setting picks one (model_runner.py): ``auto`` takes Triton on CUDA when
 it imports and agrees with the torch ops on a start-up check, torch otherwise (on the CPU, Triton runs
@@ -26,6 +27,9 @@ from elastune_worker.serving.runner.triton_attention import next_pow2
 log = logging.getLogger(__name__)
 
 ElementwiseBackend = Literal["torch", "triton"]
+
+KVWrite = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+"""(K cache, V cache, slot of each token): caches [KV heads, slots, head_dim] (head-major), slots [T]."""
 
 
 @dataclass(frozen=True)
@@ -54,11 +58,19 @@ class ElementwiseOps(Protocol):
         ...
 
     def rope(
-        self, qkv: torch.Tensor, n_heads: int, n_kv: int, head_dim: int, cos: torch.Tensor, sin: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """q [T, n_heads, head_dim] and k [T, n_kv, head_dim] of the fused projection ``qkv`` (query
-        heads, then key heads, then value heads on each row), rotated by RoPE (rotate-half) with this
-        step's ``cos``/``sin`` rows [T, head_dim]. TritonOps rotates them in place inside ``qkv``."""
+        self,
+        qkv: torch.Tensor,
+        n_heads: int,
+        n_kv: int,
+        head_dim: int,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        kv_write: KVWrite | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q [T, n_heads, head_dim], k and v [T, n_kv, head_dim] of the fused projection ``qkv`` (query
+        heads, then key heads, then value heads on each row), q and k rotated by RoPE (rotate-half) with
+        this step's ``cos``/``sin`` rows [T, head_dim]; with ``kv_write``, k and v also written into the
+        KV cache at the tokens' slots. TritonOps rotates in place inside ``qkv``."""
         ...
 
     def silu_mul(self, gate_up: torch.Tensor, intermediate: int) -> torch.Tensor:
@@ -79,17 +91,38 @@ class TorchOps:
         return weight * x32.to(x.dtype), x
 
     def rope(
-        self, qkv: torch.Tensor, n_heads: int, n_kv: int, head_dim: int, cos: torch.Tensor, sin: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        t, q_size = qkv.shape[0], n_heads * head_dim
-        q = qkv[:, :q_size].view(t, n_heads, head_dim)
-        k = qkv[:, q_size : q_size + n_kv * head_dim].view(t, n_kv, head_dim)
+        self,
+        qkv: torch.Tensor,
+        n_heads: int,
+        n_kv: int,
+        head_dim: int,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        kv_write: KVWrite | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        q, k, v = _split_heads(qkv, n_heads, n_kv, head_dim)
         c, s = cos.unsqueeze(1), sin.unsqueeze(1)
-        return q * c + _rotate_half(q) * s, k * c + _rotate_half(k) * s
+        q, k = q * c + _rotate_half(q) * s, k * c + _rotate_half(k) * s
+        if kv_write is not None:
+            k_cache, v_cache, slots = kv_write
+            k_cache.index_copy_(1, slots, k.transpose(0, 1))
+            v_cache.index_copy_(1, slots, v.transpose(0, 1))
+        return q, k, v
 
     def silu_mul(self, gate_up: torch.Tensor, intermediate: int) -> torch.Tensor:
         gate, up = gate_up.split(intermediate, dim=-1)
         return F.silu(gate) * up
+
+
+def _split_heads(
+    qkv: torch.Tensor, n_heads: int, n_kv: int, head_dim: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    t, q_size, kv_size = qkv.shape[0], n_heads * head_dim, n_kv * head_dim
+    return (
+        qkv[:, :q_size].view(t, n_heads, head_dim),
+        qkv[:, q_size : q_size + kv_size].view(t, n_kv, head_dim),
+        qkv[:, q_size + kv_size :].view(t, n_kv, head_dim),
+    )
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -122,28 +155,38 @@ class TritonOps:
         return out, summed
 
     def rope(
-        self, qkv: torch.Tensor, n_heads: int, n_kv: int, head_dim: int, cos: torch.Tensor, sin: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+        self,
+        qkv: torch.Tensor,
+        n_heads: int,
+        n_kv: int,
+        head_dim: int,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        kv_write: KVWrite | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         from elastune_worker.serving.runner.fused_kernels import rope_kernel
 
         _unit_stride(qkv, cos, sin)
         if head_dim % 2:
             raise ValueError(f"rotate-half RoPE needs an even head size, not {head_dim}")
-        t, q_size = qkv.shape[0], n_heads * head_dim
+        t = qkv.shape[0]
+        if kv_write is None:
+            # the slot and cache arguments are not read without WRITE_KV: any tensor stands in
+            k_cache, v_cache, slots, heads = qkv, qkv, qkv, n_heads + n_kv
+        else:
+            k_cache, v_cache, slots = kv_write
+            _unit_stride(k_cache, v_cache)
+            heads = n_heads + 2 * n_kv
         if t:
             half = head_dim // 2
-            rope_kernel[(t, n_heads + n_kv)](
-                qkv,
-                cos,
-                sin,
-                qkv.stride(0),
-                cos.stride(0),
-                sin.stride(0),
-                HALF=half,
-                HALF_P2=next_pow2(half),
-            )
-        q = qkv[:, :q_size].view(t, n_heads, head_dim)
-        return q, qkv[:, q_size : q_size + n_kv * head_dim].view(t, n_kv, head_dim)
+            rope_kernel[(t, heads)](
+                qkv, cos, sin, k_cache, v_cache, slots,
+                qkv.stride(0), cos.stride(0), sin.stride(0),
+                k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),
+                N_HEADS=n_heads, N_KV=n_kv, HALF=half, HALF_P2=next_pow2(half),
+                WRITE_KV=kv_write is not None,
+            )  # fmt: skip
+        return _split_heads(qkv, n_heads, n_kv, head_dim)
 
     def silu_mul(self, gate_up: torch.Tensor, intermediate: int) -> torch.Tensor:
         from elastune_worker.serving.runner.fused_kernels import silu_mul_kernel
@@ -226,11 +269,15 @@ def check_outputs(
         ("rms_norm", TRITON_OPS.add_rms_norm(x, None, w, 1e-5), TORCH_OPS.add_rms_norm(x, None, w, 1e-5)),
     ):
         out[name] = (torch.cat(fused, 1), torch.cat(plain, 1))
-    plain_rope = TORCH_OPS.rope(qkv, n_heads, n_kv, d, cos, sin)
-    fused_rope = TRITON_OPS.rope(qkv.clone(), n_heads, n_kv, d, cos, sin)
-    out["rope"] = (
-        torch.cat([t.flatten(1) for t in fused_rope], 1),
-        torch.cat([t.flatten(1) for t in plain_rope], 1),
-    )
+    # with the cache write: the rows' slots out of order, among slots no row writes
+    slots = torch.randperm(rows + 3, generator=gen)[:rows].to(device)
+    got: dict[str, list[torch.Tensor]] = {}
+    for name, ops, x in (("fused", TRITON_OPS, qkv.clone()), ("plain", TORCH_OPS, qkv)):
+        k_cache = torch.zeros(n_kv, rows + 3, d, device=device, dtype=dtype)
+        v_cache = torch.zeros_like(k_cache)
+        rotated = ops.rope(x, n_heads, n_kv, d, cos, sin, (k_cache, v_cache, slots))
+        got[name] = [torch.cat([t.flatten(1) for t in rotated], 1), torch.cat([k_cache, v_cache]).flatten(1)]
+    out["rope"] = (got["fused"][0], got["plain"][0])
+    out["kv_write"] = (got["fused"][1], got["plain"][1])
     out["silu_mul"] = (TRITON_OPS.silu_mul(gate_up, inter), TORCH_OPS.silu_mul(gate_up, inter))
     return out

@@ -78,9 +78,9 @@ class LlamaLayer(nn.Module):
             lora.add(qkv[:, :qs], h, i, "q_proj")
             lora.add(qkv[:, qs:ks], h, i, "k_proj")
             lora.add(qkv[:, ks:], h, i, "v_proj")
-        q, k = ops.rope(qkv, self.n_heads, self.n_kv, self.head_dim, cos, sin)
-        v = qkv[:, self.q_size + self.kv_size :].view(t, self.n_kv, self.head_dim)
-        a = paged_attention(q, k, v, kv[0], kv[1], meta, self.scale).reshape(t, -1)
+        # RoPE also writes the step's K/V into the cache (TritonOps: in the same kernel)
+        q, k, v = ops.rope(qkv, self.n_heads, self.n_kv, self.head_dim, cos, sin, (*kv, meta.slot_mapping))
+        a = paged_attention(q, k, v, kv[0], kv[1], meta, self.scale, kv_written=True).reshape(t, -1)
         o = self.o_proj(a)
         if lora is not None:
             lora.add(o, a, i, "o_proj")
