@@ -183,7 +183,7 @@ def _published_job(env: dict[str, Any], core: ControlCore, name: str) -> tuple[J
         {
             "apiVersion": "elastune.dev/v1alpha1",
             "kind": "TuningJob",
-            "metadata": {"name": name, "namespace": "ns"},
+            "metadata": {"name": name, "namespace": "default"},
             "spec": {
                 "model": MODEL,
                 "dataset": "/d.jsonl",
@@ -193,7 +193,7 @@ def _published_job(env: dict[str, Any], core: ControlCore, name: str) -> tuple[J
             },
         }
     )
-    rec = JobRecord(f"ns/{name}", res.spec, 1_800_000_000.0, "/d.jsonl", f"/out/{name}", generation=1)
+    rec = JobRecord(f"default/{name}", res.spec, 1_800_000_000.0, "/d.jsonl", f"/out/{name}", generation=1)
     (a,) = run_to_dispatch({**env, "core": core}, rec, ["w1"])
     return rec, a
 
@@ -215,12 +215,12 @@ def test_status_says_published_only_once_the_adapter_exists(env: dict[str, Any])
     post(bus, a, "succeeded", iterations=50, artifact="/out/pub", reason="MaxIterations")
     core.tick()
     assert cond(rec, "Succeeded")[0] == "True"
-    assert rec.status.published_adapter is None and calls == ["ns/pub-adapter"]
+    assert rec.status.published_adapter is None and calls == ["default/pub-adapter"]
     clock.t += 3
     outcome[0] = None
     core.tick()  # retried: the API takes it now
     assert rec.status.published_adapter == "pub-adapter" and cond(rec, "Published") == ("True", "Published")
-    assert calls == ["ns/pub-adapter"] * 2
+    assert calls == ["default/pub-adapter"] * 2
 
 
 def test_a_publish_name_taken_becomes_a_condition_with_the_reason(env: dict[str, Any]) -> None:

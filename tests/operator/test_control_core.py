@@ -72,7 +72,7 @@ def job(name: str, *, model: str = MODEL, deadline: str = "10m", iterations: int
         {
             "apiVersion": "elastune.dev/v1alpha1",
             "kind": "TuningJob",
-            "metadata": {"name": name, "namespace": "ns"},
+            "metadata": {"name": name, "namespace": "default"},
             "spec": {
                 "model": model,
                 "dataset": "/d.jsonl",
@@ -81,7 +81,7 @@ def job(name: str, *, model: str = MODEL, deadline: str = "10m", iterations: int
             },
         }
     )
-    return JobRecord(f"ns/{name}", res.spec, 1_800_000_000.0, "/d.jsonl", f"/out/{name}", generation=1)
+    return JobRecord(f"default/{name}", res.spec, 1_800_000_000.0, "/d.jsonl", f"/out/{name}", generation=1)
 
 
 def worker(bus: Bus, wid: str, clock: Clock, state: WorkerState = WorkerState.READY, **kw: Any) -> None:

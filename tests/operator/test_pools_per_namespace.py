@@ -155,3 +155,19 @@ def test_an_admitted_namespace_uses_another_s_pool_only_while_it_has_none(env: d
     d_job = job("team-d", "j")
     core.submit(d_job)
     assert d_job.pool == f"{A}/tiny"
+
+
+def test_a_job_no_pool_admits_fails_and_runs_nowhere(env: dict[str, Any]) -> None:
+    """Local mode submits straight to the core (the operator holds such a job first, PoolNotShared):
+    A's pool admits only A, so B's job fails with the reason instead of running on A's pool, and no
+    GPU grows for it. It ran on the model's pool of the lowest id before (issue 25's known limit)."""
+    backend = env["backend"]
+    core = core_of(env, [pool(A)])
+    b_job = job(B, "j")
+    core.submit(b_job)
+    core.tick()
+    assert cond(b_job, "Succeeded")[:2] == ("False", Reason.POOL_NOT_SHARED)
+    message = next(c.message for c in b_job.status.conditions if c.type == "Succeeded")
+    assert f"{A}/tiny" in message and f"namespace {B}" in message, message
+    assert backend.grown == [] and b_job.key not in core.state.jobs
+    assert not b_job.pool

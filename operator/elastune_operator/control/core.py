@@ -40,7 +40,13 @@ from elastune_operator.control.backend import ClusterBackend, WorkerExit
 from elastune_operator.control.deadlines import AttemptDeadlines, AttemptWatch, overdue
 from elastune_operator.control.fleet import Fleet, exit_pool
 from elastune_operator.control.lifecycle import JobLifecycle, is_terminal, succeeded
-from elastune_operator.control.records import CoreSettings, JobRecord, PoolConfig, resolve_pool
+from elastune_operator.control.records import (
+    CoreSettings,
+    JobRecord,
+    PoolConfig,
+    pool_not_shared,
+    resolve_pool,
+)
 from elastune_operator.control.serving import AdapterRecord, ServingControl
 from elastune_operator.failpoints import DISPATCH_AFTER_STATUS, failpoint
 from elastune_operator.metrics import ControlMetrics
@@ -231,13 +237,16 @@ class ControlCore:
             # The operator may have stopped between the job's success and its LoRAAdapter's creation.
             self.publish(job)
             return
-        # The operator holds a job no pool of its model admits before it comes here (Runtime._hold); a
-        # caller without that check (local mode, as before pools were per namespace) gets the pool of
-        # the model with the lowest id.
-        pool = self.resolve(job.namespace, job.llm) or min(
-            (p for p in self.pools.values() if p.model == job.llm), key=lambda p: p.key, default=None
-        )
+        pool = self.resolve(job.namespace, job.llm)
         if pool is None:
+            # The operator holds such a job before it comes here (Runtime._hold: a WarmPool applied
+            # later may admit it); local mode's pools are fixed for the run, so the job fails there.
+            # It never runs on a pool that does not admit its namespace.
+            of_model = [p.key for p in self.pools.values() if p.model == job.llm]
+            if of_model:
+                msg = pool_not_shared(job.llm, job.namespace, of_model)
+                self._fail(job, Reason.POOL_NOT_SHARED, msg, now)
+                return
             known = ", ".join(sorted({p.model for p in self.pools.values()})) or "none"
             msg = f"no WarmPool serves model {job.llm!r} (pools serve: {known})"
             self._fail(job, Reason.UNKNOWN_MODEL, msg, now)

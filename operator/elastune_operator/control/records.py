@@ -110,6 +110,15 @@ def resolve_pool(pools: Iterable[P], namespace: str, model: str) -> P | None:
     return min(admitting, key=lambda p: p.key, default=None)
 
 
+def pool_not_shared(model: str, namespace: str, pool_ids: Iterable[str]) -> str:
+    """Why a TuningJob of ``namespace`` runs nowhere: ``pool_ids`` serve its model, none admits it."""
+    names = ", ".join(sorted(pool_ids))
+    return (
+        f"the WarmPools of model {model!r} ({names}) do not admit namespace {namespace}: create a "
+        f"WarmPool in {namespace}, or have one of them list {namespace} in spec.allowedNamespaces"
+    )
+
+
 @dataclass
 class CoreSettings:
     cold_capacity: int

@@ -51,7 +51,7 @@ from elastune_operator.api_keys import namespace_models
 from elastune_operator.control.core import ControlCore, PublishRefused
 from elastune_operator.control.deadlines import AttemptDeadlines
 from elastune_operator.control.lifecycle import is_terminal
-from elastune_operator.control.records import CoreSettings, JobRecord, PoolConfig
+from elastune_operator.control.records import CoreSettings, JobRecord, PoolConfig, pool_not_shared
 from elastune_operator.control.resources import (
     OutputNotDurable,
     artifact_location,
@@ -333,11 +333,7 @@ class Runtime:
         ns = rec.namespace
         first = rec.key not in self._held
         self._held[rec.key] = body
-        names = ", ".join(pools)
-        message = (
-            f"the WarmPools of model {rec.llm!r} ({names}) do not admit namespace {ns}: create a "
-            f"WarmPool in {ns}, or have one of them list {ns} in spec.allowedNamespaces"
-        )
+        message = pool_not_shared(rec.llm, ns, pools)
         rec.status.observed_generation = rec.generation
         for ctype, status, reason, text in (
             (ConditionType.ACCEPTED, "True", Reason.VALIDATED, "spec is valid; waiting for a WarmPool"),
