@@ -171,3 +171,25 @@ def test_a_job_no_pool_admits_fails_and_runs_nowhere(env: dict[str, Any]) -> Non
     assert f"{A}/tiny" in message and f"namespace {B}" in message, message
     assert backend.grown == [] and b_job.key not in core.state.jobs
     assert not b_job.pool
+
+
+def test_local_workers_of_two_namespaces_pools_of_one_name_bind_to_their_own(tmp_path: Path) -> None:
+    """Local mode: a worker process has no namespace (a pod registers as <namespace>/<pod> with its
+    pool's name), so LocalBackend tells it the pool's id; with the name alone, B's worker bound to A's
+    pool (the lowest id of that name and model)."""
+    from elastune_operator.control.records import record_pool
+    from elastune_operator.local.backend import LocalBackend
+
+    fake = tmp_path / "fake-python"
+    fake.write_text(f'#!/bin/sh\necho "$@" > {tmp_path}/argv.txt\n')
+    fake.chmod(0o755)
+    backend = LocalBackend(tmp_path / "state", "redis://127.0.0.1:1", python=str(fake))
+    pools = {p.key: p for p in (pool(A), pool(B))}
+    backend.grow(f"{B}/tiny", MODEL, 1)
+    (proc,) = backend.procs.values()
+    assert proc.proc.wait(timeout=30) == 0
+    argv = (tmp_path / "argv.txt").read_text().split()
+    told = argv[argv.index("--pool") + 1]
+    rec = WorkerRecord(id=proc.wid, pool=told, model=MODEL, state=WorkerState.READY, started_at=0.0)
+    assert record_pool(rec, pools) == f"{B}/tiny"
+    assert proc.pool == f"{B}/tiny"

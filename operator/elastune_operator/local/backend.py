@@ -66,12 +66,14 @@ class LocalBackend:
         (self.work_dir / "logs").mkdir(parents=True, exist_ok=True)
 
     def grow(self, pool: str, model: str, count: int) -> None:
-        """``pool``: the pool's id (namespace/name, as the core names it); the workers are told its name
-        and are numbered across pools, so two namespaces' pools of one name never share an id."""
+        """``pool``: the pool's id (namespace/name, as the core names it). A local process has no
+        namespace of its own (a pod registers as <namespace>/<pod> with its WarmPool's name), so its
+        workers register with the pool's id: two namespaces' pools of one name and model each bind their
+        own (``records.record_pool``). They are numbered across pools, so their ids never repeat."""
         name = split_adapter_id(pool)[1]
         for _ in range(count):
             self._n += 1
-            self.start_worker(f"{name}-w{self._n}", name, model, key=pool)
+            self.start_worker(f"{name}-w{self._n}", pool, model)
 
     def start_worker(
         self, wid: str, pool: str, model: str, host: str = LOOPBACK, port: int = 0, *, key: str | None = None
