@@ -80,8 +80,7 @@ class GraphLoRA(LoRABatch):
         n_slots, rank, d_in = a_all.shape
         xa = x @ a_all.reshape(n_slots * rank, d_in).T  # [B, slots x rank]
         xa = torch.where(self.column_mask, xa, torch.zeros((), dtype=xa.dtype, device=xa.device))
-        b = b_all.permute(1, 0, 2).reshape(b_all.shape[1], n_slots * rank)  # [out, slots x rank]
-        out.add_(xa @ b.T)
+        out.add_(xa @ b_all.view(n_slots * rank, -1))  # B is stored [slots, rank, out]: a view, no copy
 
 
 def _slot_shape(slots: DeviceLoRAs) -> tuple[int, int]:

@@ -95,17 +95,17 @@ class LoRABatch:
         if self.kernel == "unpadded":
             for slot, rows, rank in self.groups:
                 xs = x.index_select(0, rows)
-                delta = (xs @ a_all[slot, :rank].T) @ b_all[slot, :, :rank].T
+                delta = (xs @ a_all[slot, :rank].T) @ b_all[slot, :rank]  # b_all: [slots, rank, out]
                 out.index_add_(0, rows, delta)
             return
         r = self.max_rank
         if self.decode_rows is not None and self.decode_slots is not None:
             xs = x.index_select(0, self.decode_rows)  # (n, in)
             a = a_all[self.decode_slots, :r]  # (n, r, in): the gather of BGMV
-            b = b_all[self.decode_slots, :, :r]  # (n, out, r)
-            delta = torch.bmm(b, torch.bmm(a, xs.unsqueeze(-1))).squeeze(-1)
+            b = b_all[self.decode_slots, :r]  # (n, r, out)
+            delta = torch.bmm(torch.bmm(a, xs.unsqueeze(-1)).transpose(1, 2), b).squeeze(1)
             out.index_add_(0, self.decode_rows, delta)
         for slot, rows in self.prefill_groups:
             xs = x.index_select(0, rows)
-            delta = (xs @ a_all[slot, :r].T) @ b_all[slot, :, :r].T
+            delta = (xs @ a_all[slot, :r].T) @ b_all[slot, :r]
             out.index_add_(0, rows, delta)

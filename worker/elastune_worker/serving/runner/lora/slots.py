@@ -102,8 +102,11 @@ class DeviceLoRAs:
             for layer in range(num_layers)
             for t, (fan_in, _) in shapes.items()
         }
+        # B transposed, [slots, rank, out] (peft's B is [out, rank]): a slot's first r ranks are one
+        # contiguous run, and all slots' B is one [slots x rank, out] matrix without a copy (the graph
+        # path multiplies every slot at once, cuda_graphs.GraphLoRA).
         self.b = {
-            (layer, t): torch.zeros(max_loras, fan_out, max_rank, device=device, dtype=dtype)
+            (layer, t): torch.zeros(max_loras, max_rank, fan_out, device=device, dtype=dtype)
             for layer in range(num_layers)
             for t, (_, fan_out) in shapes.items()
         }
@@ -192,7 +195,7 @@ class DeviceLoRAs:
                 src_a, src_b = w.a.get(key), w.b.get(key)
                 if src_a is not None and src_b is not None:
                     a[slot, : w.rank].copy_(src_a.to(self.dtype), non_blocking=True)
-                    b[slot, :, : w.rank].copy_(src_b.to(self.dtype), non_blocking=True)
+                    b[slot, : w.rank].copy_(src_b.to(self.dtype).T, non_blocking=True)
         event = None
         if stream is not None:
             event = torch.cuda.Event()
