@@ -1,6 +1,7 @@
-"""No Triton kernel variant is compiled while serving: every variant of the paged-attention kernel that
-steps launch (the constexprs, the class of each specialized integer argument, the dtypes) was launched
-by ModelRunner.compile_kernels at start-up, whatever the contexts' widths and with prefix-cache hits. A
+"""No Triton kernel variant is compiled while serving: every variant of the paged-attention kernel and
+of the fused element-wise kernels (fused_ops.py) that steps launch (the constexprs, the class of each
+specialized integer argument, the dtypes) was launched at start-up (the element-wise backend's check,
+ModelRunner.compile_kernels), whatever the contexts' widths and with prefix-cache hits. A
 compile inside serving stalls every running request (seconds on a cold GPU). On the CPU the kernel runs
 in Triton's interpreter (nothing compiles there: the launches' keys are compared, as Triton forms them);
 on a GPU the compiled-kernel cache itself must not grow."""
@@ -21,10 +22,12 @@ pytest.importorskip("triton", reason="the triton attention backend needs the tri
 from elastune_batching.sampling import SamplingParams  # noqa: E402
 from elastune_worker.serving.config import EngineConfig  # noqa: E402
 from elastune_worker.serving.core.engine import LLMEngine  # noqa: E402
-from elastune_worker.serving.runner import triton_attention, triton_paged_kernel  # noqa: E402
+from elastune_worker.serving.runner import fused_kernels, triton_attention, triton_paged_kernel  # noqa: E402
 from elastune_worker.tiny import build as B  # noqa: E402
 
 DEVICE = "cuda" if ON_GPU else "cpu"
+FUSED = ("add_rms_norm_kernel", "rope_kernel", "silu_mul_kernel")
+"""fused_kernels' kernels (fused_ops imports each at its launch: patched on the module, they are seen)."""
 
 
 def variant(kernel: Any, args: tuple, kwargs: dict) -> tuple:
@@ -37,7 +40,7 @@ def variant(kernel: Any, args: tuple, kwargs: dict) -> tuple:
         if isinstance(a, int) and not isinstance(a, bool) and name not in triton_paged_kernel.UNSPECIALIZED
     )
     dtypes = tuple(str(a.dtype) for a in args if isinstance(a, torch.Tensor))
-    return tuple(sorted(kwargs.items())), ints, dtypes
+    return kernel.fn.__name__, tuple(sorted(kwargs.items())), ints, dtypes
 
 
 @pytest.fixture
@@ -57,13 +60,15 @@ def launches(monkeypatch: pytest.MonkeyPatch) -> list[tuple]:
             return launch
 
     monkeypatch.setattr(triton_attention, "_kernel", lambda device_type: Recorded(real(device_type)))
+    for name in FUSED:
+        monkeypatch.setattr(fused_kernels, name, Recorded(getattr(fused_kernels, name)))
     return seen
 
 
 def _compiled() -> int:
-    """Compiled variants in the kernel's cache (Triton 3.x: device -> (kernel cache, ...))."""
-    kernel = triton_paged_kernel.paged_attention_kernel
-    caches = [c[0] if isinstance(c, tuple) else c for c in kernel.device_caches.values()]
+    """Compiled variants in the kernels' caches (Triton 3.x: device -> (kernel cache, ...))."""
+    kernels = [triton_paged_kernel.paged_attention_kernel, *(getattr(fused_kernels, n) for n in FUSED)]
+    caches = [c[0] if isinstance(c, tuple) else c for k in kernels for c in k.device_caches.values()]
     assert all(isinstance(c, dict) for c in caches), "this Triton keeps its compiled kernels elsewhere"
     return sum(len(c) for c in caches)
 
@@ -74,13 +79,15 @@ def test_serving_launches_only_what_start_up_compiled(launches: list[tuple]) -> 
     the first round's cached prefixes."""
     path = B.ensure_tiny_model(spec=B.TINY_LLAMA_SPEC)
     cfg = EngineConfig(device=DEVICE, dtype="float32", attention_backend="triton", num_kv_blocks=256,  # type: ignore[arg-type]
-                       max_num_batched_tokens=40, cuda_graphs=False)  # fmt: skip
+                       max_num_batched_tokens=40, cuda_graphs=False,
+                       elementwise_backend="triton")  # fmt: skip
     eng = LLMEngine(path, cfg)
     if not ON_GPU:  # on CUDA the runner compiles at start-up itself; the interpreter skips it (slow)
         eng.runner.compile_kernels()
-    at_start = set(launches)  # the backend's own start-up check, then the model's variants
-    tiles = {dict(constexprs)["TILE_Q"] for constexprs, _, _ in at_start}
+    at_start = set(launches)  # the backends' own start-up checks, then the model's variants
+    tiles = {dict(kw)["TILE_Q"] for name, kw, _, _ in at_start if name == "paged_attention_kernel"}
     assert tiles == {1, 4, 16}, tiles  # the check's tiles of 1 and 4; the model's decode and prefix tiles
+    assert {name for name, _, _, _ in at_start} >= set(FUSED), "the fused kernels did not run"
     compiled = _compiled() if ON_GPU else 0
     gen = torch.Generator().manual_seed(0)
     prompts = [torch.randint(0, eng.vocab_size, (n,), generator=gen).tolist() for n in (3, 14, 37)]
