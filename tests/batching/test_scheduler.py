@@ -185,3 +185,17 @@ def test_the_block_check_runs_every_nth_step_and_whenever_nothing_runs():
         idle.schedule()  # nothing running: checked whatever the interval
     with pytest.raises(ValueError, match="block_check_interval"):
         make_scheduler(block_check_interval=0)
+
+
+def test_the_block_check_finds_a_free_block_with_a_reference_count():
+    """A free block whose count was raised without taking it out of the free queue: a later allocation
+    would leave it queued, and the next one could hand it to a second request. Missed by the check
+    before (the blocks still added up)."""
+    s = make_scheduler(block_check_interval=1)
+    (r,) = make_requests(3, max_tokens=20)
+    s.add(r)
+    run_step(s, s.schedule())
+    free_block = next(iter(s.blocks.free))
+    s.blocks.ref_count[free_block] += 1
+    with pytest.raises(AssertionError, match="a free block has a ref count"):
+        s.schedule()
