@@ -31,6 +31,9 @@ BLOCK = 16
 TORCH_ELEMENTWISE_BATCHES = (1, 64)
 """Decode batches measured again with the torch element-wise ops (fused_ops.py), when the engine used
 the fused Triton kernels: their gain, in the same run."""
+SAMPLED = {"temperature": 0.8, "top_p": 0.95}
+"""What most OpenAI clients send (the greedy runs measure the forward alone): the largest decode batch
+up to 64 is measured again with these, so the sampler's cost per step is in the same run."""
 
 
 def prefill_steps(z: Sizes, batch: int) -> int:
@@ -75,15 +78,24 @@ def build(model_dir: Path, z: Sizes, graphs: bool | None, **options: Any) -> Any
 
 
 def decode(
-    eng: Any, z: Sizes, batch: int, shape: Shape, dtype_bytes: int, gbps: float | None
+    eng: Any,
+    z: Sizes,
+    batch: int,
+    shape: Shape,
+    dtype_bytes: int,
+    gbps: float | None,
+    sampling: dict[str, float] | None = None,
 ) -> dict[str, Any]:
     """``batch`` requests of ``z.context`` random tokens: prefilled, ``warm_steps`` decode steps, then
-    ``decode_steps`` timed decode steps of the whole batch."""
+    ``decode_steps`` timed decode steps of the whole batch; greedy unless ``sampling`` (SamplingParams
+    fields) says otherwise."""
     from elastune_batching.sampling import SamplingParams
 
     gen = torch.Generator().manual_seed(batch)
     prompts = torch.randint(0, shape.vocab, (batch, z.context), generator=gen).tolist()
-    params = SamplingParams(max_tokens=output_tokens(z, batch), temperature=0.0, ignore_eos=True)
+    params = SamplingParams(
+        max_tokens=output_tokens(z, batch), ignore_eos=True, **({"temperature": 0.0} | (sampling or {}))
+    )
     for i, p in enumerate(prompts):
         eng.add_request(f"d{batch}-{i}", p, params)
     s = eng.scheduler
@@ -163,6 +175,7 @@ def main() -> int:
                   "kv_gib": round(kv_blocks(z) * BLOCK * shape.kv_bytes_per_token(dtype_bytes) / 2**30, 2)},
         "ceilings": {"copy_gbps": gbps, "matmul_tflops": tflops},
         "decode": {}, "prefill": None, "decode_b1_eager": NOT_AVAILABLE, "decode_torch_elementwise": {},
+        "decode_sampled": {},
     }  # fmt: skip
     graphs = True if feats["cuda_graphs"] else None
     with tempfile.TemporaryDirectory() as tmp:
@@ -180,6 +193,14 @@ def main() -> int:
             write_part(args.out, "engine", result)
         r = result["prefill"] = prefill(eng, z, shape, tflops)
         print(f"engine prefill: {r['tokens_per_s']} tok/s, share {r.get('roofline_share')}", flush=True)
+        write_part(args.out, "engine", result)
+        batch = max(b for b in z.decode_batches if b <= 64)
+        r = result["decode_sampled"][str(batch)] = decode(eng, z, batch, shape, dtype_bytes, gbps, SAMPLED)
+        r["sampling"] = SAMPLED
+        greedy = result["decode"].get(str(batch), {}).get("tokens_per_s")
+        if greedy:
+            r["vs_greedy"] = round(r["tokens_per_s"] / greedy, 3)
+        print(f"engine decode b={batch} sampled {SAMPLED}: {r['tokens_per_s']} tok/s", flush=True)
         if torch.cuda.is_available():
             result["model"]["max_memory_allocated_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 2)
         write_part(args.out, "engine", result)

@@ -52,6 +52,10 @@ def render(out: Path) -> str:
             lines.append(f"| decode b=1 eager (no CUDA graphs) | {eager['tokens_per_s']} | {_share(eager)} | "
                          "- | "
                          f"graphs {eager.get('graphs_speedup', '-')}x eager |")  # fmt: skip
+        for b, r in (eng.get("decode_sampled") or {}).items():
+            how = ", ".join(f"{k} {v}" for k, v in r["sampling"].items())
+            lines.append(f"| decode b={b}, sampled ({how}) | {r['tokens_per_s']} | {_share(r)} | "
+                         f"- | {r.get('vs_greedy', '-')}x greedy |")  # fmt: skip
         for b, r in (eng.get("decode_torch_elementwise") or {}).items():
             lines.append(f"| decode b={b}, torch element-wise ops (not fused) | {r['tokens_per_s']} | "
                          f"{_share(r)} | - | fused {r.get('fused_speedup', '-')}x torch ops |")  # fmt: skip

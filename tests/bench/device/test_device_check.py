@@ -38,6 +38,8 @@ def test_smoke_runs_every_part_and_writes_its_json(tmp_path: Path) -> None:
     assert ceilings["copy_gbps"] > 0 and ceilings["matmul_tflops"] > 0
     engine = json.loads((out / "engine.json").read_text())
     assert set(engine["decode"]) == {"1", "4"} and engine["prefill"]["tokens_per_s"] > 0
+    sampled = engine["decode_sampled"]["4"]  # the largest batch up to 64, with temperature and top_p
+    assert sampled["tokens"] == 4 * sampled["steps"] and sampled["vs_greedy"] > 0
     assert all(
         r["roofline_share"] > 0 and r["batch_running"] == r["batch"] for r in engine["decode"].values()
     )
