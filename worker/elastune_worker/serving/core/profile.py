@@ -85,7 +85,7 @@ def _profile_lora(engine: LLMEngine, decode: Callable[..., float], base8: float)
         for layer in range(engine.loras.num_layers):
             for target, (fan_in, fan_out) in engine.loras.shapes.items():
                 w.a[(layer, target)] = torch.randn(rank, fan_in, generator=gen) * 0.01
-                w.b[(layer, target)] = torch.randn(fan_out, rank, generator=gen) * 0.01
+                w.b_t[(layer, target)] = torch.randn(rank, fan_out, generator=gen) * 0.01
         ref = engine.add_lora_weights(w)
         try:
             points.append((8 * rank, max(0.0, decode(8, ref) - base8)))

@@ -44,9 +44,9 @@ def _worker(conn: multiprocessing.connection.Connection, x: torch.Tensor, y: tor
             adapters.pop(msg[1], None)
         elif kind == "run":
             _, name, key, start, end, fan_in, fan_out = msg
-            a, b = adapters[name][key]
+            a, b_t = adapters[name][key]
             with torch.inference_mode():
-                y[start:end, :fan_out] = (x[start:end, :fan_in] @ a.T) @ b.T
+                y[start:end, :fan_out] = (x[start:end, :fan_in] @ a.T) @ b_t
             conn.send(("done",))
 
 
@@ -77,7 +77,7 @@ class CpuLoRAPool:
         """Hand the adapter's host weights to every worker once (shared memory, not copies)."""
         if w.name in self._known:
             return
-        shared = {k: (w.a[k].share_memory_(), w.b[k].share_memory_()) for k in w.a}
+        shared = {k: (w.a[k].share_memory_(), w.b_t[k].share_memory_()) for k in w.a}
         for conn in self._conns:
             conn.send(("add", w.name, shared))
         for conn in self._conns:
@@ -94,7 +94,7 @@ class CpuLoRAPool:
         """xs @ Aᵀ @ (B·scaling)ᵀ for ``xs`` (rows × in) on the CPU workers; waits for all slices."""
         self.ensure(w)
         n, fan_in = xs.shape
-        fan_out = w.b[key].shape[0]
+        fan_out = w.b_t[key].shape[1]
         if n > self.x.shape[0] or max(fan_in, fan_out) > self.x.shape[1]:
             raise ValueError(f"{n} rows of width {fan_in}->{fan_out} exceed the shared buffers")
         self.x[:n, :fan_in].copy_(xs)

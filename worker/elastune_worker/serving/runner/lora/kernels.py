@@ -82,10 +82,10 @@ class LoRABatch:
         may be a column slice of a fused projection's output)."""
         key = (layer, target)
         for w, rows in self.host:  # computed on the CPU from the host copy, added to the device output
-            a_h, b_h = w.a.get(key), w.b.get(key)
-            if a_h is not None and b_h is not None:
+            a_h, bt_h = w.a.get(key), w.b_t.get(key)
+            if a_h is not None and bt_h is not None:
                 xs = x.index_select(0, rows).to("cpu", torch.float32)
-                delta = self.cpu_pool.delta(w, key, xs) if self.cpu_pool is not None else (xs @ a_h.T) @ b_h.T
+                delta = self.cpu_pool.delta(w, key, xs) if self.cpu_pool is not None else (xs @ a_h.T) @ bt_h
                 out.index_add_(0, rows, delta.to(out.device, out.dtype))
         if self.max_rank == 0:
             return

@@ -102,9 +102,10 @@ class DeviceLoRAs:
             for layer in range(num_layers)
             for t, (fan_in, _) in shapes.items()
         }
-        # B transposed, [slots, rank, out] (peft's B is [out, rank]): a slot's first r ranks are one
-        # contiguous run, and all slots' B is one [slots x rank, out] matrix without a copy (the graph
-        # path multiplies every slot at once, cuda_graphs.GraphLoRA).
+        # B transposed, [slots, rank, out] (peft's B is [out, rank]; the host keeps it so too,
+        # LoRAWeights.b_t): a slot's first r ranks are one contiguous run, and all slots' B is one
+        # [slots x rank, out] matrix without a copy (the graph path multiplies every slot at once,
+        # cuda_graphs.GraphLoRA).
         self.b = {
             (layer, t): torch.zeros(max_loras, max_rank, fan_out, device=device, dtype=dtype)
             for layer in range(num_layers)
@@ -192,10 +193,10 @@ class DeviceLoRAs:
                 b = self.b[key]
                 a[slot].zero_()
                 b[slot].zero_()
-                src_a, src_b = w.a.get(key), w.b.get(key)
-                if src_a is not None and src_b is not None:
+                src_a, src_bt = w.a.get(key), w.b_t.get(key)
+                if src_a is not None and src_bt is not None:
                     a[slot, : w.rank].copy_(src_a.to(self.dtype), non_blocking=True)
-                    b[slot, : w.rank].copy_(src_b.to(self.dtype).T, non_blocking=True)
+                    b[slot, : w.rank].copy_(src_bt.to(self.dtype), non_blocking=True)
         event = None
         if stream is not None:
             event = torch.cuda.Event()

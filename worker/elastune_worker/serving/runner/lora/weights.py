@@ -31,8 +31,9 @@ class LoRAWeights:
     """lora_alpha / r (PEFT's default scaling; rsLoRA's alpha / sqrt(r) when use_rslora)."""
     a: dict[tuple[int, str], torch.Tensor] = field(default_factory=dict)
     """(layer, target) → A, shape (rank, in_features), float32 on the host."""
-    b: dict[tuple[int, str], torch.Tensor] = field(default_factory=dict)
-    """(layer, target) → B × scaling, shape (out_features, rank)."""
+    b_t: dict[tuple[int, str], torch.Tensor] = field(default_factory=dict)
+    """(layer, target) → (B × scaling)ᵀ, shape (rank, out_features): peft's lora_B transposed once at
+    load, the layout of the device slots (slots.py), so that a load to the device is a plain copy."""
     load_seconds: float = 0.0
 
     @property
@@ -40,7 +41,7 @@ class LoRAWeights:
         return {t for _, t in self.a}
 
     def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in (*self.a.values(), *self.b.values()))
+        return sum(t.numel() * t.element_size() for t in (*self.a.values(), *self.b_t.values()))
 
 
 def read_adapter_config(path: Path) -> dict[str, object]:
@@ -118,8 +119,8 @@ def load_lora(
         if which == "A":
             w.a[(layer, target)] = tensor.float().contiguous()
         else:
-            w.b[(layer, target)] = (tensor.float() * scaling).contiguous()
-    if set(w.a) != set(w.b) or not w.a:
+            w.b_t[(layer, target)] = (tensor.float() * scaling).T.contiguous()
+    if set(w.a) != set(w.b_t) or not w.a:
         raise AdapterError(f"{name}: lora_A and lora_B tensors do not pair up")
     w.load_seconds = time.perf_counter() - started
     return w
