@@ -1,7 +1,8 @@
 """The batched sampler: every sampled row's distribution is the one its own parameters give (temperature,
 top-k, top-p, as computed row by row before), whatever else is in the batch; seeded rows reproduce
 alone or in any batch; one bad row fails alone; and the kernels a step launches do not grow with the
-number of sampled rows (row by row, ~15 per row: ~900 small kernels a step at batch 64 on a GPU)."""
+number of sampled rows (row by row they were 7-22 per row: 449-1,409 at batch 64, each a launch on a
+GPU)."""
 
 from __future__ import annotations
 
