@@ -108,6 +108,7 @@ def check_lora(kernel: str, device: str, **options: Any) -> dict[str, Any]:
     return {
         "ok": got == want,
         "kernel": kernel,
+        "lora_backend": getattr(eng.runner, "lora_backend", "torch"),
         "requests": len(prompts),
         "mismatched": sum(a != b for a, b in zip(got, want, strict=True)),
     }
@@ -253,6 +254,8 @@ def main() -> int:
     run("greedy_gpt2_vs_transformers", lambda: check_hf("gpt2", dev))
     run("lora_padded_vs_peft", lambda: check_lora("padded", dev))
     run("lora_unpadded_vs_peft", lambda: check_lora("unpadded", dev))
+    if "lora_backend" in feats["options"] and dev != "cpu":  # the two above took auto: Triton on CUDA
+        run("lora_torch_path_vs_peft", lambda: check_lora("padded", dev, lora_backend="torch"))
     run("soft_prompt_vs_peft", lambda: check_soft_prompt(dev))
     for backend in ("triton", "auto"):
         name = f"attention_{backend}_vs_gather"

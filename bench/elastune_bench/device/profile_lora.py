@@ -3,7 +3,8 @@ two LoRA figures unexplained (issue 26): ~96 ms per step of ``bench lora`` on th
 Llama-3-8B, and cached mode's TPOT 7.3 ms against 1.1-1.3 ms for the other modes on the tiny Llama.
 This part answers them in one run instead of guessing: the same decode batch on one engine without
 adapters, with adapters on the padded kernel (Punica's BGMV: each decode row gathers its slot's A and
-B at the batch's max rank) and on the unpadded one (S-LoRA's per-adapter segments), each as its mean
+B at the batch's max rank) and on the unpadded one (S-LoRA's per-adapter segments; eager steps, through
+the Triton LoRA kernels and through the torch path's per-adapter loops), each as its mean
 step time, how many steps replayed a CUDA graph, and the operators that took the most device time
 (CPU time on the CPU smoke run) in a few profiled steps. Its JSON as profile_lora.json.
 
@@ -46,11 +47,17 @@ SMOKE = Plan("llama-micro", "cpu", batch=4, prompt_len=32, adapters=4, warm_step
              profiled_steps=1)  # fmt: skip
 SLACK = 64
 """Output tokens each request may make (it is aborted after): more than its steps here."""
-RUNS = {"padded": (("base", False), ("lora_padded", True)), "unpadded": (("lora_unpadded", True),)}
-"""Per kernel, one engine and its runs: (name, whether every request has an adapter)."""
+RUNS = {
+    ("padded", "auto"): (("base", False), ("lora_padded", True)),
+    ("unpadded", "auto"): (("lora_unpadded", True),),
+    ("unpadded", "torch"): (("lora_unpadded_torch", True),),
+}
+"""Per (kernel, lora_backend), one engine and its runs: (name, whether every request has an adapter).
+The unpadded kernel's steps are eager (graphs replay the padded one): on CUDA ``auto`` launches them
+as Triton's segmented kernels (lora/sgmv.py), ``torch`` per adapter, target and layer."""
 
 
-def _engine(plan: Plan, model: Any, kernel: str, paths: dict[int, Any]) -> Any:
+def _engine(plan: Plan, model: Any, kernel: str, backend: str, paths: dict[int, Any]) -> Any:
     from elastune_worker.serving.config import EngineConfig
     from elastune_worker.serving.core.engine import LLMEngine
 
@@ -59,7 +66,7 @@ def _engine(plan: Plan, model: Any, kernel: str, paths: dict[int, Any]) -> Any:
         kv_cache_tokens=(plan.batch + 1) * (plan.prompt_len + SLACK), max_model_len=plan.prompt_len + SLACK,
         max_num_seqs=plan.batch,
         enable_prefix_caching=False, enable_lora=True, max_loras=plan.adapters, max_cpu_loras=plan.adapters,
-        lora_load_mode="cached", lora_kernel=kernel,  # type: ignore[arg-type]
+        lora_load_mode="cached", lora_kernel=kernel, lora_backend=backend,  # type: ignore[arg-type]
     )  # fmt: skip
     eng = LLMEngine(model.path, cfg, tokenizer=model.engine_tokenizer())
     for name in adapter_names(plan.adapters):  # r8-0, r16-1, ...: the rank leads the name
@@ -146,10 +153,11 @@ def main() -> int:
     result: dict[str, Any] = {"device": device_info(plan.device), "plan": plan.__dict__, "configs": {}}
     try:
         paths = model.lora_adapters()
-        for kernel, runs in RUNS.items():
-            eng = _engine(plan, model, kernel, paths)
+        for (kernel, backend), runs in RUNS.items():
+            eng = _engine(plan, model, kernel, backend, paths)
             for name, with_adapters in runs:
                 r = result["configs"][name] = measure(eng, plan, vocab, with_adapters)
+                r["lora_backend"] = eng.runner.lora_backend
                 print(f"profile_lora {name}: {r['step_ms']} ms/step, graphs {r['steps_graph']}, "
                       f"eager {r['steps_eager']}; top: {r['top_ops'][0]['op'] if r['top_ops'] else '-'}",
                       flush=True)  # fmt: skip

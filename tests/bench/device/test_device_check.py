@@ -106,14 +106,16 @@ def test_the_benchmarks_run_the_8b_shape_on_the_gpu_in_120_s_and_fit_an_h100() -
 
 
 def test_the_extra_lora_profile_runs_only_when_named_and_says_where_a_step_goes(tmp_path: Path) -> None:
-    """profile_lora (not in the default run): one decode batch without adapters and with each kernel,
-    its step time, graph replays and the operators that took the most time; an unknown part is refused."""
+    """profile_lora (not in the default run): one decode batch without adapters and with each kernel
+    (the unpadded one also through the torch path's loops), its step time, graph replays, LoRA backend
+    and the operators that took the most time; an unknown part is refused."""
     from elastune_bench.device import run
 
     assert "profile_lora" not in {m for m, _ in run.PARTS}
     assert _run_smoke(tmp_path, "profile_lora").returncode == 0
     configs = json.loads((tmp_path / "profile_lora.json").read_text())["configs"]
-    assert set(configs) == {"base", "lora_padded", "lora_unpadded"}
+    assert set(configs) == {"base", "lora_padded", "lora_unpadded", "lora_unpadded_torch"}
+    assert {r["lora_backend"] for r in configs.values()} == {"torch"}  # auto on the CPU: the torch path
     for r in configs.values():
         assert r["step_ms"] > 0 and r["batch_running"] == 4 and r["steps_eager"] + r["steps_graph"] == 3
         assert r["top_ops"] and all(o["calls"] > 0 for o in r["top_ops"])

@@ -11,6 +11,7 @@ LoraKernelName = Literal["padded", "unpadded"]
 LoraLoadMode = Literal["cpu_assisted", "async", "ondmd", "cached"]
 AttentionBackendName = Literal["auto", "gather", "triton"]
 ElementwiseBackendName = Literal["auto", "torch", "triton"]
+LoraBackendName = Literal["auto", "torch", "triton"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +64,10 @@ class EngineConfig:
     """Largest rank an adapter may have (the device slots' size)."""
     lora_kernel: LoraKernelName = "padded"
     """padded: ranks padded to the batch's max (Punica BGMV); unpadded: per adapter (S-LoRA MBGMV)."""
+    lora_backend: LoraBackendName = "auto"
+    """How eager steps launch the LoRA deltas: torch (per adapter, target and layer: four kernels each),
+    triton (two segmented launches per target and layer, any number of adapters: lora/sgmv.py); auto:
+    triton on CUDA after a start-up check against the torch path, torch otherwise."""
     lora_load_mode: LoraLoadMode = "cpu_assisted"
     """How a request whose adapter is not on the device starts (CaraServe §4, §7.1):
     cpu_assisted — admitted at once, its LoRA delta computed on the CPU from the host copy while the
@@ -107,6 +112,8 @@ class EngineConfig:
             raise ValueError(
                 f"attention_backend must be auto, gather or triton, not {self.attention_backend!r}"
             )
+        if self.lora_backend not in ("auto", "torch", "triton"):
+            raise ValueError(f"lora_backend must be auto, torch or triton, not {self.lora_backend!r}")
         if self.elementwise_backend not in ("auto", "torch", "triton"):
             raise ValueError(
                 f"elementwise_backend must be auto, torch or triton, not {self.elementwise_backend!r}"

@@ -1,10 +1,11 @@
-"""No Triton kernel variant is compiled while serving: every variant of the paged-attention kernel and
-of the fused element-wise kernels (fused_ops.py) that steps launch (the constexprs, the class of each
-specialized integer argument, the dtypes) was launched at start-up (the element-wise backend's check,
-ModelRunner.compile_kernels), whatever the contexts' widths and with prefix-cache hits. A
-compile inside serving stalls every running request (seconds on a cold GPU). On the CPU the kernel runs
-in Triton's interpreter (nothing compiles there: the launches' keys are compared, as Triton forms them);
-on a GPU the compiled-kernel cache itself must not grow."""
+"""No Triton kernel variant is compiled while serving: every variant of the paged-attention kernel, of the
+fused element-wise kernels (fused_ops.py) and of the LoRA kernels (lora/sgmv.py) that steps launch (the
+constexprs, the class of each specialized integer argument, the dtypes) was launched at start-up (the
+element-wise backend's check, ModelRunner.compile_kernels, compile_lora_or_fall_back), whatever the
+contexts' widths and with prefix-cache hits. A compile inside serving stalls every running request
+(seconds on a cold GPU). On the CPU the kernel runs in Triton's interpreter (nothing compiles there: the
+launches' keys are compared, as Triton forms them); on a GPU the compiled-kernel cache itself must not
+grow."""
 
 from __future__ import annotations
 
@@ -23,11 +24,16 @@ from elastune_batching.sampling import SamplingParams  # noqa: E402
 from elastune_worker.serving.config import EngineConfig  # noqa: E402
 from elastune_worker.serving.core.engine import LLMEngine  # noqa: E402
 from elastune_worker.serving.runner import fused_kernels, triton_attention, triton_paged_kernel  # noqa: E402
+from elastune_worker.serving.runner.lora import sgmv_kernels  # noqa: E402
+from elastune_worker.tiny import adapters as A  # noqa: E402
 from elastune_worker.tiny import build as B  # noqa: E402
 
 DEVICE = "cuda" if ON_GPU else "cpu"
 FUSED = ("add_rms_norm_kernel", "rope_kernel", "silu_mul_kernel")
 """fused_kernels' kernels (fused_ops imports each at its launch: patched on the module, they are seen)."""
+LORA = ("lora_shrink_kernel", "lora_expand_kernel")
+"""sgmv_kernels' kernels (sgmv imports each at its launch)."""
+UNSPECIALIZED = {*triton_paged_kernel.UNSPECIALIZED, *sgmv_kernels.UNSPECIALIZED}
 
 
 def variant(kernel: Any, args: tuple, kwargs: dict) -> tuple:
@@ -37,7 +43,7 @@ def variant(kernel: Any, args: tuple, kwargs: dict) -> tuple:
     ints = tuple(
         (name, a == 1, a % 16 == 0)
         for name, a in zip(names, args, strict=False)
-        if isinstance(a, int) and not isinstance(a, bool) and name not in triton_paged_kernel.UNSPECIALIZED
+        if isinstance(a, int) and not isinstance(a, bool) and name not in UNSPECIALIZED
     )
     dtypes = tuple(str(a.dtype) for a in args if isinstance(a, torch.Tensor))
     return kernel.fn.__name__, tuple(sorted(kwargs.items())), ints, dtypes
@@ -62,12 +68,18 @@ def launches(monkeypatch: pytest.MonkeyPatch) -> list[tuple]:
     monkeypatch.setattr(triton_attention, "_kernel", lambda device_type: Recorded(real(device_type)))
     for name in FUSED:
         monkeypatch.setattr(fused_kernels, name, Recorded(getattr(fused_kernels, name)))
+    for name in LORA:
+        monkeypatch.setattr(sgmv_kernels, name, Recorded(getattr(sgmv_kernels, name)))
     return seen
 
 
 def _compiled() -> int:
     """Compiled variants in the kernels' caches (Triton 3.x: device -> (kernel cache, ...))."""
-    kernels = [triton_paged_kernel.paged_attention_kernel, *(getattr(fused_kernels, n) for n in FUSED)]
+    kernels = [
+        triton_paged_kernel.paged_attention_kernel,
+        *(getattr(fused_kernels, n) for n in FUSED),
+        *(getattr(sgmv_kernels, n) for n in LORA),
+    ]
     caches = [c[0] if isinstance(c, tuple) else c for k in kernels for c in k.device_caches.values()]
     assert all(isinstance(c, dict) for c in caches), "this Triton keeps its compiled kernels elsewhere"
     return sum(len(c) for c in caches)
@@ -101,6 +113,31 @@ def test_serving_launches_only_what_start_up_compiled(launches: list[tuple]) -> 
     assert not served, f"variants first launched while serving: {served}"
     if ON_GPU:
         assert _compiled() == compiled
+
+
+def test_lora_serving_launches_only_what_start_up_compiled(launches: list[tuple]) -> None:
+    """Eager LoRA steps through the Triton kernels: adapters of ranks 8 and 64 and base requests, both
+    read modes, chunked prompts and decodes; every target's variant was launched at start-up."""
+    path = B.ensure_tiny_model(spec=B.TINY_LLAMA_SPEC)
+    for kernel in ("padded", "unpadded"):
+        cfg = EngineConfig(device=DEVICE, dtype="float32", attention_backend="triton", num_kv_blocks=256,  # type: ignore[arg-type]
+                           max_num_batched_tokens=40, cuda_graphs=False, enable_lora=True, max_loras=2,
+                           lora_backend="triton", lora_kernel=kernel)  # fmt: skip
+        eng = LLMEngine(path, cfg)
+        if not ON_GPU:  # on CUDA the runner compiles at start-up itself (enable_loras)
+            eng.runner.compile_lora_or_fall_back()
+        at_start = set(launches)
+        assert {name for name, _, _, _ in at_start} >= set(LORA), "the LoRA kernels did not run"
+        compiled = _compiled() if ON_GPU else 0
+        for r in (8, 64):
+            eng.load_lora(f"r{r}", str(A.ensure_tiny_adapter(r)))
+        greedy = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
+        prompts = [[1, 2, 3], list(range(5, 42)), [7] * 20, [9, 8]]
+        eng.generate(prompts, greedy, ["r8", "r64", None, "r64"])
+        served = set(launches) - at_start
+        assert not served, f"variants first launched while serving ({kernel}): {served}"
+        if ON_GPU:
+            assert _compiled() == compiled
 
 
 def test_the_block_tables_width_is_not_specialized() -> None:

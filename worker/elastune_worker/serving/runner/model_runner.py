@@ -19,6 +19,7 @@ from elastune_worker.serving.runner import triton_attention
 from elastune_worker.serving.runner.attention import AttentionMetadata, DecodeGroup, paged_attention
 from elastune_worker.serving.runner.cuda_graphs import DecodeGraphs
 from elastune_worker.serving.runner.fused_ops import TORCH_OPS, ElementwiseOps, pick_elementwise_backend
+from elastune_worker.serving.runner.lora import sgmv
 from elastune_worker.serving.runner.lora.cpu_workers import CpuLoRAPool
 from elastune_worker.serving.runner.lora.kernels import LoRABatch
 from elastune_worker.serving.runner.lora.manager import LoRAManager
@@ -96,13 +97,19 @@ class ModelRunner:
         self.sampler = Sampler(self.device)
         self.lora_device: DeviceLoRAs | None = None  # set by enable_loras
         self.lora_kernel: LoraKernelName = config.lora_kernel
+        self.lora_backend: sgmv.LoraBackend = "torch"  # set by enable_loras
         self.lora_cpu_pool: CpuLoRAPool | None = None  # set by enable_loras with CPU LoRA workers
 
     def enable_loras(self, config: EngineConfig) -> LoRAManager:
         """The adapter tiers for this model on this device (its LoRA shapes, the device slots the steps
         read) and, for CaraServe's CPU path in worker processes, their pool."""
-        loras = LoRAManager(config, self.model.lora_shapes(), self.model.num_layers, self.device, self.dtype)
+        shapes = self.model.lora_shapes()
+        loras = LoRAManager(config, shapes, self.model.num_layers, self.device, self.dtype)
         self.lora_device = loras.device
+        rank = config.max_lora_rank
+        self.lora_backend = sgmv.pick_lora_backend(config.lora_backend, self.device, self.dtype, shapes, rank)
+        if self.lora_backend == "triton" and self.device.type == "cuda":
+            self.compile_lora_or_fall_back()
         if config.lora_cpu_workers and config.lora_load_mode == "cpu_assisted":
             dims = [d for shape in self.model.lora_shapes().values() for d in shape]
             self.lora_cpu_pool = CpuLoRAPool(
@@ -179,6 +186,7 @@ class ModelRunner:
                 one_token,
                 list(host.values()),
                 self.lora_cpu_pool,
+                self.lora_backend,
             )
         return self.model(tokens, meta, self.kv_caches, lora, embeds), sampling
 
@@ -267,8 +275,26 @@ class ModelRunner:
                         "(%s: %s)", type(exc).__name__, exc)  # fmt: skip
             self.attention_backend = "gather"
 
+    def compile_lora_or_fall_back(self) -> None:
+        """The Triton LoRA kernels compiled at this model's targets (compile_kernels with a LoRA batch),
+        and on any failure the torch path (logged). Through a forward, so the variants are those of
+        serving: its outputs are column slices of the fused projections, with their strides."""
+        if self.attention_backend != "triton" or self.lora_device is None:
+            log.info("Triton LoRA kernels compile at the first eager LoRA step (attention is gather)")
+            return
+        # Rank 0: every load is masked, nothing is read or added (slot 0 holds no adapter yet).
+        lora = LoRABatch(self.lora_device, self.lora_kernel, max_rank=1)
+        rows = 1 + PREFIX_TILE_TOKENS
+        lora.tiles = sgmv.build_tiles([(0, list(range(rows)), 0)], self.lora_device.max_rank, self.device)
+        try:
+            self.compile_kernels(lora)
+        except Exception as exc:
+            log.warning("LoRA deltas in torch: the Triton LoRA kernels failed at this model's shapes "
+                        "(%s: %s)", type(exc).__name__, exc)  # fmt: skip
+            self.lora_backend = "torch"
+
     @torch.inference_mode()
-    def compile_kernels(self) -> None:
+    def compile_kernels(self, lora: LoRABatch | None = None) -> None:
         """One forward through every Triton kernel variant serving launches, before the first request:
         a decode at each count of context splits a decode batch can take, and a prefill chunk over a
         cached prefix, at this model's heads, dtype and memory layout. Triton compiles a variant at its
@@ -276,7 +302,7 @@ class ModelRunner:
         takes (the likeliest cause, not yet confirmed on a GPU, of the first H200 runs' LoRA steps of
         ~100 ms against 7-11 ms without adapters, in traces of two seconds). The step writes K/V to
         the cache's first blocks: no sequence owns them yet, and a sequence writes a slot before it
-        reads it."""
+        reads it. ``lora``: a batch over the step's rows, for the LoRA kernels (sgmv.py)."""
         bs, dev, n = self.block_size, self.device, PREFIX_TILE_TOKENS
         blocks = -(-(bs + n) // bs)  # a one-block prefix, then the chunk
         if self.num_kv_blocks < blocks:
@@ -296,7 +322,7 @@ class ModelRunner:
             ],
             page_size=bs,
         )
-        self.model(torch.zeros(1 + n, dtype=torch.long, device=dev), meta, self.kv_caches, None, None)
+        self.model(torch.zeros(1 + n, dtype=torch.long, device=dev), meta, self.kv_caches, lora, None)
         if dev.type == "cuda":
             torch.cuda.synchronize(dev)
 

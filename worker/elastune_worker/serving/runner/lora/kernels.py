@@ -5,7 +5,9 @@
   at R (SGMV). Cheap when ranks are alike, wasteful when one rank-64 adapter joins rank-8 ones.
 - ``unpadded`` (S-LoRA's MBGMV): rows grouped per adapter, each at its own rank: cost ∝ Σ ranks.
 
-Base-model rows (no adapter) get no delta with either kernel.
+Base-model rows (no adapter) get no delta with either kernel. On CUDA both run as Triton's segmented
+launches by default (sgmv.py: two launches per target and layer instead of four per adapter), where
+they differ in the rank each adapter is read at.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from typing import Literal
 
 import torch
 
+from elastune_worker.serving.runner.lora import sgmv
 from elastune_worker.serving.runner.lora.cpu_workers import CpuLoRAPool
 from elastune_worker.serving.runner.lora.slots import DeviceLoRAs
 from elastune_worker.serving.runner.lora.weights import LoRAWeights
@@ -40,6 +43,8 @@ class LoRABatch:
     """CaraServe's CPU path: (host weights, rows) of adapters whose copy to the device is in flight."""
     cpu_pool: CpuLoRAPool | None = None
     """The CPU LoRA processes computing that path (None: this process computes it)."""
+    tiles: sgmv.SegmentTiles | None = None
+    """The Triton backend's tiles of the device rows (None: the torch loops above serve)."""
 
     @classmethod
     def build(
@@ -50,10 +55,12 @@ class LoRABatch:
         one_token: list[bool],
         host: list[tuple[LoRAWeights, list[int]]] = (),  # type: ignore[assignment]
         cpu_pool: CpuLoRAPool | None = None,
+        backend: sgmv.LoraBackend = "torch",
     ) -> LoRABatch | None:
         """``row_slots``: the device slot of each row (-1: none: base model, or an adapter on the CPU
         path); ``one_token``: whether a row is a one-token chunk (a decode); ``host``: rows whose delta
-        comes from host weights. None when no row uses an adapter."""
+        comes from host weights; ``backend``: the device rows' launches (sgmv.py). None when no row
+        uses an adapter."""
         dev = slots.device
         batch = cls(slots, kernel, cpu_pool=cpu_pool)
         batch.host = [(w, torch.tensor(rows, device=dev)) for w, rows in host if rows]
@@ -64,6 +71,11 @@ class LoRABatch:
             if s >= 0:
                 by_slot.setdefault(s, []).append(row)
         batch.max_rank = max(slots.rank[s] for s in by_slot)
+        if backend == "triton":
+            padded = kernel == "padded"
+            groups = [(s, rows, batch.max_rank if padded else slots.rank[s]) for s, rows in by_slot.items()]
+            batch.tiles = sgmv.build_tiles(groups, slots.max_rank, dev)
+            return batch
         batch.groups = [(s, torch.tensor(rows, device=dev), slots.rank[s]) for s, rows in by_slot.items()]
         if kernel == "padded":
             dec = [(r, s) for r, s in enumerate(row_slots) if s >= 0 and one_token[r]]
@@ -91,6 +103,9 @@ class LoRABatch:
             return
         a_all, b_all = self.slots.a.get(key), self.slots.b.get(key)
         if a_all is None or b_all is None:
+            return
+        if self.tiles is not None:
+            sgmv.add(out, x, a_all, b_all, self.tiles)
             return
         if self.kernel == "unpadded":
             for slot, rows, rank in self.groups:

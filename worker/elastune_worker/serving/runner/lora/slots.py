@@ -1,9 +1,9 @@
 """The adapter tiers: host memory (max CPU adapters, LRU over registered adapters read from storage) and
 the device (max adapters in fixed slots, LRU; an adapter that running requests use is never evicted).
 
-Device slots are preallocated buffers per (layer, target): A of shape (slots, max rank, in) and B×scaling
-of shape (slots, out, max rank); an adapter of rank r fills the first r rows/columns of its slot and the
-rest stays zero, so the padded kernel can read any slot at the batch's max rank.
+Device slots are preallocated buffers per (layer, target): A of shape (slots, max rank, in) and
+(B×scaling)ᵀ of shape (slots, max rank, out); an adapter of rank r fills the first r rows of its slot
+in both and the rest stays zero, so the padded kernel can read any slot at the batch's max rank.
 """
 
 from __future__ import annotations

@@ -1,0 +1,173 @@
+"""Segmented LoRA in two Triton launches per target and layer, whatever the number of adapters (CUDA).
+
+The torch path (kernels.py) loops over a batch's adapters: an index_select, two matmuls and an
+index_add_ per adapter, target and layer, each a kernel launched from Python. At a 32-layer model with
+three targets and eight adapters in a prefill step that is ~3,000 launches, at 32 adapters ~12,000:
+more host time than the base model's step on a GPU. Here the rows of each adapter are cut into tiles of
+BLOCK_M rows, and one *shrink* launch computes every tile's ``x·Aᵀ`` (Punica's SGMV, S-LoRA's MBGMV
+when each tile reads its own rank) and one *expand* launch adds ``(x·Aᵀ)·(B·s)ᵀ`` into the output, in
+place, column slices of fused projections included. A decode's one-token rows of one adapter share a
+tile, so its A is read once for all of them (BGMV reads it once per row).
+
+The two kernels of kernels.py map onto the rank each tile reads: ``padded`` reads every adapter at the
+batch's max rank, ``unpadded`` at its own. Block shapes stay the slots' full rank; ranks past a tile's
+are masked loads, so what differs is the bytes of A and B read, which is what bounds these launches.
+On the CPU the torch path serves (Triton runs there only in its interpreter: the tests). No module here
+imports Triton (see triton_attention.py for why)."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+import torch
+
+from elastune_worker.serving.runner import triton_attention
+from elastune_worker.serving.runner.triton_attention import next_pow2
+
+log = logging.getLogger(__name__)
+
+LoraBackend = Literal["torch", "triton"]
+
+BLOCK_M = 16
+"""Rows per tile (tl.dot's smallest block)."""
+BLOCK_K = 64
+"""Input features per step of the shrink's loop."""
+BLOCK_N = 64
+"""Output columns per expand program."""
+
+
+@dataclass
+class SegmentTiles:
+    """The adapter rows of one step, in tiles (built once a step, read by every target and layer)."""
+
+    rows: torch.Tensor
+    """[rows] int32: the batch rows of every adapter, grouped by adapter (a tile's rows are a run)."""
+    tiles: torch.Tensor
+    """[4 x n_tiles] int32: each tile's first index into ``rows``, its row count, slot and rank read."""
+    n_tiles: int
+    block_r: int
+    """The rank dimension of every tile's blocks: the slots' max rank as a power of 2, at least 16."""
+
+
+def build_tiles(
+    groups: list[tuple[int, list[int], int]], slot_rank: int, device: torch.device
+) -> SegmentTiles:
+    """``groups``: (device slot, batch rows, rank to read) of each adapter in the step; ``slot_rank``: the
+    device slots' max rank. One host-to-device copy."""
+    rows: list[int] = []
+    starts: list[int] = []
+    counts: list[int] = []
+    slots: list[int] = []
+    ranks: list[int] = []
+    for slot, group_rows, rank in groups:
+        for i in range(0, len(group_rows), BLOCK_M):
+            starts.append(len(rows) + i)
+            counts.append(min(BLOCK_M, len(group_rows) - i))
+            slots.append(slot)
+            ranks.append(rank)
+        rows.extend(group_rows)
+    # rows padded to a multiple of 4: the tiles start 16 bytes in, as Triton's pointer specialization
+    # expects of every launch (an unaligned start would compile another variant while serving)
+    padded = -(-len(rows) // 4) * 4
+    flat = np.zeros(padded + 4 * len(starts), dtype=np.int32)
+    flat[: len(rows)] = rows
+    flat[padded:] = starts + counts + slots + ranks
+    data = torch.from_numpy(flat).to(device, non_blocking=True)
+    return SegmentTiles(data[: len(rows)], data[padded:], len(starts), max(16, next_pow2(slot_rank)))
+
+
+def add(
+    out: torch.Tensor, x: torch.Tensor, a_all: torch.Tensor, bt_all: torch.Tensor, t: SegmentTiles
+) -> None:
+    """``out[rows] += x[rows] @ A[slot, :rank]ᵀ @ Bᵀ[slot, :rank]`` for every tile, in place. ``a_all``:
+    [slots, rank, in], ``bt_all``: [slots, rank, out] (B·scaling transposed, slots.py); ``out`` may be a
+    column slice of a wider tensor (its rows' stride is read)."""
+    if t.n_tiles == 0:
+        return
+    from elastune_worker.serving.runner.lora.sgmv_kernels import lora_expand_kernel, lora_shrink_kernel
+
+    if x.device.type != "cuda" and not triton_attention.interpreted():
+        raise RuntimeError("Triton LoRA on the CPU runs only in Triton's interpreter (TRITON_INTERPRET=1)")
+    if x.stride(-1) != 1 or out.stride(-1) != 1 or a_all.stride(-1) != 1 or bt_all.stride(-1) != 1:
+        raise ValueError("the LoRA kernels need each row's features contiguous")
+    precision = "ieee" if x.dtype == torch.float32 else "tf32"
+    upcast = x.device.type != "cuda"  # the interpreter (see sgmv_kernels._dot)
+    xa = torch.empty(t.rows.shape[0], t.block_r, dtype=x.dtype, device=x.device)
+    lora_shrink_kernel[(t.n_tiles,)](
+        x, a_all, xa, t.rows, t.tiles, t.n_tiles,
+        x.stride(0), a_all.stride(0), a_all.stride(1), xa.stride(0), x.shape[1],
+        BLOCK_M=BLOCK_M, BLOCK_R=t.block_r, BLOCK_K=BLOCK_K, DOT_PRECISION=precision, UPCAST=upcast,
+    )  # fmt: skip
+    d_out = out.shape[1]
+    lora_expand_kernel[(t.n_tiles, -(-d_out // BLOCK_N))](
+        xa, bt_all, out, t.rows, t.tiles, t.n_tiles,
+        xa.stride(0), bt_all.stride(0), bt_all.stride(1), out.stride(0), d_out,
+        BLOCK_M=BLOCK_M, BLOCK_R=t.block_r, BLOCK_N=BLOCK_N, DOT_PRECISION=precision, UPCAST=upcast,
+    )  # fmt: skip
+
+
+def reference_add(
+    out: torch.Tensor, x: torch.Tensor, a_all: torch.Tensor, bt_all: torch.Tensor, groups: list
+) -> None:
+    """The torch path's arithmetic for the same groups (one adapter at a time): the start-up check."""
+    for slot, rows, rank in groups:
+        idx = torch.tensor(rows, device=x.device)
+        delta = (x.index_select(0, idx) @ a_all[slot, :rank].T) @ bt_all[slot, :rank]
+        out.index_add_(0, idx, delta)
+
+
+def triton_problem(
+    device: torch.device, dtype: torch.dtype, shapes: dict[str, tuple[int, int]], max_rank: int
+) -> str | None:
+    """Why the Triton LoRA kernels cannot serve here (None: they can): checked against the torch path's
+    arithmetic at each of the model's (in, out) widths, with adapters of mixed ranks, base rows between
+    theirs and a tile's worth of rows, so that a Triton that compiles them differently on an unseen GPU
+    falls back instead of serving wrong tokens."""
+    if not triton_attention.available():
+        return "Triton is not installed"
+    if device.type == "cpu" and not triton_attention.interpreted():
+        return "on the CPU it runs only in Triton's interpreter (TRITON_INTERPRET=1 before Triton's import)"
+    gen = torch.Generator().manual_seed(0)
+    ranks = sorted({1, max(1, max_rank // 2), max_rank})
+    rows_total = BLOCK_M + 6
+    # rows: a full tile and one more of the first adapter, single rows of the others, base rows (none)
+    groups_rows = [list(range(0, 2 * rows_total, 2))[: BLOCK_M + 1], [1], [3, 5]][: len(ranks)]
+    # float32: the order of the sums; bfloat16: a few roundings of the largest value (products rounded
+    # to bfloat16 twice, in each path; Triton's interpreter truncates instead of rounding)
+    steps = 1e-5 if dtype == torch.float32 else 4 * 2**-8
+    try:
+        for d_in, d_out in sorted(set(shapes.values())):
+            a = (torch.randn(len(ranks), max_rank, d_in, generator=gen) / d_in**0.5).to(device, dtype)
+            bt = (torch.randn(len(ranks), max_rank, d_out, generator=gen) / max_rank**0.5).to(device, dtype)
+            x = torch.randn(2 * rows_total, d_in, generator=gen).to(device, dtype)
+            base = torch.randn(2 * rows_total, d_out + 8, generator=gen).to(device, dtype)
+            for padded in (True, False):
+                groups = [(s, groups_rows[s], max_rank if padded else r) for s, r in enumerate(ranks)]
+                got, expected = base.clone(), base.clone()
+                add(got[:, 8:], x, a, bt, build_tiles(groups, max_rank, device))
+                reference_add(expected[:, 8:], x, a, bt, groups)
+                err = (got.float() - expected.float()).abs().max().item()
+                if not err <= steps * expected.float().abs().max().item():
+                    return f"at ({d_in}, {d_out}) it differs from the torch path (max abs error {err:.3g})"
+    except Exception as exc:  # any failure of an unseen Triton or GPU: the torch path serves
+        return f"{type(exc).__name__}: {exc}"
+    return None
+
+
+def pick_lora_backend(
+    choice: str, device: torch.device, dtype: torch.dtype, shapes: dict[str, tuple[int, int]], max_rank: int
+) -> LoraBackend:
+    """torch, or triton: asked for (it must work: else a clear error), or auto (on CUDA when Triton
+    imports and its kernels agree with the torch path on a start-up check; torch otherwise)."""
+    if choice == "torch" or (choice == "auto" and device.type != "cuda"):
+        return "torch"
+    problem = triton_problem(device, dtype, shapes, max_rank)
+    if problem is None:
+        return "triton"
+    if choice == "triton":
+        raise ValueError(f"lora_backend triton: {problem}")
+    log.warning("LoRA deltas in torch: the Triton LoRA kernels are not usable here (%s)", problem)
+    return "torch"
