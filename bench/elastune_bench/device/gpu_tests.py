@@ -1,10 +1,11 @@
 """Part d (extra): the test files whose GPU cases run only on a GPU, run there: CUDA graphs (capture,
 replay, LoRA in the graph, capture failures), the Triton paged attention (compiled, float32 and bfloat16,
 flash-decoding's splits), the fused element-wise kernels (bfloat16 rounding as torch's), the Triton LoRA
-kernels (compiled, bfloat16) and no kernel compiled while serving (the compiled-kernel cache must not
-grow). On the CPU these files run through Triton's interpreter in CI; here their CUDA-only assertions run
-too. pytest's JUnit report is read into gpu_tests.json: counts, and each failure's test id and message.
-The CPU smoke run takes one quick case, so that the part cannot rot."""
+kernels (compiled, bfloat16), LoRA loads from pinned memory and no kernel compiled while serving (the
+compiled-kernel cache must not grow). On the CPU these files run through Triton's interpreter in CI;
+here their CUDA-only assertions run too. pytest's JUnit report is read into gpu_tests.json: counts, and
+each failure's test id and message. The CPU smoke run takes one quick case, so that the part cannot
+rot."""
 
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ FILES = (
     "tests/worker/serving/runner/test_fused_ops.py",
     "tests/worker/serving/runner/test_kernel_variants.py",
     "tests/worker/serving/runner/test_lora_sgmv.py",
+    "tests/worker/serving/runner/test_lora_slots.py",
 )
 SMOKE_SELECTION = ("tests/worker/serving/runner/test_fused_ops.py", "-k", "no_rows_and_bad_inputs")
 

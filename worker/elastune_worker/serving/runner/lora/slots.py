@@ -119,6 +119,8 @@ class DeviceLoRAs:
         self.wait_seconds = 0.0
         """Time steps spent waiting for copies (on-demand loading)."""
         self.rank = [0] * max_loras
+        self._written = [0] * max_loras
+        """Rows of each slot that may be non-zero (the largest rank written since they were zeroed)."""
         self.loads = 0
         """Copies host → device."""
         self.load_seconds = 0.0
@@ -183,25 +185,36 @@ class DeviceLoRAs:
             self.rank[slot] = 0
 
     def _copy_in(self, slot: int, w: LoRAWeights) -> None:
-        """Host → device. On CUDA the copy runs on a side stream and the adapter counts as loading
-        until its event completes (CaraServe's window for the CPU path); on CPU it is a memory copy,
-        done when it returns (an injected EmulatedCopies gives it a GPU's copy time)."""
+        """Host → device. On CUDA the copy runs on a side stream from pinned memory (LoRAWeights.staging)
+        and the adapter counts as loading until its event completes (CaraServe's window for the CPU
+        path); on CPU it is a memory copy, done when it returns (an injected EmulatedCopies gives it a
+        GPU's copy time). Only the rows a larger previous adapter left past this rank are zeroed: the
+        padded kernel reads every slot at the batch's max rank, so they must be zeros."""
         started = time.perf_counter()
         stream = self._copy_stream()
-        with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
+        on_cuda = stream is not None
+        sources = w.staging(self.dtype) if on_cuda else {k: (w.a[k], w.b_t[k]) for k in w.a}
+        stale = self._written[slot] > w.rank
+        with torch.cuda.stream(stream) if on_cuda else contextlib.nullcontext():
             for key, a in self.a.items():
                 b = self.b[key]
-                a[slot].zero_()
-                b[slot].zero_()
-                src_a, src_bt = w.a.get(key), w.b_t.get(key)
-                if src_a is not None and src_bt is not None:
-                    a[slot, : w.rank].copy_(src_a.to(self.dtype), non_blocking=True)
-                    b[slot, : w.rank].copy_(src_bt.to(self.dtype), non_blocking=True)
+                src = sources.get(key)
+                if src is None:  # a target this adapter does not have: its whole slot must read zero
+                    if self._written[slot]:
+                        a[slot, : self._written[slot]].zero_()
+                        b[slot, : self._written[slot]].zero_()
+                    continue
+                if stale:
+                    a[slot, w.rank : self._written[slot]].zero_()
+                    b[slot, w.rank : self._written[slot]].zero_()
+                a[slot, : w.rank].copy_(src[0], non_blocking=on_cuda)
+                b[slot, : w.rank].copy_(src[1], non_blocking=on_cuda)
         event = None
-        if stream is not None:
+        if on_cuda:
             event = torch.cuda.Event()
             event.record(stream)
         self.copies.started(w.name, w.rank, event)
         self.rank[slot] = w.rank
+        self._written[slot] = w.rank
         self.loads += 1
         self.load_seconds += time.perf_counter() - started

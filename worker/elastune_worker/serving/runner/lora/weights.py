@@ -35,6 +35,20 @@ class LoRAWeights:
     """(layer, target) → (B × scaling)ᵀ, shape (rank, out_features): peft's lora_B transposed once at
     load, the layout of the device slots (slots.py), so that a load to the device is a plain copy."""
     load_seconds: float = 0.0
+    staged: dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
+    """CUDA: (A, (B × scaling)ᵀ) in the device's dtype in pinned (page-locked) host memory, made at the
+    first copy to the device and kept while the host tier keeps the adapter. A copy from pageable memory
+    goes through a driver bounce buffer and returns only when the data is staged, so the engine thread
+    would wait for every adapter load; from pinned memory it is queued on the copy stream and the step
+    goes on (CaraServe's load overlapped with the CPU path)."""
+
+    def staging(self, dtype: torch.dtype) -> dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor]]:
+        """The pinned copies in ``dtype`` (made now if missing; one conversion per adapter, not per load)."""
+        if not self.staged or next(iter(self.staged.values()))[0].dtype != dtype:
+            self.staged = {
+                k: (self.a[k].to(dtype).pin_memory(), self.b_t[k].to(dtype).pin_memory()) for k in self.a
+            }
+        return self.staged
 
     @property
     def targets(self) -> set[str]:
