@@ -116,28 +116,27 @@ def test_serving_launches_only_what_start_up_compiled(launches: list[tuple]) -> 
 
 
 def test_lora_serving_launches_only_what_start_up_compiled(launches: list[tuple]) -> None:
-    """Eager LoRA steps through the Triton kernels: adapters of ranks 8 and 64 and base requests, both
-    read modes, chunked prompts and decodes; every target's variant was launched at start-up."""
+    """Eager LoRA steps through the Triton kernels: adapters of ranks 8 and 64 and base requests, a
+    chunked prompt and decodes; every target's variant was launched at start-up. The unpadded kernel
+    (each tile at its own rank); the padded one launches the same kernels with other rank values."""
     path = B.ensure_tiny_model(spec=B.TINY_LLAMA_SPEC)
-    for kernel in ("padded", "unpadded"):
-        cfg = EngineConfig(device=DEVICE, dtype="float32", attention_backend="triton", num_kv_blocks=256,  # type: ignore[arg-type]
-                           max_num_batched_tokens=40, cuda_graphs=False, enable_lora=True, max_loras=2,
-                           lora_backend="triton", lora_kernel=kernel)  # fmt: skip
-        eng = LLMEngine(path, cfg)
-        if not ON_GPU:  # on CUDA the runner compiles at start-up itself (enable_loras)
-            eng.runner.compile_lora_or_fall_back()
-        at_start = set(launches)
-        assert {name for name, _, _, _ in at_start} >= set(LORA), "the LoRA kernels did not run"
-        compiled = _compiled() if ON_GPU else 0
-        for r in (8, 64):
-            eng.load_lora(f"r{r}", str(A.ensure_tiny_adapter(r)))
-        greedy = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
-        prompts = [[1, 2, 3], list(range(5, 42)), [7] * 20, [9, 8]]
-        eng.generate(prompts, greedy, ["r8", "r64", None, "r64"])
-        served = set(launches) - at_start
-        assert not served, f"variants first launched while serving ({kernel}): {served}"
-        if ON_GPU:
-            assert _compiled() == compiled
+    cfg = EngineConfig(device=DEVICE, dtype="float32", attention_backend="triton", num_kv_blocks=256,  # type: ignore[arg-type]
+                       max_num_batched_tokens=24, cuda_graphs=False, enable_lora=True, max_loras=2,
+                       lora_backend="triton", lora_kernel="unpadded")  # fmt: skip
+    eng = LLMEngine(path, cfg)
+    if not ON_GPU:  # on CUDA the runner compiles at start-up itself (enable_loras)
+        eng.runner.compile_lora_or_fall_back()
+    at_start = set(launches)
+    assert {name for name, _, _, _ in at_start} >= set(LORA), "the LoRA kernels did not run"
+    compiled = _compiled() if ON_GPU else 0
+    for r in (8, 64):
+        eng.load_lora(f"r{r}", str(A.ensure_tiny_adapter(r)))
+    greedy = SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True)
+    eng.generate([[1, 2, 3], list(range(5, 35)), [9, 8]], greedy, ["r8", "r64", None])
+    served = set(launches) - at_start
+    assert not served, f"variants first launched while serving: {served}"
+    if ON_GPU:
+        assert _compiled() == compiled
 
 
 def test_the_block_tables_width_is_not_specialized() -> None:
