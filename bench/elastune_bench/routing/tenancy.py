@@ -182,19 +182,19 @@ def _publish_keys(redis_url: str, ns: str) -> None:
 
 
 def _wait_idle(redis_url: str, ns: str, worker: str, timeout: float = 120.0) -> None:
-    """Until the worker reports nothing running or waiting in two heartbeats in a row."""
+    """Until two heartbeats in a row of the worker report nothing running or waiting (read every 0.2 s:
+    each heartbeat is seen once it is written, not up to a second later)."""
     bus = Bus(redis_url, ns)
     try:
-        deadline, quiet = time.time() + timeout, 0
+        deadline, quiet, seen = time.time() + timeout, 0, None
         while time.time() < deadline and quiet < 2:
             rec = bus.workers().get(worker)
-            idle = (
-                rec is not None
-                and rec.serving is not None
-                and not (rec.serving.running or rec.serving.waiting)
-            )
-            quiet = quiet + 1 if idle else 0
-            time.sleep(1.1)
+            if rec is not None and rec.heartbeat != seen:
+                seen = rec.heartbeat
+                idle = rec.serving is not None and not (rec.serving.running or rec.serving.waiting)
+                quiet = quiet + 1 if idle else 0
+            if quiet < 2:
+                time.sleep(0.2)
     finally:
         bus.close()
 
