@@ -32,7 +32,8 @@ log = logging.getLogger(__name__)
 LoraBackend = Literal["torch", "triton"]
 
 BLOCK_M = 16
-"""Rows per tile (tl.dot's smallest block)."""
+"""Rows per tile (tl.dot's smallest block). A long prefill's tiles each read their adapter's A again
+(from L2 at these sizes); larger tiles for prefill groups are a setting for a GPU run to tune."""
 BLOCK_K = 64
 """Input features per step of the shrink's loop."""
 BLOCK_N = 64
