@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# One command on a fresh machine: install what the tests need, then run them. Arguments go to pytest
-# (e.g. ./test.sh tests/test_prompttuner.py -x). `.ci/run` calls exactly this.
+# One command on a fresh machine: install what the tests need, then run them on two pytest-xdist workers.
+# Arguments go to pytest (e.g. ./test.sh tests/test_prompttuner.py -x). `.ci/run` calls exactly this.
 #
 # 1. Debian packages: real Redis and Memcached servers (started by test fixtures, never as daemons) and
 #    promtool (package prometheus; without systemd its daemon never starts) for metrics and dashboards.
@@ -32,4 +32,7 @@ python3 -c "import torch" 2>/dev/null || { python3 -m pip install --quiet torch=
 python3 -m pip install --quiet -e '.[dev,worker,gateway]'
 step "installed elastune[dev,worker,gateway]; running pytest"
 
-exec python3 -m pytest "$@"
+# Two workers: much of the suite waits on the servers and pods it starts (a serial run keeps two cores
+# ~40 % busy). --dist loadgroup keeps each xdist_group on one worker: the pod world's modules run one
+# after another there (tests/conftest.py). ELASTUNE_TEST_WORKERS=0 runs everything in this process.
+exec python3 -m pytest -n "${ELASTUNE_TEST_WORKERS:-2}" --dist loadgroup "$@"

@@ -21,3 +21,11 @@ def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     server = start_redis(tmp_path_factory.mktemp("redis"))
     yield server
     stop(server.proc)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Under pytest-xdist (test.sh), the pod world's modules share one worker and so run one after
+    another: each world is half a dozen pods on two cores, and its fault tests wait on their timing."""
+    for item in items:
+        if "tests/cluster" in str(item.path):
+            item.add_marker(pytest.mark.xdist_group("podworld"))
