@@ -33,6 +33,6 @@ python3 -m pip install --quiet -e '.[dev,worker,gateway]'
 step "installed elastune[dev,worker,gateway]; running pytest"
 
 # Two workers: much of the suite waits on the servers and pods it starts (a serial run keeps two cores
-# ~40 % busy). --dist loadgroup keeps each xdist_group on one worker: the pod world's modules run one
-# after another there (tests/conftest.py). ELASTUNE_TEST_WORKERS=0 runs everything in this process.
-exec python3 -m pytest -n "${ELASTUNE_TEST_WORKERS:-2}" --dist loadgroup "$@"
+# ~40 % busy). The pod world's tests run on one worker, in order (tests/conftest.py: the scheduler).
+# ELASTUNE_TEST_WORKERS=0 runs everything in this process.
+exec python3 -m pytest -n "${ELASTUNE_TEST_WORKERS:-2}" "$@"
