@@ -33,6 +33,7 @@ python3 -m pip install --quiet -e '.[dev,worker,gateway]'
 step "installed elastune[dev,worker,gateway]; running pytest"
 
 # Two workers: much of the suite waits on the servers and pods it starts (a serial run keeps two cores
-# ~40 % busy). The pod world's tests run on one worker, in order (tests/conftest.py: the scheduler).
+# ~40 % busy). Each module's tests run on one worker, in order, and the pod world's modules together
+# (tests/conftest.py: the scheduler).
 # ELASTUNE_TEST_WORKERS=0 runs everything in this process.
 exec python3 -m pytest -n "${ELASTUNE_TEST_WORKERS:-2}" "$@"

@@ -26,18 +26,19 @@ def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
 
 @pytest.hookimpl(optionalhook=True)  # a pytest-xdist hook: called only when test.sh runs workers
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
-    """The pod world's tests (tests/cluster) as one unit of work, on one worker, in their order: one
-    world at a time (each is half a dozen pods on two cores, and its fault tests wait on their timing),
-    and a module's tests build on one another's objects (a PersistentVolumeClaim one test creates,
-    the next one's pods mount). Every other test is a unit of its own. xdist's own ``loadgroup`` would
-    say this with a mark, but with pytest 9 its renaming of the tests' ids has no effect (seen: the
-    pod world's tests ran on both workers). An explicit ``--dist`` other than load is respected."""
+    """Each test module is one unit of work, on one worker, its tests in their order (module fixtures
+    are shared state: a gateway's usage test counts the requests the module's earlier tests made, a
+    pod world test mounts the claim the one before it created); the pod world's modules (tests/cluster)
+    are one unit together, so one world runs at a time (half a dozen pods on two cores, fault tests
+    that wait on their timing). xdist's ``loadgroup`` mark does not do the second with pytest 9 (its
+    renaming of the tests' ids has no effect: the marked tests ran on both workers). An explicit
+    ``--dist`` other than load is respected."""
     if config.getvalue("dist") != "load":
         return None
     from xdist.scheduler import LoadScopeScheduling
 
-    class PodWorldTogether(LoadScopeScheduling):
+    class ModulesTogether(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            return "tests/cluster" if nodeid.startswith("tests/cluster/") else nodeid
+            return "tests/cluster" if nodeid.startswith("tests/cluster/") else nodeid.split("::", 1)[0]
 
-    return PodWorldTogether(config, log)
+    return ModulesTogether(config, log)
