@@ -71,7 +71,7 @@ def main() -> int:
     engine = (read_part(args.out, "engine") or {}).get("decode", {})
     for b, r in result["decode"].items():
         if b in engine:
-            r["engine_speedup"] = round(engine[b]["tokens_per_s"] / r["tokens_per_s"], 2)
+            r["engine_speedup"] = float(f"{engine[b]['tokens_per_s'] / r['tokens_per_s']:.3g}")  # 3 figures
     write_part(args.out, "hf_generate", result)
     return 0
 
