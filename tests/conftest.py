@@ -30,9 +30,9 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     are shared state: a gateway's usage test counts the requests the module's earlier tests made, a
     pod world test mounts the claim the one before it created); the pod world's modules (tests/cluster)
     are one unit together, so one world runs at a time (half a dozen pods on two cores, fault tests
-    that wait on their timing). xdist's ``loadgroup`` mark does not do the second with pytest 9 (its
-    renaming of the tests' ids has no effect: the marked tests ran on both workers). An explicit
-    ``--dist`` other than load is respected."""
+    that wait on their timing). xdist's ``loadgroup`` mark did not do the second here (pytest 9.2,
+    xdist 3.8: the marked tests ran on both workers, and their ids carried no group; why, not traced).
+    An explicit ``--dist`` other than load is respected."""
     if config.getvalue("dist") != "load":
         return None
     from xdist.scheduler import LoadScopeScheduling
