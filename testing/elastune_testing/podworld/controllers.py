@@ -251,10 +251,18 @@ class Services(_Controller):
         async def close() -> None:
             for listener in self._listeners.values():
                 listener.server.close()
+            # Connections still forwarding end here, on their own loop: left pending, their cleanup
+            # (closing each stream) would run at garbage collection, on a closed loop.
+            conns = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for task in conns:
+                task.cancel()
+            await asyncio.gather(*conns, return_exceptions=True)
 
         asyncio.run_coroutine_threadsafe(close(), self.loop).result(5)
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._loop_thread.join(5)
+        if not self._loop_thread.is_alive():
+            self.loop.close()
 
     def hosts(self, namespace: str) -> str:
         lines = []
