@@ -14,17 +14,15 @@ only in its interpreter: tests). No module here imports Triton (see triton_atten
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass
+from functools import partial
 from typing import Literal, Protocol
 
 import torch
 import torch.nn.functional as F
 
-from elastune_worker.serving.runner import triton_attention
 from elastune_worker.serving.runner.triton_attention import next_pow2
-
-log = logging.getLogger(__name__)
+from elastune_worker.serving.runner.triton_choice import choose_triton, triton_unusable
 
 ElementwiseBackend = Literal["torch", "triton"]
 
@@ -217,25 +215,18 @@ def pick_elementwise_backend(
     """torch, or triton: asked for (it must work: else a clear error), or auto (on CUDA when Triton
     imports and its kernels agree with the torch ops on a start-up check at the model's ``shape``,
     which also compiles them for it; torch otherwise)."""
-    if choice == "torch" or (choice == "auto" and device.type != "cuda"):
-        return TORCH_OPS
-    problem = triton_problem(device, dtype, shape)
-    if problem is None:
-        return TRITON_OPS
-    if choice == "triton":
-        raise ValueError(f"elementwise_backend triton: {problem}")
-    log.warning("element-wise ops in torch: the fused Triton kernels are not usable here (%s)", problem)
-    return TORCH_OPS
+    use_triton = choose_triton(
+        "elementwise_backend", choice, device, partial(triton_problem, device, dtype, shape), "torch"
+    )
+    return TRITON_OPS if use_triton else TORCH_OPS
 
 
 def triton_problem(device: torch.device, dtype: torch.dtype, shape: LayerShape = CHECK_SHAPE) -> str | None:
     """Why the fused kernels cannot serve here (None: they can): checked against the torch ops, so a
     Triton that compiles them differently on an unseen GPU, or cannot compile them at the model's
     widths, falls back instead of serving wrong tokens or failing at the first request."""
-    if not triton_attention.available():
-        return "Triton is not installed"
-    if device.type == "cpu" and not triton_attention.interpreted():
-        return "on the CPU it runs only in Triton's interpreter (TRITON_INTERPRET=1 before Triton's import)"
+    if (unusable := triton_unusable(device)) is not None:
+        return unusable
     try:
         pairs = check_outputs(device, dtype, shape=shape)
     except Exception as exc:  # any failure of an unseen Triton or GPU: use the torch ops

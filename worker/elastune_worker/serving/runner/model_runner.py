@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from functools import partial
 from pathlib import Path
 from typing import Literal
 
@@ -28,6 +29,7 @@ from elastune_worker.serving.runner.lora.weights import LoRAWeights
 from elastune_worker.serving.runner.models.loader import context_length, load_model
 from elastune_worker.serving.runner.sampler import Sampler
 from elastune_worker.serving.runner.soft_prompts import SoftPrompt
+from elastune_worker.serving.runner.triton_choice import choose_triton, triton_unusable
 
 log = logging.getLogger(__name__)
 
@@ -498,15 +500,10 @@ def kv_blocks_for_memory(
 def pick_attention_backend(choice: str, device: torch.device, dtype: torch.dtype) -> AttentionBackend:
     """gather, or triton: asked for (it must work: else a clear error), or auto (on CUDA when Triton
     imports and its kernel agrees with gather on a start-up check; gather otherwise)."""
-    if choice == "gather" or (choice == "auto" and device.type != "cuda"):
-        return "gather"
-    problem = triton_problem(device, dtype)
-    if problem is None:
-        return "triton"
-    if choice == "triton":
-        raise ValueError(f"attention_backend triton: {problem}")
-    log.warning("attention backend gather: the triton kernel is not usable here (%s)", problem)
-    return "gather"
+    use_triton = choose_triton(
+        "attention_backend", choice, device, partial(triton_problem, device, dtype), "gather"
+    )
+    return "triton" if use_triton else "gather"
 
 
 def triton_problem(device: torch.device, dtype: torch.dtype) -> str | None:
@@ -514,10 +511,8 @@ def triton_problem(device: torch.device, dtype: torch.dtype) -> str | None:
     mixed batch (decodes of different lengths, a prefill chunk over a cached prefix, grouped-query
     heads), so a Triton that compiles it differently on an unseen GPU falls back instead of serving
     wrong tokens."""
-    if not triton_attention.available():
-        return "Triton is not installed"
-    if device.type == "cpu" and not triton_attention.interpreted():
-        return "on the CPU it runs only in Triton's interpreter (TRITON_INTERPRET=1 before Triton's import)"
+    if (unusable := triton_unusable(device)) is not None:
+        return unusable
     try:
         got, expected = _triton_check_outputs(device, dtype)
     except Exception as exc:  # any failure of an unseen Triton or GPU: use gather

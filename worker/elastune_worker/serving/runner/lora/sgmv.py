@@ -17,8 +17,8 @@ imports Triton (see triton_attention.py for why)."""
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass
+from functools import partial
 from typing import Literal
 
 import numpy as np
@@ -26,8 +26,7 @@ import torch
 
 from elastune_worker.serving.runner import triton_attention
 from elastune_worker.serving.runner.triton_attention import next_pow2
-
-log = logging.getLogger(__name__)
+from elastune_worker.serving.runner.triton_choice import choose_triton, triton_unusable
 
 LoraBackend = Literal["torch", "triton"]
 
@@ -127,10 +126,8 @@ def triton_problem(
     arithmetic at each of the model's (in, out) widths, with adapters of mixed ranks, base rows between
     theirs and a tile's worth of rows, so that a Triton that compiles them differently on an unseen GPU
     falls back instead of serving wrong tokens."""
-    if not triton_attention.available():
-        return "Triton is not installed"
-    if device.type == "cpu" and not triton_attention.interpreted():
-        return "on the CPU it runs only in Triton's interpreter (TRITON_INTERPRET=1 before Triton's import)"
+    if (unusable := triton_unusable(device)) is not None:
+        return unusable
     gen = torch.Generator().manual_seed(0)
     ranks = sorted({1, max(1, max_rank // 2), max_rank})
     rows_total = BLOCK_M + 6
@@ -165,12 +162,7 @@ def pick_lora_backend(
 ) -> LoraBackend:
     """torch, or triton: asked for (it must work: else a clear error), or auto (on CUDA when Triton
     imports and its kernels agree with the torch path on a start-up check; torch otherwise)."""
-    if choice == "torch" or (choice == "auto" and device.type != "cuda"):
-        return "torch"
-    problem = triton_problem(device, dtype, shapes, max_rank)
-    if problem is None:
-        return "triton"
-    if choice == "triton":
-        raise ValueError(f"lora_backend triton: {problem}")
-    log.warning("LoRA deltas in torch: the Triton LoRA kernels are not usable here (%s)", problem)
-    return "torch"
+    use_triton = choose_triton(
+        "lora_backend", choice, device, partial(triton_problem, device, dtype, shapes, max_rank), "torch"
+    )
+    return "triton" if use_triton else "torch"
