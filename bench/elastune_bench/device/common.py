@@ -4,6 +4,7 @@ waits for the device, the engine features this build has, and writing a part's J
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import json
 import os
 import time
@@ -124,6 +125,13 @@ NOT_AVAILABLE = "not available in this build"
 
 def device_info(device: str) -> dict[str, Any]:
     info: dict[str, Any] = {"torch": torch.__version__, "device": device}
+    # The GPU image brings its own transformers and peft: their versions decide what runs (one name of
+    # a forward's KV-cache argument or the other: elastune_worker/hf_kv_cache.py).
+    for package in ("transformers", "peft", "triton"):
+        try:
+            info[package] = importlib.metadata.version(package)
+        except importlib.metadata.PackageNotFoundError:
+            info[package] = None
     if device == "cuda" and torch.cuda.is_available():
         p = torch.cuda.get_device_properties(0)
         info |= {"name": p.name, "memory_gib": round(p.total_memory / 2**30, 1),

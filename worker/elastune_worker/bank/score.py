@@ -26,6 +26,7 @@ from typing import Any, Literal
 import numpy as np
 
 from elastune_worker.bank.errors import NO_TARGETS, BankError
+from elastune_worker.hf_kv_cache import cache_kwargs, output_cache
 
 __all__ = ["DEFAULT_VIRTUAL_TOKENS", "Layout", "Scorer", "check_records"]
 
@@ -160,14 +161,17 @@ class Scorer:
         model, device = self.model, next(self.model.parameters()).device
         n_p, n_s, lp = len(heads), len(self._encoded), len(heads[0])
         prompt = torch.tensor(heads, dtype=torch.long, device=device)
-        cache = model(input_ids=prompt, use_cache=True).past_key_values
+        cache = output_cache(model(input_ids=prompt, use_cache=True))
         cache.batch_repeat_interleave(n_s)  # row p*S + s continues prompt p
         ids, mask, rows_t, pos_t, labels, seg = self._sample_tensors(device)
         ids, mask = ids.repeat(n_p, 1), mask.repeat(n_p, 1)
         full_mask = torch.cat([torch.ones((n_p * n_s, lp), dtype=torch.long, device=device), mask], dim=1)
         positions = (torch.arange(ids.shape[1], device=device) + lp).expand(n_p * n_s, -1)
         hidden = model.base_model(
-            input_ids=ids, attention_mask=full_mask, past_key_values=cache, position_ids=positions
+            input_ids=ids,
+            attention_mask=full_mask,
+            position_ids=positions,
+            **cache_kwargs(model.base_model, cache),
         ).last_hidden_state
         offsets = (torch.arange(n_p, device=device) * n_s).repeat_interleave(len(rows_t))
         picked = hidden[rows_t.repeat(n_p) + offsets, pos_t.repeat(n_p)]

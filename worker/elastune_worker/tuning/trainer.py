@@ -43,6 +43,7 @@ import torch.nn.functional as F
 
 from elastune_contract.vocabulary import Reason
 from elastune_worker.fsutil import swap_into_place
+from elastune_worker.hf_kv_cache import output_cache
 from elastune_worker.tuning import metrics as M
 from elastune_worker.tuning.data import Record
 
@@ -320,7 +321,7 @@ def _apply_text_init(model: PeftModel, tok: PreTrainedTokenizerBase, cfg: Tuning
         return
     # prefixTuning: the prefix a text would leave in the KV cache. Laid out as PEFT's get_prompt reads
     # it back: view(nv, layers*2, heads, head_dim) with index layer*2 + (0 key | 1 value).
-    cache = base(input_ids=ids, use_cache=True).past_key_values
+    cache = output_cache(base(input_ids=ids, use_cache=True))
     pcfg = model.peft_config["default"]
     per_layer = []
     for layer in range(pcfg.num_layers):

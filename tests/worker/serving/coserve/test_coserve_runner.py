@@ -6,6 +6,7 @@ on; a job of another model is refused."""
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import itertools
 import os
 from collections.abc import Iterator
@@ -125,6 +126,33 @@ def test_a_coserved_job_ends_with_the_dedicated_prompt_and_leaves_inference_unch
     assert job.trainer.iterations == c.max_iterations and job.reason is None
     assert job.tokens_trained > 0 and len(planner.model.samples) > 0  # the latency model saw the steps
     assert_same_prompt(job.trainer.trainable_state(), dedicated(llama, c, task))
+
+
+def test_a_coserved_job_trains_the_same_prompt_on_transformers_before_5_24(
+    llama: Path, task: T.Task, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """transformers before 5.24 names the forward's KV cache ``past_key_values`` and drops a ``cache=``
+    into its ``**kwargs`` unread: the job must pass the name the model takes (with ``cache=`` it ran each
+    window without the earlier windows' keys and values and trained another prompt; seen with 5.23)."""
+    c = cfg()
+    want = dedicated(llama, c, task)
+    job = CoServedJob(Trainer(llama, c, task.train, task.eval, device="cpu"), served_model_dir=llama)
+    model_type = type(job.base)
+    current = model_type.forward
+    if "cache" not in inspect.signature(current).parameters:
+        pytest.skip("transformers before 5.24 is installed: the tests above run on it for real")
+
+    def forward_before_5_24(self, input_ids=None, past_key_values=None, **kwargs):
+        kwargs.pop("cache", None)  # an unknown keyword: ignored, as 5.23's forward does
+        return current(self, input_ids=input_ids, cache=past_key_values, **kwargs)
+
+    monkeypatch.setattr(model_type, "forward", forward_before_5_24)
+    engine = LLMEngine(llama, EngineConfig(kv_cache_tokens=4096, max_num_batched_tokens=16))
+    planner = CoServePlanner(CoServeConfig(tpot_slo_s=5.0, max_window=8), LatencyModel(0.001, 1e-4))
+    engine.attach_coserve(job, planner)
+    serve(engine, job)
+    assert job.trainer.iterations == c.max_iterations and job.reason is None
+    assert_same_prompt(job.trainer.trainable_state(), want)
 
 
 def drive(job: CoServedJob) -> int:

@@ -38,6 +38,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from elastune_worker.hf_kv_cache import cache_kwargs, output_cache
 from elastune_worker.serving.coserve.planner import FinetuneState, IterationPlan
 from elastune_worker.tuning.trainer import (
     Trainer,
@@ -290,11 +291,11 @@ class CoServedJob:
 
         handles = [m.register_forward_hook(cut(i)) for i, m in enumerate(self.layers)]
         try:
-            out = self.base(inputs_embeds=window, cache=seq.cache, use_cache=True)
+            out = self.base(inputs_embeds=window, use_cache=True, **cache_kwargs(self.base, seq.cache))
         finally:
             for h in handles:
                 h.remove()
-        seq.cache = out.cache if hasattr(out, "cache") else out.past_key_values
+        seq.cache = output_cache(out)
         seq.logits.append(out.logits)
         seq.state.forward_done += n * rows
         if not seq.state.in_forward:
