@@ -10,6 +10,7 @@ from torch import nn
 from elastune_worker.serving.runner.attention import AttentionMetadata, paged_attention
 from elastune_worker.serving.runner.fused_ops import TORCH_OPS, ElementwiseOps, LayerShape
 from elastune_worker.serving.runner.lora.kernels import LoRABatch
+from elastune_worker.serving.runner.models.rope import Rope
 
 
 class RMSNorm(nn.Module):
@@ -19,17 +20,6 @@ class RMSNorm(nn.Module):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim))
         self.eps = eps
-
-
-def rope_table(
-    head_dim: int, max_pos: int, theta: float, device: torch.device
-) -> tuple[torch.Tensor, torch.Tensor]:
-    inv_freq = 1.0 / (
-        theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64, device=device).float() / head_dim)
-    )
-    freqs = torch.outer(torch.arange(max_pos, device=device).float(), inv_freq)
-    emb = torch.cat((freqs, freqs), dim=-1)
-    return emb.cos(), emb.sin()
 
 
 class LlamaLayer(nn.Module):
@@ -42,12 +32,14 @@ class LlamaLayer(nn.Module):
             cfg["num_key_value_heads"],
         )
         self.head_dim = cfg.get("head_dim") or h // self.n_heads
-        bias = bool(cfg.get("attention_bias", False))
+        # Qwen2 has biases on q, k and v but not o, without a config key saying so.
+        o_bias = bool(cfg.get("attention_bias", False))
+        qkv_bias = bool(cfg.get("attention_bias", cfg.get("model_type") == "qwen2"))
         # q, k and v projections as one matmul (the loader stacks their weights), likewise gate and up:
         # fewer, larger kernels per layer; LoRA deltas are added per slice (q, k, v; gate, up).
         self.q_size, self.kv_size = self.n_heads * self.head_dim, self.n_kv * self.head_dim
-        self.qkv_proj = nn.Linear(h, self.q_size + 2 * self.kv_size, bias=bias)
-        self.o_proj = nn.Linear(self.n_heads * self.head_dim, h, bias=bias)
+        self.qkv_proj = nn.Linear(h, self.q_size + 2 * self.kv_size, bias=qkv_bias)
+        self.o_proj = nn.Linear(self.n_heads * self.head_dim, h, bias=o_bias)
         inter, mlp_bias = cfg["intermediate_size"], bool(cfg.get("mlp_bias", False))
         self.intermediate = inter
         self.gate_up_proj = nn.Linear(h, 2 * inter, bias=mlp_bias)
@@ -120,8 +112,7 @@ class LlamaModel(nn.Module):
         self.lm_head = nn.Linear(h, cfg["vocab_size"], bias=False)
         self.n_kv_heads: int = cfg["num_key_value_heads"]
         self.head_dim: int = cfg.get("head_dim") or h // cfg["num_attention_heads"]
-        rope = cfg.get("rope_parameters") or {}
-        self.rope_theta = float(rope.get("rope_theta", cfg.get("rope_theta", 10000.0)))
+        self.rope = Rope.from_config(cfg)
         self._rope: tuple[torch.Tensor, torch.Tensor] | None = None
         self.ops: ElementwiseOps = TORCH_OPS
 
@@ -156,9 +147,7 @@ class LlamaModel(nn.Module):
     ) -> torch.Tensor:
         """``embeds``: (rows, vectors) replacing those rows' input embeddings (soft prompts)."""
         if self._rope is None or self._rope[0].device != tokens.device:
-            cos, sin = rope_table(
-                self.head_dim, self.cfg["max_position_embeddings"], self.rope_theta, tokens.device
-            )
+            cos, sin = self.rope.table(self.head_dim, self.cfg["max_position_embeddings"], tokens.device)
             self._rope = (cos.to(self.embed_tokens.weight.dtype), sin.to(self.embed_tokens.weight.dtype))
         cos = self._rope[0][meta.positions]
         sin = self._rope[1][meta.positions]

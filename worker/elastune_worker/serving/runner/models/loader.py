@@ -4,6 +4,7 @@ config.json that asks for random weights (random_init.py) is built from the conf
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,7 @@ ARCHITECTURES: dict[str, type[PagedModel]] = {
     "gpt2": GPT2Model,
 }
 _IGNORED_SUFFIXES = (".attn.bias", ".attn.masked_bias", "rotary_emb.inv_freq")
+log = logging.getLogger(__name__)
 
 
 class UnsupportedModel(ValueError):
@@ -38,7 +40,15 @@ def read_config(path: Path) -> dict[str, Any]:
 
 
 def context_length(cfg: dict[str, Any]) -> int:
-    return int(cfg.get("max_position_embeddings") or cfg.get("n_positions") or 2048)
+    """The longest context served. A sliding attention window (Mistral 7B v0.1: 4,096 tokens; Qwen2 with
+    use_sliding_window) caps it: within the window sliding and full attention are the same, and the
+    engine's attention is full (vLLM capped such models likewise before it had window kernels)."""
+    native = int(cfg.get("max_position_embeddings") or cfg.get("n_positions") or 2048)
+    window = cfg.get("sliding_window") if cfg.get("use_sliding_window", True) else None
+    if window and int(window) < native:
+        log.info("context capped at the model's %d-token sliding window (of %d positions)", window, native)
+        return int(window)
+    return native
 
 
 def load_model(path: Path, device: torch.device, dtype: torch.dtype) -> tuple[PagedModel, dict[str, Any]]:
@@ -49,8 +59,11 @@ def load_model(path: Path, device: torch.device, dtype: torch.dtype) -> tuple[Pa
         raise UnsupportedModel(
             f"{path}: model_type {kind!r} is not supported (supported: {', '.join(ARCHITECTURES)})"
         )
-    with torch.device("meta"):
-        model = impl(cfg)
+    try:
+        with torch.device("meta"):
+            model = impl(cfg)
+    except ValueError as exc:  # what the config asks and the engine does not compute (rope.py)
+        raise UnsupportedModel(f"{path}: {exc}") from exc
     if is_random(cfg):
         model = init_random(model, cfg, device, dtype)
         if isinstance(model, LlamaModel) and cfg.get("tie_word_embeddings", True):

@@ -1,0 +1,113 @@
+"""The Llama-family checkpoints the loader accepts (models/loader.py ARCHITECTURES) compute what
+transformers computes from the same directory: tiny random models built here by transformers itself
+(config + safetensors, nothing downloaded), greedy tokens compared. Covers what a real checkpoint's
+config.json asks beyond plain Llama: RoPE scaling (Llama 3.1/3.2's ``llama3``, ``linear``), Qwen2's
+q/k/v biases, Mistral's sliding window; and what the engine cannot serve is refused by name."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from elastune_batching.sampling import SamplingParams
+from elastune_worker.serving.config import EngineConfig
+from elastune_worker.serving.core.engine import LLMEngine
+from elastune_worker.serving.runner.models.loader import UnsupportedModel, load_model
+from elastune_worker.serving.runner.models.random_init import NoTokenizer
+
+transformers = pytest.importorskip("transformers")
+
+STEPS = 8
+BASE = {
+    "vocab_size": 96, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+    "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 256,
+    "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "tie_word_embeddings": False,
+    "initializer_range": 0.3,  # peaked logits: a wrong rotation changes the greedy tokens
+}  # fmt: skip
+# As real checkpoints' config.json spell them (transformers 4.x keys: rope_scaling beside rope_theta).
+LLAMA3_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+               "original_max_position_embeddings": 64}  # fmt: skip
+FAMILIES: dict[str, dict[str, Any]] = {
+    "llama-3.1 rope": {"model_type": "llama", "rope_scaling": LLAMA3_ROPE},
+    "linear rope": {"model_type": "llama", "rope_scaling": {"rope_type": "linear", "factor": 4.0}},
+    "linear rope, old key": {"model_type": "llama", "rope_scaling": {"type": "linear", "factor": 4.0}},
+    "qwen2": {"model_type": "qwen2", "use_sliding_window": False, "sliding_window": None},
+    "mistral": {"model_type": "mistral", "sliding_window": None, "head_dim": 16},
+}
+
+
+def hf_model_dir(path: Path, config: dict[str, Any], seed: int = 0) -> tuple[Path, Any]:
+    """A checkpoint directory transformers writes for ``config`` with random weights; its config.json
+    then replaced by ``config`` as given (hub checkpoints carry the keys of the version that wrote them).
+    Also returns transformers' model, for the reference tokens."""
+    cfg = {**BASE, **config}
+    src = path / "src"
+    src.mkdir(parents=True)
+    (src / "config.json").write_text(json.dumps(cfg))
+    hf_config = transformers.AutoConfig.from_pretrained(src)
+    torch.manual_seed(seed)
+    model = transformers.AutoModelForCausalLM.from_config(hf_config).eval()
+    with torch.no_grad():  # transformers starts biases at zero: make Qwen2's matter
+        for name, p in model.named_parameters():
+            if name.endswith(".bias"):
+                p.normal_(0.0, 0.3)
+    model.save_pretrained(path / "m", safe_serialization=True)
+    (path / "m" / "config.json").write_text(json.dumps(cfg))
+    return path / "m", model
+
+
+def reference_tokens(model: Any, prompt: list[int]) -> list[int]:
+    out = model.generate(
+        torch.tensor([prompt]), max_new_tokens=STEPS, do_sample=False, eos_token_id=None, pad_token_id=0
+    )
+    return out[0, len(prompt) :].tolist()
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_greedy_tokens_equal_transformers(tmp_path: Path, family: str) -> None:
+    d, hf = hf_model_dir(tmp_path, FAMILIES[family])
+    eng = LLMEngine(d, EngineConfig(kv_cache_tokens=2048, device="cpu"), tokenizer=NoTokenizer())
+    gen = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(1, 96, (n,), generator=gen).tolist() for n in (90, 7)]  # past 64: scaled
+    got = eng.generate(prompts, SamplingParams(max_tokens=STEPS, temperature=0.0, ignore_eos=True))
+    assert got == [reference_tokens(hf, p) for p in prompts]
+
+
+@pytest.mark.parametrize(
+    ("config", "named"),
+    [
+        ({"model_type": "llama", "rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "rope_type 'yarn'"),
+        ({"model_type": "llama", "rope_scaling": {"type": "dynamic", "factor": 2.0}}, "rope_type 'dynamic'"),
+    ],
+)
+def test_what_the_engine_cannot_compute_is_refused_by_name(tmp_path: Path, config: dict, named: str) -> None:
+    d = tmp_path / "m"
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps({**BASE, **config}))
+    with pytest.raises(UnsupportedModel, match=named):
+        load_model(d, torch.device("cpu"), torch.float32)
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        {"model_type": "mistral", "sliding_window": 128, "head_dim": 16},
+        {"model_type": "qwen2", "use_sliding_window": True, "sliding_window": 128, "max_window_layers": 1},
+    ],
+)
+def test_a_sliding_window_caps_the_context_where_it_equals_full_attention(
+    tmp_path: Path, config: dict[str, Any]
+) -> None:
+    """Mistral 7B v0.1's 4,096-token window: contexts within it attend to everything, so the engine
+    serves such a model with its context capped at the window instead of refusing it."""
+    cfg = {**BASE, **config}
+    d, hf = hf_model_dir(tmp_path, cfg)
+    eng = LLMEngine(d, EngineConfig(kv_cache_tokens=2048, device="cpu"), tokenizer=NoTokenizer())
+    assert eng.runner.max_model_len == 128
+    prompt = torch.randint(1, 96, (100,), generator=torch.Generator().manual_seed(2)).tolist()
+    got = eng.generate([prompt], SamplingParams(max_tokens=STEPS, temperature=0.0, ignore_eos=True))
+    assert got == [reference_tokens(hf, prompt)]
