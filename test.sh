@@ -32,8 +32,7 @@ python3 -c "import torch" 2>/dev/null || { python3 -m pip install --quiet torch=
 python3 -m pip install --quiet -e '.[dev,worker,gateway]'
 step "installed elastune[dev,worker,gateway]; running pytest"
 
-# ELASTUNE_TEST_WORKERS=2 runs on two pytest-xdist workers (much of the suite waits on the servers and
-# pods it starts: a serial run keeps two cores ~40 % busy); each module's tests on one worker, in order,
-# and the pod world's modules together (tests/conftest.py: the scheduler). Default 0, one process, until
-# two-worker runs pass cleanly (a load-sensitive assertion failed in the last one).
-exec python3 -m pytest -n "${ELASTUNE_TEST_WORKERS:-0}" "$@"
+# Two pytest-xdist workers (much of the suite waits on the servers and pods it starts: one process keeps
+# two cores ~40 % busy); each module's tests on one worker, in order, and the pod world's modules
+# together (tests/conftest.py: the scheduler). ELASTUNE_TEST_WORKERS=0 runs them in one process.
+exec python3 -m pytest -n "${ELASTUNE_TEST_WORKERS:-2}" "$@"
