@@ -111,3 +111,21 @@ def test_a_sliding_window_caps_the_context_where_it_equals_full_attention(
     prompt = torch.randint(1, 96, (100,), generator=torch.Generator().manual_seed(2)).tolist()
     got = eng.generate([prompt], SamplingParams(max_tokens=STEPS, temperature=0.0, ignore_eos=True))
     assert got == [reference_tokens(hf, prompt)]
+
+
+def test_every_end_of_sequence_id_the_checkpoint_names_ends_a_request(tmp_path: Path) -> None:
+    """config.json, generation_config.json and the tokenizer can each name end tokens (a chat model's
+    end-of-turn token is often only in the last two): any of them finishes the request."""
+    d, _ = hf_model_dir(tmp_path, {"model_type": "llama", "eos_token_id": 95})
+    prompt = [5, 17, 50, 3, 9]
+    free = SamplingParams(max_tokens=STEPS, temperature=0.0, ignore_eos=True)
+    tokens = LLMEngine(d, EngineConfig(kv_cache_tokens=2048), tokenizer=NoTokenizer()).generate(
+        [prompt], free
+    )[0]
+    assert 95 not in tokens[:3]
+    (d / "generation_config.json").write_text(json.dumps({"eos_token_id": [95, tokens[2]]}))
+    eng = LLMEngine(d, EngineConfig(kv_cache_tokens=2048), tokenizer=NoTokenizer())
+    eng.add_request("r", prompt, SamplingParams(max_tokens=STEPS, temperature=0.0))
+    outs = [o for _ in range(STEPS) for o in eng.step()]
+    assert [t for o in outs for t in o.new_token_ids] == tokens[: tokens.index(tokens[2]) + 1]
+    assert outs[-1].finished and outs[-1].finish_reason == "stop"

@@ -31,6 +31,7 @@ from elastune_worker.serving.runner.lora.manager import LoRAManager
 from elastune_worker.serving.runner.lora.storage import resolve_artifact
 from elastune_worker.serving.runner.lora.weights import AdapterError, LoRAWeights
 from elastune_worker.serving.runner.model_runner import ModelRunner
+from elastune_worker.serving.runner.models.loader import eos_token_ids
 from elastune_worker.serving.runner.soft_prompts import (
     PLACEHOLDER_TOKEN,
     SoftPrompt,
@@ -82,8 +83,7 @@ class LLMEngine:
         self.tokenizer = tokenizer
         self.max_model_len = self.runner.max_model_len
         self.vocab_size = self.runner.vocab_size
-        eos = self.runner.hf_config.get("eos_token_id", tokenizer.eos_token_id)
-        self.eos_token_ids = set(eos if isinstance(eos, list) else [eos]) - {None}
+        self.eos_token_ids = eos_token_ids(self.model_path, self.runner.hf_config, tokenizer.eos_token_id)
         self.scheduler = Scheduler(self.config.scheduler_config(), self.max_model_len)
         self._adapters: dict[str, AdapterRef] = {}
         """The loaded adapters (LoRAs and soft prompts) by key: what a request's reference is checked

@@ -39,6 +39,18 @@ def read_config(path: Path) -> dict[str, Any]:
     return cfg
 
 
+def eos_token_ids(path: Path, cfg: dict[str, Any], tokenizer_eos: int | None) -> set[int]:
+    """Every id that ends a sequence: config.json's, generation_config.json's and the tokenizer's. A chat
+    model may name its end-of-turn token in only one of them (Llama-3-8B-Instruct as released: config.json
+    <|end_of_text|>, generation_config.json also <|eot_id|>): reading one source runs past the turn."""
+    ids: set[int] = set()
+    gen_path = Path(path) / "generation_config.json"
+    gen = json.loads(gen_path.read_text()) if gen_path.is_file() else {}
+    for eos in (cfg.get("eos_token_id"), gen.get("eos_token_id"), tokenizer_eos):
+        ids |= set(eos) if isinstance(eos, list) else {eos} if isinstance(eos, int) else set()
+    return ids
+
+
 def context_length(cfg: dict[str, Any]) -> int:
     """The longest context served. A sliding attention window (Mistral 7B v0.1: 4,096 tokens; Qwen2 with
     use_sliding_window) caps it: within the window sliding and full attention are the same, and the
