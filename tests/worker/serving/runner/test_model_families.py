@@ -40,10 +40,12 @@ FAMILIES: dict[str, dict[str, Any]] = {
 }
 
 
-def hf_model_dir(path: Path, config: dict[str, Any], seed: int = 0) -> tuple[Path, Any]:
+def hf_model_dir(
+    path: Path, config: dict[str, Any], seed: int = 0, as_written: bool = False
+) -> tuple[Path, Any]:
     """A checkpoint directory transformers writes for ``config`` with random weights; its config.json
-    then replaced by ``config`` as given (hub checkpoints carry the keys of the version that wrote them).
-    Also returns transformers' model, for the reference tokens."""
+    then replaced by ``config`` as given (hub checkpoints carry the keys of the version that wrote them),
+    unless ``as_written``. Also returns transformers' model, for the reference tokens."""
     cfg = {**BASE, **config}
     src = path / "src"
     src.mkdir(parents=True)
@@ -56,7 +58,8 @@ def hf_model_dir(path: Path, config: dict[str, Any], seed: int = 0) -> tuple[Pat
             if name.endswith(".bias"):
                 p.normal_(0.0, 0.3)
     model.save_pretrained(path / "m", safe_serialization=True)
-    (path / "m" / "config.json").write_text(json.dumps(cfg))
+    if not as_written:
+        (path / "m" / "config.json").write_text(json.dumps(cfg))
     return path / "m", model
 
 
@@ -67,9 +70,10 @@ def reference_tokens(model: Any, prompt: list[int]) -> list[int]:
     return out[0, len(prompt) :].tolist()
 
 
-@pytest.mark.parametrize("family", list(FAMILIES))
+@pytest.mark.parametrize("family", [*FAMILIES, "llama-3.1 rope, as this transformers writes it"])
 def test_greedy_tokens_equal_transformers(tmp_path: Path, family: str) -> None:
-    d, hf = hf_model_dir(tmp_path, FAMILIES[family])
+    written = family.endswith("as this transformers writes it")  # 5.x: rope_parameters, theta inside
+    d, hf = hf_model_dir(tmp_path, FAMILIES[family.split(",")[0] if written else family], as_written=written)
     eng = LLMEngine(d, EngineConfig(kv_cache_tokens=2048, device="cpu"), tokenizer=NoTokenizer())
     gen = torch.Generator().manual_seed(1)
     prompts = [torch.randint(1, 96, (n,), generator=gen).tolist() for n in (90, 7)]  # past 64: scaled
