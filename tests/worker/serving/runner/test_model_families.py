@@ -86,6 +86,18 @@ def test_greedy_tokens_equal_transformers(tmp_path: Path, family: str) -> None:
     [
         ({"model_type": "llama", "rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "rope_type 'yarn'"),
         ({"model_type": "llama", "rope_scaling": {"type": "dynamic", "factor": 2.0}}, "rope_type 'dynamic'"),
+        ({"model_type": "llama", "hidden_act": "gelu"}, "hidden_act 'gelu'"),
+        (
+            {
+                "model_type": "gpt2",
+                "n_embd": 64,
+                "n_head": 4,
+                "n_layer": 1,
+                "n_positions": 128,
+                "scale_attn_by_inverse_layer_idx": True,
+            },
+            "scale_attn_by_inverse_layer_idx",
+        ),
     ],
 )
 def test_what_the_engine_cannot_compute_is_refused_by_name(tmp_path: Path, config: dict, named: str) -> None:

@@ -28,6 +28,8 @@ class GPT2Layer(nn.Module):
             raise ValueError(f"unsupported GPT-2 activation {cfg.get('activation_function')!r}")
         self.approximate = "none" if cfg.get("activation_function") == "gelu" else "tanh"
         self.scale = self.head_dim**-0.5 if cfg.get("scale_attn_weights", True) else 1.0
+        if cfg.get("scale_attn_by_inverse_layer_idx"):
+            raise ValueError("scale_attn_by_inverse_layer_idx is not supported")
 
     def forward(
         self, x: torch.Tensor, kv: tuple[torch.Tensor, torch.Tensor], meta: AttentionMetadata

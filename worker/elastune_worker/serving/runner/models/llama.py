@@ -104,6 +104,8 @@ class LlamaModel(nn.Module):
 
     def __init__(self, cfg: dict[str, Any]) -> None:
         super().__init__()
+        if cfg.get("hidden_act", "silu") != "silu":  # the MLP is SwiGLU (and the fused kernel is SiLU's)
+            raise ValueError(f"hidden_act {cfg['hidden_act']!r} is not supported (silu)")
         self.cfg = cfg
         h = cfg["hidden_size"]
         self.embed_tokens = nn.Embedding(cfg["vocab_size"], h)
