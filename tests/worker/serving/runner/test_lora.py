@@ -271,3 +271,41 @@ def test_cpu_lora_worker_processes_compute_the_cold_path_with_the_same_tokens(se
         assert got == [reference(tok, setup["merged"][r], p) for r, p in pairs]
     finally:
         pool.close()
+
+
+def test_rslora_scaling_matches_peft(setup, tmp_path: Path):
+    """use_rslora scales by alpha / sqrt(r), not alpha / r: the engine's tokens are peft's."""
+    rs = tmp_path / "rslora"
+    shutil.copytree(setup["paths"][8], rs)
+    cfg = json.loads((rs / "adapter_config.json").read_text())
+    (rs / "adapter_config.json").write_text(json.dumps({**cfg, "use_rslora": True}))
+    hf = transformers.AutoModelForCausalLM.from_pretrained(setup["base"], local_files_only=True)
+    merged = peft.PeftModel.from_pretrained(hf, rs).merge_and_unload().eval()
+    eng = LLMEngine(setup["base"], EngineConfig(kv_cache_tokens=4096, enable_lora=True, max_loras=2))
+    eng.load_lora("rs", str(rs))
+    got = eng.generate(PROMPTS, GREEDY, adapters=["rs"] * len(PROMPTS))
+    assert got == [reference(setup["tok"], merged, p) for p in PROMPTS]
+
+
+@pytest.mark.parametrize(
+    ("setting", "named"),
+    [
+        ({"use_dora": True}, "use_dora=True"),
+        ({"bias": "all"}, "bias='all'"),
+        ({"lora_bias": True}, "lora_bias=True"),
+        ({"modules_to_save": ["lm_head"]}, "modules_to_save"),
+        ({"rank_pattern": {"q_proj": 4}}, "rank_pattern"),
+    ],
+)
+def test_adapter_settings_the_engine_does_not_compute_are_refused_by_name(
+    setup, tmp_path: Path, setting: dict[str, Any], named: str
+):
+    """An adapter whose config asks for more than plain LoRA is refused at load, naming the setting,
+    rather than served as plain LoRA."""
+    bad = tmp_path / "bad"
+    shutil.copytree(setup["paths"][8], bad)
+    cfg = json.loads((bad / "adapter_config.json").read_text())
+    (bad / "adapter_config.json").write_text(json.dumps({**cfg, **setting}))
+    eng = LLMEngine(setup["base"], EngineConfig(kv_cache_tokens=2048, enable_lora=True, max_loras=2))
+    with pytest.raises(AdapterError, match=named):
+        eng.load_lora("bad", str(bad))

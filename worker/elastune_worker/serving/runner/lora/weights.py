@@ -84,7 +84,7 @@ def load_lora(
         raise AdapterError(
             f"{name}: peft_type {cfg.get('peft_type')!r} is not LORA (a soft prompt is served as one)"
         )
-    for key, bad in (("use_dora", True), ("bias", "all"), ("bias", "lora_only")):
+    for key, bad in (("use_dora", True), ("bias", "all"), ("bias", "lora_only"), ("lora_bias", True)):
         if cfg.get(key) == bad:
             raise AdapterError(f"{name}: {key}={bad!r} is not supported (plain LoRA only)")
     if cfg.get("modules_to_save"):
