@@ -145,3 +145,15 @@ def test_every_end_of_sequence_id_the_checkpoint_names_ends_a_request(tmp_path: 
     outs = [o for _ in range(STEPS) for o in eng.step()]
     assert [t for o in outs for t in o.new_token_ids] == tokens[: tokens.index(tokens[2]) + 1]
     assert outs[-1].finished and outs[-1].finish_reason == "stop"
+
+
+def test_a_context_longer_than_the_kv_cache_is_capped_or_refused_at_start_up(tmp_path: Path) -> None:
+    """A model whose native context (256 here; Llama 3.1's 131,072) exceeds the KV cache: capped at the
+    cache, so requests are served; a max_model_len asked for that does not fit fails at start-up (the
+    scheduler used to refuse every request of a ready engine)."""
+    d, _ = hf_model_dir(tmp_path, {"model_type": "llama"})
+    eng = LLMEngine(d, EngineConfig(kv_cache_tokens=128), tokenizer=NoTokenizer())
+    assert eng.max_model_len == 128
+    assert len(eng.generate([[5, 6, 7]], SamplingParams(max_tokens=4, temperature=0.0))[0]) == 4
+    with pytest.raises(ValueError, match="max_model_len 200 does not fit the KV cache of 128 tokens"):
+        LLMEngine(d, EngineConfig(kv_cache_tokens=128, max_model_len=200), tokenizer=NoTokenizer())

@@ -75,6 +75,7 @@ class ModelRunner:
         self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.num_kv_blocks = self._kv_blocks(config)
         """Blocks this cache holds for sequences: the engine's scheduler should hand out this many."""
+        self._fit_context(config)
         # Until every scheduler is built from num_kv_blocks, it may hand out config.kv_blocks() blocks:
         # the cache holds at least that many, then the scratch block that the padding rows of a CUDA
         # graph write to, past any block a scheduler can own.
@@ -345,6 +346,27 @@ class ModelRunner:
             )
             for _ in range(self.model.num_layers)
         ]
+
+    def _fit_context(self, config: EngineConfig) -> None:
+        """A context must fit the KV cache, or the scheduler refuses every request (a pod that is ready
+        and serves nothing). The model's own length (Llama 3.1: 131,072 tokens) is capped at what the
+        cache holds, logged; a max_model_len asked for that does not fit fails start-up, naming both."""
+        fits = self.num_kv_blocks * self.block_size
+        if self.max_model_len <= fits:
+            return
+        if config.max_model_len:
+            raise ValueError(
+                f"max_model_len {self.max_model_len} does not fit the KV cache of {fits} tokens "
+                f"({self.num_kv_blocks} blocks): lower max_model_len, or raise kv_cache_tokens "
+                "(CPU) or kv_cache_memory_fraction (GPU)"
+            )
+        log.warning(
+            "context capped at %d tokens, what the KV cache holds (the model's is %d); set "
+            "kv_cache_tokens or kv_cache_memory_fraction for more",
+            fits,
+            self.max_model_len,
+        )
+        self.max_model_len = fits
 
     def _kv_blocks(self, config: EngineConfig) -> int:
         """The size given, the CPU default, or (CUDA) what the device's free memory holds."""
