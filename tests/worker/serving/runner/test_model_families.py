@@ -37,6 +37,7 @@ FAMILIES: dict[str, dict[str, Any]] = {
     "linear rope, old key": {"model_type": "llama", "rope_scaling": {"type": "linear", "factor": 4.0}},
     "qwen2": {"model_type": "qwen2", "use_sliding_window": False, "sliding_window": None},
     "mistral": {"model_type": "mistral", "sliding_window": None, "head_dim": 16},
+    "llama-1, no num_key_value_heads": {"model_type": "llama", "num_key_value_heads": None},
 }
 
 
@@ -46,7 +47,7 @@ def hf_model_dir(
     """A checkpoint directory transformers writes for ``config`` with random weights; its config.json
     then replaced by ``config`` as given (hub checkpoints carry the keys of the version that wrote them),
     unless ``as_written``. Also returns transformers' model, for the reference tokens."""
-    cfg = {**BASE, **config}
+    cfg = {k: v for k, v in {**BASE, **config}.items() if v is not None or k != "num_key_value_heads"}
     src = path / "src"
     src.mkdir(parents=True)
     (src / "config.json").write_text(json.dumps(cfg))

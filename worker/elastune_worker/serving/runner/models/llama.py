@@ -22,15 +22,16 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
 
+def kv_heads(cfg: dict[str, Any]) -> int:
+    """Key/value heads: configs from before grouped-query attention (Llama 1) have no such key."""
+    return int(cfg.get("num_key_value_heads") or cfg["num_attention_heads"])
+
+
 class LlamaLayer(nn.Module):
     def __init__(self, cfg: dict[str, Any], index: int = 0) -> None:
         super().__init__()
         self.index = index
-        h, self.n_heads, self.n_kv = (
-            cfg["hidden_size"],
-            cfg["num_attention_heads"],
-            cfg["num_key_value_heads"],
-        )
+        h, self.n_heads, self.n_kv = cfg["hidden_size"], cfg["num_attention_heads"], kv_heads(cfg)
         self.head_dim = cfg.get("head_dim") or h // self.n_heads
         # Qwen2 has biases on q, k and v but not o, without a config key saying so.
         o_bias = bool(cfg.get("attention_bias", False))
@@ -112,7 +113,7 @@ class LlamaModel(nn.Module):
         self.layers = nn.ModuleList(LlamaLayer(cfg, i) for i in range(cfg["num_hidden_layers"]))
         self.norm = RMSNorm(h, cfg.get("rms_norm_eps", 1e-6))
         self.lm_head = nn.Linear(h, cfg["vocab_size"], bias=False)
-        self.n_kv_heads: int = cfg["num_key_value_heads"]
+        self.n_kv_heads: int = kv_heads(cfg)
         self.head_dim: int = cfg.get("head_dim") or h // cfg["num_attention_heads"]
         self.rope = Rope.from_config(cfg)
         self._rope: tuple[torch.Tensor, torch.Tensor] | None = None
