@@ -88,6 +88,7 @@ def test_greedy_tokens_equal_transformers(tmp_path: Path, family: str) -> None:
         ({"model_type": "llama", "rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "rope_type 'yarn'"),
         ({"model_type": "llama", "rope_scaling": {"type": "dynamic", "factor": 2.0}}, "rope_type 'dynamic'"),
         ({"model_type": "llama", "hidden_act": "gelu"}, "hidden_act 'gelu'"),
+        ({"model_type": "llama", "intermediate_size": None}, "config.json has no 'intermediate_size'"),
         (
             {
                 "model_type": "gpt2",
@@ -104,7 +105,8 @@ def test_greedy_tokens_equal_transformers(tmp_path: Path, family: str) -> None:
 def test_what_the_engine_cannot_compute_is_refused_by_name(tmp_path: Path, config: dict, named: str) -> None:
     d = tmp_path / "m"
     d.mkdir()
-    (d / "config.json").write_text(json.dumps({**BASE, **config}))
+    cfg = {k: v for k, v in {**BASE, **config}.items() if v is not None}
+    (d / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(UnsupportedModel, match=named):
         load_model(d, torch.device("cpu"), torch.float32)
 

@@ -76,6 +76,8 @@ def load_model(path: Path, device: torch.device, dtype: torch.dtype) -> tuple[Pa
             model = impl(cfg)
     except ValueError as exc:  # what the config asks and the engine does not compute (rope.py)
         raise UnsupportedModel(f"{path}: {exc}") from exc
+    except KeyError as exc:
+        raise UnsupportedModel(f"{path}: config.json has no {exc} ({kind} needs it)") from exc
     if is_random(cfg):
         model = init_random(model, cfg, device, dtype)
         if isinstance(model, LlamaModel) and cfg.get("tie_word_embeddings", True):
