@@ -13,9 +13,9 @@ a GPU's (the start-up checks would refuse it, so they are skipped here), which d
 the launches' types and constexprs are kept. Each distinct variant is then compiled for ``--arch``
 (default sm_90: H100/H200) with the constexprs the GPU would use: ``UPCAST`` off (an interpreter
 workaround) and a decode tile at every flash-decoding split count (the CPU's 4 stand-in
-multiprocessors reach fewer than a GPU's 132). Not covered: Triton's specialization of integers and
-pointers divisible by 16 (compiled without those hints), and anything only running a kernel shows
-(values, registers spilled, time: the GPU run's parts).
+multiprocessors reach fewer than a GPU's 132), each argument specialized by Triton's own launcher code
+(an integer 1 as a constant, divisibility-by-16 hints for integers and aligned pointers). Not covered:
+what only running a kernel shows (values, registers spilled, time: the GPU run's parts).
 
 ``python -m elastune_bench.device.compile_check [--shape S] [--arch 90] [--json OUT]``; exit 1 when a
 variant fails to compile or exceeds the shared-memory limit."""
@@ -73,43 +73,58 @@ class Recorder:
 
 
 def _encode(value: Any) -> Any:
-    return {"tensor": DTYPES[value.dtype]} if isinstance(value, torch.Tensor) else value
+    if isinstance(value, torch.Tensor):  # its dtype, and whether Triton would call it 16-byte aligned
+        return {"tensor": DTYPES[value.dtype], "aligned": value.data_ptr() % 16 == 0}
+    return value
 
 
-def _type_of(value: Any) -> str:
-    if isinstance(value, dict):
-        return "*" + value["tensor"]
-    if isinstance(value, bool):
-        return "i1"
-    if isinstance(value, int):
-        return "i32" if -(2**31) <= value < 2**31 else "i64"
-    if isinstance(value, float):
-        return "fp32"
-    raise TypeError(f"an argument of type {type(value).__name__} ({value!r})")
+def _example(value: dict[str, Any]) -> torch.Tensor:
+    """A tensor of the recorded dtype and alignment, for Triton's own specialization to look at."""
+    dtype = next(d for d, name in DTYPES.items() if name == value["tensor"])
+    t = torch.empty(64, dtype=dtype)
+    return t if value["aligned"] else t[1:]
 
 
-def gpu_variants(launch: dict[str, Any]) -> list[tuple[Any, dict[str, str], dict[str, Any], dict[str, int]]]:
-    """(kernel, signature, constexprs, options) a GPU compiles for a recorded launch: UPCAST off (an
+Compile = tuple[Any, dict[str, str], dict[str, Any], dict[tuple[int, ...], Any], dict[str, int]]
+
+
+def gpu_variants(launch: dict[str, Any]) -> list[Compile]:
+    """(kernel, signature, constexprs, attributes, options) a GPU compiles for a recorded launch, as
+    Triton's launcher specializes it (an integer 1 becomes a constant; integers and aligned pointers
+    divisible by 16 get the divisibility hint, unless the kernel says not to), with UPCAST off (an
     interpreter workaround) and a decode tile at every split count. Imports the compiled kernels: call
     it where TRITON_INTERPRET is unset."""
     import importlib
 
+    from triton._C.libtriton import native_specialize_impl
+    from triton.backends.compiler import BaseBackend
+
     kernel = getattr(importlib.import_module(launch["module"]), launch["name"])
     values = launch["values"]
-    signature, consts = {}, {}
-    for p in kernel.params:
+    signature: dict[str, str] = {}
+    consts: dict[str, Any] = {}
+    attrs: dict[tuple[int, ...], Any] = {}
+    for i, p in enumerate(kernel.params):
         value = values.get(p.name, p.default)
         if p.is_constexpr:
             signature[p.name], consts[p.name] = "constexpr", value
-        else:
-            signature[p.name] = _type_of(value)
+            continue
+        arg = _example(value) if isinstance(value, dict) else value
+        kind, spec = native_specialize_impl(
+            BaseBackend, arg, False, not p.do_not_specialize, not p.do_not_specialize_on_alignment
+        )[:2]
+        signature[p.name] = kind
+        if kind == "constexpr":
+            consts[p.name] = spec
+        elif isinstance(spec, str) and spec:
+            attrs[(i,)] = BaseBackend.parse_attr(spec)
     if "UPCAST" in consts:
         consts["UPCAST"] = False
     splits = SPLIT_COUNTS if "SPLITS" in consts and consts.get("TILE_Q", 1) == 1 else (consts.get("SPLITS"),)
-    out = []
+    out: list[Compile] = []
     for s in splits:
         c = consts | ({"SPLITS": s} if "SPLITS" in consts else {})
-        out.append((kernel, signature, c, launch["options"]))
+        out.append((kernel, signature, c, attrs, launch["options"]))
     return out
 
 
@@ -188,18 +203,22 @@ def compile_all(launches: list[dict[str, Any]], arch: int) -> list[dict[str, Any
     limit = SHARED_LIMIT.get(arch)
     variants = {}
     for launch in launches:
-        for kernel, signature, consts, options in gpu_variants(launch):
-            key = json.dumps([launch["module"], launch["name"], signature, consts, options], sort_keys=True)
-            variants.setdefault(key, (kernel, signature, consts, options))
+        for kernel, signature, consts, attrs, options in gpu_variants(launch):
+            hints = sorted(str(k) for k in attrs)
+            key = json.dumps(
+                [launch["module"], launch["name"], signature, consts, hints, options], sort_keys=True
+            )
+            variants.setdefault(key, (kernel, signature, consts, attrs, options))
     rows = []
     for key in sorted(variants):
-        kernel, signature, consts, options = variants[key]
+        kernel, signature, consts, attrs, options = variants[key]
         row: dict[str, Any] = {"kernel": kernel.fn.__name__,
                                "constexprs": {k: c for k, c in consts.items() if c is not None},
+                               "divisible_by_16": [kernel.params[k[0]].name for k in attrs],
                                "options": options}  # fmt: skip
         t0 = time.perf_counter()
         try:
-            src = ASTSource(fn=kernel, signature=signature, constexprs=consts)
+            src = ASTSource(fn=kernel, signature=signature, constexprs=consts, attrs=attrs)
             compiled = triton.compile(src, target=GPUTarget("cuda", arch, 32), options=options)
             shared = int(compiled.metadata.shared)
             row |= {"ok": limit is None or shared <= limit, "shared_bytes": shared,
