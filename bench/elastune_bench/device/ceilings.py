@@ -10,7 +10,7 @@ import time
 
 import torch
 
-from elastune_bench.device.common import device_info, part_args, sizes, sync, write_part
+from elastune_bench.device.common import device_info, figures, part_args, sizes, sync, write_part
 
 
 def best_seconds(fn: object, device: str, reps: int, warm: int = 3) -> float:
@@ -31,14 +31,14 @@ def copy_bandwidth(device: str, nbytes: int) -> dict[str, float]:
     src = torch.empty(nbytes // 2, dtype=torch.bfloat16, device=device).uniform_()
     dst = torch.empty_like(src)
     s = best_seconds(lambda: dst.copy_(src), device, reps=10)
-    return {"copy_bytes": nbytes, "copy_seconds": s, "copy_gbps": round(2 * nbytes / s / 1e9, 1)}
+    return {"copy_bytes": nbytes, "copy_seconds": s, "copy_gbps": figures(2 * nbytes / s / 1e9)}
 
 
 def matmul_rate(device: str, n: int) -> dict[str, float]:
     a = torch.randn(n, n, dtype=torch.bfloat16, device=device)
     b = torch.randn(n, n, dtype=torch.bfloat16, device=device)
     s = best_seconds(lambda: a @ b, device, reps=10)
-    return {"matmul_n": n, "matmul_seconds": s, "matmul_tflops": round(2 * n**3 / s / 1e12, 2)}
+    return {"matmul_n": n, "matmul_seconds": s, "matmul_tflops": figures(2 * n**3 / s / 1e12)}
 
 
 def main() -> int:

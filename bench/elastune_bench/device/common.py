@@ -123,6 +123,12 @@ def engine_features() -> dict[str, Any]:
 NOT_AVAILABLE = "not available in this build"
 
 
+def figures(x: float, digits: int = 3) -> float:
+    """``x`` to ``digits`` significant figures: a rate rounded to fixed decimals read 0.0 when a smoke
+    run's tiny shape ran slowly beside other work (and failed its test)."""
+    return float(f"{x:.{digits}g}")
+
+
 def device_info(device: str) -> dict[str, Any]:
     info: dict[str, Any] = {"torch": torch.__version__, "device": device}
     # The GPU image brings its own transformers and peft: their versions decide what runs (one name of

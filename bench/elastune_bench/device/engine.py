@@ -19,6 +19,7 @@ from elastune_bench.device.common import (
     Sizes,
     device_info,
     engine_features,
+    figures,
     part_args,
     read_part,
     sizes,
@@ -129,7 +130,7 @@ def decode(
     }  # fmt: skip
     if gbps:
         bound = shape.decode_step_bound_s(batch, mean_ctx, dtype_bytes, gbps * 1e9)
-        res |= {"bound_step_ms": round(bound * 1e3, 3), "roofline_share": round(bound / step_s, 3)}
+        res |= {"bound_step_ms": round(bound * 1e3, 3), "roofline_share": figures(bound / step_s)}
     return res
 
 
@@ -153,7 +154,7 @@ def prefill(eng: Any, z: Sizes, shape: Shape, tflops: float | None) -> dict[str,
                            "tokens_per_s": round(tokens / seconds, 1)}  # fmt: skip
     if tflops:
         bound = z.prefill_prompts * shape.prefill_flops(z.prefill_len) / (tflops * 1e12)
-        res |= {"bound_s": round(bound, 4), "roofline_share": round(bound / seconds, 3)}
+        res |= {"bound_s": round(bound, 4), "roofline_share": figures(bound / seconds)}
     return res
 
 
@@ -199,7 +200,7 @@ def main() -> int:
         r["sampling"] = SAMPLED
         greedy = result["decode"].get(str(batch), {}).get("tokens_per_s")
         if greedy:
-            r["vs_greedy"] = round(r["tokens_per_s"] / greedy, 3)
+            r["vs_greedy"] = figures(r["tokens_per_s"] / greedy)
         print(f"engine decode b={batch} sampled {SAMPLED}: {r['tokens_per_s']} tok/s", flush=True)
         if torch.cuda.is_available():
             result["model"]["max_memory_allocated_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 2)
@@ -212,7 +213,7 @@ def main() -> int:
             r = result["decode_b1_eager"] = decode(eng, z, 1, shape, dtype_bytes, gbps)
             graph_b1 = result["decode"].get("1", {}).get("tokens_per_s")
             if graph_b1:
-                r["graphs_speedup"] = round(graph_b1 / r["tokens_per_s"], 3)
+                r["graphs_speedup"] = figures(graph_b1 / r["tokens_per_s"])
             print(f"engine decode b=1 eager: {r['tokens_per_s']} tok/s", flush=True)
             write_part(args.out, "engine", result)
         if result["elementwise_backend"] == "triton":  # the fused kernels' gain: the torch ops, graphs on
@@ -226,7 +227,7 @@ def main() -> int:
                 )
                 fused = result["decode"].get(str(batch), {}).get("tokens_per_s")
                 if fused:
-                    r["fused_speedup"] = round(fused / r["tokens_per_s"], 3)
+                    r["fused_speedup"] = figures(fused / r["tokens_per_s"])
                 print(f"engine decode b={batch} torch element-wise: {r['tokens_per_s']} tok/s", flush=True)
                 write_part(args.out, "engine", result)
     return 0

@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from elastune_bench.device.common import device_info, part_args, read_part, sizes, sync, write_part
+from elastune_bench.device.common import device_info, figures, part_args, read_part, sizes, sync, write_part
 
 
 def build(shape: str, device: str, dtype: torch.dtype) -> Any:
@@ -71,7 +71,7 @@ def main() -> int:
     engine = (read_part(args.out, "engine") or {}).get("decode", {})
     for b, r in result["decode"].items():
         if b in engine:
-            r["engine_speedup"] = float(f"{engine[b]['tokens_per_s'] / r['tokens_per_s']:.3g}")  # 3 figures
+            r["engine_speedup"] = figures(engine[b]["tokens_per_s"] / r["tokens_per_s"])
     write_part(args.out, "hf_generate", result)
     return 0
 

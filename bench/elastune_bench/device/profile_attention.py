@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from elastune_bench.device.common import device_info, part_args, read_part, sync, write_part
+from elastune_bench.device.common import device_info, figures, part_args, read_part, sync, write_part
 
 
 @dataclass(frozen=True)
@@ -104,9 +104,9 @@ def sweep_shape(plan: Plan, batch: int, context: int, gbps: float | None) -> dic
         return lambda: paged_attention_in_place(q, kc, vc, out, tiles, scale, PAGE, tuning)
 
     def rate(us: float) -> dict[str, Any]:
-        r: dict[str, Any] = {"us": round(us, 2), "gb_per_s": round(x["bytes"] / us / 1e3, 1)}
+        r: dict[str, Any] = {"us": round(us, 2), "gb_per_s": figures(x["bytes"] / us / 1e3)}
         if gbps:
-            r["share_of_copy"] = round(x["bytes"] / us / 1e3 / gbps, 3)
+            r["share_of_copy"] = figures(x["bytes"] / us / 1e3 / gbps)
         return r
 
     res: dict[str, Any] = {"batch": batch, "context": context, "kv_mib": round(x["bytes"] / 2**20, 2)}
