@@ -235,19 +235,22 @@ def main(argv: list[str] | None = None) -> int:
     from elastune_worker.serving.api.app import create_app
     from elastune_worker.serving.api.metrics import ServingMetrics
     from elastune_worker.serving.frontend.client import EngineServingClient
+    from elastune_worker.serving.frontend.streams import EngineError
 
     name = args.served_model_name or args.model
-    client = EngineServingClient(
-        start_engine(
+    try:
+        engine = start_engine(
             Path(args.model),
             engine_config(args),
             args.engine_in_thread,
             threads=args.engine_threads,
             cpus=args.engine_cpus,
             bind_frontend=True,
-        ),
-        name,
-    )
+        )
+    except (EngineError, ValueError) as exc:  # the model or the settings: one line saying why
+        logging.getLogger("elastune.serving").error("the engine cannot start: %s", exc)
+        return 1
+    client = EngineServingClient(engine, name)
     load_lora_modules(client, lora_modules(args))
     registry = CollectorRegistry()
     metrics = ServingMetrics(registry, name)

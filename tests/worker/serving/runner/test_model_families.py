@@ -160,3 +160,20 @@ def test_a_context_longer_than_the_kv_cache_is_capped_or_refused_at_start_up(tmp
     assert len(eng.generate([[5, 6, 7]], SamplingParams(max_tokens=4, temperature=0.0))[0]) == 4
     with pytest.raises(ValueError, match="max_model_len 200 does not fit the KV cache of 128 tokens"):
         LLMEngine(d, EngineConfig(kv_cache_tokens=128, max_model_len=200), tokenizer=NoTokenizer())
+
+
+@pytest.mark.parametrize("in_thread", [True, False])
+def test_the_server_says_in_one_line_why_a_model_cannot_be_served(tmp_path: Path, in_thread: bool) -> None:
+    """A pod's log shows the reason, not a traceback, and the process exits 1 (engine in its own
+    process: the reason crosses from it)."""
+    import subprocess
+    import sys
+
+    (tmp_path / "config.json").write_text(json.dumps({**BASE, "model_type": "gemma"}))
+    cmd = [sys.executable, "-m", "elastune_worker.serving", "--model", str(tmp_path), "--port", "0"]
+    proc = subprocess.run(
+        cmd + ["--engine-in-thread"] * in_thread, capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert "the engine cannot start" in proc.stderr and "model_type 'gemma' is not supported" in proc.stderr
+    assert "Traceback" not in proc.stderr
