@@ -58,8 +58,8 @@ DTYPES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16", 
 
 @dataclass
 class Recorder:
-    """Each distinct launch: the kernel (module, name), every argument by name (a tensor as its dtype),
-    the launch options."""
+    """Each distinct launch: the kernel (module, name), every argument by name (a tensor as its dtype
+    and whether it is 16-byte aligned), the launch options."""
 
     launches: dict[str, dict[str, Any]] = field(default_factory=dict)
 
@@ -144,6 +144,7 @@ def record(shape: str, workdir: Path) -> Recorder:
     )
 
     rec = Recorder()
+    # The patches below stay for the rest of this process: it exists for the recording (see main).
 
     class Recorded:
         def __init__(self, kernel: Any) -> None:
