@@ -63,11 +63,19 @@ class EngineServingClient:
         return self.engine.encode(text)
 
     def chat_prompt(self, messages: Sequence[tuple[str, str]]) -> list[int]:
+        """ValueError (the client's 400) when the model's chat template refuses the messages: templates
+        raise jinja2's TemplateError, not a ValueError (Mistral's on a system turn or on roles that do
+        not alternate), which reached the client as a 500."""
         turns = [{"role": role, "content": content} for role, content in messages]
         if getattr(self.tokenizer, "chat_template", None):
-            ids = self.tokenizer.apply_chat_template(
-                turns, add_generation_prompt=True, tokenize=True, return_dict=False
-            )
+            from jinja2 import TemplateError
+
+            try:
+                ids = self.tokenizer.apply_chat_template(
+                    turns, add_generation_prompt=True, tokenize=True, return_dict=False
+                )
+            except TemplateError as exc:
+                raise ValueError(f"the model's chat template refused these messages: {exc}") from exc
             return list(ids)
         text = "".join(FALLBACK_CHAT_TEMPLATE.format(**t) for t in turns) + "assistant:"
         return self.encode(text)
