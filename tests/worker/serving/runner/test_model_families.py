@@ -2,7 +2,9 @@
 transformers computes from the same directory: tiny random models built here by transformers itself
 (config + safetensors, nothing downloaded), greedy tokens compared. Covers what a real checkpoint's
 config.json asks beyond plain Llama: RoPE scaling (Llama 3.1/3.2's ``llama3``, ``linear``), Qwen2's
-q/k/v biases, Mistral's sliding window; and what the engine cannot serve is refused by name."""
+q/k/v biases, Mistral's sliding window, Llama 1's missing key/value head count; what the engine cannot
+serve is refused by name (at load, and in one line from the worker server); end-of-sequence ids from
+every file that names them; a native context longer than the KV cache."""
 
 from __future__ import annotations
 
@@ -77,7 +79,8 @@ def test_greedy_tokens_equal_transformers(tmp_path: Path, family: str) -> None:
     d, hf = hf_model_dir(tmp_path, FAMILIES[family.split(",")[0] if written else family], as_written=written)
     eng = LLMEngine(d, EngineConfig(kv_cache_tokens=2048, device="cpu"), tokenizer=NoTokenizer())
     gen = torch.Generator().manual_seed(1)
-    prompts = [torch.randint(1, 96, (n,), generator=gen).tolist() for n in (90, 7)]  # past 64: scaled
+    # One prompt longer than the llama3 case's original context (64), one shorter.
+    prompts = [torch.randint(1, 96, (n,), generator=gen).tolist() for n in (90, 7)]
     got = eng.generate(prompts, SamplingParams(max_tokens=STEPS, temperature=0.0, ignore_eos=True))
     assert got == [reference_tokens(hf, p) for p in prompts]
 
