@@ -62,7 +62,8 @@ class EngineClient(Protocol):
         ...
 
     def chat_prompt(self, messages: Sequence[tuple[str, str]]) -> list[int]:
-        """Token ids of a chat: (role, content) pairs rendered with the model's chat template."""
+        """Token ids of a chat: (role, content) pairs rendered with the model's chat template. ValueError
+        (the client's 400) when the template refuses the messages."""
         ...
 
     def generate(
