@@ -54,11 +54,19 @@ def test_bfloat16_within_rounding_steps() -> None:
     bfloat16 step, almost every element equal. Triton's interpreter truncates instead (seen here: 48 % of
     a plain float32 -> bfloat16 cast differs from torch's), and an op rounds up to three times (the sum,
     the norm, the weight), so on the CPU the bound is four steps. A step is relative to the output, or
-    to the inputs' scale (1: standard normal) where a difference cancels (RoPE's x1·cos - x2·sin)."""
-    step = 2**-7 * (1 if ON_GPU else 4)  # bfloat16 keeps 8 significant bits
+    to the inputs' scale (1: standard normal) where a difference cancels (RoPE's x1·cos - x2·sin).
+
+    RoPE's torch reference is itself four steps off: it rounds each product to bfloat16 before the
+    difference, and the check's cos and sin are standard normal too, so products reach ~16 (a float32
+    RoPE rounded once differs from it by up to 4.0 steps in 33 % of elements, computed on this CPU); the
+    first GPU run of this test failed on rope at one step. RoPE is held to four steps everywhere."""
+    step = 2**-7  # bfloat16 keeps 8 significant bits
     for name, (got, want) in fused_ops.check_outputs(DEVICE, torch.bfloat16, 16, LLAMA_8B_LIKE).items():
-        torch.testing.assert_close(got.float(), want.float(), rtol=step, atol=step, msg=name)
-        if ON_GPU:
+        bound = step * (1 if ON_GPU and name != "rope" else 4)
+        torch.testing.assert_close(
+            got.float(), want.float(), rtol=bound, atol=bound, msg=lambda m, name=name: f"{name}: {m}"
+        )
+        if ON_GPU and name != "rope":
             assert (got != want).float().mean() < 0.05, name
 
 
