@@ -8,9 +8,10 @@ the Triton LoRA kernels and through the torch path's per-adapter loops), each as
 step time, how many steps replayed a CUDA graph, and the operators that took the most device time
 (CPU time on the CPU smoke run) in a few profiled steps. Its JSON as profile_lora.json.
 
-Sized for ~40 s on an H100/H200: 8B shape in bf16, every adapter on the device (8 slots, ranks
-8/16/32/64 twice), a decode batch of 64 requests of 512-token prompts, 16 timed and 4 profiled steps
-per configuration; ``llama-micro`` with a batch of 4 in the CPU smoke run."""
+Sized for ~100 s on an H100/H200 (four engines; the first H200 run's three took ~60 s): 8B shape in
+bf16, every adapter on the device (8 slots, ranks 8/16/32/64 twice), a decode batch of 64 requests of
+512-token prompts, 16 timed and 4 profiled steps per configuration; ``llama-micro`` with a batch of 4
+in the CPU smoke run."""
 
 from __future__ import annotations
 
@@ -49,15 +50,18 @@ SLACK = 64
 """Output tokens each request may make (it is aborted after): more than its steps here."""
 RUNS = {
     ("padded", "auto"): (("base", False), ("lora_padded", True)),
+    ("padded", "torch"): (("base_graphlora", False), ("lora_padded_graphlora", True)),
     ("unpadded", "auto"): (("lora_unpadded", True),),
-    ("unpadded", "torch"): (("lora_unpadded_torch", True),),
+    (None, None): (("no_lora", False),),
 }
 """Per (kernel, lora_backend), one engine and its runs: (name, whether every request has an adapter).
-The unpadded kernel's steps are eager (graphs replay the padded one): on CUDA ``auto`` launches them
-as Triton's segmented kernels (lora/sgmv.py), ``torch`` per adapter, target and layer."""
+On CUDA ``auto`` is the Triton LoRA kernels (lora/sgmv.py), in the decode graphs too (either kernel);
+``torch`` replays GraphLoRA (every slot over every row, masked), the graphs' LoRA before that. The
+last engine has LoRA off: the plain decode step at batch 64 (the engine part's batch-64 point)."""
 
 
-def _engine(plan: Plan, model: Any, kernel: str, backend: str, paths: dict[int, Any]) -> Any:
+def _engine(plan: Plan, model: Any, kernel: str | None, backend: str | None, paths: dict[int, Any]) -> Any:
+    """kernel None: an engine without LoRA."""
     from elastune_worker.serving.config import EngineConfig
     from elastune_worker.serving.core.engine import LLMEngine
 
@@ -65,11 +69,13 @@ def _engine(plan: Plan, model: Any, kernel: str, backend: str, paths: dict[int, 
         device=plan.device,  # type: ignore[arg-type]
         kv_cache_tokens=(plan.batch + 1) * (plan.prompt_len + SLACK), max_model_len=plan.prompt_len + SLACK,
         max_num_seqs=plan.batch,
-        enable_prefix_caching=False, enable_lora=True, max_loras=plan.adapters, max_cpu_loras=plan.adapters,
-        lora_load_mode="cached", lora_kernel=kernel, lora_backend=backend,  # type: ignore[arg-type]
+        enable_prefix_caching=False, enable_lora=kernel is not None, max_loras=plan.adapters,
+        max_cpu_loras=plan.adapters, lora_load_mode="cached",
+        lora_kernel=kernel or "padded", lora_backend=backend or "auto",  # type: ignore[arg-type]
     )  # fmt: skip
     eng = LLMEngine(model.path, cfg, tokenizer=model.engine_tokenizer())
-    for name in adapter_names(plan.adapters):  # r8-0, r16-1, ...: the rank leads the name
+    # r8-0, r16-1, ...: the rank leads the name
+    for name in adapter_names(plan.adapters) if kernel is not None else ():
         eng.load_lora(name, str(paths[int(name.split("-")[0][1:])]))
     return eng
 

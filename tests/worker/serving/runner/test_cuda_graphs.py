@@ -95,6 +95,12 @@ class EagerReplayGraphs(DecodeGraphs):
     """Graphs for the CPU: recording runs the step once, a replay runs it again over the same buffers."""
 
     replays = 0
+    lora_replays = 0
+    """Replays of steps with adapter rows."""
+
+    def fill(self, step: Any) -> int:
+        EagerReplayGraphs.lora_replays += any(s >= 0 for s in step.lora_slots)
+        return super().fill(step)
 
     def _record(self, step: Callable[[], None], pool: Any) -> tuple[Callable[[], None], Any]:
         step()
@@ -160,17 +166,28 @@ def test_graph_data_path_gives_the_eager_tokens(arch):
 
 
 @needs_triton
-def test_multi_lora_decode_in_the_graph_gives_the_eager_tokens():
+@pytest.mark.parametrize(
+    ("backend", "kernel"), [("torch", "padded"), ("triton", "padded"), ("triton", "unpadded")]
+)
+def test_multi_lora_decode_in_the_graph_gives_the_eager_tokens(backend, kernel):
+    """torch: GraphLoRA (every slot, masked per row); triton: the segmented kernels over the graph's
+    tile table, refilled at each replay (either kernel's ranks)."""
     path = B.ensure_tiny_model(spec=B.TINY_LLAMA_SPEC)
     loras = ["r8", None, "r16", "r8", None]
     outs = []
     for graphs in (None, EagerReplayGraphs):
-        eng = cpu_engine(path, graphs, enable_lora=True, max_loras=2)
+        eng = cpu_engine(
+            path, graphs, enable_lora=True, max_loras=2, lora_backend=backend, lora_kernel=kernel
+        )
+        assert eng.runner.lora_backend == backend
         for r in (8, 16):
             eng.load_lora(f"r{r}", str(A.ensure_tiny_adapter(r)))
+        before = EagerReplayGraphs.lora_replays
         outs.append(greedy_outputs(eng, loras))
         if graphs is not None:
             assert eng.runner.graphs is not None and eng.runner.graphs.lora is not None
+            assert EagerReplayGraphs.lora_replays > before  # the adapters' decodes replayed
+            assert (getattr(eng.runner.graphs, "lora_tiles", None) is not None) == (backend == "triton")
     assert outs[0] == outs[1]
 
 
@@ -221,19 +238,27 @@ def test_cuda_graphs_on_and_off_give_the_same_tokens(arch):
 
 
 @needs_gpu
-def test_cuda_graphs_with_multi_lora_give_the_same_tokens():
+@pytest.mark.parametrize(
+    ("backend", "kernel"), [("torch", "padded"), ("auto", "padded"), ("auto", "unpadded")]
+)
+def test_cuda_graphs_with_multi_lora_give_the_same_tokens(backend, kernel):
+    """auto on CUDA: the Triton LoRA kernels in the graphs (GraphTiles); torch: GraphLoRA."""
     path = B.ensure_tiny_model(spec=B.TINY_LLAMA_SPEC)
     loras = ["r8", None, "r16", "r8", None]
     outs = []
     for on in (False, True):
         config = EngineConfig(
-            kv_cache_tokens=8192, dtype="float32", cuda_graphs=on, enable_lora=True, max_loras=2
-        )
+            kv_cache_tokens=8192, dtype="float32", cuda_graphs=on, enable_lora=True, max_loras=2,
+            lora_backend=backend, lora_kernel=kernel,
+        )  # fmt: skip
         eng = LLMEngine(path, config)
         for r in (8, 16):
             eng.load_lora(f"r{r}", str(A.ensure_tiny_adapter(r)))
         outs.append(greedy_outputs(eng, loras))
-        assert (eng.runner.graphs is not None and eng.runner.graphs.lora is not None) == on
+        graphs = eng.runner.graphs
+        assert (graphs is not None and graphs.lora is not None) == on
+        if on:
+            assert (graphs.lora_tiles is not None) == (backend == "auto")
     assert outs[0] == outs[1]
 
 

@@ -33,7 +33,7 @@ FUSED = ("add_rms_norm_kernel", "rope_kernel", "silu_mul_kernel")
 """fused_kernels' kernels (fused_ops imports each at its launch: patched on the module, they are seen)."""
 LORA = ("lora_shrink_kernel", "lora_expand_kernel")
 """sgmv_kernels' kernels (sgmv imports each at its launch)."""
-UNSPECIALIZED = {*triton_paged_kernel.UNSPECIALIZED, *sgmv_kernels.UNSPECIALIZED}
+UNSPECIALIZED = {*triton_paged_kernel.UNSPECIALIZED, *sgmv_kernels.EXPAND_UNSPECIALIZED}
 
 
 def variant(kernel: Any, args: tuple, kwargs: dict) -> tuple:

@@ -42,8 +42,16 @@ def slots(n: int, rank: int, d_in: int, d_out: int, ranks: list[int], dtype: tor
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("padded", [True, False])
-def test_segmented_launches_equal_the_per_adapter_torch_path(dtype, padded):
-    d_in, d_out, max_rank = 48, 40, 64
+@pytest.mark.parametrize(
+    ("d_in", "programs"),
+    [(48, sgmv.SHRINK_PROGRAMS), (200, sgmv.SHRINK_PROGRAMS), (200, 10)],
+    ids=["one-k-step", "split-k-by-step", "split-k-by-two-steps"],
+)
+def test_segmented_launches_equal_the_per_adapter_torch_path(dtype, padded, d_in, programs, monkeypatch):
+    """d_in 200 is four of the shrink's K steps, the last one partial: split in four, or (fewer programs
+    wanted than 4 per tile) in two splits of two steps."""
+    monkeypatch.setattr(sgmv, "SHRINK_PROGRAMS", programs)
+    d_out, max_rank = 40, 64
     ranks = [8, 64, 16, 0]  # slot 3 is empty
     a, bt = slots(4, max_rank, d_in, d_out, ranks, dtype)
     gen = torch.Generator().manual_seed(1)
@@ -64,6 +72,29 @@ def test_segmented_launches_equal_the_per_adapter_torch_path(dtype, padded):
     assert torch.equal(got[untouched], wide[untouched])  # base rows and the columns beside the slice
     assert torch.equal(got[:, :16], wide[:, :16]) and torch.equal(got[:, 16 + d_out :], wide[:, 16 + d_out :])
     assert not torch.equal(got[by_slot[1]], wide[by_slot[1]])  # and the adapters' rows did change
+
+
+def test_split_k_covers_the_input_features_once():
+    for n_tiles, d_in in ((1, 4096), (8, 4096), (8, 14336), (200, 4096), (600, 200), (5, 200), (40, 48)):
+        splits, chunk = sgmv.k_split(n_tiles, d_in)
+        assert chunk % sgmv.BLOCK_K == 0 and (splits - 1) * chunk < d_in <= splits * chunk
+        assert splits == 1 or n_tiles * splits <= max(sgmv.SHRINK_PROGRAMS, n_tiles)
+    assert sgmv.k_split(8, 4096) == (32, 128)  # a decode step's 8 tiles: 256 programs
+
+
+def test_padding_tiles_and_rows_change_nothing():
+    """A CUDA graph's table has fixed lengths: the step's tiles, then padding tiles of count and rank 0
+    (the kernels skip them), and row entries past the step's rows."""
+    a, bt = slots(3, 16, 200, 24, [16, 8, 4], torch.float32)
+    x = torch.randn(20, 200, device=DEVICE)
+    groups = [(0, list(range(0, 20, 2)), 16), (2, [1, 19], 4)]
+    want, got = torch.zeros(20, 24, device=DEVICE), torch.zeros(20, 24, device=DEVICE)
+    sgmv.add(want, x, a, bt, sgmv.build_tiles(groups, 16, DEVICE))
+    flat = torch.from_numpy(sgmv.tile_table(groups, 24, 9)).to(DEVICE)
+    sgmv.add(got, x, a, bt, sgmv.SegmentTiles(flat[:24], flat[24:], 9, sgmv.block_rank(16)))
+    assert torch.equal(got, want) and got[1::2][1:-1].eq(0).all()
+    with pytest.raises(ValueError, match="do not fit"):
+        sgmv.tile_table(groups, 24, 1)
 
 
 def test_a_tile_reads_only_its_rank():

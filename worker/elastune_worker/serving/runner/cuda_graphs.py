@@ -5,8 +5,12 @@ rows have context 0: they attend to nothing and write their K/V to a scratch slo
 A decode step launches hundreds of small kernels from Python; a replay launches them all at once, so
 small batches are no longer bound by the CPU. The graph's attention is the Triton kernel that reads the
 cache in place (triton_attention.py): its shapes depend on the batch size only, where the gather path's
-depend on the contexts' lengths. Multi-LoRA decode runs inside the graph too (GraphLoRA): every device
-slot's adapter over every row, masked per row — two matmuls per target, no per-row weight gather.
+depend on the contexts' lengths. Multi-LoRA decode runs inside the graph too: with the Triton LoRA
+backend, the segmented kernels over a tile table of fixed length that each replay refills (GraphTiles:
+only the step's adapters are read, each once, at its own rank or the batch's); with the torch backend,
+GraphLoRA: every device slot's adapter over every row, masked per row (two matmuls per target; at 8B
+with 8 slots of rank 64 on 7 targets that read 2.7 GB a step, a sixth of the weights, even for a batch
+without adapters).
 
 What a graph cannot replay (prefill chunks, mixed steps, soft-prompt embeddings, LoRA deltas computed on
 the CPU, batches above the ladder) runs eager, and so does every step after any capture error: the
@@ -24,7 +28,8 @@ import numpy as np
 import torch
 
 from elastune_worker.serving.runner.attention import AttentionMetadata
-from elastune_worker.serving.runner.lora.kernels import LoRABatch
+from elastune_worker.serving.runner.lora import sgmv
+from elastune_worker.serving.runner.lora.kernels import LoRABatch, LoraKernel
 from elastune_worker.serving.runner.lora.slots import DeviceLoRAs
 from elastune_worker.serving.runner.triton_attention import PagedTiles
 
@@ -83,6 +88,37 @@ class GraphLoRA(LoRABatch):
         out.add_(xa @ b_all.view(n_slots * rank, -1))  # B is stored [slots, rank, out]: a view, no copy
 
 
+class GraphTiles:
+    """The Triton LoRA kernels' tile table for graphs: one static int32 buffer (row entries for the
+    largest batch, then the tile columns at their most tiles), captured with every tile a padding tile
+    and refilled before each replay from the step's rows' slots."""
+
+    def __init__(self, slots: DeviceLoRAs, kernel: LoraKernel, max_batch: int) -> None:
+        self.slots, self.kernel = slots, kernel
+        self.rows_cap = sgmv.aligned_rows(max_batch)
+        self.tiles_cap = sgmv.max_tiles(max_batch, slots.max_loras)
+        self.table = torch.zeros(self.rows_cap + 4 * self.tiles_cap, dtype=torch.int32, device=slots.device)
+        self.batch = LoRABatch(slots, kernel, max_rank=slots.max_rank)
+        self.batch.tiles = sgmv.SegmentTiles(
+            self.table[: self.rows_cap],
+            self.table[self.rows_cap :],
+            self.tiles_cap,
+            sgmv.block_rank(slots.max_rank),
+        )
+
+    def fill(self, row_slots: list[int]) -> None:
+        """The step's tiles (padded: every adapter at the batch's max rank; unpadded: its own)."""
+        by_slot: dict[int, list[int]] = {}
+        for row, s in enumerate(row_slots):
+            if s >= 0:
+                by_slot.setdefault(s, []).append(row)
+        top = max((self.slots.rank[s] for s in by_slot), default=0)
+        ranks = {s: top if self.kernel == "padded" else self.slots.rank[s] for s in by_slot}
+        groups = [(s, rows, ranks[s]) for s, rows in by_slot.items()]
+        flat = sgmv.tile_table(groups, self.rows_cap, self.tiles_cap)
+        self.table.copy_(torch.from_numpy(flat), non_blocking=True)
+
+
 def _slot_shape(slots: DeviceLoRAs) -> tuple[int, int]:
     a = next(iter(slots.a.values()))
     return int(a.shape[0]), int(a.shape[1])
@@ -99,7 +135,10 @@ class DecodeGraphs:
         scratch_slot: int,
         device: torch.device,
         lora: DeviceLoRAs | None = None,
+        lora_segments: LoraKernel | None = None,
     ) -> None:
+        """``lora``: the device slots decodes may read; ``lora_segments``: replay them through the Triton
+        LoRA kernels with this kernel's ranks (None: GraphLoRA, the torch ops)."""
         self.ladder = batch_ladder(max_batch)
         self.page_size = page_size
         self.scratch_slot = scratch_slot
@@ -116,6 +155,7 @@ class DecodeGraphs:
         self.context_lens = buf(m)
         self.block_tables = buf(m, max_blocks)
         self.lora_slots = buf(m, dtype=torch.int64)
+        self.lora_tiles = GraphTiles(lora, lora_segments, m) if lora is not None and lora_segments else None
         # Constant inputs are buffers too: a graph reads its inputs' addresses, so none may be a
         # temporary that is freed (and its memory reused) after the capture.
         self.rows = torch.arange(m, dtype=torch.int32, device=device)
@@ -147,7 +187,9 @@ class DecodeGraphs:
             page_size=self.page_size,
         )
 
-    def _lora(self, batch: int) -> GraphLoRA | None:
+    def _lora(self, batch: int) -> LoRABatch | None:
+        if self.lora_tiles is not None:
+            return self.lora_tiles.batch
         return GraphLoRA(self.lora, self.lora_slots[:batch]) if self.lora is not None else None
 
     def capture(self, forward: Forward) -> bool:
@@ -197,6 +239,8 @@ class DecodeGraphs:
         self.context_lens[:batch].zero_()
         self.slot_mapping[:batch].fill_(self.scratch_slot)
         self.lora_slots[:batch].fill_(-1)
+        if self.lora_tiles is not None:
+            self.lora_tiles.table.zero_()  # padding tiles only
 
     def _replay_equals_eager(self, forward: Forward) -> bool:
         """One decode over the scratch block, replayed and eager: the start-up check that a graph
@@ -227,6 +271,8 @@ class DecodeGraphs:
         table = torch.from_numpy(np.array(tables, dtype=np.int32))
         self.block_tables[:batch, :width].copy_(table, non_blocking=True)
         put(self.lora_slots[:batch], step.lora_slots)
+        if self.lora_tiles is not None:
+            self.lora_tiles.fill(step.lora_slots)
         return batch
 
     def replay(self, step: DecodeInputs, n: int, check: bool = True) -> torch.Tensor:

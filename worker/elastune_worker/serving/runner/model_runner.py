@@ -202,13 +202,15 @@ class ModelRunner:
     ) -> tuple[torch.Tensor, list] | None:
         """The step from a captured graph, or None when it is not a decode step a graph can replay: a
         chunk of more than one token, more decodes than the largest graph, an adapter whose delta is
-        computed on the CPU (or a LoRA kernel the graph does not replay: unpadded), no graphs."""
+        computed on the CPU (or the unpadded kernel with the torch backend: GraphLoRA replays the padded
+        one only), no graphs."""
         chunks = out.chunks
         if not chunks or len(chunks) > self.cuda_graph_max_batch or any(c.num_tokens != 1 for c in chunks):
             return None
         uses_lora = any(c.seq.lora is not None for c in chunks)
         if uses_lora and (
-            self.lora_kernel != "padded" or any(c.seq.lora in (host_loras or {}) for c in chunks)
+            (self._graph_lora_segments() is None and self.lora_kernel != "padded")
+            or any(c.seq.lora in (host_loras or {}) for c in chunks)
         ):
             return None
         graphs = self._decode_graphs()
@@ -253,7 +255,8 @@ class ModelRunner:
                 self.block_size,
                 self.scratch_slot,
                 self.device,
-                self.lora_device if self.lora_kernel == "padded" else None,
+                self.lora_device if self.lora_kernel == "padded" or self._graph_lora_segments() else None,
+                self._graph_lora_segments(),
             )
             if graphs.capture(self._graph_forward):
                 self.graphs = graphs
@@ -261,6 +264,11 @@ class ModelRunner:
             else:
                 self.use_cuda_graphs = False
         return self.graphs
+
+    def _graph_lora_segments(self) -> LoraKernelName | None:
+        """The kernel whose ranks graphs replay through the Triton LoRA kernels (None: GraphLoRA's torch
+        ops, which replay the padded kernel only)."""
+        return self.lora_kernel if self.lora_backend == "triton" and self.lora_device is not None else None
 
     def _graph_forward(
         self, tokens: torch.Tensor, meta: AttentionMetadata, lora: LoRABatch | None

@@ -37,6 +37,9 @@ BLOCK_K = 64
 """Input features per step of the shrink's loop."""
 BLOCK_N = 64
 """Output columns per expand program."""
+SHRINK_PROGRAMS = 256
+"""Shrink programs a launch aims at (about two per multiprocessor of an H100/H200): a step with fewer
+tiles splits the input features (split-K) until it has about this many."""
 
 
 @dataclass
@@ -52,11 +55,11 @@ class SegmentTiles:
     """The rank dimension of every tile's blocks: the slots' max rank as a power of 2, at least 16."""
 
 
-def build_tiles(
-    groups: list[tuple[int, list[int], int]], slot_rank: int, device: torch.device
-) -> SegmentTiles:
-    """``groups``: (device slot, batch rows, rank to read) of each adapter in the step; ``slot_rank``: the
-    device slots' max rank. One host-to-device copy."""
+def tile_table(groups: list[tuple[int, list[int], int]], rows_cap: int, tiles_cap: int | None) -> np.ndarray:
+    """The flat int32 table of ``groups`` ((device slot, batch rows, rank to read) of each adapter):
+    ``rows_cap`` row entries, then the four tile columns of ``tiles_cap`` tiles each (None: as many as
+    the groups make; past them, padding tiles of count and rank 0, which the kernels skip). ValueError
+    when the groups do not fit."""
     rows: list[int] = []
     starts: list[int] = []
     counts: list[int] = []
@@ -69,14 +72,51 @@ def build_tiles(
             slots.append(slot)
             ranks.append(rank)
         rows.extend(group_rows)
-    # rows padded to a multiple of 4: the tiles start 16 bytes in, as Triton's pointer specialization
-    # expects of every launch (an unaligned start would compile another variant while serving)
-    padded = -(-len(rows) // 4) * 4
-    flat = np.zeros(padded + 4 * len(starts), dtype=np.int32)
+    cap = len(starts) if tiles_cap is None else tiles_cap
+    if len(rows) > rows_cap or len(starts) > cap:
+        raise ValueError(f"{len(rows)} rows in {len(starts)} tiles do not fit {rows_cap} rows, {cap} tiles")
+    flat = np.zeros(rows_cap + 4 * cap, dtype=np.int32)
     flat[: len(rows)] = rows
-    flat[padded:] = starts + counts + slots + ranks
+    for column, values in enumerate((starts, counts, slots, ranks)):
+        flat[rows_cap + column * cap : rows_cap + column * cap + len(values)] = values
+    return flat
+
+
+def aligned_rows(n: int) -> int:
+    """Row entries of a table for ``n`` rows: a multiple of 4, so that the tiles start 16 bytes in, as
+    Triton's pointer specialization expects of every launch (an unaligned start would compile another
+    variant while serving)."""
+    return -(-n // 4) * 4
+
+
+def block_rank(slot_rank: int) -> int:
+    return max(16, next_pow2(slot_rank))
+
+
+def build_tiles(
+    groups: list[tuple[int, list[int], int]], slot_rank: int, device: torch.device
+) -> SegmentTiles:
+    """``groups``: (device slot, batch rows, rank to read) of each adapter in the step; ``slot_rank``: the
+    device slots' max rank. One host-to-device copy."""
+    n_rows = sum(len(rows) for _, rows, _ in groups)
+    padded = aligned_rows(n_rows)
+    flat = tile_table(groups, padded, None)
     data = torch.from_numpy(flat).to(device, non_blocking=True)
-    return SegmentTiles(data[: len(rows)], data[padded:], len(starts), max(16, next_pow2(slot_rank)))
+    return SegmentTiles(data[:n_rows], data[padded:], (len(flat) - padded) // 4, block_rank(slot_rank))
+
+
+def max_tiles(rows: int, slots: int) -> int:
+    """Tiles ``rows`` rows of at most ``slots`` adapters can make: each adapter's last tile may be
+    partial (the length of a CUDA graph's tile table)."""
+    return min(rows, rows // BLOCK_M + slots)
+
+
+def k_split(n_tiles: int, d_in: int) -> tuple[int, int]:
+    """(splits, features per split) of the shrink's input features for a launch of ``n_tiles``."""
+    steps = -(-d_in // BLOCK_K)
+    splits = max(1, min(steps, SHRINK_PROGRAMS // max(1, n_tiles)))
+    chunk = -(-steps // splits) * BLOCK_K
+    return -(-d_in // chunk), chunk
 
 
 def add(
@@ -95,16 +135,19 @@ def add(
         raise ValueError("the LoRA kernels need each row's features contiguous")
     precision = "ieee" if x.dtype == torch.float32 else "tf32"
     upcast = x.device.type != "cuda"  # the interpreter (see sgmv_kernels._dot)
-    xa = torch.empty(t.rows.shape[0], t.block_r, dtype=x.dtype, device=x.device)
-    lora_shrink_kernel[(t.n_tiles,)](
-        x, a_all, xa, t.rows, t.tiles, t.n_tiles,
-        x.stride(0), a_all.stride(0), a_all.stride(1), xa.stride(0), x.shape[1],
+    d_in = x.shape[1]
+    splits, chunk = k_split(t.n_tiles, d_in)
+    # float32 partial products of each split, summed and rounded by the expand
+    part = torch.empty(splits, t.rows.shape[0], t.block_r, dtype=torch.float32, device=x.device)
+    lora_shrink_kernel[(t.n_tiles, splits)](
+        x, a_all, part, t.rows, t.tiles, t.n_tiles,
+        x.stride(0), a_all.stride(0), a_all.stride(1), part.stride(0), part.stride(1), d_in, chunk,
         BLOCK_M=BLOCK_M, BLOCK_R=t.block_r, BLOCK_K=BLOCK_K, DOT_PRECISION=precision, UPCAST=upcast,
     )  # fmt: skip
     d_out = out.shape[1]
     lora_expand_kernel[(t.n_tiles, -(-d_out // BLOCK_N))](
-        xa, bt_all, out, t.rows, t.tiles, t.n_tiles,
-        xa.stride(0), bt_all.stride(0), bt_all.stride(1), out.stride(0), d_out,
+        part, bt_all, out, t.rows, t.tiles, t.n_tiles, splits,
+        part.stride(0), part.stride(1), bt_all.stride(0), bt_all.stride(1), out.stride(0), d_out,
         BLOCK_M=BLOCK_M, BLOCK_R=t.block_r, BLOCK_N=BLOCK_N, DOT_PRECISION=precision, UPCAST=upcast,
     )  # fmt: skip
 
