@@ -59,14 +59,16 @@ def test_bfloat16_within_rounding_steps() -> None:
     RoPE's torch reference is itself four steps off: it rounds each product to bfloat16 before the
     difference, and the check's cos and sin are standard normal too, so products reach ~16 (a float32
     RoPE rounded once differs from it by up to 4.0 steps in 33 % of elements, computed on this CPU); the
-    first GPU run of this test failed on rope at one step. RoPE is held to four steps everywhere."""
+    first GPU run of this test failed on rope at one step. RoPE, and the cache write of its rotated keys
+    (kv_write: 10 % of elements differ on an H200), are held to four steps everywhere."""
     step = 2**-7  # bfloat16 keeps 8 significant bits
     for name, (got, want) in fused_ops.check_outputs(DEVICE, torch.bfloat16, 16, LLAMA_8B_LIKE).items():
-        bound = step * (1 if ON_GPU and name != "rope" else 4)
+        rotated = name in ("rope", "kv_write")
+        bound = step * (1 if ON_GPU and not rotated else 4)
         torch.testing.assert_close(
             got.float(), want.float(), rtol=bound, atol=bound, msg=lambda m, name=name: f"{name}: {m}"
         )
-        if ON_GPU and name != "rope":
+        if ON_GPU and not rotated:
             assert (got != want).float().mean() < 0.05, name
 
 
