@@ -65,9 +65,10 @@ class EngineConfig:
     lora_kernel: LoraKernelName = "padded"
     """padded: ranks padded to the batch's max (Punica BGMV); unpadded: per adapter (S-LoRA MBGMV)."""
     lora_backend: LoraBackendName = "auto"
-    """How eager steps launch the LoRA deltas: torch (per adapter, target and layer: four kernels each),
-    triton (two segmented launches per target and layer, any number of adapters: lora/sgmv.py); auto:
-    triton on CUDA after a start-up check against the torch path, torch otherwise."""
+    """How steps launch the LoRA deltas: torch (eager: per adapter, target and layer, four kernels each;
+    CUDA graphs: GraphLoRA, every slot over every row, padded kernel only), triton (two segmented launches
+    per target and layer, any number of adapters, in eager steps and inside CUDA graphs, either kernel:
+    lora/sgmv.py); auto: triton on CUDA after a start-up check against the torch path, torch otherwise."""
     lora_load_mode: LoraLoadMode = "cpu_assisted"
     """How a request whose adapter is not on the device starts (CaraServe §4, §7.1):
     cpu_assisted — admitted at once, its LoRA delta computed on the CPU from the host copy while the
