@@ -77,9 +77,10 @@ def test_rooflines_of_the_8b_shape() -> None:
     assert 29e12 < shape.prefill_flops(2048) < 31e12  # ~2 x 7.0 G matmul weights x 2048 + attention
 
 
-def test_the_benchmarks_run_the_8b_shape_on_the_gpu_in_120_s_and_fit_an_h100() -> None:
+def test_the_benchmarks_run_the_8b_shape_on_the_gpu_in_160_s_and_fit_an_h100() -> None:
     """Issue 26 item 4c: bench lora and bench coserve on the random-weight Llama-3-8B on CUDA (the
-    micro shape in the smoke run), both within 120 s of time boxes; their GPU memory plans."""
+    micro shape in the smoke run), both within 160 s of time boxes (an H200 ran them in 64 and 71 s),
+    the default run's boxes within its 455 s; their GPU memory plans."""
     from elastune_bench.device import coserve_bench, lora_bench
     from elastune_bench.device.run import PARTS
     from elastune_worker.serving.runner.models.random_init import lora_shapes
@@ -91,7 +92,7 @@ def test_the_benchmarks_run_the_8b_shape_on_the_gpu_in_120_s_and_fit_an_h100() -
             smoke[smoke.index("--shape") + 1] == "llama-micro" and smoke[smoke.index("--device") + 1] == "cpu"
         )
     boxes = dict(PARTS)
-    assert boxes["lora_bench"] + boxes["coserve_bench"] <= 130
+    assert boxes["lora_bench"] + boxes["coserve_bench"] <= 160 and sum(boxes.values()) <= 455
     shape = Shape.of(SHAPES["llama-3-8b"])
     gib = 2**30
     weights, kv_token = shape.params * 2 / gib, shape.kv_bytes_per_token(2) / gib
@@ -107,21 +108,29 @@ def test_the_benchmarks_run_the_8b_shape_on_the_gpu_in_120_s_and_fit_an_h100() -
 
 def test_the_extra_lora_profile_runs_only_when_named_and_says_where_a_step_goes(tmp_path: Path) -> None:
     """profile_lora (not in the default run): one decode batch without adapters and with each kernel
-    (the unpadded one also through the torch path's loops), its step time, graph replays, LoRA backend
-    and the operators that took the most time; an unknown part is refused."""
+    (the padded one also with the torch backend's graphs), and on an engine without LoRA, its step
+    time, graph replays, LoRA backend and the operators that took the most time; an unknown part is
+    refused."""
     from elastune_bench.device import run
 
     assert "profile_lora" not in {m for m, _ in run.PARTS}
     assert _run_smoke(tmp_path, "profile_lora").returncode == 0
     configs = json.loads((tmp_path / "profile_lora.json").read_text())["configs"]
-    assert set(configs) == {"base", "lora_padded", "lora_unpadded", "lora_unpadded_torch"}
+    assert set(configs) == {
+        "base",
+        "lora_padded",
+        "base_graphlora",
+        "lora_padded_graphlora",
+        "lora_unpadded",
+        "no_lora",
+    }
     assert {r["lora_backend"] for r in configs.values()} == {"torch"}  # auto on the CPU: the torch path
     for r in configs.values():
         assert r["step_ms"] > 0 and r["batch_running"] == 4 and r["steps_eager"] + r["steps_graph"] == 3
         assert r["top_ops"] and all(o["calls"] > 0 for o in r["top_ops"])
     # every request of the LoRA runs has an adapter: their steps run the LoRA kernels, the base one's not
     assert any(o["op"] == "aten::bmm" for o in configs["lora_padded"]["top_ops"])
-    assert not any(o["op"] == "aten::bmm" for o in configs["base"]["top_ops"])
+    assert not any(o["op"] == "aten::bmm" for o in configs["base"]["top_ops"] + configs["no_lora"]["top_ops"])
     bad = _run_smoke(tmp_path, "no_such_part", check=False)
     assert bad.returncode == 2 and "unknown parts" in bad.stderr
 
