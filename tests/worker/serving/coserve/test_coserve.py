@@ -124,3 +124,21 @@ def test_an_idle_iteration_always_advances_the_forward():
     job = FinetuneState(sequence_tokens=50, num_layers=2)
     assert p.plan(10, job).finetune_forward_tokens == 0
     assert p.plan(0, job).finetune_forward_tokens == 1
+
+
+def test_no_share_is_planned_cheaper_than_the_cheapest_one_seen():
+    """A share with a large fixed cost over a narrow range of window sizes (an eager second model on a
+    GPU): least squares gives a slope through the origin (4.4 ms a token, intercept clamped at 0), but
+    every share took at least 11 ms. A busy iteration with 8 ms of slack gets no finetuning; an idle
+    one still advances (H200, 8B: one-token windows planned into the slack took several times the SLO)."""
+    forward = LatencyModel(0.002, 1e-5)
+    for tokens, seconds in ((8, 0.030), (4, 0.012), (8, 0.028), (4, 0.011)):
+        forward.observe(tokens, seconds)
+    assert forward.base == 0.0 and forward.per_token == pytest.approx(0.004375)
+    assert forward.floor == pytest.approx(0.011) and forward.predict(1) == pytest.approx(0.011)
+    assert forward.max_tokens_within(0.008) == 0 and forward.max_tokens_within(0.012) == 2
+    inference, backward = LatencyModel(0.001, 1e-9), LatencyModel(0.0, 4e-5)
+    p = CoServePlanner(CoServeConfig(tpot_slo_s=0.010), inference, forward=forward, backward=backward)
+    job = FinetuneState(sequence_tokens=64, num_layers=4)
+    assert p.plan(10, job).finetune_forward_tokens == 0  # 9 ms target - 1 ms inference: 8 ms of slack
+    assert p.plan(0, job).finetune_forward_tokens >= 1
