@@ -76,14 +76,42 @@ def inputs(plan: Plan, batch: int, context: int) -> dict[str, Any]:
     return {"q": q, "cache": cache, "tiles": tiles, "meta": meta, "k": k_new, "v": v_new, "bytes": kv_bytes}
 
 
-def timed_us(plan: Plan, fn: Any) -> float:
-    """Mean microseconds per call over ``plan.iterations`` calls after one warm call (compiles)."""
+def timed_us(plan: Plan, fn: Any, graph: bool = True) -> tuple[float, str]:
+    """(mean microseconds per call over ``plan.iterations`` calls after one warm call (compiles), how it
+    was timed). On CUDA the calls are captured in one CUDA graph and replayed: timed eagerly, back to
+    back, the first H200 run measured Triton's launch overhead instead (60-180 us for 2 MiB of K/V at
+    1 x 512 in every setting, where the kernel takes 39.8 us a layer at 64 x 512 inside the engine's
+    graph). "eager" where ``graph`` is off (gather + SDPA, which the engine never captures), on the CPU,
+    and where the capture fails (the result says which)."""
     fn()
     sync(plan.device)
+    if graph and plan.device == "cuda":
+        try:
+            return _graph_us(plan, fn), "graph"
+        except Exception:  # a path that cannot be captured: timed eagerly, and the result says so
+            torch.cuda.synchronize()
     t0 = time.perf_counter()
     for _ in range(plan.iterations):
         fn()
     sync(plan.device)
+    return (time.perf_counter() - t0) / plan.iterations * 1e6, "eager"
+
+
+def _graph_us(plan: Plan, fn: Any) -> float:
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up on a side stream before capture, as torch's docs ask
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(plan.iterations):
+            fn()
+    graph.replay()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    graph.replay()
+    torch.cuda.synchronize()
     return (time.perf_counter() - t0) / plan.iterations * 1e6
 
 
@@ -103,24 +131,25 @@ def sweep_shape(plan: Plan, batch: int, context: int, gbps: float | None) -> dic
     def triton(tuning: LaunchTuning | None) -> Any:
         return lambda: paged_attention_in_place(q, kc, vc, out, tiles, scale, PAGE, tuning)
 
-    def rate(us: float) -> dict[str, Any]:
-        r: dict[str, Any] = {"us": round(us, 2), "gb_per_s": figures(x["bytes"] / us / 1e3)}
+    def rate(fn: Any, graph: bool = True) -> dict[str, Any]:
+        us, how = timed_us(plan, fn, graph)
+        r: dict[str, Any] = {"us": round(us, 2), "gb_per_s": figures(x["bytes"] / us / 1e3), "timing": how}
         if gbps:
             r["share_of_copy"] = figures(x["bytes"] / us / 1e3 / gbps)
         return r
 
     res: dict[str, Any] = {"batch": batch, "context": context, "kv_mib": round(x["bytes"] / 2**20, 2)}
-    res["default"] = rate(timed_us(plan, triton(None)))
+    res["default"] = rate(triton(None))
     res["default"]["splits"] = decode_splits(batch * plan.heads[1], torch.device(plan.device))
     # Flash-decoding's gain where the default splits the contexts: the same launch in one pass.
     if res["default"]["splits"] > 1:
-        res["one_pass"] = rate(timed_us(plan, triton(LaunchTuning(splits=1))))
+        res["one_pass"] = rate(triton(LaunchTuning(splits=1)))
         res["split_vs_one_pass"] = round(res["one_pass"]["us"] / res["default"]["us"], 3)
     reference = paged_attention(q, x["k"], x["v"], kc, vc, x["meta"], scale)
     triton(None)()
     res["max_diff_vs_gather"] = float((out.float() - reference.float()).abs().max())
     res["gather_sdpa"] = rate(
-        timed_us(plan, lambda: paged_attention(q, x["k"], x["v"], kc, vc, x["meta"], scale))
+        lambda: paged_attention(q, x["k"], x["v"], kc, vc, x["meta"], scale), graph=False
     )
     settings: list[dict[str, Any]] = []
     for bn in plan.block_n:
@@ -128,7 +157,7 @@ def sweep_shape(plan: Plan, batch: int, context: int, gbps: float | None) -> dic
             for stages in plan.num_stages:
                 tuning = LaunchTuning(bn, warps, stages)
                 try:
-                    settings.append(asdict(tuning) | rate(timed_us(plan, triton(tuning))))
+                    settings.append(asdict(tuning) | rate(triton(tuning)))
                 except Exception as exc:  # a setting this Triton or GPU cannot compile (shared memory)
                     settings.append(asdict(tuning) | {"error": f"{type(exc).__name__}: {str(exc)[:200]}"})
     res["settings"] = settings
