@@ -163,6 +163,9 @@ def test_the_extra_attention_sweep_measures_each_launch_setting_against_gather(t
         (32, 4, 1),
     ]
     assert all(s["us"] > 0 for s in r["settings"]) and r["best"] in r["settings"]
+    # how each figure was timed: on CUDA the Triton launches replay from a graph; here all are eager
+    timings = [r["default"], r["one_pass"], r["gather_sdpa"], *r["settings"]]
+    assert {t["timing"] for t in timings} == {"eager"}
 
 
 def test_parts_all_adds_the_extra_parts_to_the_default_run() -> None:
