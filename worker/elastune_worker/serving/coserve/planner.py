@@ -32,11 +32,12 @@ class LatencyModel:
     the cheapest observation of the window (``floor``).
 
     The floor is for a cost the line misses: a co-served share on a GPU runs a second model eagerly,
-    whose fixed cost dwarfs its per-token cost, while its windows span a narrow range of sizes. On an
-    H200 at 8B the least-squares line through such shares came out as slope only (2.4 ms a forward
-    token, intercept clamped at 0), so one-token windows were predicted at 2.4 ms, planned into a
-    4 ms slack, and each took several times the TPOT SLO (inference TPOT p50 82 ms against 11 ms
-    alone, SLO attainment 0.5 % against 99 %). No share costs less than the cheapest one seen."""
+    whose fixed cost (inferred, not profiled) outweighs its per-token cost, while its windows span a
+    narrow range of sizes. On an H200 at 8B the least-squares line through such shares came out as
+    slope only (2.4 ms a forward token, intercept clamped at 0), so one-token windows were predicted at
+    2.4 ms and planned beside the inference tokens, and the iterations missed the TPOT SLO (inference
+    TPOT p50 82 ms against 11 ms alone, SLO attainment 0.5 % against 99 %). No share costs less than
+    the cheapest one seen."""
 
     base: float
     per_token: float

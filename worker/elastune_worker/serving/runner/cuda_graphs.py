@@ -29,7 +29,7 @@ import torch
 
 from elastune_worker.serving.runner.attention import AttentionMetadata
 from elastune_worker.serving.runner.lora import sgmv
-from elastune_worker.serving.runner.lora.kernels import LoRABatch, LoraKernel
+from elastune_worker.serving.runner.lora.kernels import LoRABatch, LoraKernel, rows_by_slot, segment_groups
 from elastune_worker.serving.runner.lora.slots import DeviceLoRAs
 from elastune_worker.serving.runner.triton_attention import PagedTiles
 
@@ -108,13 +108,7 @@ class GraphTiles:
 
     def fill(self, row_slots: list[int]) -> None:
         """The step's tiles (padded: every adapter at the batch's max rank; unpadded: its own)."""
-        by_slot: dict[int, list[int]] = {}
-        for row, s in enumerate(row_slots):
-            if s >= 0:
-                by_slot.setdefault(s, []).append(row)
-        top = max((self.slots.rank[s] for s in by_slot), default=0)
-        ranks = {s: top if self.kernel == "padded" else self.slots.rank[s] for s in by_slot}
-        groups = [(s, rows, ranks[s]) for s, rows in by_slot.items()]
+        groups = segment_groups(rows_by_slot(row_slots), self.slots.rank, self.kernel)
         flat = sgmv.tile_table(groups, self.rows_cap, self.tiles_cap)
         self.table.copy_(torch.from_numpy(flat), non_blocking=True)
 

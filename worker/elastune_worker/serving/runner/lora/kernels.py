@@ -25,6 +25,24 @@ from elastune_worker.serving.runner.lora.weights import LoRAWeights
 LoraKernel = Literal["padded", "unpadded"]
 
 
+def rows_by_slot(row_slots: list[int]) -> dict[int, list[int]]:
+    """The batch rows of each device slot in use (rows of slot -1, no device adapter, left out)."""
+    by_slot: dict[int, list[int]] = {}
+    for row, s in enumerate(row_slots):
+        if s >= 0:
+            by_slot.setdefault(s, []).append(row)
+    return by_slot
+
+
+def segment_groups(
+    by_slot: dict[int, list[int]], slot_ranks: list[int], kernel: LoraKernel
+) -> list[tuple[int, list[int], int]]:
+    """(slot, rows, rank read) of each adapter for the Triton launches: ``padded`` reads every adapter at
+    the batch's max rank, ``unpadded`` at its own (eager steps and the graphs' tile table alike)."""
+    top = max((slot_ranks[s] for s in by_slot), default=0)
+    return [(s, rows, top if kernel == "padded" else slot_ranks[s]) for s, rows in by_slot.items()]
+
+
 @dataclass
 class LoRABatch:
     """Which rows of the step's flat token batch use which device slot."""
@@ -66,15 +84,10 @@ class LoRABatch:
         batch.host = [(w, torch.tensor(rows, device=dev)) for w, rows in host if rows]
         if all(s < 0 for s in row_slots):
             return batch if batch.host else None
-        by_slot: dict[int, list[int]] = {}
-        for row, s in enumerate(row_slots):
-            if s >= 0:
-                by_slot.setdefault(s, []).append(row)
+        by_slot = rows_by_slot(row_slots)
         batch.max_rank = max(slots.rank[s] for s in by_slot)
         if backend == "triton":
-            padded = kernel == "padded"
-            groups = [(s, rows, batch.max_rank if padded else slots.rank[s]) for s, rows in by_slot.items()]
-            batch.tiles = sgmv.build_tiles(groups, slots.max_rank, dev)
+            batch.tiles = sgmv.build_tiles(segment_groups(by_slot, slots.rank, kernel), slots.max_rank, dev)
             return batch
         batch.groups = [(s, torch.tensor(rows, device=dev), slots.rank[s]) for s, rows in by_slot.items()]
         if kernel == "padded":
