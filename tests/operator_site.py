@@ -1,4 +1,4 @@
-"""The operator's runtime (control core + Knative backend) in the test's process, against the Kubernetes
+"""The operator's runtime (control core + workload backend) in the test's process, against the Kubernetes
 API emulator over HTTP and a real Redis, driven as kopf's handlers drive it (``upsert_pool``,
 ``submit_job``, ``upsert_adapter``); the test plays the worker side of the protocol, so no torch runs.
 
@@ -29,6 +29,7 @@ from elastune_contract.protocol import WorkerRecord, WorkerState
 from elastune_operator.k8s.runtime import Runtime
 from elastune_operator.k8s.settings import OperatorSettings
 from elastune_testing.emulator import start_emulator
+from elastune_testing.nodes import add_gpu_node
 
 API_VERSION = f"{GROUP}/{VERSION}"
 NS = "default"
@@ -61,6 +62,7 @@ class OperatorSite:
         self.api = config.new_client_from_config(config_file=str(self.emulator.kubeconfig_path))
         self.custom = client.CustomObjectsApi(self.api)
         self.bus = Bus(redis_url, f"{bus_prefix}{time.time_ns()}")
+        add_gpu_node(self.api, "gpu-node-0", 2)  # the cold pool the runtime counts (k8s.node_capacity)
         self._runtimes: list[Runtime] = []
         self.runtime = self.restart()
 
@@ -73,7 +75,6 @@ class OperatorSite:
             work_dir=self.tmp / "pod-tmp",  # the pods' /tmp: what must never hold a user's artifact
             metrics_port=0,
             namespace=self.bus.ns,
-            cold_pool_gpus=2,
         )
         self.runtime = Runtime(settings, self.api, bus=Bus(self.redis_url, self.bus.ns))
         self.runtime.start()

@@ -1,4 +1,4 @@
-"""Real Redis and Memcached servers for tests, on free ports (no fakes: DESIGN.md §8); a server that
+"""Real Redis and Memcached servers for tests, on free ports (no fakes: docs/design.md §8); a server that
 cannot start fails the test with the reason (e.g. the Debian package is missing)."""
 
 from __future__ import annotations

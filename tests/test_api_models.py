@@ -496,6 +496,7 @@ def test_condition_constants_fit_the_schema() -> None:
     assert {"InvalidSpec", "UnknownModel", "DatasetNotFound", "LatencyBudgetExceeded"} <= set(reasons)
     assert set(types) == {
         "Accepted", "Scheduled", "Running", "Succeeded", "Failed", "Ready", "Loaded", "Published",
+        "ModelReady",
     }  # fmt: skip
     for reason in reasons:
         for type_ in types:

@@ -65,6 +65,25 @@ def test_validate_accepts_examples_and_names_bad_fields(tmp_path):
         assert field in res.stderr, (field, res.stderr)
 
 
+def test_each_manifest_error_is_said_once_and_a_yaml_decimal_shows_its_quoted_form(tmp_path):
+    """Issue 41 item 6: every error was printed twice (the schema's, then "(model)" the models'), and
+    `learningRate: 0.01` was refused as "must be of type string"; now once each, with the quoted form."""
+    job = yaml.safe_load((ROOT / "manifests" / "tuningjob.yaml").read_text())
+    job["spec"]["deadline"] = "0s"
+    job["spec"]["method"] = "fineTuning"
+    job["spec"].setdefault("hyperparameters", {})["learningRate"] = 0.01
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump(job))
+    res = elastune("validate", "-f", str(bad))
+    assert res.returncode == 1
+    lines = [line.strip() for line in res.stderr.splitlines()[1:] if line.strip()]
+    fields = [line.partition(": ")[0] for line in lines]
+    assert len(fields) == len(set(fields)), res.stderr
+    assert {"spec.deadline", "spec.method", "spec.hyperparameters.learningRate"} <= set(fields), res.stderr
+    assert 'learningRate: "0.01"' in res.stderr
+    assert "(model)" not in res.stderr and "^" not in res.stderr  # no raw regular expression
+
+
 def test_simulate_prints_the_three_schedulers():
     res = elastune("simulate", "--load", "low", "--seed", "3")
     assert res.returncode == 0, res.stderr

@@ -49,7 +49,7 @@ def test_mypy_clean():
 
 
 def test_no_package_named_operator_at_top_level():
-    # A top-level `operator` package would shadow the standard library (DESIGN.md §2).
+    # A top-level `operator` package would shadow the standard library (docs/design.md §2).
     assert not (ROOT / "operator" / "__init__.py").exists()
     import operator as stdlib_operator
 

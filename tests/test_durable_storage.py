@@ -1,9 +1,9 @@
-"""Nothing a user needs lives in a pod's filesystem (DESIGN.md §6, issue 23): on the Kubernetes backend
+"""Nothing a user needs lives in a pod's filesystem (docs/design.md §6, issue 23): on the Kubernetes backend
 a TuningJob's checkpoints and artifact go to a claim every pod of its WarmPool mounts, the status
 publishes the pvc:// URI a reader can use, and a job whose output could only land in a pod's ephemeral
 storage is refused with a reason.
 
-The operator's runtime (the control core and the Knative backend) runs in this process against the
+The operator's runtime (the control core and the workload backend) runs in this process against the
 Kubernetes API emulator over HTTP and a real Redis; the test plays the worker side of the protocol, so no
 torch is needed. What a worker pod does with the assignment (writing where the adapter loader reads) is
 in tests/worker/test_pvc_artifacts.py.
@@ -76,7 +76,8 @@ def test_checkpoints_and_default_artifacts_go_to_the_pools_durable_claim_and_suc
     assert a.artifact_dir == f"pvc://shared/elastune/artifacts/{NS}/tuned"
     operator.bus.post(
         Event(
-            type="succeeded", job=a.job, attempt=a.attempt, rank=0, worker="tiny-pod-1", iterations=20,
+            type="succeeded", job=a.job, attempt=a.attempt, rank=0, worker="tiny-pod-1", proof=a.proof,
+            iterations=20,
             checkpointed=20, artifact=a.artifact_dir,
         )
     )  # fmt: skip

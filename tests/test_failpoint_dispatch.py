@@ -27,6 +27,7 @@ from elastune_contract.api.constants import GROUP, PLURAL_TUNING_JOBS, PLURAL_WA
 from elastune_contract.protocol import Event, WorkerRecord, WorkerState, assign_key
 from elastune_operator.failpoints import DISPATCH_AFTER_STATUS, EXIT_CODE, FAILPOINT_ENV
 from elastune_testing.emulator import start_emulator
+from elastune_testing.nodes import add_gpu_node
 from operator_site import MODEL, NS, wait_for
 
 V = f"{GROUP}/{VERSION}"
@@ -39,6 +40,7 @@ class Stack:
         self.emulator = start_emulator(tmp / "emulator")
         api = config.new_client_from_config(config_file=str(self.emulator.kubeconfig_path))
         self.custom = client.CustomObjectsApi(api)
+        add_gpu_node(api, "gpu-node-0", 2)  # the cold pool the operator counts (k8s.node_capacity)
         self.bus = Bus(redis_url, f"fp{time.time_ns()}")
         self.proc: subprocess.Popen[bytes] | None = None
         self.starts = 0
@@ -55,7 +57,6 @@ class Stack:
             "ELASTUNE_NAMESPACE": self.bus.ns,
             "ELASTUNE_WORK_DIR": str(self.tmp / "work"),
             "ELASTUNE_METRICS_PORT": "0",
-            "ELASTUNE_COLD_POOL_GPUS": "2",
         }
         env.pop(FAILPOINT_ENV, None)
         if failpoint:
@@ -150,6 +151,7 @@ def test_operator_killed_between_status_and_dispatch_runs_the_job_exactly_once(s
             attempt=2,
             rank=0,
             worker=WORKER,
+            proof=a.proof,
             iterations=20,
             artifact=a.artifact_dir,
         )

@@ -12,9 +12,9 @@ import yaml
 from elastune_contract.api.resources import parse_resource
 from elastune_contract.api.tuningjob import TuningJobStatus
 from elastune_operator.control.records import JobRecord
-from elastune_operator.k8s.knative import COST_BUSY, COST_REMOVE, MAX_SCALE, MIN_SCALE, service_manifest
 from elastune_operator.k8s.runtime import status_patch
 from elastune_operator.k8s.settings import OperatorSettings, SettingsError
+from elastune_operator.k8s.workload import COST_BUSY, COST_REMOVE, WORKER_PORT, worker_deployment
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -26,12 +26,21 @@ def pool():
     return parse_resource(doc)
 
 
-def test_knative_service_follows_the_warm_pool(pool) -> None:
-    svc = service_manifest(pool, 3, "redis://r:6379/0", "elastune-redis")
+def test_the_deployment_follows_the_warm_pool(pool) -> None:
+    svc = worker_deployment(pool, 3, "redis://r:6379/0", "elastune-redis")
     tmpl = svc["spec"]["template"]
-    assert (svc["apiVersion"], svc["kind"]) == ("serving.knative.dev/v1", "Service")
-    assert tmpl["metadata"]["annotations"][MIN_SCALE] == "3"
-    assert tmpl["metadata"]["annotations"][MAX_SCALE] == str(pool.spec.max_warm_gpus)
+    assert (svc["apiVersion"], svc["kind"]) == ("apps/v1", "Deployment")
+    assert svc["spec"]["replicas"] == 3
+    assert (
+        worker_deployment(pool, 99, "redis://r:6379/0", None)["spec"]["replicas"] == pool.spec.max_warm_gpus
+    )
+    # The size is not in the template: a resize changes only spec.replicas, so no pod is replaced.
+    assert worker_deployment(pool, 1, "redis://r:6379/0", "elastune-redis")["spec"]["template"] == tmpl
+    assert svc["spec"]["selector"]["matchLabels"].items() <= tmpl["metadata"]["labels"].items()
+    assert "timeoutSeconds" not in tmpl["spec"] and tmpl["spec"]["terminationGracePeriodSeconds"] == 120
+    # the worker drains (issue 38 item 1) for the grace period less a margin, so it exits before SIGKILL
+    env = {e["name"]: e.get("value") for e in tmpl["spec"]["containers"][0]["env"]}
+    assert env["ELASTUNE_DRAIN_SECONDS"] == "115"
     owner = svc["metadata"]["ownerReferences"][0]
     assert (owner["kind"], owner["uid"], owner["controller"]) == ("WarmPool", "u-123", True)
     pod = tmpl["spec"]
@@ -39,7 +48,7 @@ def test_knative_service_follows_the_warm_pool(pool) -> None:
     assert container["resources"]["limits"]["nvidia.com/gpu"] == "1"
     assert pod["nodeSelector"] == {"elastune.dev/pool": "cold"}
     assert pod["tolerations"][0]["key"] == "nvidia.com/gpu"
-    assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"  # ready = weights loaded = warm
+    assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": WORKER_PORT}  # warm
     env = {e["name"]: e for e in container["env"]}
     assert env["ELASTUNE_MODEL"]["value"] == pool.spec.model
     assert env["POD_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
@@ -50,7 +59,7 @@ def test_knative_service_follows_the_warm_pool(pool) -> None:
         "ELASTUNE_REDIS_PASSWORD"
     ) == 1  # not doubled by spec.env
     assert container["securityContext"]["runAsNonRoot"] is True
-    other = service_manifest(pool, 0, "redis://r:6379/0", "release-redis", "redis-password")
+    other = worker_deployment(pool, 0, "redis://r:6379/0", "release-redis", "redis-password")
     env = {e["name"]: e for e in other["spec"]["template"]["spec"]["containers"][0]["env"]}
     assert env["ELASTUNE_REDIS_PASSWORD"]["valueFrom"]["secretKeyRef"] == {
         "name": "release-redis",
@@ -60,8 +69,11 @@ def test_knative_service_follows_the_warm_pool(pool) -> None:
 
 
 def test_settings_come_from_the_environment_and_errors_name_the_variable() -> None:
-    s = OperatorSettings.from_env({"ELASTUNE_REDIS_URL": "redis://r:6379/0", "ELASTUNE_COLD_POOL_GPUS": "16"})
-    assert s.cold_pool_gpus == 16 and s.redis_secret == "elastune-redis" and s.metrics_port == 9090
+    s = OperatorSettings.from_env(
+        {"ELASTUNE_REDIS_URL": "redis://r:6379/0", "ELASTUNE_COLD_POOL_NODE_SELECTOR": "pool=gpu"}
+    )
+    assert s.cold_pool_node_selector == "pool=gpu" and s.redis_secret == "elastune-redis"
+    assert s.metrics_port == 9090
     assert s.redis_secret_key == "password"
     keyed = OperatorSettings.from_env({"ELASTUNE_REDIS_URL": "redis://r", "ELASTUNE_REDIS_SECRET_KEY": "pw"})
     assert keyed.redis_secret_key == "pw"
@@ -73,8 +85,8 @@ def test_settings_come_from_the_environment_and_errors_name_the_variable() -> No
     )
     with pytest.raises(SettingsError, match="ELASTUNE_REDIS_URL is required"):
         OperatorSettings.from_env({})
-    with pytest.raises(SettingsError, match="ELASTUNE_COLD_POOL_GPUS='many'"):
-        OperatorSettings.from_env({"ELASTUNE_REDIS_URL": "redis://r", "ELASTUNE_COLD_POOL_GPUS": "many"})
+    with pytest.raises(SettingsError, match="ELASTUNE_METRICS_PORT='many'"):
+        OperatorSettings.from_env({"ELASTUNE_REDIS_URL": "redis://r", "ELASTUNE_METRICS_PORT": "many"})
     with pytest.raises(SettingsError, match="must start with redis://"):
         OperatorSettings.from_env({"ELASTUNE_REDIS_URL": "http://r"})
 
@@ -109,7 +121,7 @@ def test_serving_section_becomes_engine_flags_and_claims_become_mounts() -> None
         {"claimName": "checkpoints", "mountPath": "/tmp/elastune"},
     ]
     pool = parse_resource(doc)
-    pod = service_manifest(pool, 0, "redis://r:6379/0", None)["spec"]["template"]["spec"]
+    pod = worker_deployment(pool, 0, "redis://r:6379/0", None)["spec"]["template"]["spec"]
     container = pod["containers"][0]
     args = container["args"]
     assert args[0] == "serve"
@@ -129,7 +141,7 @@ def test_serving_section_becomes_engine_flags_and_claims_become_mounts() -> None
     ]
     assert {"name": "ELASTUNE_PVC_ROOT", "value": "/mnt/pvc"} in container["env"]
     plain = yaml.safe_load((REPO / "manifests" / "warmpool.yaml").read_text())
-    bare = service_manifest(parse_resource(plain), 0, "redis://r:6379/0", None)["spec"]["template"]["spec"]
+    bare = worker_deployment(parse_resource(plain), 0, "redis://r:6379/0", None)["spec"]["template"]["spec"]
     assert bare["containers"][0]["args"] == ["serve"]
     # The example pool keeps checkpoints and tuned prompts on its jobStorage claim, where pvc:// resolves.
     assert [m for m in bare["containers"][0]["volumeMounts"] if m["name"] != "control-token"] == [
@@ -144,7 +156,7 @@ def test_the_redis_secret_is_copied_into_each_pool_namespace(tmp_path: Path) -> 
 
     from kubernetes import client, config
 
-    from elastune_operator.k8s.knative import KnativeBackend
+    from elastune_operator.k8s.workload import WorkloadBackend
     from elastune_testing.emulator import start_emulator
 
     emu = start_emulator(tmp_path / "emulator")
@@ -155,19 +167,19 @@ def test_the_redis_secret_is_copied_into_each_pool_namespace(tmp_path: Path) -> 
         doc["metadata"].update(namespace="team-a", uid="u-1")
         pool = parse_resource(doc)
         url, name = "redis://r:6379/0", "elastune-redis"
-        KnativeBackend(api, url, name, "password", redis_password="s3cret").register(pool, 0)
+        WorkloadBackend(api, url, name, "password", redis_password="s3cret").register(pool, 0)
         secret = core.read_namespaced_secret("elastune-redis", "team-a")
         assert base64.b64decode(secret.data["password"]).decode() == "s3cret"
         # A secret of that name already there (e.g. a stale copy) is brought up to date, not duplicated.
         core.patch_namespaced_secret(
             "elastune-redis", "team-a", {"data": {"password": base64.b64encode(b"old").decode()}}
         )
-        KnativeBackend(api, url, name, "password", redis_password="s3cret").register(pool, 0)
+        WorkloadBackend(api, url, name, "password", redis_password="s3cret").register(pool, 0)
         secret = core.read_namespaced_secret("elastune-redis", "team-a")
         assert base64.b64decode(secret.data["password"]).decode() == "s3cret"
         # Without a password (Redis without auth) nothing is written.
         doc["metadata"]["namespace"] = "team-b"
-        KnativeBackend(api, "redis://r:6379/0", "elastune-redis").register(parse_resource(doc), 0)
+        WorkloadBackend(api, "redis://r:6379/0", "elastune-redis").register(parse_resource(doc), 0)
         assert not [
             s for s in core.list_namespaced_secret("team-b").items if s.metadata.name == "elastune-redis"
         ]
@@ -185,7 +197,7 @@ def test_a_pool_can_share_its_pods_queues_fairly_by_tenant_and_bound_them() -> N
     doc["spec"]["serving"]["queuePolicy"] = "fair"
     doc["spec"]["serving"]["maxQueuedRequests"] = 256  # the bound on each pod's queue (503 past it)
     pool = parse_resource(doc)
-    args = service_manifest(pool, 0, "redis://r:6379/0", None)["spec"]["template"]["spec"]["containers"][0][
+    args = worker_deployment(pool, 0, "redis://r:6379/0", None)["spec"]["template"]["spec"]["containers"][0][
         "args"
     ]
     assert args[args.index("--queue-policy") + 1] == "fair"

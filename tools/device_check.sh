@@ -4,7 +4,8 @@
 # at most 8 minutes, and with --smoke on any CPU in under 3 (once the tiny models are cached: a first run
 # on a fresh machine builds them, untimed, before the parts). It first checks which of the project's
 # runtime imports the machine lacks and installs only those from the wheels carried in .whl/
-# (tools/device_wheels.sh fetches them, the tiny models and the ShareGPT trace there: carry ".whl"),
+# (tools/device_wheels.sh fetches them and the tiny models there: carry ".whl"; the ShareGPT trace is
+# the tree's own data/),
 # puts the project on PYTHONPATH, then runs bench/elastune_bench/device/run.py: (a)
 # correctness on the device (greedy equality with transformers for the tiny Llama and GPT-2, LoRA with
 # both kernels and a soft prompt against peft, each attention backend against the gather reference,
@@ -45,13 +46,11 @@ fi
 TREE=""
 for pkg in contract common batching worker operator gateway ssjf testing bench; do TREE="$TREE${TREE:+:}$ROOT/$pkg"; done
 export PYTHONPATH="$TREE${PYTHONPATH:+:$PYTHONPATH}"
-# The tiny models and adapters built here (else they are built there: minutes) and the trace.
+# The tiny models and adapters built here (else they are built there: minutes). The benchmarks find
+# data/ in the tree through elastune_common.datasets; $ELASTUNE_DATASET, if set, still overrides it.
 if [[ -d "$ROOT/.whl/cache" && -z "${ELASTUNE_CACHE:-}" ]]; then
   export ELASTUNE_CACHE=${TMPDIR:-/tmp}/elastune-device-cache
   mkdir -p "$ELASTUNE_CACHE" && cp -rn "$ROOT/.whl/cache/." "$ELASTUNE_CACHE/"
-fi
-if [[ -f "$ROOT/.whl/datasets/sharegpt_250.json" && -z "${ELASTUNE_DATASET:-}" ]]; then
-  export ELASTUNE_DATASET="$ROOT/.whl/datasets/sharegpt_250.json"
 fi
 export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-PASSIVE}
 still=$("$PY" -c "

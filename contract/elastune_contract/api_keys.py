@@ -1,5 +1,5 @@
-"""API keys (DESIGN.md §6 Tenancy, issue 25 items 2-3): the Secret a user writes, the record the operator
-publishes for the gateway, and the Redis keys both use.
+"""API keys (docs/design.md §6 Tenancy, issue 25 items 2-3): the Secret a user writes, the record the
+operator publishes for the gateway, and the Redis keys both use.
 
 A key is a Kubernetes Secret labelled ``elastune.dev/api-key: "true"`` in the namespace whose models it
 reaches, with ``stringData.key`` (the key itself), optional ``models`` (comma-separated; default: every
@@ -21,6 +21,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import time
 from collections.abc import Iterable, Mapping
 from typing import Any, Literal
 
@@ -161,13 +162,41 @@ def key_map(
     return out
 
 
+MAP_META_FIELD = "!published"
+"""The map's own field (never a digest: those are hex): ``{"version": ..., "keys": n}``, written with every
+publish. Its presence tells a map the operator published, even an empty one (every key revoked), from
+no map at all (Redis restarted empty, a FLUSHALL, no publisher yet), which revokes nothing: the gateway
+keeps the last map it confirmed, within its staleness bound."""
+
+
+class MapMeta(BaseModel):
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    version: int
+    """Nanoseconds since the epoch at publishing: later publishes have larger versions."""
+    keys: int = Field(ge=0)
+
+
 def publish(redis: Any, ns: str, records: Mapping[str, ApiKeyRecord]) -> None:
-    """Replace the whole map in one transaction (a key missing from ``records`` stops working)."""
+    """Replace the whole map in one transaction (a key missing from ``records`` stops working), with
+    its meta field (``MAP_META_FIELD``)."""
+    meta = MapMeta(version=time.time_ns(), keys=len(records))
     pipe = redis.pipeline(transaction=True)
     pipe.delete(api_keys_key(ns))
-    if records:
-        pipe.hset(api_keys_key(ns), mapping={d: _record_json(r) for d, r in records.items()})
+    fields = {d: _record_json(r) for d, r in records.items()}
+    pipe.hset(api_keys_key(ns), mapping={**fields, MAP_META_FIELD: meta.model_dump_json()})
     pipe.execute()
+
+
+def map_meta(raw: Mapping[str, str]) -> MapMeta | None:
+    """The meta field of a map as read; None when there is no published map (or it is unreadable)."""
+    text = raw.get(MAP_META_FIELD)
+    if text is None:
+        return None
+    try:
+        return MapMeta.model_validate_json(text)
+    except ValidationError:
+        return None
 
 
 def _record_json(record: ApiKeyRecord) -> str:
@@ -181,6 +210,8 @@ def parse_map(raw: Mapping[str, str]) -> tuple[dict[str, ApiKeyRecord], int]:
     out: dict[str, ApiKeyRecord] = {}
     bad = 0
     for digest, text in raw.items():
+        if digest == MAP_META_FIELD:
+            continue
         try:
             out[digest] = ApiKeyRecord.model_validate(json.loads(text))
         except (ValidationError, ValueError, TypeError):

@@ -1,5 +1,6 @@
-"""Whether a TuningJob can be co-served on a serving pod's engine (FlexLLM co-serving, DESIGN §5): the
-control plane asks before it counts a serving pod's spare iteration budget as capacity for the job."""
+"""Whether a TuningJob can be co-served on a serving pod's engine (FlexLLM co-serving, docs/design.md
+§5): the control plane asks before it counts a serving pod's spare iteration budget as capacity for the
+job."""
 
 from __future__ import annotations
 

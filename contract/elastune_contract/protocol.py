@@ -1,4 +1,4 @@
-"""The pull protocol between the control plane and worker processes, over Redis (DESIGN.md §5).
+"""The pull protocol between the control plane and worker processes, over Redis (docs/design.md §5).
 
 Workers need no inbound network path from the operator: each worker registers itself, heartbeats,
 and pops its job assignments from its own queue; rank 0 of a job reports progress and the result on
@@ -23,6 +23,8 @@ Keys (``ns`` defaults to ``elastune``):
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import ipaddress
 import time
 from enum import StrEnum
@@ -178,6 +180,11 @@ class ServingPoolRecord(_Message):
     """LoRAAdapters (and published prompts, rank 0) of the pool's model: ``adapter_id`` (namespace/name)
     -> rank. The gateway knows them while no pod holds them (scaled to zero, or still loading) and holds
     their requests."""
+    unservable: dict[str, str] = Field(default_factory=dict)
+    """Adapters of ``adapters`` that cannot be served for a reason scaling does not fix (their load
+    failed, the artifact is missing or wrong): ``adapter_id`` -> ``"Reason: message"`` as the
+    LoRAAdapter's condition says. The gateway answers their requests at once with that reason instead
+    of holding them for a pool that is not the problem."""
     vouched: dict[str, str] | None = None
     """The pool's workers as the control plane knows them, from a source no worker writes (the pods the
     API lists, the processes the local backend started): worker id -> ``host`` or ``host:port``
@@ -238,6 +245,11 @@ class Assignment(_Message):
     eval_fraction: float = 0.1
     max_eval: int = 64
     seed: int = 0
+    proof: str = ""
+    """The attempt's proof for this rank (``attempt_proof``): the worker stamps it on every event of the
+    assignment, and the control plane counts an event only with the proof it computes for that job,
+    attempt and rank. Only the assigned worker received it, so another pod that writes
+    to the job's event stream cannot end, fail or answer the job."""
     prompt_bank: Literal["auto", "always", "never"] = "never"
     """Whether rank(s) look up the initial prompt in the Prompt Bank before tuning (the control plane's
     latency-budget decision; ``auto`` lets the worker re-check it with the bank's own prediction)."""
@@ -287,6 +299,8 @@ class Event(_Message):
     attempt: int
     rank: int
     worker: str
+    proof: str = ""
+    """The assignment's ``proof`` (see Assignment.proof)."""
     time: float = Field(default_factory=time.time)
     iterations: int | None = None
     checkpointed: int | None = None
@@ -437,3 +451,11 @@ def cancel_key(ns: str, job: str, attempt: int) -> str:
 
 PoisonKind = Literal["worker", "pool", "placement", "demand", "event", "assignment"]
 """Which kind of registry entry could not be read (the label of the poison-record metrics)."""
+
+
+def attempt_proof(key: bytes, job: str, attempt: int, rank: int) -> str:
+    """HMAC-SHA256 of the assignment's identity under the control plane's key: what the assigned worker
+    stamps on its events (only it received the assignment). A key that outlives the control plane's
+    restarts (a Secret on Kubernetes) lets a restarted control plane accept an adopted attempt's events."""
+    message = f"{job}\n{attempt}\n{rank}".encode()
+    return hmac.new(key, message, hashlib.sha256).hexdigest()

@@ -1,4 +1,4 @@
-"""Redis users per role (DESIGN.md §6 Tenancy, issue 25 item 4): what the operator, the gateway and the
+"""Redis users per role (docs/design.md §6 Tenancy, issue 25 item 4): what the operator, the gateway and the
 workers may do on the control bus, as Redis 7 ACL rules over the key layout of ``protocol.py`` and the
 gradient keys of the worker's all-reduce (``elastune:{job}:{step}:grad|merged:...``).
 

@@ -1,4 +1,4 @@
-"""Storage URIs, parsed and resolved one way by every component (DESIGN.md §6).
+"""Storage URIs, parsed and resolved one way by every component (docs/design.md §6).
 
 The control plane (default artifact and checkpoint locations, LoRAAdapter checks), the tuner (where it
 writes checkpoints and the artifact) and the adapter loader all turn a URI into a filesystem path here,

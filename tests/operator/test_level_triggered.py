@@ -32,13 +32,15 @@ from elastune_contract.protocol import (
 from elastune_operator.control.backend import WorkerExit
 from elastune_operator.control.core import ControlCore
 from elastune_operator.control.lifecycle import succeeded
-from elastune_operator.control.records import CoreSettings, PoolConfig
+from elastune_operator.control.records import MISSING_GRACE_S, CoreSettings, PoolConfig
 from elastune_operator.control.serving import AdapterRecord
 from real_servers import start_redis, stop
 
 ROUND = 0.05
-SILENT_S = 4.0
-"""Longer than the fleet's grace for a missing record (three heartbeats), after its TTL expired."""
+SILENT_S = MISSING_GRACE_S + 2.0
+"""Longer than the fleet's grace for a missing record, after its TTL expired."""
+PAUSED_S = 20.0
+"""A pause a worker comes back from (a GC, a throttled CPU): within the grace."""
 
 
 @pytest.fixture(scope="module")
@@ -91,12 +93,12 @@ def heartbeat(bus: Bus, wid: str, clock: Clock, state: WorkerState = WorkerState
     )
 
 
-def rounds(env: dict[str, Any], n: int, *, beat: list[str] | None = None) -> None:
-    """``n`` control rounds ``ROUND`` apart, the listed workers heartbeating before each."""
+def rounds(env: dict[str, Any], n: int, *, beat: list[str] | None = None, step: float = ROUND) -> None:
+    """``n`` control rounds ``step`` apart on the clock, the listed workers heartbeating before each."""
     for _ in range(n):
         for wid in beat or []:
             heartbeat(env["bus"], wid, env["clock"])
-        env["clock"].t += ROUND
+        env["clock"].t += step
         env["core"].tick()
 
 
@@ -152,7 +154,7 @@ def test_a_worker_lost_for_a_missing_record_that_registers_again_is_used_again(e
     core, bus, backend = env["core"], env["bus"], env["backend"]
     serving_pod(env, "w1")
     bus.redis.delete(worker_key(bus.ns, "w1"))  # its record expired (paused past its TTL)
-    rounds(env, int(SILENT_S / ROUND))
+    rounds(env, int(SILENT_S), step=1.0)
     assert "w1" not in core.fleet.gpu_of and "w1" in backend.shrunk, "silent past the grace: lost"
     # It resumes and heartbeats again.
     rounds(env, 2, beat=["w1"])
@@ -163,6 +165,24 @@ def test_a_worker_lost_for_a_missing_record_that_registers_again_is_used_again(e
     assert returned == 1
     # ... and used: a job goes to it.
     rec = job("after-return", iterations=10)
+    core.submit(rec)
+    rounds(env, 2, beat=["w1"])
+    a = bus.pop_assignment("w1", timeout=0.5)
+    assert a is not None and a.job == rec.key
+
+
+def test_a_worker_paused_20_s_is_neither_lost_nor_stopped_and_keeps_its_work(env: dict[str, Any]) -> None:
+    """Issue 38 item 2: three heartbeats after its record's TTL declared a worker paused ~20 s lost, and
+    the control plane stopped it when it resumed (its streams cut). A pause within the grace is not a
+    loss: the worker keeps its GPU and its placement, and a job still goes to it."""
+    core, bus, backend = env["core"], env["bus"], env["backend"]
+    serving_pod(env, "w1")
+    bus.redis.delete(worker_key(bus.ns, "w1"))  # paused: its record expired
+    rounds(env, int(PAUSED_S), step=1.0)
+    assert "w1" in core.fleet.gpu_of and backend.shrunk == [], "a paused worker was declared lost"
+    rounds(env, 2, beat=["w1"])  # it resumes
+    assert "w1" in core.fleet.gpu_of and backend.shrunk == []
+    rec = job("after-pause", iterations=10)
     core.submit(rec)
     rounds(env, 2, beat=["w1"])
     a = bus.pop_assignment("w1", timeout=0.5)
@@ -208,7 +228,9 @@ def test_a_malformed_event_is_skipped_and_counted_and_the_job_still_finishes(env
     bus.redis.xadd(key, {"event": '{"type": "exploded"}'})
     bus.redis.xadd(key, {"not-an-event": "x"})
     rounds(env, 3, beat=["w1"])
-    done = Event(type="succeeded", job=a.job, attempt=a.attempt, rank=0, worker="w1", iterations=10)
+    done = Event(
+        type="succeeded", job=a.job, attempt=a.attempt, rank=0, worker="w1", proof=a.proof, iterations=10
+    )
     bus.post(done.model_copy(update={"artifact": "/out/x"}))
     rounds(env, 3, beat=["w1"])
     assert rec.terminal and succeeded(rec)

@@ -1,9 +1,9 @@
 """The real operator process (`elastune operator`, kopf) against the Kubernetes API emulator over HTTP,
-with local worker processes standing in for the Knative pods (KnativeStandIn), a real redis-server, and
+with local worker processes standing in for the pool pods (WorkloadStandIn), a real redis-server, and
 real tuning of the small test model.
 
-Scenario (issue 5): apply a WarmPool and two TuningJobs with different deadlines → the Knative Service
-appears with a min-scale → the jobs run on real workers → status carries the optimized prompt → delete
+Scenario (issue 5): apply a WarmPool and two TuningJobs with different deadlines → the Deployment
+appears with replicas → the jobs run on real workers → status carries the optimized prompt → delete
 → the finalizer releases everything; idle workers go back to the cold pool without a busy one ever
 being picked; bad jobs fail with reasons without disturbing the others; killing the operator mid-job
 and starting it again finishes the job exactly once.
@@ -11,6 +11,7 @@ and starting it again finishes the job exactly once.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -32,15 +33,10 @@ from kubernetes.client.rest import ApiException  # noqa: E402
 from elastune_common.bus import Bus  # noqa: E402
 from elastune_common.servers import free_port  # noqa: E402
 from elastune_contract.api.constants import GROUP, PVC_ROOT_ENV, VERSION  # noqa: E402
-from elastune_operator.k8s.knative import (  # noqa: E402
-    KNATIVE_GROUP,
-    KNATIVE_PLURAL,
-    KNATIVE_VERSION,
-    MIN_SCALE,
-)
 from elastune_operator.local.backend import LocalBackend  # noqa: E402
 from elastune_testing.emulator import start_emulator  # noqa: E402
-from elastune_testing.knative_standin import KnativeStandIn  # noqa: E402
+from elastune_testing.nodes import add_gpu_node, remove_node  # noqa: E402
+from elastune_testing.workload_standin import WorkloadStandIn  # noqa: E402
 from elastune_worker.tiny import build as tiny_build  # noqa: E402
 from elastune_worker.tiny import tasks as tiny_tasks  # noqa: E402
 from tiny_test_model import TASK, TEST_SPEC  # noqa: E402 - the small model and task of the worker tests
@@ -59,7 +55,7 @@ def wait_for(what: str, check: Callable[[], Any], timeout: float = 120.0, every:
 
 
 class Cluster:
-    def __init__(self, tmp: Path, redis_url: str) -> None:
+    def __init__(self, tmp: Path, redis_url: str, gpus: int = 2) -> None:
         self.tmp = tmp
         self.redis_url = redis_url
         self.emulator = start_emulator(tmp / "emulator")
@@ -73,11 +69,13 @@ class Cluster:
         self.backend = LocalBackend(
             tmp / "workers", redis_url, self.namespace, extra_env={PVC_ROOT_ENV: str(self.pvc_root)}
         )
-        self.standin = KnativeStandIn(self.api_client, self.bus, self.backend)
+        self.standin = WorkloadStandIn(self.api_client, self.bus, self.backend)
         self.standin.start()
         self.operator: subprocess.Popen[bytes] | None = None
         self.metrics_port = 0
         self.starts = 0
+        if gpus:  # the cold pool: the GPUs of the emulated nodes (k8s.node_capacity)
+            add_gpu_node(self.api_client, "gpu-node-0", gpus)
 
     def start_operator(self) -> None:
         self.starts += 1
@@ -90,7 +88,6 @@ class Cluster:
             "ELASTUNE_NAMESPACE": self.namespace,
             "ELASTUNE_WORK_DIR": str(self.tmp / "work"),
             "ELASTUNE_METRICS_PORT": str(self.metrics_port),
-            "ELASTUNE_COLD_POOL_GPUS": "2",
             PVC_ROOT_ENV: str(self.pvc_root),  # the operator sees the claims too (artifact checks)
         }
         log = (self.tmp / f"operator-{self.starts}.log").open("wb")
@@ -136,19 +133,22 @@ class Cluster:
         c = self.condition(name, "Succeeded")
         return c if c and c["status"] != "Unknown" else None
 
-    def service(self, name: str) -> dict | None:
+    def deployment(self, name: str) -> dict | None:
+        """The WarmPool's Deployment as the API returns it (None until it exists)."""
         try:
-            return self.custom.get_namespaced_custom_object(
-                KNATIVE_GROUP, KNATIVE_VERSION, NS, KNATIVE_PLURAL, name
+            resp = client.AppsV1Api(self.api_client).read_namespaced_deployment(
+                name, NS, _preload_content=False
             )
         except ApiException as exc:
             if exc.status == 404:
                 return None
             raise
+        found: dict = json.loads(resp.data)
+        return found
 
-    def min_scale(self, name: str) -> int | None:
-        svc = self.service(name)
-        return None if svc is None else int(svc["spec"]["template"]["metadata"]["annotations"][MIN_SCALE])
+    def replicas(self, name: str) -> int | None:
+        dep = self.deployment(name)
+        return None if dep is None else int(dep["spec"]["replicas"])
 
     def metrics(self) -> str:
         return (
@@ -221,8 +221,8 @@ def test_pool_and_jobs_run_on_workers_delete_releases_and_scale_down_spares_busy
     cluster.create("tuningjobs", tuning_job("nodata", small_model, "/no/such/data.jsonl", "4m"))
     cluster.create("tuningjobs", tuning_job("nopool", Path("/other/model"), str(dataset), "4m"))
 
-    wait_for("the Knative Service with min-scale >= 1", lambda: (cluster.min_scale("tiny") or 0) >= 1, 60)
-    svc = cluster.service("tiny")
+    wait_for("the Deployment with replicas >= 1", lambda: (cluster.replicas("tiny") or 0) >= 1, 60)
+    svc = cluster.deployment("tiny")
     assert svc is not None and svc["metadata"]["ownerReferences"][0]["kind"] == "WarmPool"
     for name in ("late", "early", "nodata", "nopool"):
         wait_for(f"{name} to finish", lambda n=name: cluster.finished(n), 240)
@@ -257,7 +257,7 @@ def test_pool_and_jobs_run_on_workers_delete_releases_and_scale_down_spares_busy
     wait_for("the deleted job to be gone", lambda: cluster.get("tuningjobs", "late") is None, 30)
 
     # Idle window 6 s: the pool shrinks back to zero; every removed pod was an idle worker.
-    wait_for("min-scale back to 0", lambda: cluster.min_scale("tiny") == 0, 60)
+    wait_for("replicas back to 0", lambda: cluster.replicas("tiny") == 0, 60)
     wait_for("pods removed", lambda: len(cluster.standin.removals) >= 1, 30)
     assert all(r.worker_state != "busy" for r in cluster.standin.removals), cluster.standin.removals
     assert "Traceback" not in cluster.operator_log()
@@ -287,3 +287,47 @@ def test_operator_killed_mid_job_restarts_and_the_job_finishes_exactly_once(
     assert "adopted attempt 1 running on" in second, second[-4000:]
     results = [e for _, e in cluster.bus.events(f"{NS}/survivor") if e.type == "succeeded"]
     assert len(results) == 1
+
+
+def test_the_cold_pool_is_the_gpus_of_the_nodes_there_are(
+    tmp_path: Path, redis_server: Any, small_model: Path, dataset: Path
+) -> None:
+    """No GPU node: nothing is planned and the job waits; a node with one GPU joins: the pool grows onto
+    it; the node leaves: no GPU beyond what remains is planned, and the running job's worker stays."""
+    cluster = Cluster(tmp_path, redis_server.url, gpus=0)
+    try:
+        cluster.start_operator()
+        cluster.create("warmpools", warm_pool(small_model))
+        cluster.create("tuningjobs", tuning_job("first", small_model, str(dataset), "5m", iterations=2000))
+
+        def running() -> bool:
+            return (cluster.condition("first", "Running") or {}).get("status") == "True"
+
+        def planned() -> int:  # the scheduler's warm pool: GPUs taken from the cold pool
+            st = (cluster.get("warmpools", "tiny") or {}).get("status") or {}
+            return int(st.get("warmGPUs") or 0) + int(st.get("startingGPUs") or 0)
+
+        wait_for("the pool's status", lambda: (cluster.get("warmpools", "tiny") or {}).get("status"), 30)
+        time.sleep(3.0)  # many scheduling rounds (50 ms each) with the job waiting
+        assert planned() == 0 and not running(), cluster.operator_log()[-3000:]
+        assert not cluster.core.list_namespaced_pod(NS).items, "a worker pod with no GPU node"
+
+        add_gpu_node(cluster.api_client, "gpu-node-a", 1)
+        wait_for("the job to run on the new node's GPU", running, 120)
+        assert planned() == 1
+        worker = cluster.core.list_namespaced_pod(NS).items
+        assert len(worker) == 1
+
+        remove_node(cluster.api_client, "gpu-node-a")
+        time.sleep(1.0)  # the watch carries the deletion within a round or two
+        # A job with a tight deadline wants more GPUs now; the cold pool has none left to give.
+        cluster.create("tuningjobs", tuning_job("second", small_model, str(dataset), "90s", iterations=200))
+        for _ in range(15):
+            time.sleep(0.3)
+            assert planned() <= 1, "planned GPUs on a node that left"
+        pods = cluster.core.list_namespaced_pod(NS).items
+        assert [p.metadata.uid for p in pods] == [p.metadata.uid for p in worker], "a running pod was touched"
+        assert running()
+        assert "Traceback" not in cluster.operator_log()
+    finally:
+        cluster.close()

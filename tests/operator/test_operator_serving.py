@@ -1,5 +1,5 @@
 """Serving through the real operator (issue 15): `elastune operator` (kopf) against the Kubernetes API
-emulator over HTTP, the Knative stand-in starting real local worker processes with the pod's container
+emulator over HTTP, the workload stand-in starting real local worker processes with the pod's container
 args, a real redis-server, the real gateway process and the real `openai` client.
 
 Scenario: a WarmPool with `serving.minReplicas: 0`, LoRAAdapters of ranks 8 and 16, one whose artifact
@@ -113,11 +113,11 @@ def test_scale_from_zero_adapters_publish_delete_and_restart_through_the_operato
     orphan = adapter("orphan", str(r8))
     orphan["spec"]["baseModel"] = "no/such-model"
     cluster.create("loraadapters", orphan)
-    wait_for("the Knative Service", lambda: cluster.service("tiny-llama") is not None, 60)
-    svc = cluster.service("tiny-llama")
+    wait_for("the Deployment", lambda: cluster.deployment("tiny-llama") is not None, 60)
+    svc = cluster.deployment("tiny-llama")
     args = svc["spec"]["template"]["spec"]["containers"][0]["args"]
     assert args[:3] == ["serve", "--enable-lora", "--max-loras"] and "--max-lora-rank" in args, args
-    assert cluster.min_scale("tiny-llama") == 0  # scaled to zero until a request comes
+    assert cluster.replicas("tiny-llama") == 0  # scaled to zero until a request comes
 
     missing = wait_for(
         "the missing artifact's condition",
@@ -142,7 +142,7 @@ def test_scale_from_zero_adapters_publish_delete_and_restart_through_the_operato
     answer = client.completions.create(model="units", prompt="12 km →", max_tokens=6, temperature=0)
     assert answer.choices[0].text and answer.model == "units"
     assert time.monotonic() - t0 > 1.0  # it waited while a pod started
-    assert (cluster.min_scale("tiny-llama") or 0) >= 1
+    assert (cluster.replicas("tiny-llama") or 0) >= 1
 
     def holders(name: str) -> list[dict]:
         return ((cluster.get("loraadapters", name) or {}).get("status") or {}).get("loadedOn") or []

@@ -9,6 +9,7 @@ loopback only, unauthenticated), never handing them to workers."""
 from __future__ import annotations
 
 import base64
+import json
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,7 +19,7 @@ import httpx
 import pytest
 
 from elastune_common.bus import Bus
-from elastune_contract.api_keys import api_keys_key
+from elastune_contract.api_keys import MAP_META_FIELD, api_keys_key
 from elastune_contract.openai_api.errors import APIError
 from elastune_gateway.server.auth import KeyTable
 from elastune_gateway.server.metrics import GatewayMetrics
@@ -79,7 +80,7 @@ def test_secrets_become_hashed_scoped_keys_and_revocation_takes_seconds(publishe
     assert status(table, "sk-b") == ()
     assert status(table, "sk-bad") == 401 and status(table, "sk-plain") == 401
     stored = bus.redis.hgetall(api_keys_key(bus.ns))
-    assert len(stored) == 3
+    assert len(stored) == 4 and json.loads(stored.pop(MAP_META_FIELD))["keys"] == 3  # 3 keys, and the meta
     assert not any("sk-" in k or "sk-" in v for k, v in stored.items())  # digests only, never a key
 
     pub.deleted("team-a/all")  # the Secret was deleted

@@ -5,7 +5,7 @@ namespace is refused), and deleting one never touches the other's; two namespace
 LoRAAdapter of one name, each placed, loaded and reported as its own, and deleting one never unloads the
 other.
 
-The operator's runtime (control core + Knative backend) runs in this process against the Kubernetes API
+The operator's runtime (control core + workload backend) runs in this process against the Kubernetes API
 emulator over HTTP and a real Redis, driven as kopf's handlers drive it; no worker runs (no torch)."""
 
 from __future__ import annotations
@@ -19,6 +19,9 @@ import pytest
 
 pytest.importorskip("kmock")
 
+from kubernetes import client
+from kubernetes.client.rest import ApiException
+
 from elastune_contract.api.constants import (
     GROUP,
     PLURAL_LORA_ADAPTERS,
@@ -28,7 +31,6 @@ from elastune_contract.api.constants import (
 )
 from elastune_contract.protocol import AdapterState, ServingState, WorkerRecord, WorkerState
 from elastune_contract.vocabulary import Reason
-from elastune_operator.k8s.knative import KNATIVE_GROUP, KNATIVE_PLURAL, KNATIVE_VERSION
 from operator_site import MODEL, OperatorSite, wait_for
 
 A, B = "team-a", "team-b"
@@ -125,12 +127,22 @@ def test_an_adapter_of_another_namespace_is_not_served_on_the_pool_unless_admitt
     wait_for("B's adapter off A's pool", lambda: f"{B}/b-adapter" not in served_adapters(site, "tiny"))
 
 
+def deployment(site: OperatorSite, name: str, ns: str) -> Any:
+    """The WarmPool's Deployment (None until the operator wrote it)."""
+    try:
+        return client.AppsV1Api(site.api).read_namespaced_deployment(name, ns)
+    except ApiException as exc:
+        if exc.status == 404:
+            return None
+        raise
+
+
 def a_pool_with_a_job(site: OperatorSite) -> None:
     site.pool("tiny", A, volumes=JOB_STORAGE)
     site.job("mine", A)
     wait_for("A's job in the core", lambda: f"{A}/mine" in site.runtime.core.jobs)
     wait_for("A's pool record", lambda: f"{A}/tiny" in site.bus.serving_pools())
-    assert site.get(KNATIVE_PLURAL, "tiny", A, KNATIVE_GROUP, KNATIVE_VERSION) is not None
+    assert deployment(site, "tiny", A) is not None
 
 
 def assert_a_pool_intact(site: OperatorSite) -> None:
@@ -139,7 +151,7 @@ def assert_a_pool_intact(site: OperatorSite) -> None:
     assert f"{A}/tiny" in site.bus.serving_pools()
     wp, _ = site.runtime.backend.pools[f"{A}/tiny"]
     assert wp.metadata.namespace == A
-    assert site.get(KNATIVE_PLURAL, "tiny", A, KNATIVE_GROUP, KNATIVE_VERSION) is not None
+    assert deployment(site, "tiny", A) is not None
     mine = site.runtime.core.jobs[f"{A}/mine"]
     assert not mine.terminal, mine.status.conditions
     assert mine.pool == f"{A}/tiny"
@@ -165,7 +177,7 @@ def test_a_second_namespace_s_pool_of_the_model_is_ready_and_serves_its_own_name
     site.pool(b_name, B, volumes=JOB_STORAGE)
     ready(site, b_name, B)
     ready(site, "tiny", A)
-    assert site.get(KNATIVE_PLURAL, b_name, B, KNATIVE_GROUP, KNATIVE_VERSION) is not None
+    assert deployment(site, b_name, B) is not None
     wait_for("B's pool record", lambda: f"{B}/{b_name}" in site.bus.serving_pools())
     site.job("theirs", B)
     theirs = wait_for("B's job in the core", lambda: site.runtime.core.jobs.get(f"{B}/theirs"))
@@ -205,7 +217,7 @@ def test_a_second_pool_of_the_model_in_one_namespace_is_refused_and_takes_over_w
     c = wait_for("A's second pool's Ready", lambda: site.condition("tiny-2", "Ready", PLURAL_WARM_POOLS, A))
     assert (c["status"], c["reason"]) == ("False", Reason.DUPLICATE_WARM_POOL), c
     assert f"{A}/tiny" in c["message"] and A in c["message"], c["message"]
-    assert site.get(KNATIVE_PLURAL, "tiny-2", A, KNATIVE_GROUP, KNATIVE_VERSION) is None
+    assert deployment(site, "tiny-2", A) is None
     a_pool = site.get(PLURAL_WARM_POOLS, "tiny", A)
     site.custom.delete_namespaced_custom_object(GROUP, VERSION, A, PLURAL_WARM_POOLS, "tiny")
     site.runtime.delete_pool(a_pool)

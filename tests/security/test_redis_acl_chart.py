@@ -22,8 +22,8 @@ from elastune_common.bus import Bus
 from elastune_common.servers import free_port
 from elastune_contract.protocol import ServingPoolRecord, pools_key
 from elastune_contract.redis_acl import acl_rules
-from elastune_operator.k8s.knative import service_manifest
 from elastune_operator.k8s.settings import OperatorSettings
+from elastune_operator.k8s.workload import worker_deployment
 from test_helm import RELEASE, named, render
 
 REPO = Path(__file__).resolve().parents[2]
@@ -134,7 +134,7 @@ def test_the_rendered_components_use_their_own_users(
 
     from elastune_contract.api.resources import parse_resource
 
-    svc = service_manifest(
+    svc = worker_deployment(
         parse_resource(pool_doc()), 1, settings.redis_url, settings.redis_secret, settings.redis_secret_key,
         redis_username=settings.redis_worker_username,
     )  # fmt: skip

@@ -1,4 +1,4 @@
-"""The gateway forwards only to addresses the control plane vouches for (issue 25 item 4, DESIGN.md §6).
+"""The gateway forwards only to addresses the control plane vouches for (issue 25 item 4, docs/design.md §6).
 
 Workers write their own registry records with one shared Redis user, so a worker credential can rewrite
 another worker's record to point at its own server. The control plane lists each pool's workers in the
@@ -198,7 +198,7 @@ def test_the_knative_backend_vouches_for_running_pods_at_their_ip(k8s_emulator: 
 
     from elastune_contract.api.constants import LABEL_WARM_POOL
     from elastune_contract.api.resources import parse_resource
-    from elastune_operator.k8s.knative import WORKER_PORT, KnativeBackend
+    from elastune_operator.k8s.workload import WORKER_PORT, WorkloadBackend
 
     ns = "team-a"
     api = config.new_client_from_config(config_file=str(k8s_emulator.kubeconfig_path))
@@ -207,7 +207,7 @@ def test_the_knative_backend_vouches_for_running_pods_at_their_ip(k8s_emulator: 
     wp = parse_resource(doc)
     name = wp.metadata.name
     now = [time.time()]
-    backend = KnativeBackend(api, "redis://r:6379/0", clock=lambda: now[0])
+    backend = WorkloadBackend(api, "redis://r:6379/0", clock=lambda: now[0])
     backend.register(wp, 3)
     core = client.CoreV1Api(api)
 

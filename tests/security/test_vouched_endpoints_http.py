@@ -1,5 +1,5 @@
 """A worker credential rewriting another worker's registry record gets none of its traffic (issue 25
-item 4, DESIGN.md §6), against real processes: a redis-server with the per-role ACL users, a real worker
+item 4, docs/design.md §6), against real processes: a redis-server with the per-role ACL users, a real worker
 (tiny Llama) registered with the worker user, the real gateway with the gateway user, the serving control
 publishing the pool record with the operator user, and a rogue HTTP server. An attacker holding the
 worker credential (the one copied into every WarmPool namespace) rewrites the victim's record to point

@@ -1,4 +1,4 @@
-"""Worker control endpoints need the worker's control token (issue 25 item 4, DESIGN.md §6 Tenancy).
+"""Worker control endpoints need the worker's control token (issue 25 item 4, docs/design.md §6 Tenancy).
 
 Against a real worker process over real HTTP: an unauthenticated POST /v1/unload_lora_adapter used to
 remove a served adapter; now it is a 401 (OpenAI-shaped) and the adapter is still served, while the same

@@ -1,7 +1,7 @@
-"""Who can reach a worker pod, and with what (issue 25 item 4, DESIGN.md §6 Tenancy): the WarmPool's
-Knative Service is cluster-local, its pods mount no ServiceAccount token and do mount the worker control
+"""Who can reach a worker pod, and with what (issue 25 item 4, docs/design.md §6 Tenancy): the WarmPool's
+pods take no Service traffic, mount no ServiceAccount token and do mount the worker control
 token (a Secret the operator writes per namespace, distinct from the Redis credential), and a
-NetworkPolicy lets only the release's gateway and operator, Knative's system namespace and Prometheus in:
+NetworkPolicy lets only the release's gateway and operator and Prometheus in:
 rendered by the chart per watched namespace, or written by the operator into each WarmPool namespace when
 it watches all of them. The pod world cannot enforce a NetworkPolicy: these check the rendered objects."""
 
@@ -16,14 +16,13 @@ import pytest
 import yaml
 
 from elastune_contract.api.resources import parse_resource
-from elastune_operator.k8s.knative import (
-    VISIBILITY,
+from elastune_operator.k8s.settings import OperatorSettings, SettingsError
+from elastune_operator.k8s.workload import (
     WORKER_CONTROL_DIR,
     WORKER_CONTROL_SECRET,
-    KnativeBackend,
-    service_manifest,
+    WorkloadBackend,
+    worker_deployment,
 )
-from elastune_operator.k8s.settings import OperatorSettings, SettingsError
 from test_helm import COMBINATIONS, NAMESPACE, RELEASE, named, of_kind, render
 
 REPO = Path(__file__).resolve().parents[2]
@@ -35,14 +34,13 @@ def pool_doc(namespace: str = "team-a") -> dict[str, Any]:
     return doc
 
 
-def test_the_knative_service_is_cluster_local_and_its_pods_hold_no_api_token() -> None:
+def test_the_pool_pods_hold_no_api_token_and_take_no_service_traffic() -> None:
     doc = pool_doc()
     # A pool's author cannot point the worker at another token file through spec.worker.env.
     doc["spec"]["worker"]["env"] = [{"name": "ELASTUNE_CONTROL_TOKEN_FILE", "value": "/tmp/mine"}]
-    svc = service_manifest(parse_resource(doc), 1, "redis://r:6379/0", "elastune-redis")
-    assert svc["metadata"]["labels"][VISIBILITY] == "cluster-local"
+    svc = worker_deployment(parse_resource(doc), 1, "redis://r:6379/0", "elastune-redis")
+    assert svc["kind"] == "Deployment"  # no Service fronts the workers: the gateway goes pod-direct
     template = svc["spec"]["template"]
-    assert VISIBILITY not in template["metadata"]["labels"]  # a Service label, not the pods'
     pod = template["spec"]
     assert pod["automountServiceAccountToken"] is False
     (container,) = pod["containers"]
@@ -73,18 +71,18 @@ def test_the_operator_writes_a_control_token_per_namespace_and_keeps_it(tmp_path
                 core.read_namespaced_secret(WORKER_CONTROL_SECRET, ns).data["token"]
             ).decode()
 
-        KnativeBackend(api, "redis://r:6379/0", "elastune-redis", redis_password="pw").register(
+        WorkloadBackend(api, "redis://r:6379/0", "elastune-redis", redis_password="pw").register(
             parse_resource(pool_doc("team-a")), 0
         )
         first = token("team-a")
         assert len(first) >= 32 and first != "pw"
         # Another operator run (a restart) keeps the token the running pods have.
-        KnativeBackend(api, "redis://r:6379/0", "elastune-redis").register(
+        WorkloadBackend(api, "redis://r:6379/0", "elastune-redis").register(
             parse_resource(pool_doc("team-a")), 0
         )
         assert token("team-a") == first
         # Another namespace, another token: one tenant's token opens no other tenant's workers.
-        KnativeBackend(api, "redis://r:6379/0", None).register(parse_resource(pool_doc("team-b")), 0)
+        WorkloadBackend(api, "redis://r:6379/0", None).register(parse_resource(pool_doc("team-b")), 0)
         assert token("team-b") != first
     finally:
         emu.stop()
@@ -126,19 +124,16 @@ def _selects(selector: dict[str, Any], labels: dict[str, str]) -> bool:
 
 
 def _check_ingress(ingress: list[dict[str, Any]], docs: tuple[dict[str, Any], ...]) -> None:
-    """Exactly: the release's gateway and operator pods, Knative's namespace, Prometheus."""
+    """Exactly: the release's gateway and operator pods, Prometheus (no Knative namespace: none needed)."""
     peers = [peer for rule in ingress for peer in rule["from"]]
     assert all("ports" not in rule for rule in ingress)
-    assert len(peers) == 3, peers
-    release, knative, prometheus = peers
+    assert len(peers) == 2, peers
+    release, prometheus = peers
     assert release["namespaceSelector"] == {"matchLabels": {"kubernetes.io/metadata.name": NAMESPACE}}
     for pod in (f"{RELEASE}-gateway", f"{RELEASE}-operator"):
         assert _selects(release["podSelector"], _pod_labels(docs, pod)), pod
     redis = _pod_labels(docs, f"{RELEASE}-redis")
     assert not _selects(release["podSelector"], redis)  # Redis (or anything else in the namespace): no
-    assert knative == {
-        "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "knative-serving"}}
-    }
     assert prometheus["podSelector"] == {"matchLabels": {"app.kubernetes.io/name": "prometheus"}}
     assert "ipBlock" not in json.dumps(ingress)
 
@@ -180,7 +175,7 @@ def test_cluster_wide_the_operator_writes_the_same_policy_into_each_pool_namespa
            ["template"]["spec"]["containers"][0]["env"]}  # fmt: skip
     settings = OperatorSettings.from_env({"ELASTUNE_REDIS_URL": "redis://r:6379/0", **env})
     assert settings.worker_network_policy is not None
-    backend = KnativeBackend.__new__(KnativeBackend)
+    backend = WorkloadBackend.__new__(WorkloadBackend)
     backend.network_policy, backend._policy_in = json.loads(settings.worker_network_policy), set()
     backend.networking = fake = _FakeNetworking()  # type: ignore[assignment]
     backend.write_network_policy("team-a")

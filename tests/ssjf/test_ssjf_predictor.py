@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import gzip
+import hashlib
 import json
 import shutil
 from pathlib import Path
 
 import pytest
 
+from elastune_common import datasets
 from elastune_ssjf import build as B
 
 
@@ -74,3 +77,16 @@ def test_predictor_loads_and_predicts_ints_for_strings(predictor_dir: Path):
     ids = p.encoder.token_ids("alpha " * 300 + "beta " * 400)
     alpha, beta = p.encoder.token_ids("alpha")[1], p.encoder.token_ids("beta")[1]
     assert len(ids) == 512 and ids[1:129] == [alpha] * 128 and ids[129:-1] == [beta] * 382
+
+
+def test_the_build_trains_on_the_shipped_data_and_records_its_digest(predictor_dir: Path, monkeypatch):
+    """The default training data is the repository's gzipped sample; the digest build_info records is
+    the data's (the uncompressed JSON), so the same entries give the same digest however packed."""
+    shipped = datasets.DATA_DIR / datasets.SHAREGPT_FILE
+    monkeypatch.delenv(datasets.DATASET_ENV, raising=False)
+    assert B.default_dataset() == shipped
+    raw = gzip.decompress(shipped.read_bytes())
+    info = B.read_build_info(predictor_dir)
+    assert info is not None
+    assert info["dataset"]["sha256"] == hashlib.sha256(raw).hexdigest()
+    assert info["dataset"]["entries"] == len(B.load_dataset(shipped)) == 250

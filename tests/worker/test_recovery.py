@@ -1,4 +1,4 @@
-"""A job survives a worker's death: checkpoints every K steps (PromptTuner §5.1, DESIGN.md §4).
+"""A job survives a worker's death: checkpoints every K steps (PromptTuner §5.1, docs/design.md §4).
 
 One of two worker processes (real ``python -m elastune_worker.tuning`` processes over a real Redis) is
 SIGKILLed mid-job. The survivor fails loudly at its next all-reduce, naming the missing worker, and the job

@@ -378,7 +378,7 @@ def test_tuningjobs_with_s3_outputs_in_local_mode(
 
 def test_the_pool_pods_mount_the_named_secrets_read_only_and_optional() -> None:
     from elastune_contract.api.warmpool import WarmPool
-    from elastune_operator.k8s.knative import service_manifest
+    from elastune_operator.k8s.workload import worker_deployment
 
     pool = WarmPool.model_validate(
         {
@@ -388,7 +388,7 @@ def test_the_pool_pods_mount_the_named_secrets_read_only_and_optional() -> None:
             "spec": {"model": MODEL, "maxWarmGPUs": 1, "worker": {"image": "elastune/worker:dev"}},
         }
     )
-    pod = service_manifest(pool, 1, "redis://r", None, s3_secrets={"s3-b", "s3-a"})["spec"]["template"][
+    pod = worker_deployment(pool, 1, "redis://r", None, s3_secrets={"s3-b", "s3-a"})["spec"]["template"][
         "spec"
     ]
     s3_volumes = [v for v in pod["volumes"] if v["name"].startswith("s3-")]

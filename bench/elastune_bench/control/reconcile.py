@@ -44,7 +44,8 @@ def run(jobs: int, json_path: Path | None, timeout: float) -> dict[str, Any]:
 
     tmp = Path(tempfile.mkdtemp(prefix="elastune-bench-operator-"))
     redis = start_redis(tmp / "redis")
-    # Its own process: the emulator must not share this process's GIL with the client threads.
+    # Its own process: the emulator must not share this process's GIL with the client threads. No Node
+    # objects: the cold pool has no GPUs, nothing runs; the benchmark is about reconciling.
     emulator = start_emulator(tmp / "emulator", subprocess_mode=True)
     api = client.CustomObjectsApi(config.new_client_from_config(config_file=str(emulator.kubeconfig_path)))
     metrics_port = free_port()
@@ -55,7 +56,6 @@ def run(jobs: int, json_path: Path | None, timeout: float) -> dict[str, Any]:
         "ELASTUNE_REDIS_SECRET": "",
         "ELASTUNE_WORK_DIR": str(tmp / "work"),
         "ELASTUNE_METRICS_PORT": str(metrics_port),
-        "ELASTUNE_COLD_POOL_GPUS": "0",  # nothing to run on: the benchmark is about reconciling
     }
     log_path = tmp / "operator.log"
     cmd = [sys.executable, "-m", "elastune_operator.cli", "operator", "--standalone", "--all-namespaces"]

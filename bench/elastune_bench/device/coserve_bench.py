@@ -2,8 +2,9 @@
 temporal sharing at their SLO attainment (FlexLLM's claim is 1.9-4.8x on GPUs), on a random-weight
 Llama-3-8B in bf16 (``--shape llama-3-8b``: the tiny Llama is launch-bound on a GPU, where the
 co-served job's per-window fixed cost exceeded the whole TPOT SLO) and on ``llama-micro`` in the CPU
-smoke run; its JSON as coserve.json. The ShareGPT trace comes from ``$ELASTUNE_DATASET``
-(tools/device_check.sh points it at the carried copy) or ../shared/datasets.
+smoke run; its JSON as coserve.json. The ShareGPT trace is ``bench coserve``'s own default: the
+repository's ``data/sharegpt_250.json.gz`` (the working tree carries it to the device machine), or the
+copy ``$ELASTUNE_DATASET`` names.
 
 Sized for ~50 s on an H100/H200 (run.py's time box: 75 s): set-up ~15 s (the engine, graphs, the
 profile, the trainer's base), then per mode a light load of 24 requests at 8/s (3 s) and a heavy load
@@ -14,8 +15,6 @@ every mode). GPU memory: the engine's 15 GiB of weights + 4 GiB of KV (2,048 blo
 own 15 GiB copy + working sets: ~40 GiB of an 80 GiB H100."""
 
 from __future__ import annotations
-
-import os
 
 from elastune_bench.device.common import part_args
 
@@ -28,10 +27,7 @@ SMOKE_ARGS = ("--device", "cpu", "--shape", "llama-micro", "--requests", "6", "-
 
 
 def bench_argv(out: str, smoke: bool) -> list[str]:
-    argv = ["--quick", "--json", out]
-    if os.environ.get("ELASTUNE_DATASET"):
-        argv += ["--dataset", os.environ["ELASTUNE_DATASET"]]
-    return [*argv, *(SMOKE_ARGS if smoke else FULL_ARGS)]
+    return ["--quick", "--json", out, *(SMOKE_ARGS if smoke else FULL_ARGS)]
 
 
 def main() -> int:

@@ -564,6 +564,8 @@ def exp_operator_killed(root: Path) -> Outcome:
     try:
         api = k8s.config.new_client_from_config(config_file=str(emulator.kubeconfig_path))
         custom = k8s.client.CustomObjectsApi(api)
+        # The cold pool the operator counts: one emulated node with 2 GPUs (k8s.node_capacity).
+        importlib.import_module("elastune_testing.nodes").add_gpu_node(api, "gpu-node-0", 2)
         grp, ver = "elastune.dev", "v1alpha1"
 
         def create(plural: str, kind: str, name: str, spec: dict[str, Any]) -> None:
@@ -580,8 +582,7 @@ def exp_operator_killed(root: Path) -> Outcome:
         def operator(failpoint: str | None) -> subprocess.Popen[bytes]:
             env = {**os.environ, "KUBECONFIG": str(emulator.kubeconfig_path), "ELASTUNE_REDIS_URL": redis.url,
                    "ELASTUNE_REDIS_SECRET": "", "ELASTUNE_NAMESPACE": bus.ns,
-                   "ELASTUNE_WORK_DIR": str(root / "op-work"), "ELASTUNE_METRICS_PORT": "0",
-                   "ELASTUNE_COLD_POOL_GPUS": "2"}  # fmt: skip
+                   "ELASTUNE_WORK_DIR": str(root / "op-work"), "ELASTUNE_METRICS_PORT": "0"}  # fmt: skip
             env.pop("ELASTUNE_FAILPOINT", None)
             if failpoint:
                 env["ELASTUNE_FAILPOINT"] = failpoint
@@ -628,8 +629,9 @@ def exp_operator_killed(root: Path) -> Outcome:
                 False, f"exit {first.returncode} at the failpoint; the restarted operator never dispatched"
             )
         assigns.append(a)
-        bus.post(Event(type="started", job=a.job, attempt=a.attempt, rank=0, worker=wid))
-        bus.post(Event(type="succeeded", job=a.job, attempt=a.attempt, rank=0, worker=wid, iterations=20,
+        bus.post(Event(type="started", job=a.job, attempt=a.attempt, rank=0, worker=wid, proof=a.proof))
+        bus.post(Event(type="succeeded", job=a.job, attempt=a.attempt, rank=0, worker=wid, proof=a.proof,
+                       iterations=20,
                        artifact=a.artifact_dir))  # fmt: skip
         done = wait_until(lambda: cond("Succeeded") == "True", 60)
         time.sleep(3)

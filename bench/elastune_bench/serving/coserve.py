@@ -1,7 +1,7 @@
 """`elastune bench coserve`: FlexLLM co-serving against temporal sharing and a spatial split, in one run.
 
 The same pod (the engine serving the tiny Llama), the same inference trace and the same tuning job in
-every mode. The trace: ShareGPT prompts and response lengths (../shared/datasets/sharegpt_250.json,
+every mode. The trace: ShareGPT prompts and response lengths (``data/sharegpt_250.json.gz``,
 prompts truncated, outputs capped, greedy with ``ignore_eos``) arriving at the dataset's Poisson
 timestamps compressed to a light and a heavy rate, replayed in real time in-process. The job: prompt
 tuning of the same model (the trainer's promptTuning, the same seed and data), run for the trace's
@@ -54,9 +54,8 @@ from typing import Any
 
 from elastune_bench.serving.shapes import TINY, BenchModel, bench_model, shape_names
 from elastune_bench.stats import finish, loadavg, percentile
+from elastune_common import datasets
 
-ROOT = Path(__file__).resolve().parents[3]
-DEFAULT_DATASET = ROOT.parent / "shared" / "datasets" / "sharegpt_250.json"
 TEMPORAL = (16, 32, 64, 128)
 MODES = ("coserve", *(f"temporal_{n}" for n in TEMPORAL), "spatial", "inference_only")
 CAPACITY_SLO_PCT = 90.0
@@ -93,7 +92,7 @@ class RunResult:
 def load_trace(tok: Any, dataset: Path, n: int, max_prompt: int, max_out: int, rate: float) -> Trace:
     """The first ``n`` usable entries; their arrival timestamps (a 1 req/s Poisson trace) sped up to
     ``rate`` requests per second."""
-    data = json.loads(dataset.read_text())
+    data = datasets.read_json(dataset)
     speed = rate / float(data.get("metadata", {}).get("arrival_rate", 1.0))
     prompts, outs, times = [], [], []
     for e in data["entries"]:
@@ -319,7 +318,10 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="elastune bench coserve", description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="fewer requests and shorter outputs")
     p.add_argument("--json", type=Path, help="write the results here")
-    p.add_argument("--dataset", type=Path, default=DEFAULT_DATASET)
+    p.add_argument(
+        "--dataset", type=Path, default=datasets.sharegpt_path(),
+        help=f"the inference trace (default: ${datasets.DATASET_ENV} or data/{datasets.SHAREGPT_FILE})",
+    )  # fmt: skip
     p.add_argument("--requests", type=int, help="requests per load (default 200; --quick 80)")
     p.add_argument("--light-requests", type=int, help="requests of the light load (default: --requests)")
     p.add_argument("--light-rate", type=float, default=8.0, help="requests per second at light load")
@@ -343,13 +345,9 @@ def main(argv: list[str] | None = None) -> int:
         p.error(
             f"--modes: names from {', '.join(MODES)}, with coserve and a temporal one (the goal compares)"
         )
-    if not args.dataset.exists():
-        print(f"bench coserve: skipped, dataset {args.dataset} not found (it lives in ../shared/datasets)")
-        if args.json:
-            args.json.parent.mkdir(parents=True, exist_ok=True)
-            skipped = {"skipped": f"dataset {args.dataset} not found"}
-            args.json.write_text(json.dumps(skipped, indent=2) + "\n")
-        return 0
+    if not args.dataset.exists():  # the repository ships it: a missing one is a wrong --dataset
+        print(f"bench coserve: {datasets.not_found(args.dataset, 'dataset', '--dataset')}", file=sys.stderr)
+        return 2
     model = bench_model(args.shape)
     try:
         return _run(args, model, modes)
@@ -426,6 +424,7 @@ def _run(args: argparse.Namespace, model: BenchModel, modes: list[str]) -> int:
                        "virtual_tokens": cfg.virtual_tokens},
             "max_window": args.max_window, "micro_batch": args.micro_batch, "torch_threads": threads,
             "quick": args.quick, "device": device, "modes": modes,
+            "dataset": datasets.display_path(args.dataset),
         },
         "model": {"shape": model.shape, "random_weights": model.random,
                   "engine_dtype": str(engine.runner.dtype).removeprefix("torch."),

@@ -2,7 +2,7 @@
 
 Both engines serve the same model directory (the project's tiny Llama by default) behind their own
 OpenAI-compatible servers, one at a time on the same machine, and get the same requests: ShareGPT
-prompts (../shared/datasets/sharegpt_250.json) as token ids truncated to fit the context, greedy, with
+prompts (``data/sharegpt_250.json.gz``) as token ids truncated to fit the context, greedy, with
 ``ignore_eos`` so each request generates exactly its ``max_tokens`` (the dataset's response length,
 capped). Two loads: light (Poisson arrivals) and saturating (all requests at once). Measured from the
 client over streamed responses: output-token throughput, TTFT and TPOT percentiles. Then Elastune's
@@ -38,9 +38,8 @@ from typing import Any
 import httpx
 
 from elastune_bench.stats import finish, loadavg, percentile
+from elastune_common import datasets
 
-ROOT = Path(__file__).resolve().parents[3]
-DEFAULT_DATASET = ROOT.parent / "shared" / "datasets" / "sharegpt_250.json"
 SERVED_NAME = "tiny-llama"
 
 
@@ -147,7 +146,7 @@ def summarize(outcomes: list[Outcome], wall: float) -> dict[str, Any]:
 def sharegpt_workloads(
     tokenizer: Any, dataset: Path, n: int, max_prompt: int, max_out: int, light_rate: float
 ) -> tuple[Workload, Workload]:
-    entries = json.loads(dataset.read_text())["entries"]
+    entries = datasets.read_json(dataset)["entries"]
     prompts, outs = [], []
     for e in entries:
         ids = tokenizer(e["prompt"])["input_ids"][:max_prompt]
@@ -163,7 +162,7 @@ def sharegpt_workloads(
 def shared_prefix_workload(
     tokenizer: Any, dataset: Path, n: int, prefix_tokens: int, max_out: int
 ) -> Workload:
-    entries = json.loads(dataset.read_text())["entries"]
+    entries = datasets.read_json(dataset)["entries"]
     system = tokenizer(" ".join(e["response"] for e in entries[:40]))["input_ids"][:prefix_tokens]
     prompts = []
     for e in entries[40 : 40 + n]:
@@ -358,7 +357,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--model", type=Path, help="HF-format model dir (default: the tiny Llama, built if missing)"
     )
-    p.add_argument("--dataset", type=Path, default=DEFAULT_DATASET)
+    p.add_argument(
+        "--dataset", type=Path, default=datasets.sharegpt_path(),
+        help=f"ShareGPT prompts (default: ${datasets.DATASET_ENV} or data/{datasets.SHAREGPT_FILE})",
+    )  # fmt: skip
     p.add_argument("--requests", type=int, help="requests per load (default 64; --quick 16)")
     p.add_argument("--light-rate", type=float, default=2.0, help="requests per second at light load")
     p.add_argument("--max-prompt", type=int, default=512, help="prompt tokens at most")
@@ -384,9 +386,7 @@ def main(argv: list[str] | None = None) -> int:
 
         args.model = ensure_tiny_model(spec=TINY_LLAMA_SPEC)
     if not args.dataset.exists():
-        print(
-            f"bench serve: dataset {args.dataset} not found (it lives in ../shared/datasets)", file=sys.stderr
-        )
+        print(f"bench serve: {datasets.not_found(args.dataset, 'dataset', '--dataset')}", file=sys.stderr)
         return 2
     from transformers import AutoTokenizer
 
@@ -399,7 +399,11 @@ def main(argv: list[str] | None = None) -> int:
         for w in (light, saturating):
             w.models = [f"r{LORA_RANKS[i % 4]}" for i in range(len(w.prompts))]
     result: dict[str, Any] = {
-        "config": {**{k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}, "requests": n},
+        "config": {
+            **{k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+            "dataset": datasets.display_path(args.dataset),
+            "requests": n,
+        },
         "machine": {
             "nproc": os.cpu_count(),
             "loadavg_before": loadavg(),

@@ -1,11 +1,11 @@
 """`elastune bench ssjf`: FCFS vs speculative shortest-job-first on the real engine, three batching settings.
 
-The experiment of the SSJF paper (papers/ssjf.txt §4.2) on Elastune's engine: the in-process
-``LLMEngine`` serving the tiny Llama (``tiny-llama-v1``) replays the ShareGPT trace
-(../shared/datasets/sharegpt_250.json) in real time. Each request's prompt is the dataset's prompt
-(the tiny Llama's tokens, the first ``--max-prompt`` kept) and its output length is forced to the
-dataset's response length (``max_tokens`` = that length, ``ignore_eos``, greedy), so what a request
-costs is what it cost on the LLM that answered it.
+The experiment of the SSJF paper ("Efficient Interactive LLM Serving with Proxy Model-based Sequence
+Length Prediction", §4.2) on Elastune's engine: the in-process ``LLMEngine`` serving the tiny Llama
+(``tiny-llama-v1``) replays the ShareGPT trace shipped in ``data/sharegpt_250.json.gz`` in real time.
+Each request's prompt is the dataset's prompt (the tiny Llama's tokens, the first ``--max-prompt``
+kept) and its output length is forced to the dataset's response length (``max_tokens`` = that
+length, ``ignore_eos``, greedy), so what a request costs is what it cost on the LLM that answered it.
 
 For each batching setting (none, dynamic, continuous; ``--max-num-seqs`` 4, the paper's batch size) three
 waiting-queue orders run on the same arrivals: FCFS; SJF on the predictor's lengths (``sjf``, the
@@ -39,9 +39,9 @@ from pathlib import Path
 from typing import Any
 
 from elastune_bench.stats import finish, loadavg, percentile
+from elastune_common import datasets
 
 ROOT = Path(__file__).resolve().parents[3]
-DEFAULT_DATASET = ROOT.parent / "shared" / "datasets" / "sharegpt_250.json"
 DEFAULT_OUT = ROOT / "benchmarks" / "results" / "ssjf.json"
 SETTINGS = ("none", "dynamic", "continuous")
 ORDERS = ("fcfs", "sjf_predicted", "sjf_oracle")
@@ -219,7 +219,11 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="elastune bench ssjf", description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="the first 40 requests of the trace (< 2 min)")
     p.add_argument("--json", type=Path, help="write the results here")
-    p.add_argument("--dataset", type=Path, default=DEFAULT_DATASET)
+    p.add_argument(
+        "--dataset", type=Path, default=datasets.sharegpt_path(),
+        help=f"the trace and the predictor's training data (default: ${datasets.DATASET_ENV} or "
+        f"data/{datasets.SHAREGPT_FILE})",
+    )  # fmt: skip
     p.add_argument(
         "--requests", type=int, help="requests from the trace's start (default all 250; --quick 40)"
     )
@@ -327,7 +331,12 @@ def run(quick: bool, args: argparse.Namespace | None = None) -> dict[str, Any]:
     config = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items() if k != "json"}
     return {
         "ssjf": ssjf,
-        "config": {**config, "requests": len(reqs), "model": TINY_LLAMA_SPEC.name},
+        "config": {
+            **config,
+            "dataset": datasets.display_path(args.dataset),
+            "requests": len(reqs),
+            "model": TINY_LLAMA_SPEC.name,
+        },
         "machine": machine,
     }
 
@@ -335,9 +344,7 @@ def run(quick: bool, args: argparse.Namespace | None = None) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     if not args.dataset.exists():
-        print(
-            f"bench ssjf: dataset {args.dataset} not found (it lives in ../shared/datasets)", file=sys.stderr
-        )
+        print(f"bench ssjf: {datasets.not_found(args.dataset, 'dataset', '--dataset')}", file=sys.stderr)
         return 2
     result = run(args.quick, args)
     for name, row in result["ssjf"]["settings"].items():

@@ -1,4 +1,4 @@
-"""Names of the Elastune API, defined once and imported everywhere (DESIGN.md §3, §7)."""
+"""Names of the Elastune API, defined once and imported everywhere (docs/design.md §3, §7)."""
 
 from typing import Final
 
@@ -31,7 +31,7 @@ CATEGORIES: Final = ("elastune",)
 
 FINALIZER: Final = f"{GROUP}/finalizer"
 
-# Label keys. The pool label is also what the GPU nodes of the cold pool carry (DESIGN.md §5).
+# Label keys. The pool label is also what the GPU nodes of the cold pool carry (docs/design.md §5).
 LABEL_POOL: Final = f"{GROUP}/pool"
 LABEL_MODEL: Final = f"{GROUP}/model"
 LABEL_JOB: Final = f"{GROUP}/job"

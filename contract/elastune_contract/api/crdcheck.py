@@ -226,6 +226,12 @@ def _describe(error: ValidationError) -> list[str]:
         reason = (
             f"must be of type {expected}; got {JSON_TYPE_NAMES.get(type(instance), '?')} {_json(instance)}"
         )
+        if expected == "string" and isinstance(instance, int | float) and not isinstance(instance, bool):
+            # YAML reads `learningRate: 0.01` as a number; the API keeps decimals as strings (no floats
+            # in spec), so show the form it takes (issue 41 item 6).
+            field = parts[-1] if parts else "value"
+            reason = f'must be a string: write it quoted, {field}: "{instance}" (YAML reads it as a number)'
+
     elif keyword == "minimum":
         exclusive = error.schema.get("exclusiveMinimum") is True
         reason = f"must be {'>' if exclusive else '>='} {value}; got {_json(instance)}"

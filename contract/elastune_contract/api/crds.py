@@ -1,4 +1,5 @@
-"""CustomResourceDefinitions generated from the pydantic models, the single source of truth (DESIGN.md §3).
+"""CustomResourceDefinitions generated from the pydantic models, the single source of truth
+(docs/design.md §3).
 
 pydantic emits JSON Schema 2020-12; the apiserver wants a *structural* OpenAPI v3 schema. The conversion
 inlines every $ref, drops titles, turns Optional[X] into "X, not required", const into enum, open maps

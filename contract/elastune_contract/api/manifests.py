@@ -50,8 +50,19 @@ def check(doc: Any, file: Path) -> Manifest:
     try:
         resource = parse_resource(doc)
     except InvalidResource as exc:
-        problems += [f"(model) {e}" for e in exc.errors]
+        # The models check what the schema checks and more: a field the schema already named is said
+        # once (issue 41 item 6: every error was printed twice), the rest (semantic checks) as well.
+        named = {_field_of(p) for p in problems}
+        problems += [e for e in exc.errors if _field_of(e) not in named]
     return Manifest(file, doc, resource if not problems else None, problems)
+
+
+def _field_of(problem: str) -> str:
+    """The field path a problem names: ``spec.deadline: must be ...`` -> ``spec.deadline``, and the
+    apiserver's ``unknown field "spec.foo"`` -> ``spec.foo``."""
+    if problem.startswith('unknown field "') and problem.endswith('"'):
+        return problem[len('unknown field "') : -1]
+    return problem.partition(": ")[0].strip()
 
 
 def load(files: list[Path]) -> list[Manifest]:

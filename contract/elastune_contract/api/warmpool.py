@@ -1,17 +1,18 @@
 """WarmPool: GPUs kept loaded with one LLM so jobs start without a cold start (PromptTuner §4)."""
 
 from collections.abc import Sequence
-from typing import Annotated, Any, Literal
+from functools import cached_property
+from typing import Annotated, Any, Final, Literal
 
-from pydantic import ConfigDict, Field, ValidationInfo, field_validator
+from pydantic import AfterValidator, ConfigDict, Field, ValidationInfo, WithJsonSchema, field_validator
 
 from elastune_contract.api import units
 from elastune_contract.api.common import (
+    PATTERN_DESCRIPTIONS,
     ApiModel,
     Conditions,
     Duration,
     EnvName,
-    ModelName,
     NonNegativeDecimal,
     PositiveDecimal,
     Quantity,
@@ -19,6 +20,14 @@ from elastune_contract.api.common import (
     ResourceName,
 )
 from elastune_contract.api.constants import DEFAULT_PVC_ROOT, KIND_WARM_POOL
+from elastune_contract.model_source import (
+    HF,
+    MODEL_SOURCE_DESCRIPTION,
+    MODEL_SOURCE_PATTERN,
+    S3,
+    ModelSource,
+    parse_model_source,
+)
 
 # The gateway's routing policies by name (its routing/ package takes the type from here).
 RoutingPolicyName = Literal[
@@ -39,6 +48,46 @@ def namespace_admitted(namespace: str, own: str, allowed: Sequence[str] | None) 
     """Whether a job or adapter of ``namespace`` may use a pool of namespace ``own`` whose
     spec.allowedNamespaces is ``allowed``."""
     return namespace == own or ALL_NAMESPACES in (allowed or ()) or namespace in (allowed or ())
+
+
+def _check_model_source(value: str) -> str:
+    parse_model_source(value)  # ValueError: a sentence naming the accepted forms
+    return value
+
+
+#: spec.model: a model source (model_source.py): hf://, s3://, pvc:// or a built-in name.
+ModelSourceString = Annotated[
+    str,
+    AfterValidator(_check_model_source),
+    WithJsonSchema({"type": "string", "pattern": MODEL_SOURCE_PATTERN}),
+]
+# Schema errors word the pattern as a sentence (crdcheck); registered here, not in common.py, because
+# model_source imports storage, which imports the api package that common.py belongs to.
+PATTERN_DESCRIPTIONS.setdefault(MODEL_SOURCE_PATTERN, MODEL_SOURCE_DESCRIPTION)
+DEFAULT_MODEL_CACHE_CLAIM: Final = "elastune-models"
+DEFAULT_LOAD_TIMEOUT: Final = "10m"
+
+
+class ModelSourceSpec(ApiModel):
+    """How the pool gets an hf://, s3:// or pvc:// model: fetched once by a Job into a cache claim that
+    outlives pods, then loaded offline by every worker from there."""
+
+    secret_name: ResourceName | None = None
+    """A Secret of the pool's namespace with the credentials: key ``token`` (a Hub access token) for
+    hf://; for s3:// the keys LoRAAdapter artifactSecret uses (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY,
+    optional AWS_ENDPOINT_URL, AWS_REGION, AWS_SESSION_TOKEN). Unset: anonymous (public repositories,
+    or the fetch pod's own cloud identity)."""
+    cache_claim: ResourceName = DEFAULT_MODEL_CACHE_CLAIM
+    """The PersistentVolumeClaim of the pool's namespace holding fetched models (one directory per
+    source, so a second pool of the same model reuses it). The fetch Job mounts it read-write, workers
+    read-only: ReadWriteMany, or ReadWriteOnce when all of them land on one node."""
+    load_timeout: Duration = DEFAULT_LOAD_TIMEOUT
+    """How long a worker may take to load the model before Kubernetes restarts it (its startupProbe:
+    failureThreshold x periodSeconds). Large models on slow disks need more."""
+
+    @property
+    def load_timeout_seconds(self) -> int:
+        return units.parse_duration(self.load_timeout)
 
 
 class Toleration(ApiModel):
@@ -85,6 +134,12 @@ class WorkerSpec(ApiModel):
     """Container resources; the operator adds nvidia.com/gpu for gpusPerPod when it is missing."""
     env: list[EnvVar] | None = None
     """Extra environment variables."""
+    termination_grace_period_seconds: int = Field(
+        default=120, ge=10, le=3600, alias="terminationGracePeriodSeconds"
+    )
+    """How long a worker pod told to stop (scale-down, rollout, node drain) may take to finish its
+    requests in flight before it is killed: the pod's terminationGracePeriodSeconds. The worker drains
+    for 5 s less (readiness false, out of the registry, streams finished), then exits."""
 
 
 class VolumeMount(ApiModel):
@@ -231,8 +286,13 @@ class WarmPoolSpec(ApiModel):
         }
     )
 
-    model: ModelName
-    """LLM the pool serves: a Hugging Face id or a local path inside the worker image or volume."""
+    model: ModelSourceString
+    """LLM the pool serves: hf://<org>/<name>[@<revision>] (a Hugging Face Hub repository, main when no
+    revision), s3://<bucket>/<prefix> or pvc://<claim>/<path> (fetched once into modelSource.cacheClaim
+    before the workers start), or a built-in name such as elastune/tiny-llama (loaded as is)."""
+    model_source: ModelSourceSpec | None = None
+    """Credentials, cache claim and load timeout of the model (unset: no Secret, the claim
+    elastune-models, 10m)."""
     gpus_per_pod: int = Field(default=1, ge=1)
     """GPUs requested by each worker pod."""
     node_selector: dict[str, str] | None = None
@@ -263,6 +323,31 @@ class WarmPoolSpec(ApiModel):
     allowedRoutes in spirit). Unset or empty: its own namespace only. "*" admits every namespace. A
     job of another namespace runs in this pool's pods and writes its default artifact and checkpoints
     to this pool's jobStorage claim; its s3:// Secrets must exist in this pool's namespace."""
+
+    @field_validator("model_source")
+    @classmethod
+    def _secret_for_remote_models(cls, value: ModelSourceSpec | None, info: ValidationInfo) -> Any:
+        model = info.data.get("model")
+        if (
+            value is not None
+            and value.secret_name
+            and model
+            and not model.startswith((f"{HF}://", f"{S3}://"))
+        ):
+            raise ValueError(
+                f"secretName holds credentials for an hf:// or s3:// model only; {model!r} needs none"
+            )
+        return value
+
+    @cached_property
+    def source(self) -> ModelSource:
+        """spec.model parsed (validated when the spec was)."""
+        return parse_model_source(self.model)
+
+    @property
+    def fetch(self) -> ModelSourceSpec:
+        """spec.modelSource with its defaults when unset."""
+        return self.model_source or ModelSourceSpec()
 
     @field_validator("volumes")
     @classmethod

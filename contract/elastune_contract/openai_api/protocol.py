@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 MAX_STOP_SEQUENCES = 16
 
@@ -29,9 +29,42 @@ TokenId = Annotated[int, Field(ge=0, le=INT32_MAX)]
 Penalty = Annotated[float, Field(ge=-2.0, le=2.0)]
 
 
+def invalid_unicode(value: object, path: str = "") -> str | None:
+    """The path of the first string in ``value`` that is not valid Unicode text, or None. JSON can carry
+    a lone surrogate (``"\\ud800"``) that Python decodes into a str no UTF-8 encoder or tokenizer takes
+    (it reached the worker's tokenizer and answered 500 TypeError)."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return path or "body"
+        return None
+    if isinstance(value, BaseModel):
+        items: Any = ((k, getattr(value, k)) for k in type(value).model_fields)
+    elif isinstance(value, dict):
+        items = value.items()
+    elif isinstance(value, list | tuple):
+        items = enumerate(value)
+    else:
+        return None
+    for key, item in items:
+        where = invalid_unicode(key, path) if isinstance(key, str) else None
+        where = where or invalid_unicode(item, f"{path}.{key}" if path else str(key))
+        if where:
+            return where
+    return None
+
+
 class _Request(BaseModel):
     # Unknown fields are ignored as OpenAI's API and vLLM do: clients add their own (user, metadata).
     model_config = ConfigDict(extra="ignore")
+
+    @model_validator(mode="after")
+    def _valid_unicode(self) -> _Request:
+        where = invalid_unicode(self)
+        if where:
+            raise ValueError(f"{where} is not valid Unicode text (a lone surrogate such as \\ud800)")
+        return self
 
     model: str = Field(min_length=1, description="A model id from /v1/models.")
     max_tokens: TokenCount | None = Field(

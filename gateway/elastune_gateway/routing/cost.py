@@ -7,7 +7,7 @@ and, beside it, chunks of prompts being prefilled. Its time is modelled as
               + LoRA(ranks of the decode batch)                          (CaraServe §5)
               + prefill_per_token·chunk_tokens + prefill_lora·Σ chunk·rank  (Preble §2.3: linear)
 
-with the two LoRA kernels of DESIGN.md §5 (CaraServe §5, Fig. 9):
+with the two LoRA kernels of docs/design.md §5 (CaraServe §5, Fig. 9):
 
     padded   (Punica BGMV):   LoRA = a·(batch × max rank) + b
     unpadded (S-LoRA MBGMV):  LoRA = a'·Σ ranks + b'
@@ -59,7 +59,7 @@ class CostModel:
     lora_b_unpadded: float = 2.0e-3
     """b' of the unpadded model: higher than b (MBGMV's overhead on homogeneous ranks, CaraServe §5)."""
     adapter_load_base: float = 2.0e-3
-    """Host → device copy of an adapter: fixed part (DESIGN.md §5: a few to tens of ms)."""
+    """Host → device copy of an adapter: fixed part (docs/design.md §5: a few to tens of ms)."""
     adapter_load_per_rank: float = 1.5e-4
     """Host → device per rank (a rank-64 adapter of a 7B model's attention ≈ 100 MiB ≈ 11.6 ms)."""
     storage_load_base: float = 2.0e-2

@@ -1,4 +1,5 @@
-"""Builds a routing policy from its typed name (DESIGN.md §9: the factory beside the implementations)."""
+"""Builds a routing policy from its typed name (docs/design.md §9: the factory beside the
+implementations)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Preble's E2 global scheduler (papers/preble.txt §4.2, Algorithms 1 and 2).
+"""Preble's E2 global scheduler ("Preble: Efficient Distributed Prompt Scheduling for LLM Serving",
+§4.2, Algorithms 1 and 2).
 
 Per request: match the prompt in the global radix tree (``radix.py``).
 - Exploit when the matched (cached somewhere) tokens outnumber the missed ones: among the endpoints
@@ -19,7 +20,7 @@ regressions (its published ``CostModel``):
 
 Interpretations (stated intent kept; each also marked where it is coded):
 - Exploit test: the text's "matched > missed" is used, not Alg. 1's ``missed_len < prompt_len`` (any
-  match), which contradicts the text and would exploit a one-token match (DESIGN.md §5 agrees).
+  match), which contradicts the text and would exploit a one-token match (docs/design.md §5 agrees).
 - M_i charges the recomputation of the evicted tokens, not the whole missed prompt of every request
   hitting them (Alg. 2's loop body); the text's M = PT_j × N_j is what is coded, with N_j the hits within
   W. "Room" is the endpoint's KV capacity minus what the tree believes it caches (``radix.py`` models
@@ -54,7 +55,7 @@ from .prefix_cache import PrefixCacheModel
 from .radix import WINDOW_SECONDS, Match
 
 BALANCE_THRESHOLD = 1.5
-"""Th_bal (DESIGN.md §5)."""
+"""Th_bal (docs/design.md §5)."""
 
 DecisionKind = Literal["exploit", "rebalance", "explore", "pd-balance"]
 

@@ -30,9 +30,9 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Generic, TypeVar
 
 PRIORITY_GROUPS = 10
-"""P of Preble §4.3 (DESIGN.md §5)."""
+"""P of Preble §4.3 (docs/design.md §5)."""
 CHUNKED_PREFILL_TOKENS = 512
-"""Preble's chunked-prefill size (DESIGN.md §5): the engine's long_prefill_token_threshold."""
+"""Preble's chunked-prefill size (docs/design.md §5): the engine's long_prefill_token_threshold."""
 
 T = TypeVar("T")
 

@@ -3,7 +3,7 @@
 Each node holds a run of tokens with the same sharing property; a prompt is matched from the root
 (prefix matching) and inserted by splitting the node where it diverges and adding the rest as a leaf.
 For every node the tree records, as the paper does, the number of tokens, the set of endpoints caching
-it, and per endpoint the requests that hit it within a window W (3 min, DESIGN.md §5). A node with no
+it, and per endpoint the requests that hit it within a window W (3 min, docs/design.md §5). A node with no
 caching endpoint and no hit within W is removed.
 
 Eviction bookkeeping. Preble's local schedulers tell the global one what they evict; vLLM-style engines
@@ -29,7 +29,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 WINDOW_SECONDS = 180.0
-"""Preble's history window W: hits older than this no longer count (DESIGN.md §5: 3 min)."""
+"""Preble's history window W: hits older than this no longer count (docs/design.md §5: 3 min)."""
 
 
 class _Order:

@@ -1,4 +1,5 @@
-"""CaraServe's rank-aware routing (papers/caraserve.txt §5, Algorithm 1).
+"""CaraServe's rank-aware routing ("CaraServe: CPU-Assisted and Rank-Aware LoRA Serving for Generative
+LLM Inference", §5, Algorithm 1).
 
 Candidates: the endpoints that hold the request's adapter on the device or can load it now (a free
 adapter slot, or a resident adapter no active request uses). For each candidate, the published

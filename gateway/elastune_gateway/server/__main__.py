@@ -36,7 +36,13 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
                    help="seconds a request waits for a warm endpoint, then 503")  # fmt: skip
     p.add_argument("--max-waiting", type=int, default=defaults.max_waiting)
     p.add_argument("--failure-cooldown", type=float, default=defaults.failure_cooldown_s)
-    p.add_argument("--read-timeout", type=float, default=defaults.read_timeout_s)
+    p.add_argument("--read-timeout", type=float, default=defaults.read_timeout_s,
+                   help="seconds to wait for a worker's status line, then 504")  # fmt: skip
+    p.add_argument("--stream-idle-timeout", type=float, default=defaults.stream_idle_timeout_s,
+                   help="longest silence between two chunks of a stream, then an error event")  # fmt: skip
+    p.add_argument("--auth-stale", type=float, default=defaults.auth_stale_s,
+                   help="seconds the last confirmed API key map stays in force when it cannot be "
+                        "confirmed (Redis down); then 503 + Retry-After")  # fmt: skip
     p.add_argument("--length-predictor-url", default=None,
                    help="SSJF predictor (python -m elastune_ssjf); without it: FCFS")  # fmt: skip
     add_limit_args(p.add_argument_group("request limits (bodies over the size: 413; the others: 400)"),
@@ -92,6 +98,7 @@ def settings_from(args: argparse.Namespace) -> GatewaySettings:
             redis_url=args.redis_url, namespace=args.namespace, default_policy=args.policy,
             pool_policies=pools, hold_timeout_s=args.hold_timeout, max_waiting=args.max_waiting,
             failure_cooldown_s=args.failure_cooldown, read_timeout_s=args.read_timeout,
+            stream_idle_timeout_s=args.stream_idle_timeout, auth_stale_s=args.auth_stale,
             length_predictor_url=args.length_predictor_url, auth=args.auth, vouched_only=args.vouched_only,
             fair_share=args.fair_share == "on", endpoint_max_inflight=args.endpoint_max_inflight,
             max_queued_per_key=args.max_queued_per_key, max_queued=args.max_queued,

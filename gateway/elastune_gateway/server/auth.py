@@ -13,8 +13,15 @@ exactness, down, and the pipelines go through a minimal client (``resp.py``) rat
 A key already over a limit in this window is refused from memory, without Redis.
 Windows are fixed minutes: a burst at a window's edge may reach twice the
 limit over 60 s, as with every fixed-window limiter. When Redis cannot be reached the limits fail open
-(counted, logged once) and the last key map read stays in force, so a revocation made during an outage
-takes effect when Redis answers again.
+(counted, logged once).
+
+Authentication does not follow Redis's liveness (issue 38 item 2). The map as published carries a meta
+field (``api_keys.MAP_META_FIELD``); a read that finds it confirms the map (an empty published map
+revokes every key). A read that finds no map (Redis restarted empty, a FLUSHALL) revokes nothing: the
+last confirmed map stays in force until the operator re-publishes (every few seconds). When the map
+cannot be confirmed for ``stale_s`` (Redis down, or no publisher), every request gets 503 with
+Retry-After: a key removed during an outage stops working within that bound (fail closed), and a valid
+key is told to retry, never 401.
 """
 
 from __future__ import annotations
@@ -33,6 +40,7 @@ from elastune_contract.api_keys import (
     ApiKeyRecord,
     api_keys_key,
     key_digest,
+    map_meta,
     parse_map,
     rate_key,
 )
@@ -45,6 +53,8 @@ from .resp import PipelineClient, RedisUnavailable, ReplyError
 log = logging.getLogger("elastune.gateway")
 
 AuthMode = Literal["required", "off"]
+DEFAULT_AUTH_STALE_S = 30.0
+"""How long the last confirmed key map is trusted without a new confirmation (settings.auth_stale_s)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,30 +97,63 @@ def _reset(seconds: float) -> str:
 class KeyTable:
     """The key map as last read from Redis (digest → record)."""
 
-    def __init__(self, bus_redis: redis.Redis, ns: str, metrics: GatewayMetrics) -> None:
+    def __init__(
+        self,
+        bus_redis: redis.Redis,
+        ns: str,
+        metrics: GatewayMetrics,
+        stale_s: float = DEFAULT_AUTH_STALE_S,
+        retry_after_s: int = 5,
+    ) -> None:
         self.redis, self.ns, self.metrics = bus_redis, ns, metrics
+        self.stale_s, self.retry_after_s = stale_s, retry_after_s
         self.keys: dict[str, ApiKeyRecord] = {}
         self.read_at: float | None = None
-        self._failing = False
+        """When a read last confirmed the map (monotonic); None: never."""
+        self.version: int | None = None
+        self._failing: str | None = None
 
     def refresh(self) -> None:
-        """Blocking (run in a thread): re-read the map; on failure keep the last one."""
+        """Blocking (run in a thread): re-read the map. A failed read, or no published map, keeps the
+        last confirmed one (its age grows toward ``stale_s``)."""
         try:
             raw = cast(dict[str, str], self.redis.hgetall(api_keys_key(self.ns)))
         except redis.RedisError as exc:
-            if not self._failing:
-                log.warning("cannot read the API key map (keeping the last one read): %s", exc)
-            self._failing = True
+            self._unconfirmed(f"cannot read the API key map: {exc}")
+            return
+        meta = map_meta(raw)
+        if meta is None:
+            self._unconfirmed("no API key map is published (Redis restarted empty or flushed?)")
             return
         if self._failing:
-            log.info("the API key map is readable again")
-        self._failing = False
+            log.info("the API key map is confirmed again (version %d, %d keys)", meta.version, meta.keys)
+        self._failing = None
         keys, bad = parse_map(raw)
         if bad:
             self.metrics.poison_records.labels("api_key").inc(bad)
-        self.keys, self.read_at = keys, time.monotonic()
+        self.keys, self.read_at, self.version = keys, time.monotonic(), meta.version
+
+    def _unconfirmed(self, why: str) -> None:
+        if self._failing != why:
+            log.warning(
+                "%s; keeping the last confirmed map (refused after %.0f s unconfirmed)", why, self.stale_s
+            )
+        self._failing = why
+
+    def confirmed_age(self) -> float | None:
+        """Seconds since a read last confirmed the map; None: never."""
+        return None if self.read_at is None else time.monotonic() - self.read_at
 
     def authenticate(self, authorization: str | None) -> Principal:
+        age = self.confirmed_age()
+        if age is None or age > self.stale_s:
+            self.metrics.rejected.labels("keys_unconfirmed").inc()
+            since = "never" if age is None else f"{age:.0f} s ago"
+            raise APIError(
+                503, f"API keys cannot be confirmed right now (the key map was last confirmed {since}); "
+                "retry shortly",
+                headers={"Retry-After": str(self.retry_after_s)},
+            )  # fmt: skip
         if not authorization:
             self.metrics.rejected.labels("unauthenticated").inc()
             raise APIError(

@@ -116,6 +116,9 @@ class KnownModel:
     pool_key: str = ""
     """The id (namespace/name) of the pool that serves it, from its pool record ("" for a model known
     from the workers' records alone); an adapter's is its base model's."""
+    unservable: str | None = None
+    """For an adapter no pod holds: why it cannot be served (``"Reason: message"`` from its pool
+    record: its load failed, its artifact is missing); None when waiting for a pod may serve it."""
 
     @property
     def id(self) -> str:
@@ -347,9 +350,11 @@ class Directory:
             base = models[(pool_id(rec.namespace, rec.pool), rec.model)]
             for key, rank in rec.adapters.items():
                 ns, name = split_adapter_id(key)
+                held = (ns, name) in adapters  # a pod holds it: servable whatever the record says
                 adapters[(ns, name)] = replace(
-                    base, name=name, parent=rec.model, rank=rank, namespace=ns, admits=()
-                )
+                    base, name=name, parent=rec.model, rank=rank, namespace=ns, admits=(),
+                    unservable=None if held else rec.unservable.get(key),
+                )  # fmt: skip
         self._models, self._adapters = models, adapters
         # Waiting requests look again when a pod comes or goes, and when one finishes loading an adapter.
         if _holdings(endpoints) != _holdings(self._endpoints):
@@ -419,6 +424,11 @@ class Directory:
 
     def all_endpoints(self) -> list[Endpoint]:
         return [ep for _, ep in sorted(self._endpoints.items())]
+
+    def has_endpoint(self, endpoint_id: str) -> bool:
+        """Whether the registry, as last read, still lists the endpoint (a silent worker's record expires
+        after its heartbeat TTL)."""
+        return endpoint_id in self._endpoints
 
     def is_down(self, endpoint_id: str) -> bool:
         return self._down.get(endpoint_id, (0.0, 0.0))[0] > time.monotonic()

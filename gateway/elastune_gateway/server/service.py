@@ -15,7 +15,7 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from typing import Any
 
 import httpx
@@ -50,6 +50,8 @@ max_tokens of a completion), until its usage says."""
 SLO_HEADERS = {"ttft": "x-slo-ttft-ms", "tpot": "x-slo-tpot-ms"}
 """Per-request SLO hints in llm-d's style; they override the pool's SLOs for routing."""
 PRIORITY_HEADER = "x-elastune-priority"
+SILENCE_POLL_S = 0.5
+"""How often a request waiting for a worker's status line checks that the worker is still there."""
 """On the answer to a request whose client-set ``priority`` was not honoured: ``ignored``."""
 
 
@@ -73,7 +75,10 @@ class Gateway:
         self.keys: KeyTable | None = None
         self.limiter: RateLimiter | None = None
         if settings.auth == "required":
-            self.keys = KeyTable(self.bus.redis, settings.namespace, self.metrics)
+            self.keys = KeyTable(
+                self.bus.redis, settings.namespace, self.metrics, settings.auth_stale_s,
+                settings.retry_after_s,
+            )  # fmt: skip
             self.limiter = RateLimiter(settings.redis_url, settings.namespace, self.metrics)
         self._keys_read_at = 0.0
         self._priority_logged: set[str] = set()
@@ -306,7 +311,9 @@ class Gateway:
                 forwarded = _forwarded_headers(call)
                 if model.parent is not None:  # the worker resolves the adapter in its namespace
                     forwarded = {**(forwarded or {}), NAMESPACE_HEADER: model.namespace}
-                response = await open_response(self.upstream, endpoint, path, raw, forwarded)
+                response = await open_response(
+                    self.upstream, endpoint, path, raw, forwarded, self._silent_watch(endpoint.id)
+                )
             except EndpointUnavailable as exc:
                 self._done(entry, router, 0)
                 self.metrics.upstream_failures.labels(endpoint.id, exc.kind).inc()
@@ -406,6 +413,16 @@ class Gateway:
                     for e in endpoints:
                         if e.id == chosen:
                             return e
+                if model.parent is not None:  # an adapter whose condition says waiting cannot help
+                    model = self.directory.model(model.name, model.namespace) or model
+                    if model.unservable:
+                        self.metrics.rejected.labels("unservable").inc()
+                        raise APIError(
+                            400,
+                            f"Model `{model.name}` cannot be served: {model.unservable} (its LoRAAdapter "
+                            f"{model.namespace}/{model.name} says so; waiting for a pod would not help)",
+                            "model",
+                        )
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     self.metrics.rejected.labels("no_endpoint").inc()
@@ -431,6 +448,21 @@ class Gateway:
                 self._waiting[model.id].remove(entered)
                 self.metrics.waiting.labels(model.namespace, model.name).dec()
                 self.metrics.held.labels(model.namespace, model.name).observe(time.time() - entered)
+
+    def _silent_watch(self, endpoint_id: str) -> Callable[[], Awaitable[str]]:
+        """What ``open_response`` races the worker's answer against: the endpoint leaving the directory
+        (its registry record expired: a paused or partitioned worker stops heart-beating) or being marked
+        down. Until its status line comes the request has not started there, so it goes elsewhere."""
+
+        async def gone() -> str:
+            while True:
+                await asyncio.sleep(SILENCE_POLL_S)
+                if not self.directory.has_endpoint(endpoint_id):
+                    return "its registry record expired (no heartbeat: paused or unreachable)"
+                if self.directory.is_down(endpoint_id):
+                    return "it was marked down"
+
+        return gone
 
     def _prefill_estimate(self, endpoint: Endpoint, view: RequestView) -> float | None:
         cost = endpoint.serving.cost
@@ -494,7 +526,7 @@ class Gateway:
         pending = b""
         first = True
         try:
-            async for chunk in response.iter_chunks():
+            async for chunk in response.iter_chunks(self.settings.stream_idle_timeout_s):
                 if first:
                     first = False
                     self.ledger.first_byte(entry)

@@ -49,7 +49,13 @@ class GatewaySettings(BaseModel):
     dead worker after its 10 s heartbeat TTL), or until it re-registers as a new process."""
     connect_timeout_s: float = Field(default=5.0, gt=0)
     read_timeout_s: float = Field(default=600.0, gt=0)
-    """Longest silence of a worker within a response: a hung pod ends the request with an error."""
+    """Longest wait for a worker's status line (a whole non-streamed answer is computed before it):
+    then 504, not retried (the worker may still be computing). A worker that goes silent meanwhile (its
+    registry record expires) is left sooner and the request retried elsewhere."""
+    stream_idle_timeout_s: float = Field(default=30.0, gt=0)
+    """Longest silence between two chunks of a streamed answer: then the stream ends with an error
+    event. Above a decode step's worst case and a GC pause or a throttled CPU (a worker paused 20 s
+    keeps its streams), far below the ten minutes a hung pod held a client before."""
     max_attempts: int = Field(default=3, ge=1)
     """Endpoints tried for one request when the first cannot take it (before any byte was sent)."""
     length_predictor_url: str | None = None
@@ -90,6 +96,10 @@ class GatewaySettings(BaseModel):
     auth_refresh_s: float = Field(default=1.0, gt=0)
     """How often the key map is re-read: a revoked key stops working within this (plus the operator's
     reaction to the Secret event)."""
+    auth_stale_s: float = Field(default=30.0, gt=0)
+    """How long the last confirmed key map stays in force when it cannot be confirmed (Redis down, or
+    no map published): past it every request gets 503 + Retry-After (fail closed). Six of the operator's
+    re-publish periods (5 s), so a FLUSHALL never reaches it."""
 
     def request_limits(self) -> RequestLimits:
         return RequestLimits(

@@ -205,8 +205,11 @@ class UpstreamResponse:
         parts = [chunk async for chunk in self.iter_chunks()]
         return parts[0] if len(parts) == 1 else b"".join(parts)
 
-    async def iter_chunks(self) -> AsyncIterator[bytes]:
+    async def iter_chunks(self, idle_timeout: float | None = None) -> AsyncIterator[bytes]:
+        """The body's chunks as they come; ``idle_timeout``: longest silence between two (default: the
+        pool's read timeout), then ReadTimeout."""
         c = self._conn
+        wait = self._pool.read_timeout if idle_timeout is None else idle_timeout
         while True:
             if c.chunks:
                 yield c.take()
@@ -215,7 +218,7 @@ class UpstreamResponse:
                 return
             if c.error is not None:
                 raise c.error
-            await c.wait(self._pool.read_timeout)
+            await c.wait(wait)
 
     def release(self) -> None:
         if self._released:

@@ -1,10 +1,10 @@
 """Run the routing simulator and print a table: ``python -m elastune_gateway.sim --help``.
 
-Examples (from the repository root, where ``../shared`` holds the trace and the dataset):
+Examples (the Azure trace and the ShareGPT sample are the ones the repository ships in ``data/``):
 
     python -m elastune_gateway.sim --workload prefix --endpoints 8 --policy roundRobin,leastLoad,preble
     python -m elastune_gateway.sim --workload lora --endpoints 60 --policy rankAware,mostIdle,firstFit,random
-    python -m elastune_gateway.sim --workload multiturn --sharegpt ../shared/datasets/sharegpt_250.json
+    python -m elastune_gateway.sim --workload multiturn --endpoints 4
     python -m elastune_gateway.sim --workload prefix --arrivals azure --trace-scale 0.7
 """
 
@@ -42,10 +42,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--rate", type=float, default=None, help="Poisson arrivals per second (default per workload)"
     )
     p.add_argument("--arrivals", choices=("poisson", "azure"), default="poisson")
-    p.add_argument("--trace", default="../shared/traces/azure_llm_conv_2023.csv")
+    p.add_argument("--trace", default=None, help="Azure trace CSV (default: data/azure_llm_conv_2023.csv.gz)")
     p.add_argument("--trace-scale", type=float, default=1.0, help="multiplies the trace's arrival times")
     p.add_argument("--trace-lengths", action="store_true", help="lora: prompt/output lengths from the trace")
-    p.add_argument("--sharegpt", default="../shared/datasets/sharegpt_250.json")
+    p.add_argument(
+        "--sharegpt", default=None,
+        help="ShareGPT JSON for multiturn (default: $ELASTUNE_DATASET or data/sharegpt_250.json.gz)",
+    )  # fmt: skip
     p.add_argument(
         "--documents", type=int, default=None, help="prefix: shared documents (default 8 per endpoint)"
     )

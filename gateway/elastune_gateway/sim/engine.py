@@ -14,7 +14,7 @@ request whose prompt completes in an iteration emits its first token at that ite
 of an answer are the workload's (``SimRequest.output_ids``, so a conversation's next turn finds them
 cached) or ``FILLER_TOKEN``.
 
-Adapters live in three tiers (CaraServe §3–4, DESIGN.md §5): storage → host memory (LRU,
+Adapters live in three tiers (CaraServe §3–4, docs/design.md §5): storage → host memory (LRU,
 ``max_host_adapters``) → device (LRU, ``max_adapters``). Before each iteration, as the engine's async
 loading does (``LoRAManager.prefetch``), the adapters of the first ``PREFETCH_HEAD`` waiting requests
 start loading (from host or storage, ``CostModel.adapter_load_seconds``) into a free slot or the slot of

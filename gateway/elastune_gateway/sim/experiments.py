@@ -66,10 +66,12 @@ class Experiment:
     rate: float | None = None
     """Poisson arrivals per second for the whole pool (None: the default per endpoint × endpoints)."""
     arrivals: Literal["poisson", "azure"] = "poisson"
-    trace: str = "../shared/traces/azure_llm_conv_2023.csv"
+    trace: str | None = None
+    """The Azure trace's CSV (gzipped or not); None: the repository's ``data/azure_llm_conv_2023.csv.gz``."""
     trace_scale: float = 1.0
     trace_lengths: bool = False
-    sharegpt: str = "../shared/datasets/sharegpt_250.json"
+    sharegpt: str | None = None
+    """ShareGPT entries for multiturn; None: ``$ELASTUNE_DATASET`` or ``data/sharegpt_250.json.gz``."""
     documents: int | None = None
     zipf: float | None = None
     adapters: int | None = None

@@ -4,12 +4,12 @@
   prompt shared by every request, then one of many long shared documents or tool instructions chosen
   with Zipf popularity (ToolBench's Zipf-1.1 in Preble §5.4), then a per-request question; short outputs.
 - ``multiturn_workload`` — conversations built from ShareGPT prompt/response pairs
-  (``datasets/sharegpt_250.json``): each turn's prompt is the conversation so far (earlier prompts and
+  (``data/sharegpt_250.json.gz``): each turn's prompt is the conversation so far (earlier prompts and
   answers) plus the new question; a turn arrives a think time after the previous answer finished.
 - ``lora_workload`` — CaraServe-style multi-LoRA traffic (§7.5): many adapters of mixed ranks
   {8, 16, 32, 64}, skewed (Zipf) popularity, a TPOT SLO per request; no prompt sharing.
 
-Arrivals are Poisson (``poisson_arrivals``) or the real times of ``traces/azure_llm_conv_2023.csv``
+Arrivals are Poisson (``poisson_arrivals``) or the real times of ``data/azure_llm_conv_2023.csv.gz``
 (``azure_trace``: TIMESTAMP, ContextTokens, GeneratedTokens), optionally compressed by a time scale.
 Token ids are synthetic and seeded: only equality matters to prefix caches and radix trees. A request
 keeps its prompt as shared parts (a document is one tuple shared by every request using it) and
@@ -19,12 +19,13 @@ materialises the tokens at arrival, so a large run does not hold every prompt at
 from __future__ import annotations
 
 import csv
-import json
 import random
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
+
+from elastune_common import datasets
 
 VOCAB = 32_000
 RANKS = (8, 16, 32, 64)
@@ -130,13 +131,15 @@ class TraceRow:
     generated_tokens: int
 
 
-def azure_trace(path: str | Path, limit: int | None = None, time_scale: float = 1.0) -> list[TraceRow]:
-    """Rows of the Azure LLM inference trace (TIMESTAMP, ContextTokens, GeneratedTokens), with arrival
-    times in seconds from the first row, multiplied by ``time_scale`` (< 1 compresses: Preble ran the
-    trace at 0.7)."""
+def azure_trace(
+    path: str | Path | None = None, limit: int | None = None, time_scale: float = 1.0
+) -> list[TraceRow]:
+    """Rows of the Azure LLM inference trace (TIMESTAMP, ContextTokens, GeneratedTokens; the shipped
+    copy unless ``path``), with arrival times in seconds from the first row, multiplied by
+    ``time_scale`` (< 1 compresses: Preble ran the trace at 0.7)."""
     rows: list[TraceRow] = []
     start: datetime | None = None
-    with open(path, newline="") as f:
+    with datasets.open_text(path or datasets.azure_trace_path()) as f:
         for record in csv.DictReader(f):
             stamp = record["TIMESTAMP"].strip()
             # Seven fractional digits (100 ns): datetime takes at most six.
@@ -203,11 +206,10 @@ class MultiTurnWorkload:
     seed: int = 0
 
 
-def load_sharegpt(path: str | Path) -> list[tuple[int, int]]:
-    """(prompt tokens, response tokens) of each entry of a ShareGPT file like
-    ``datasets/sharegpt_250.json`` ({"entries": [{"prompt_length", "response_length", …}]})."""
-    with open(path) as f:
-        data = json.load(f)
+def load_sharegpt(path: str | Path | None = None) -> list[tuple[int, int]]:
+    """(prompt tokens, response tokens) of each entry of a ShareGPT file like the shipped
+    ``data/sharegpt_250.json.gz`` (the default; {"entries": [{"prompt_length", "response_length", …}]})."""
+    data = datasets.read_json(path or datasets.sharegpt_path())
     entries = data["entries"] if isinstance(data, dict) else data
     return [(int(e["prompt_length"]), int(e["response_length"])) for e in entries]
 

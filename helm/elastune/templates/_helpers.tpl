@@ -114,7 +114,7 @@ seccompProfile:
 {{- end }}
 
 {{/* Who may connect to worker pods (NetworkPolicy ingress rules): the release's gateway and operator
-pods, Knative's system namespace, Prometheus, and networkPolicy.extraIngress. The same list goes to the
+pods, Prometheus, and networkPolicy.extraIngress (workers take no traffic through a Service or Knative). The same list goes to the
 chart's per-namespace policies and, cluster-wide, to the operator, which writes it into each WarmPool
 namespace. */}}
 {{- define "elastune.workerIngress" -}}
@@ -131,10 +131,6 @@ namespace. */}}
           - key: app.kubernetes.io/component
             operator: In
             values: ["gateway", "operator"]
-- from:
-    - namespaceSelector:
-        matchLabels:
-          kubernetes.io/metadata.name: {{ $np.knativeNamespace }}
 {{- if $np.prometheus.enabled }}
 - from:
     - namespaceSelector:
@@ -148,7 +144,7 @@ namespace. */}}
 {{- end }}
 
 
-{{/* Redis users per role (DESIGN.md §6 Tenancy): the bundled Redis with redis.bundled.acl.enabled runs
+{{/* Redis users per role (docs/design.md §6 Tenancy): the bundled Redis with redis.bundled.acl.enabled runs
 ACL users operator, gateway and worker (their rules: elastune.redisAclRules below, generated from
 elastune_contract/redis_acl.py), each with its own password Secret; the worker's is
 the only credential the operator copies into WarmPool namespaces. */}}

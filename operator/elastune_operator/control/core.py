@@ -25,6 +25,7 @@ Status transitions live in ``lifecycle.py``; the data it keeps in ``records.py``
 
 from __future__ import annotations
 
+import hmac
 import logging
 import time
 from collections.abc import Callable
@@ -34,7 +35,7 @@ from elastune_contract import storage
 from elastune_contract.api.loraadapter import LoRAAdapterSpec
 from elastune_contract.api.tuningjob import PromptBankMode
 from elastune_contract.coserve import coservable
-from elastune_contract.protocol import Assignment, Event, WorkerRecord, WorkerState
+from elastune_contract.protocol import Assignment, Event, WorkerRecord, WorkerState, attempt_proof
 from elastune_contract.vocabulary import PERMANENT_FAILURE_REASONS, Reason
 from elastune_operator.control.backend import ClusterBackend, WorkerExit
 from elastune_operator.control.deadlines import AttemptDeadlines, AttemptWatch, overdue
@@ -97,9 +98,10 @@ class ControlCore:
         self.policy = make_policy(settings.policy, self.estimator)
         self.jobs: dict[str, JobRecord] = {}
         self.lifecycle = JobLifecycle(self.metrics, on_status or (lambda _job: None))
-        self.fleet = Fleet(self.state, bus, backend, self.estimator, self.metrics)
+        self.fleet = Fleet(self.state, bus, backend, self.estimator, self.metrics, settings.missing_grace_s)
         self.recovering: dict[str, float] = {}  # job key -> give-up time (see CoreSettings.recovery_grace_s)
         self._touched: set[str] = set()  # jobs whose GPUs or state changed this round
+        self._unproven: set[tuple[str, str]] = set()  # (job, worker) whose unproven events were logged
         self._last_tick: float | None = None
         self.serving = ServingControl(
             bus,
@@ -575,6 +577,8 @@ class ControlCore:
                 job.last_event = entry_id
                 if ev.attempt != job.attempt:
                     continue  # a cancelled attempt's stragglers
+                if not self._proven(job, ev):
+                    continue
                 watch = self._watch.get(job.key)
                 if watch is not None and watch.attempt == ev.attempt:
                     watch.on_event(now, ev.seconds_per_iteration, progress=ev.type == "progress")
@@ -582,6 +586,22 @@ class ControlCore:
                 self._touched.add(job.key)
                 if job.terminal:
                     break
+
+    def _proven(self, job: JobRecord, ev: Event) -> bool:
+        """Whether ``ev`` carries the proof its attempt's assigned worker was given (issue 39 item 1):
+        any pod holding the worker credential can write to a job's event stream, and a forged
+        ``succeeded`` once ended another namespace's job with the forger's prompt and artifact."""
+        want = attempt_proof(self.settings.proof_key, job.key, ev.attempt, ev.rank)
+        if hmac.compare_digest(want, ev.proof):
+            return True
+        seen = (job.key, ev.worker)
+        if seen not in self._unproven:
+            self._unproven.add(seen)
+            log.warning(
+                "%s: ignoring a %s event from %s without its attempt's proof", job.key, ev.type, ev.worker
+            )
+            self.metrics.unvouched.labels("event").inc()
+        return False
 
     def _on_event(self, job: JobRecord, ev: Event, now: float) -> None:
         sched = self.state.jobs[job.key]
@@ -706,6 +726,7 @@ class ControlCore:
                         eval_every=self.settings.eval_every,
                         checkpoint_every=self.settings.checkpoint_every,
                         progress_every=self.settings.progress_every,
+                        proof=attempt_proof(self.settings.proof_key, job.key, job.attempt, rank),
                         prompt_bank=bank_mode,
                         bank_budget_s=self.policy.bank_budget_seconds(sched.slo),
                         initial_prompt=chosen,

@@ -1,4 +1,4 @@
-"""Bounded waits for tuning attempts (DESIGN.md §6: every wait has a deadline).
+"""Bounded waits for tuning attempts (docs/design.md §6: every wait has a deadline).
 
 An attempt is watched from its dispatch until its result is in:
 

@@ -11,7 +11,7 @@ reports, the core decides.
 
 Level-triggered: a bound worker whose record is missing for one read is not lost yet (a Redis that
 restarted empty, or a FLUSHALL, loses every record until the next heartbeat re-registers it); it is lost
-when the backend says it exited or its record stays missing for ``MISSING_GRACE_S``. A worker lost that
+when the backend says it exited or its record stays missing for ``MISSING_GRACE_S`` (60 s). A worker lost that
 way (silent, not exited) which registers again later (it was paused past its TTL, or partitioned) is
 bound and used again like a new one.
 """
@@ -23,19 +23,14 @@ from collections.abc import Mapping
 from typing import Protocol
 
 from elastune_common.bus import Bus
-from elastune_contract.protocol import HEARTBEAT_SECONDS, PoisonKind, WorkerRecord, WorkerState
+from elastune_contract.protocol import PoisonKind, WorkerRecord, WorkerState, vouched_url
 from elastune_operator.control.backend import ClusterBackend, WorkerExit
-from elastune_operator.control.records import PoolConfig, record_pool
+from elastune_operator.control.records import MISSING_GRACE_S, PoolConfig, record_pool
 from elastune_operator.metrics import ControlMetrics
 from elastune_operator.scheduling.estimator import Estimator
 from elastune_operator.scheduling.state import ClusterState
 
 log = logging.getLogger("elastune.control")
-
-MISSING_GRACE_S = 3 * HEARTBEAT_SECONDS
-"""A bound worker's record may be missing this long before the worker counts as lost (three heartbeats:
-the record of a live worker comes back with its next one after the registry lost it). Its record
-already expired after ``WORKER_TTL_SECONDS`` of silence, so this adds little to a real loss."""
 
 
 def exit_pool(how: WorkerExit, pools: Mapping[str, PoolConfig]) -> str | None:
@@ -71,8 +66,10 @@ class Fleet:
         backend: ClusterBackend,
         estimator: Estimator,
         metrics: ControlMetrics,
+        missing_grace_s: float = MISSING_GRACE_S,
     ) -> None:
         self.state, self.bus, self.backend = state, bus, backend
+        self.missing_grace_s = missing_grace_s
         self.estimator, self.metrics = estimator, metrics
         self.gpu_of: dict[str, int] = {}  # worker id -> GPU id
         self.worker_of: dict[int, str] = {}  # GPU id -> worker id
@@ -83,6 +80,7 @@ class Fleet:
         self.pool_of: dict[str, str] = {}  # worker id -> pool id, of the records last read
         self.missing: dict[str, float] = {}  # bound worker id -> when its record was first missing
         self.silent: set[str] = set()  # lost because its record vanished (no exit seen): may come back
+        self._unvouched: set[str] = set()  # records ignored (logged once each): no pod of their pool
         # One malformed registry record is logged, counted and skipped (Bus._parse), never a failed round.
         bus.on_poison = self._count_poison
 
@@ -101,14 +99,14 @@ class Fleet:
 
         ``adoptable`` are jobs this process knows and dispatched itself: a busy worker of any other job
         (the control plane restarted) is left to the core's recovery, never adopted as idle."""
-        records = self.bus.workers()
+        records = self._vouched_only(self.bus.workers(), pools)
         exited = self.backend.exited()
         self.pool_of = {wid: key for wid, rec in records.items() if (key := record_pool(rec, pools))}
         for wid, gid in list(self.gpu_of.items()):
             if wid in records and wid not in exited:
                 self.missing.pop(wid, None)
                 continue
-            if wid not in exited and now - self.missing.setdefault(wid, now) < MISSING_GRACE_S:
+            if wid not in exited and now - self.missing.setdefault(wid, now) < self.missing_grace_s:
                 continue  # the registry may have lost it (Redis restarted): its next heartbeat tells
             self.missing.pop(wid, None)
             if wid not in exited:
@@ -152,6 +150,39 @@ class Fleet:
                 if job:
                     events.gpu_warm(job)
         return records
+
+    def _vouched_only(
+        self, records: dict[str, WorkerRecord], pools: Mapping[str, PoolConfig]
+    ) -> dict[str, WorkerRecord]:
+        """The records the backend vouches for: a record counts only when its worker id is a pod (or a
+        process) the backend lists for the pool the record names, at the address it registered (issue 39
+        item 1: a pool's image is its author's choice, and the worker credential can write any record;
+        a pod of another namespace that wrote a READY record naming this pool was handed its job).
+        Anything else is dropped, logged once and counted. A backend that vouches for nothing (tests'
+        fakes) leaves the registry as read."""
+        vouch = getattr(self.backend, "vouched", None)
+        if vouch is None:
+            return records
+        vouched: dict[str, dict[str, str]] = vouch()
+        out: dict[str, WorkerRecord] = {}
+        for wid, rec in records.items():
+            key = record_pool(rec, pools)
+            if key is None:
+                out[wid] = rec  # no pool of ours: nothing is bound or placed from it
+                continue
+            address = vouched.get(key, {}).get(wid)
+            if address is not None and vouched_url(address, rec.url) is not None:
+                out[wid] = rec
+                self._unvouched.discard(wid)
+                continue
+            if wid not in self._unvouched:
+                self._unvouched.add(wid)
+                log.warning(
+                    "ignoring the registry record of %s for pool %s: no pod of that pool has this id and "
+                    "address (%s)", wid, key, rec.url or "no URL",
+                )  # fmt: skip
+                self.metrics.unvouched.labels("worker").inc()
+        return out
 
     def _bind(self, wid: str, rec: WorkerRecord, key: str, now: float) -> str | None:
         """Bind a warm worker to the oldest GPU launched for its pool ``key`` (one nobody launched in

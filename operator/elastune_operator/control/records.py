@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import secrets
 import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -119,6 +120,16 @@ def pool_not_shared(model: str, namespace: str, pool_ids: Iterable[str]) -> str:
     )
 
 
+MISSING_GRACE_S = 60.0
+"""A bound worker's record may be missing this long before the worker counts as lost, and is stopped.
+A worker that died is reported at once by the backend (its process or pod exited); a missing record
+alone means silence: a Redis restarted empty (the next heartbeat re-registers it), or a process paused
+by a GC, a throttled CPU or a slow disk, which comes back. Three heartbeats (3 s, after the record's
+10 s TTL) declared a worker paused ~20 s lost, and it was stopped when it resumed, cutting its streams
+(issue 38 item 2). A job on a silent worker does not wait for this: its attempt's own deadlines
+(control/deadlines.py) cancel and retry it."""
+
+
 @dataclass
 class CoreSettings:
     cold_capacity: int
@@ -142,6 +153,13 @@ class CoreSettings:
     recovery_grace_s: float = WORKER_TTL_SECONDS + 5.0
     """After a control-plane restart, how long a job's in-flight attempt may take to show up (its busy
     workers in the registry, or its result in the event stream) before it is re-run from its checkpoint."""
+    proof_key: bytes = field(default_factory=lambda: secrets.token_bytes(32))
+    """The key of the attempts' proofs (``protocol.attempt_proof``). Random per process by default: a
+    restarted control plane then re-runs an in-flight attempt from its checkpoint instead of adopting
+    it; the operator reads a stable one from ``ELASTUNE_PROOF_KEY`` (a Secret of the chart)."""
+    missing_grace_s: float = MISSING_GRACE_S
+    """How long a bound worker's registry record may be missing (silence: a paused process, a Redis
+    restarted empty) before the worker counts as lost and is stopped (control/fleet.py)."""
 
 
 @dataclass

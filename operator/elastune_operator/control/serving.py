@@ -93,6 +93,9 @@ class AdapterRecord:
     deleting: bool = False
     pool: str = ""
     """The id of the pool it is served on (``resolve_pool``), "" while none serves it."""
+    unservable: str | None = None
+    """``"Reason: message"`` while no pod holds it and a problem (its own, or every worker's load
+    failing) keeps it from being served; published so the gateway refuses its requests at once."""
 
     @property
     def key(self) -> str:
@@ -325,6 +328,11 @@ class ServingControl:
                 for r in sorted(self.adapters.values(), key=lambda r: r.key)
                 if r.pool == pool.key and r.url and not r.deleting
             },
+            unservable={
+                r.key: r.unservable
+                for r in sorted(self.adapters.values(), key=lambda r: r.key)
+                if r.pool == pool.key and r.url and not r.deleting and r.unservable
+            },
             vouched=None if vouched is None else dict(sorted(vouched.items())),
         )
         text = record.dumps()
@@ -393,6 +401,7 @@ class ServingControl:
             # The worker's own reason (StorageAccessDenied...) when every pod that tried agrees on it.
             reason = reasons.pop() if len(reasons) == 1 else Reason.ADAPTER_LOAD_FAILED
             problem = artifacts.Problem(reason, "; ".join(errors))
+        rec.unservable = f"{problem.reason}: {problem.message}" if problem and not holders else None
         self._set_status(rec, holders, problem)
 
     def _set_status(

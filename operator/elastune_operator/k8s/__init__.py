@@ -1,1 +1,1 @@
-"""The operator on Kubernetes: kopf handlers, the runtime that drives the control core, Knative."""
+"""The operator on Kubernetes: kopf handlers, the runtime that drives the control core, the workload."""

@@ -1,4 +1,4 @@
-"""kopf handlers: a few lines each, handing the object to the runtime (DESIGN.md §7).
+"""kopf handlers: a few lines each, handing the object to the runtime (docs/design.md §7).
 
 Run with ``elastune operator [kopf run flags]`` (e.g. ``--all-namespaces --liveness=http://0.0.0.0:8080/healthz``).
 
@@ -8,8 +8,8 @@ Run with ``elastune operator [kopf run flags]`` (e.g. ``--all-namespaces --liven
 - TuningJob spec changes after creation are rejected by the CRD (CEL ``self == oldSelf`` on spec); on an
   apiserver without CEL the operator ignores them and says so in a Warning event: the job keeps
   running with the spec it was accepted with. Delete and re-create it to change the spec.
-- WarmPool create/resume/update → the pool is (re)configured and its Knative Service applied; delete →
-  jobs that still need it fail with WarmPoolDeleted (the Service goes with its owner reference). A pool
+- WarmPool create/resume/update → the pool is (re)configured and its Deployment applied; delete →
+  jobs that still need it fail with WarmPoolDeleted (the Deployment goes with its owner reference). A pool
   is per namespace and model: another WarmPool of the same model in the same namespace is refused
   (Ready=False, DuplicateWarmPool) and touches nothing; deleting it touches nothing either (keyed by
   namespace/name), and when the serving pool goes a refused one of its namespace takes its place.
@@ -115,7 +115,10 @@ def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
         api_keys.start()
         memo[MEMO_API_KEYS] = api_keys
     log.info(
-        "elastune operator started: bus %s, %d GPUs in the cold pool", opts.redis_url, opts.cold_pool_gpus
+        "elastune operator started: bus %s, %s GPUs on the cold pool's nodes (%r)",
+        opts.redis_url,
+        runtime.nodes.total,
+        opts.cold_pool_node_selector,
     )
 
 

@@ -61,9 +61,11 @@ from elastune_operator.control.resources import (
 )
 from elastune_operator.control.serving import AdapterRecord, holders_of
 from elastune_operator.failpoints import PUBLISH_AFTER_CREATE, failpoint
-from elastune_operator.k8s.knative import KnativeBackend
+from elastune_operator.k8s.model_fetch import ModelFetcher
+from elastune_operator.k8s.node_capacity import NodeCapacity
 from elastune_operator.k8s.pod_status import PodFailureRules
 from elastune_operator.k8s.settings import WORKER_PASSWORD_ENV, OperatorSettings
+from elastune_operator.k8s.workload import WorkloadBackend
 from elastune_operator.metrics import ControlMetrics
 
 log = logging.getLogger("elastune.operator")
@@ -97,7 +99,7 @@ class Runtime:
         self.events_api = client.CoreV1Api(api_client)
         self.bus = bus or Bus(settings.redis_url, settings.namespace)
         self.metrics = metrics or ControlMetrics()
-        self.backend = KnativeBackend(
+        self.backend = WorkloadBackend(
             api_client,
             settings.redis_url,
             settings.redis_secret,
@@ -111,12 +113,13 @@ class Runtime:
             network_policy=json.loads(settings.worker_network_policy or "null"),
         )
         core_settings = CoreSettings(
-            cold_capacity=settings.cold_pool_gpus,
+            cold_capacity=0,  # the cold pool's nodes set it (self.nodes, on start)
             channel_url=settings.channel_url or settings.redis_url,
             work_dir=settings.work_dir,
             collective_timeout_s=settings.collective_timeout_s,
             policy=settings.scheduling_policy,
             check_artifact_paths=settings.check_artifact_paths,
+            **_proof_key(),
         )
         self.core = ControlCore(
             self.backend,
@@ -142,6 +145,8 @@ class Runtime:
         self._posted: dict[str, set[tuple[str, str, str]]] = {}  # job key -> conditions already evented
         self._pools: dict[str, WarmPool] = {}  # "ns/name" -> resource (the pools the core runs)
         self._rejected: dict[str, WarmPool] = {}  # "ns/name" -> a WarmPool whose model has a pool in its ns
+        self.models = ModelFetcher(api_client)
+        self._fetching: dict[str, WarmPool] = {}  # "ns/name" -> a WarmPool whose model is not fetched yet
         self._pool_conditions: dict[str, list[Any]] = {}  # "ns/name" -> its Ready condition
         self._held: dict[str, dict[str, Any]] = {}  # job key -> body: no pool of its model admits it
         self._resources: dict[str, TuningJob] = {}  # job key -> resource, while it may move pools
@@ -150,14 +155,23 @@ class Runtime:
         self._thread: threading.Thread | None = None
         self._next_pool_status = 0.0
         self._writers = ThreadPoolExecutor(STATUS_WRITERS, thread_name_prefix="status")
+        # The cold pool is the GPUs of the selected nodes, followed as they come and go; applied in the
+        # core thread, where the scheduler reads it.
+        self.nodes = NodeCapacity(
+            api_client,
+            settings.cold_pool_node_selector,
+            lambda gpus: self.call(functools.partial(self.core.state.set_capacity, gpus)),
+        )
 
     # -- lifecycle ----------------------------------------------------------------------------------
     def start(self) -> None:
         self.bus.ping()
+        self.nodes.start()  # lists the nodes first: the first round plans on what is there
         self._thread = threading.Thread(target=self._loop, name="elastune-core", daemon=True)
         self._thread.start()
 
     def stop(self) -> None:
+        self.nodes.stop()
         self._stop.set()
         if self._thread is not None:
             self._thread.join(10)
@@ -240,6 +254,8 @@ class Runtime:
             )
             log.warning("WarmPool %s refused: %s already has WarmPool %s of %s", key, ns, owner, model)
             return []
+        if not self._model_ready(key, pool):  # no worker before its model is in the cache
+            return []
         previous = self._pools.get(key)
         self._pools[key] = pool  # before the core's add_pool: jobs moving to it place their storage here
         try:
@@ -255,6 +271,21 @@ class Runtime:
         admits = ", ".join([pool.metadata.namespace or "default", *(pool.spec.allowed_namespaces or [])])
         self._pool_condition(key, "True", Reason.POOL_CONFIGURED, f"serves {model} to namespaces {admits}")
         return [b for b in self._held.values() if (b.get("spec") or {}).get("model") == model]
+
+    def _model_ready(self, key: str, pool: WarmPool) -> bool:
+        """Whether the pool's model needs no fetch or is fetched (ModelReady=True). Otherwise its fetch
+        Job runs (k8s/model_fetch.py), ModelReady and Ready say why not, and _flush_pools asks again."""
+        state = self.models.state(pool)
+        if state is not None:
+            model_ready = (ConditionType.MODEL_READY, state.status, state.reason, state.message)
+            self._pool_conditions[key] = set_condition(self._pool_conditions.get(key), *model_ready)
+        if state is None or state.ready:
+            self._fetching.pop(key, None)
+            return True
+        self._fetching[key] = pool
+        message = f"workers start when the model is fetched: {state.message}"
+        self._pool_condition(key, "False", state.reason, message)
+        return False
 
     def _pool_condition(self, key: str, status: ConditionStatus, reason: str, message: str) -> None:
         self._pool_conditions[key] = set_condition(
@@ -272,7 +303,7 @@ class Runtime:
         def apply() -> WarmPool | None:
             self._pool_conditions.pop(key, None)
             self._pool_status.pop(key, None)
-            if self._rejected.pop(key, None) is not None:
+            if self._rejected.pop(key, None) is not None or self._fetching.pop(key, None) is not None:
                 return None
             pool = self._pools.pop(key, None)
             if pool is None:
@@ -669,7 +700,11 @@ class Runtime:
                 or None,
             ).model_dump(by_alias=True, mode="json", exclude_none=True)
             self._write_pool_status(key, status)
-        for key, pool in self._rejected.items():
+        for key, pool in list(self._fetching.items()):  # a fetched model lets its pool's workers start
+            if self._model_ready(key, pool):
+                for held in self._apply_pool(pool):
+                    self._writers.submit(self.submit_job, held)
+        for key, pool in [*self._rejected.items(), *self._fetching.items()]:
             status = WarmPoolStatus(observed_generation=pool.metadata.generation).model_dump(
                 by_alias=True, mode="json", exclude_none=True
             )
@@ -691,3 +726,13 @@ class Runtime:
             self._pool_status[key] = status
         except ApiException as exc:
             log.debug("pool status patch failed: %s", exc.reason)
+
+
+PROOF_KEY_ENV = "ELASTUNE_PROOF_KEY"
+"""The key of the attempts' proofs (protocol.attempt_proof), from a Secret of the chart: stable across
+restarts, so a restarted operator accepts the events of the attempts it adopts. Unset: one per process."""
+
+
+def _proof_key() -> dict[str, bytes]:
+    raw = os.environ.get(PROOF_KEY_ENV, "").strip()
+    return {"proof_key": raw.encode()} if raw else {}

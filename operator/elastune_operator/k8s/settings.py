@@ -1,5 +1,5 @@
 """Operator settings: one typed object, read from ELASTUNE_* environment variables and validated at
-start with errors that name the variable (DESIGN.md §7)."""
+start with errors that name the variable (docs/design.md §7)."""
 
 from __future__ import annotations
 
@@ -8,11 +8,14 @@ import os
 from dataclasses import dataclass, fields
 from pathlib import Path
 
+from elastune_contract.api.constants import LABEL_POOL, POOL_COLD
 from elastune_operator.scheduling.policy import POLICY_NAMES, PolicyName
 
 WORKER_PASSWORD_ENV = "ELASTUNE_REDIS_WORKER_PASSWORD"
 """The workers' Redis ACL password, copied into WarmPool namespaces (from a Secret; not a setting field, so
 it never appears in a settings dump)."""
+DEFAULT_COLD_POOL_SELECTOR = f"{LABEL_POOL}={POOL_COLD}"
+"""The label the cold pool's GPU nodes carry (docs/design.md §5; e2e/setup-kind.sh labels its node so)."""
 
 
 class SettingsError(ValueError):
@@ -34,8 +37,10 @@ class OperatorSettings:
     the WarmPool namespaces (its own user is ELASTUNE_REDIS_USERNAME)."""
     channel_url: str | None = None
     """ELASTUNE_CHANNEL_URL: gradient storage channel (redis:// or memcached://); default: the bus."""
-    cold_pool_gpus: int = 32
-    """ELASTUNE_COLD_POOL_GPUS: GPUs of the cold node pool all WarmPools grow from (the paper: 32)."""
+    cold_pool_node_selector: str = DEFAULT_COLD_POOL_SELECTOR
+    """ELASTUNE_COLD_POOL_NODE_SELECTOR: label selector (Kubernetes syntax) of the nodes whose
+    allocatable nvidia.com/gpu make up the cold pool all WarmPools grow from, followed as nodes come
+    and go (k8s.node_capacity); empty selects every node."""
     work_dir: Path = Path("/tmp/elastune")
     """ELASTUNE_WORK_DIR: checkpoint and default artifact root as the worker pods see it (the worker
     image runs non-root with a writable /tmp). For checkpoints and artifacts to outlive a pod, mount a
@@ -77,7 +82,7 @@ class OperatorSettings:
             "redis_secret_key": "ELASTUNE_REDIS_SECRET_KEY",
             "redis_worker_username": "ELASTUNE_REDIS_WORKER_USERNAME",
             "channel_url": "ELASTUNE_CHANNEL_URL",
-            "cold_pool_gpus": "ELASTUNE_COLD_POOL_GPUS",
+            "cold_pool_node_selector": "ELASTUNE_COLD_POOL_NODE_SELECTOR",
             "work_dir": "ELASTUNE_WORK_DIR",
             "metrics_port": "ELASTUNE_METRICS_PORT",
             "namespace": "ELASTUNE_NAMESPACE",
@@ -96,7 +101,9 @@ class OperatorSettings:
             if raw is None:
                 continue
             try:
-                if f.name in ("cold_pool_gpus", "metrics_port"):
+                if f.name == "cold_pool_node_selector":
+                    values[f.name] = raw.strip()  # empty is a valid selector: every node
+                elif f.name == "metrics_port":
                     values[f.name] = int(raw)
                 elif f.name.endswith("_s"):
                     values[f.name] = float(raw)
@@ -126,6 +133,4 @@ class OperatorSettings:
             raise SettingsError(
                 f"ELASTUNE_REDIS_URL={values['redis_url']!r}: must start with redis:// or rediss://"
             )
-        if int(values.get("cold_pool_gpus", 32)) < 0:  # type: ignore[call-overload]
-            raise SettingsError("ELASTUNE_COLD_POOL_GPUS must be >= 0")
         return cls(**values)  # type: ignore[arg-type]

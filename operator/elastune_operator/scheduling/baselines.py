@@ -142,7 +142,7 @@ class INFlessPolicy(_BankAlwaysPools):
         for llm in state.pending:
             target = self._prewarm_target(llm, now)
             size = state.pool_size[llm] + sum(x.count for x in d.launches if x.llm == llm)
-            if size < target and cold_free:
+            if size < target and cold_free > 0:  # negative when the pool's nodes left
                 n = min(target - size, cold_free)
                 cold_free -= n
                 d.launches.append(Launch(llm, n))

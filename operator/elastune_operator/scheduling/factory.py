@@ -1,4 +1,5 @@
-"""Builds a scheduling policy from its typed name (DESIGN.md §9: the factory beside the implementations)."""
+"""Builds a scheduling policy from its typed name (docs/design.md §9: the factory beside the
+implementations)."""
 
 from __future__ import annotations
 

@@ -190,6 +190,16 @@ class ClusterState:
         self.pool_size.setdefault(llm, 0)
         self.pending_version.setdefault(llm, 0)
 
+    def set_capacity(self, cold_capacity: int) -> None:
+        """The cold pool's size changed (its nodes came or went: k8s.node_capacity). GPUs already taken
+        from it stay where they are; below them ``cold_free`` goes negative and nothing more is
+        launched until GPUs are released or nodes come back."""
+        if cold_capacity < 0:
+            raise ValueError("cold_capacity must be >= 0")
+        if cold_capacity != self.capacity:
+            self.capacity = cold_capacity
+            self._touch()
+
     def drop(self, job_id: str) -> None:
         job = self.jobs[job_id]
         job.dropped = True

@@ -1,6 +1,7 @@
-"""What the PromptTuner paper reports about its scheduler, transcribed from its text
-(../shared/papers/prompttuner.txt; the figures' plotted values are not in the text, only what the
-prose states about them). Each constant cites the section, figure or table it comes from.
+"""What the PromptTuner paper reports about its scheduler, transcribed from its text ("PromptTuner:
+SLO-Aware Elastic System for LLM Prompt Tuning", Gao et al., arXiv:2603.05087v1; the figures' plotted
+values are not in the text, only what the prose states about them). Each constant cites the section,
+figure or table it comes from.
 
 Conventions: violations in percent of jobs, costs in US dollars for one 20-minute trace; a
 "violation-point difference" is baseline % − PromptTuner %; a "cost saving" is 1 − PromptTuner's cost /

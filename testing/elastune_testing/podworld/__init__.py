@@ -1,4 +1,4 @@
-"""The pod world: pods as isolated hosts on one machine, for tests/cluster/ (DESIGN.md §8).
+"""The pod world: pods as isolated hosts on one machine, for tests/cluster/ (docs/design.md §8).
 
 Each pod is a process tree in its own network namespace (its own address on a bridge) and its own mount
 namespace (private /tmp, only its declared volumes), started from the Pod object in the API emulator by

@@ -1,13 +1,13 @@
 """The controllers a cluster runs besides the kubelet, as far as Elastune's objects need them.
 
 - `Deployments`: a Deployment keeps ``replicas`` Pods from its template (owned by it, so deleting the
-  Deployment removes them); a changed template replaces them (Recreate, what the chart's operator and
-  Redis ask for).
-- `KnativeServices`: a Knative Service keeps ``min-scale`` Pods of its template (bounded by
-  ``max-scale``), with what Knative adds to the user container (``PORT``, ``K_SERVICE``,
-  ``K_REVISION``); when min-scale drops it removes Pods as the ReplicaSet controller does, lowest
-  ``controller.kubernetes.io/pod-deletion-cost`` first, then the newest. Not emulated: the activator and
-  the request-driven autoscaler (Elastune's workers take no Knative-routed traffic).
+  Deployment removes them); a changed template (its whole hash) replaces them (Recreate, what the
+  chart's Deployments and the operator's WarmPool Deployments ask for); a replicas change scales in place
+  and a scale-down removes pods in the ReplicaSet controller's order (`deletion_order`).
+- `KnativeServices`: a Knative Service held to Knative's rules (``knative_rules``: webhook validation, a
+  new Revision for any template change, min-/max-scale), with what Knative adds to the user container
+  (``PORT``, ``K_SERVICE``, ``K_REVISION``). Not emulated: the activator and the request-driven
+  autoscaler. Elastune no longer writes Knative Services; the rules' tests show why.
 - `Services`: a ClusterIP Service gets a stable address on the node and a TCP proxy there that forwards
   each connection to a Ready Pod its selector matches (kube-proxy's job); pods resolve its name through
   their /etc/hosts.
@@ -28,6 +28,7 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
+from elastune_testing.knative_rules import KnativeConfig, WebhookDenied, admit, revision_hash, scale_bounds
 from elastune_testing.podworld.kubelet import Kubelet
 from elastune_testing.podworld.network import PodNetwork
 
@@ -123,7 +124,25 @@ class _Controller:
                 raise
 
 
+@dataclass
+class Removal:
+    pod: str
+    deletion_cost: int
+
+
 class Deployments(_Controller):
+    """apps/v1 Deployments as the Deployment and ReplicaSet controllers keep them: the pods' template is
+    named by a hash of the whole ``spec.template`` (labels and annotations included, as
+    ``pod-template-hash`` is), so a changed template rolls to new pods (Recreate: the old go first); a
+    ``replicas`` change scales the current pods in place, and a scale-down removes them in
+    `deletion_order`. ``removals`` records each pod a scale-down took, with its deletion cost."""
+
+    removals: list[Removal]
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.removals = []
+
     def round(self) -> None:
         for dep in _raw(self.apps.list_deployment_for_all_namespaces(_preload_content=False))["items"]:
             dep.setdefault("apiVersion", "apps/v1")
@@ -139,22 +158,27 @@ class Deployments(_Controller):
             want = int(dep["spec"].get("replicas", 1))
             for _ in range(want - len(current)):
                 self._create_pod(dep, f"{name}-{h[:8]}-{secrets.token_hex(3)}", template, {TEMPLATE_HASH: h})
-            for p in sorted(current, key=lambda p: p["metadata"]["creationTimestamp"])[want:]:
-                self._delete_pod(p)
-
-
-@dataclass
-class Removal:
-    pod: str
-    deletion_cost: int
+            if len(current) > want:  # a replicas change scales in place: no pod of the template is replaced
+                for p in deletion_order(current)[: len(current) - want]:
+                    self.removals.append(Removal(p["metadata"]["name"], _cost(p)))
+                    self._delete_pod(p)
 
 
 class KnativeServices(_Controller):
+    """Knative Serving held to its own rules (``knative_rules``): a Service its webhook would refuse gets
+    no pods (the denial is kept in ``denials``); a Revision is the whole ``spec.template``, so any change
+    there (an annotation too) replaces every pod with the new Revision's; ``min-scale``/``max-scale``
+    read as the autoscaler reads them. Elastune no longer writes Knative Services (its WarmPools are
+    Deployments: docs/operations/warm-pool-workload.md); this stays to show why."""
+
     removals: list[Removal]
+    config: KnativeConfig
 
     def __post_init__(self) -> None:
         super().__post_init__()
         self.removals = []
+        self.config = KnativeConfig()
+        self.denials: dict[tuple[str, str], WebhookDenied] = {}
 
     def round(self) -> None:
         services = _raw(self.custom.list_cluster_custom_object(*KNATIVE, _preload_content=False))["items"]
@@ -163,16 +187,20 @@ class KnativeServices(_Controller):
 
     def _reconcile(self, svc: dict[str, Any]) -> None:
         ns, name = svc["metadata"].get("namespace", "default"), svc["metadata"]["name"]
+        try:
+            svc = admit(svc, self.config)
+        except WebhookDenied as denied:
+            self.denials[(ns, name)] = denied
+            return
+        self.denials.pop((ns, name), None)
         template = svc["spec"]["template"]
-        ann = (template.get("metadata") or {}).get("annotations") or {}
-        want = int(ann.get(MIN_SCALE, "0"))
-        if MAX_SCALE in ann and int(ann[MAX_SCALE]) > 0:
-            want = min(want, int(ann[MAX_SCALE]))
+        low, high = scale_bounds((template.get("metadata") or {}).get("annotations") or {})
+        want = low if high is None else min(low, high)
         pod_template = self._pod_template(name, template)
-        revision = _hash(pod_template["spec"])  # a new revision when the pod spec changes
+        revision = revision_hash(template)  # the whole template: annotations make Revisions too
         pods = self._pods(ns, svc["metadata"]["uid"])
         stale = [p for p in pods if p["metadata"]["labels"].get("serving.knative.dev/revision") != revision]
-        for p in stale:
+        for p in stale:  # the old Revision scales to zero: its pods go, whatever they were doing
             self._delete_pod(p)
         current = [p for p in pods if p not in stale]
         labels = {"serving.knative.dev/service": name, "serving.knative.dev/revision": revision}
@@ -180,13 +208,8 @@ class KnativeServices(_Controller):
             self._create_pod(svc, f"{name}-{revision[:5]}-deployment-{secrets.token_hex(3)}",
                              pod_template, labels)  # fmt: skip
         if len(current) > want:
-            costs = {p["metadata"]["name"]: _cost(p) for p in current}
-            victims = sorted(
-                current,
-                key=lambda p: (costs[p["metadata"]["name"]], _neg_time(p["metadata"]["creationTimestamp"])),
-            )
-            for p in victims[: len(current) - want]:
-                self.removals.append(Removal(p["metadata"]["name"], costs[p["metadata"]["name"]]))
+            for p in deletion_order(current)[: len(current) - want]:
+                self.removals.append(Removal(p["metadata"]["name"], _cost(p)))
                 self._delete_pod(p)
 
     @staticmethod
@@ -213,6 +236,47 @@ def _cost(pod: dict[str, Any]) -> int:
         return int((pod["metadata"].get("annotations") or {}).get(DELETION_COST, "0"))
     except ValueError:
         return 0
+
+
+_PHASE_ORDINAL = {"Pending": 0, "Unknown": 1, "Running": 2}
+
+
+def _ready_since(pod: dict[str, Any]) -> tuple[bool, str]:
+    for cond in (pod.get("status") or {}).get("conditions") or []:
+        if cond.get("type") == "Ready":
+            return cond.get("status") == "True", str(cond.get("lastTransitionTime") or "")
+    return False, ""
+
+
+def deletion_order(pods: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Pods in the order the ReplicaSet controller deletes them on a scale-down (kubernetes/kubernetes
+    pkg/controller/replicaset/replica_set.go ``getPodsToDelete`` sorts ``ActivePodsWithRanks`` of
+    pkg/controller/controller_utils.go): unassigned before assigned; Pending < Unknown < Running; not
+    ready before ready; lower ``controller.kubernetes.io/pod-deletion-cost`` first; more of the
+    ReplicaSet's pods on the same node first; ready for less time first; more restarts first; newer
+    first. Not emulated: LogarithmicScaleDown's log2 age buckets and their UID tie-break."""
+    on_node: dict[str, int] = {}
+    for p in pods:
+        node = (p.get("spec") or {}).get("nodeName") or ""
+        on_node[node] = on_node.get(node, 0) + 1
+
+    def key(p: dict[str, Any]) -> tuple[Any, ...]:
+        node = (p.get("spec") or {}).get("nodeName") or ""
+        status = p.get("status") or {}
+        ready, since = _ready_since(p)
+        restarts = sum(int(c.get("restartCount") or 0) for c in status.get("containerStatuses") or [])
+        return (
+            bool(node),
+            _PHASE_ORDINAL.get(status.get("phase", ""), 0),
+            ready,
+            _cost(p),
+            -on_node[node] if node else 0,
+            _neg_time(since) if ready else "",
+            -restarts,
+            _neg_time(p["metadata"].get("creationTimestamp") or ""),
+        )
+
+    return sorted(pods, key=key)
 
 
 def _neg_time(ts: str) -> str:

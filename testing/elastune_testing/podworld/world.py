@@ -33,8 +33,10 @@ from typing import Any
 from kubernetes import client, config
 
 from elastune_testing.emulator import EmulatorHandle, start_emulator
+from elastune_testing.nodes import add_gpu_node, remove_node
 from elastune_testing.podworld import network as N
 from elastune_testing.podworld.controllers import Deployments, KnativeServices, Services
+from elastune_testing.podworld.jobs import Jobs
 from elastune_testing.podworld.kubelet import Kubelet, Node
 from elastune_testing.podworld.spec import Image
 
@@ -76,6 +78,7 @@ class PodWorld:
     deployments: Deployments
     knative: KnativeServices
     _front_stop: Callable[[], None] = lambda: None
+    jobs: Jobs | None = None
 
     # -- construction -------------------------------------------------------------------------------
     @classmethod
@@ -102,6 +105,8 @@ class PodWorld:
             ca_pem = cert.read_text()
             nodes = [Node(f"gpu-node-{i}", gpus_per_node) for i in range(gpu_nodes)]
             nodes.append(Node("cpu-node", 0))
+            for n in nodes:  # the Node objects the operator counts its cold pool from (node_capacity)
+                add_gpu_node(api, n.name, n.gpus, labels=None if n.gpus else {})
             kubelet = Kubelet(
                 api, net, images(cache_root), root / "kubelet", nodes,
                 service_account=lambda ns: (f"podworld-token-{ns}", ca_pem),
@@ -113,7 +118,8 @@ class PodWorld:
             stops.append(front)
             world = cls(root, emulator, net, api, kubelet, services, Deployments(api), KnativeServices(api))
             world._front_stop = front
-            for part in (services, world.deployments, world.knative, kubelet):
+            world.jobs = Jobs(api)
+            for part in (services, world.deployments, world.knative, world.jobs, kubelet):
                 part.start()
             return world
         except BaseException:
@@ -124,6 +130,7 @@ class PodWorld:
     def stop(self) -> None:
         # Controllers first (nothing new starts), then pods, then the proxies, network and API.
         parts = [
+            *([self.jobs.stop] if self.jobs else []),
             self.knative.stop,
             self.deployments.stop,
             self.kubelet.stop,
@@ -135,6 +142,17 @@ class PodWorld:
                 stop()
         self.network.destroy()
         self.emulator.stop()
+
+    def add_node(self, name: str, gpus: int) -> None:
+        """A GPU node of the cold pool joins: its Node object appears and the kubelet schedules on it."""
+        add_gpu_node(self.api, name, gpus)
+        self.kubelet.nodes = [*self.kubelet.nodes, Node(name, gpus)]  # replaced whole: read by its thread
+
+    def remove_node(self, name: str) -> None:
+        """A node leaves: no new pod lands on it and its Node object goes. Pods already on it keep
+        running here (on a cluster the pod garbage collector removes them later)."""
+        self.kubelet.nodes = [n for n in self.kubelet.nodes if n.name != name]
+        remove_node(self.api, name)
 
     def __enter__(self) -> PodWorld:
         return self

@@ -50,11 +50,11 @@ def test_smoke_runs_every_part_and_writes_its_json(tmp_path: Path) -> None:
     assert lora["model"] == lora["model"] | {"shape": "llama-micro", "random_weights": True}
     assert set(lora["cold_start"]) == {"cached", "cpu_assisted", "ondmd"} and "kernels" in lora
     coserve = json.loads((out / "coserve.json").read_text())
-    assert "goal" in coserve or "skipped" in coserve
-    assert "skipped" in coserve or coserve["model"]["shape"] == "llama-micro"
-    if "goal" in coserve:  # the inference-only reference says whether the heavy load is within capacity
-        assert coserve["inference_only"]["heavy"]["finetune_steps"] == 0
-        assert isinstance(coserve["goal"]["load_within_capacity"], bool)
+    # the trace ships in data/: the co-serving bench never skips for want of it
+    assert "goal" in coserve and coserve["model"]["shape"] == "llama-micro"
+    # the inference-only reference says whether the heavy load is within capacity
+    assert coserve["inference_only"]["heavy"]["finetune_steps"] == 0
+    assert isinstance(coserve["goal"]["load_within_capacity"], bool)
     table = (out / "table.md").read_text()
     assert "decode b=4" in table and proc.stdout.rstrip().endswith("(exit 0)")
 

@@ -1,4 +1,5 @@
-"""The worker's job loop: register, heartbeat, pop assignments, run them, report (DESIGN.md §5 pull model).
+"""The worker's job loop: register, heartbeat, pop assignments, run them, report (docs/design.md §5
+pull model).
 
 One assignment at a time. Any failure of a job — bad dataset, unreachable storage channel, a peer that
 died — is reported on the job's event stream with a CamelCase reason, and the worker goes back to
@@ -50,6 +51,8 @@ class AgentConfig:
     """Called with the loaded model before the worker reports READY (starts the serving engine)."""
     serving_state: Callable[[], ServingState | None] | None = None
     """What the worker serves right now, published with every heartbeat."""
+    draining: Callable[[], bool] | None = None
+    """True once the pod drains (SIGTERM): not ready, and no longer publishing its record."""
     on_heartbeat: Callable[[], None] | None = None
     """Runs before each heartbeat's publish (applies the control plane's adapter placement)."""
     engine_call: Callable[[], EngineCall | None] | None = None
@@ -77,8 +80,12 @@ class Agent:
 
     # -- state shared with the HTTP server --------------------------------------------------------
     @property
+    def draining(self) -> bool:
+        return self.cfg.draining is not None and self.cfg.draining()
+
+    @property
     def ready(self) -> bool:
-        return self.record.state in (WorkerState.READY, WorkerState.BUSY)
+        return self.record.state in (WorkerState.READY, WorkerState.BUSY) and not self.draining
 
     def snapshot(self) -> dict[str, object]:
         with self._lock:
@@ -91,6 +98,8 @@ class Agent:
         self._publish()
 
     def _publish(self) -> None:
+        if self.draining:  # it left the registry: a heartbeat must not bring it back
+            return
         try:
             with self._lock:
                 record = self.record.model_copy()
@@ -138,6 +147,9 @@ class Agent:
             self._stop.wait()  # stay up and keep reporting why (readiness stays false)
             return
         while not self._stop.is_set():
+            if self.draining:  # out of the registry: no new assignment; the drain stops the loop
+                self._stop.wait(0.2)
+                continue
             try:
                 assignment = self.bus.pop_assignment(self.cfg.worker_id, timeout=self.cfg.poll_seconds)
             except Exception as exc:

@@ -1,4 +1,4 @@
-"""The worker process: the Knative container contract on $PORT plus the job agent.
+"""The worker process: the container contract on $PORT plus the job agent.
 
     python -m elastune_worker serve --pool tiny-gpt2 --model elastune/tiny-gpt2 --redis-url redis://...
 
@@ -9,7 +9,8 @@
 - ``GET /status`` the worker's record as JSON.
 - ``/v1/...`` the OpenAI-compatible serving API (serving/api), ``/openapi.json`` its document.
 Tuning jobs arrive by pull (the agent pops its Redis queue), not over HTTP. The pod itself (agent,
-engine, HTTP server): server/pod.py.
+engine, HTTP server): server/pod.py. SIGTERM drains (server/drain.py): not ready, out of the registry,
+requests in flight finished within --drain-seconds, then exit; a second signal stops at once.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import sys
 from elastune_common.bus import Bus, BusUnreachable
 from elastune_contract.openai_api.limits import limits_from
 from elastune_worker.server.agent import default_worker_id
+from elastune_worker.server.drain import DEFAULT_DRAIN_SECONDS
 from elastune_worker.server.pod import EngineSettings, WorkerPod
 from elastune_worker.serving.server import add_engine_args, engine_config, lora_modules
 
@@ -57,6 +59,13 @@ def _parser() -> argparse.ArgumentParser:
         "--port", type=int, default=int(os.environ.get("PORT", "8080")), help="[$PORT, Knative sets it]"
     )
     p.add_argument("--threads", type=int, help="torch intra-op threads (CPU workers sharing a machine)")
+    p.add_argument(
+        "--drain-seconds",
+        type=float,
+        default=float(os.environ.get("ELASTUNE_DRAIN_SECONDS", DEFAULT_DRAIN_SECONDS)),
+        help="after SIGTERM, how long requests in flight may take to finish before the worker exits; keep "
+        "it under the pod's terminationGracePeriodSeconds [$ELASTUNE_DRAIN_SECONDS]",
+    )
     p.add_argument("--no-serve", action="store_true", help="tune only: no serving engine on /v1")
     # No CPU binding by default: every worker on a host would take the same CPUs (several local workers,
     # a test stack), and its own tuning shares the process. A pod with exclusive CPUs (Kubernetes'
@@ -97,13 +106,18 @@ def main(argv: list[str] | None = None) -> int:
         engine=None if args.no_serve else _engine_settings(args),
         limits=limits_from(args),
         max_queued_requests=args.max_queued_requests,
+        drain_seconds=args.drain_seconds,
     )
     url = pod.start_http(args.host, args.port, args.advertise_host)
     log.info("worker %s of pool %s serving on %s", pod.worker_id, args.pool, url)
 
     def on_signal(signum: int, _frame: object) -> None:
-        log.info("signal %d: stopping after the current job", signum)
-        pod.stop()
+        if pod.drain.draining:  # a second signal: stop now
+            log.info("signal %d while draining: stopping after the current job", signum)
+            pod.stop()
+            return
+        log.info("signal %d: draining", signum)
+        pod.begin_drain()
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)

@@ -1,4 +1,4 @@
-"""The worker's control credential (DESIGN.md §6 Tenancy, issue 25 item 4).
+"""The worker's control credential (docs/design.md §6 Tenancy, issue 25 item 4).
 
 Inference (``/v1/completions``, ``/v1/chat/completions``, ``/v1/models``), health (``/healthz``,
 ``/readyz``, ``/health``), ``/metrics`` and the API document (``/openapi.json``, ``/docs``) are open to

@@ -1,5 +1,5 @@
 """An assignment's events on its job's stream (started, progress, succeeded, failed, cancelled): what the
-control plane reads to follow the attempt (DESIGN.md §5)."""
+control plane reads to follow the attempt (docs/design.md §5)."""
 
 from __future__ import annotations
 
@@ -34,7 +34,10 @@ class JobReporter:
 
     def report(self, type_: str, **fields: object) -> None:
         a = self.assignment
-        event = Event(type=type_, job=a.job, attempt=a.attempt, rank=a.rank, worker=self.worker_id, **fields)  # type: ignore[arg-type]
+        event = Event(
+            type=type_, job=a.job, attempt=a.attempt, rank=a.rank, worker=self.worker_id, proof=a.proof,
+            **fields,  # type: ignore[arg-type]
+        )  # fmt: skip
         self.post(event)
 
     def post(self, event: Event) -> None:

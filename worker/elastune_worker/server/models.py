@@ -10,6 +10,12 @@ from typing import Any
 
 import torch
 
+from elastune_contract.model_source import (
+    DEFAULT_MODEL_CACHE_PATH,
+    FETCHED_MARKER,
+    MODEL_CACHE_ENV,
+    parse_model_source,
+)
 from elastune_contract.vocabulary import Reason
 from elastune_worker.tuning.trainer import pick_device
 
@@ -35,10 +41,33 @@ class LoadedModel:
     load_seconds: float
 
 
+def fetched_model_dir(name: str) -> Path | None:
+    """The model cache's directory of an hf://, s3:// or pvc:// ``name`` (the pool's fetch Job put it
+    there: ``$ELASTUNE_MODEL_CACHE/<source dir>``, the cache claim mounted read-only); None for other
+    names. ModelLoadError when it is not fetched (yet)."""
+    try:
+        source = parse_model_source(name)
+    except ValueError:
+        return None  # today's names (paths included) load as before
+    if not source.fetched:
+        return None
+    cache = Path(os.environ.get(MODEL_CACHE_ENV) or DEFAULT_MODEL_CACHE_PATH)
+    path = cache / source.cache_dir
+    if not (path / FETCHED_MARKER).is_file():
+        raise ModelLoadError(
+            f"model {name!r} is not in the model cache ({path} has no {FETCHED_MARKER}): the pool's "
+            "model-fetch Job fetches it before workers start"
+        )
+    return path
+
+
 def resolve_model(name: str) -> Path:
-    """A local directory for ``name``: the tiny model (built if missing), a path, or a Hugging Face id
-    resolved through the local HF cache (downloaded only if the environment allows it — pods set
-    HF_HUB_OFFLINE=1 and mount the weights)."""
+    """A local directory for ``name``: a fetched source's directory of the model cache (never downloaded
+    here), the tiny model (built if missing), a path, or a Hugging Face id resolved through the local HF
+    cache (downloaded only if the environment allows it — pods set HF_HUB_OFFLINE=1)."""
+    fetched = fetched_model_dir(name)
+    if fetched is not None:
+        return fetched
     if name in TINY_MODEL_NAMES:
         from elastune_worker.tiny.build import ensure_tiny_model
 

@@ -1,6 +1,6 @@
 """How an assignment ends other than with success: cancelled by the control plane, or failed with a
-CamelCase reason for the job's status (DESIGN.md §5). A failure never ends the worker: the agent posts it
-and takes the next assignment."""
+CamelCase reason for the job's status (docs/design.md §5). A failure never ends the worker: the agent
+posts it and takes the next assignment."""
 
 from __future__ import annotations
 

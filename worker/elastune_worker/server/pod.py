@@ -20,6 +20,7 @@ from elastune_worker.server.agent import Agent, AgentConfig
 from elastune_worker.server.control_auth import guard_control
 from elastune_worker.server.control_routes import control_router
 from elastune_worker.server.coserved import EngineCall
+from elastune_worker.server.drain import DEFAULT_DRAIN_SECONDS, Drain, DrainMiddleware, drain_then
 from elastune_worker.server.metrics import WorkerMetrics
 from elastune_worker.server.models import LoadedModel
 from elastune_worker.server.placement import AdapterSync
@@ -31,6 +32,8 @@ from elastune_worker.serving.frontend.messages import EngineOp
 from elastune_worker.serving.server import load_lora_modules, start_engine
 
 log = logging.getLogger("elastune.worker")
+HTTP_STOP_S = 3.0
+"""How long the HTTP server may take to close after the drain (connections left open by clients)."""
 
 
 @dataclass
@@ -56,9 +59,12 @@ class WorkerPod:
         engine: EngineSettings | None,
         limits: RequestLimits,
         max_queued_requests: int | None = None,
+        drain_seconds: float = DEFAULT_DRAIN_SECONDS,
     ) -> None:
-        """``engine`` None: tune only, /v1 answers 503; ``max_queued_requests``: past it, 503 too."""
+        """``engine`` None: tune only, /v1 answers 503; ``max_queued_requests``: past it, 503 too;
+        ``drain_seconds``: how long a SIGTERM waits for requests in flight (server/drain.py)."""
         self.bus, self.worker_id, self.served_name = bus, worker_id, served_name
+        self.drain, self.drain_seconds = Drain(), drain_seconds
         self.engine_settings = engine
         self.metrics = WorkerMetrics()
         self.serving_metrics = ServingMetrics(self.metrics.registry, served_name)
@@ -75,6 +81,7 @@ class WorkerPod:
                 serving_state=self.serving_state,
                 on_heartbeat=self.placement.sync_in_background,  # loads never hold up the heartbeat
                 engine_call=self.engine_call,
+                draining=lambda: self.drain.draining,
             ),
             bus,
             self.metrics,
@@ -87,13 +94,15 @@ class WorkerPod:
             max_queued_requests=max_queued_requests,
         )
         guard_control(self.app)  # adapter load/unload, /status: only with the control token
+        self.app.add_middleware(DrainMiddleware, drain=self.drain)  # outermost: counts every stream
         self._http: uvicorn.Server | None = None
+        self._http_thread: threading.Thread | None = None
 
     # -- start, serve, shut down --------------------------------------------------------------------
     def start_http(self, host: str, port: int, advertise: str | None) -> str:
         """Serve the pod's app from a background thread (the agent owns the main thread) and register
         the URL other pods reach it at; ``port`` 0 picks a free one. Returns that URL."""
-        self._http, bound = _serve_in_thread(self.app, host, port)
+        self._http, self._http_thread, bound = _serve_in_thread(self.app, host, port)
         self.agent.record.url = f"http://{advertised_host(host, advertise)}:{bound}"
         return self.agent.record.url
 
@@ -102,15 +111,34 @@ class WorkerPod:
         self.agent.run_forever()
 
     def stop(self) -> None:
-        """Stop after the current assignment (a signal handler's call)."""
+        """Stop after the current assignment."""
         self.agent.stop()
 
-    def shutdown(self) -> None:
-        """Stop the HTTP server and leave the registry (a FAILED worker stays listed with its reason)."""
-        if self._http is not None:
-            self._http.should_exit = True
+    def begin_drain(self) -> None:
+        """SIGTERM: drain on a thread of its own (not ready, out of the registry, requests in flight
+        finished within ``drain_seconds``), then stop."""
+        threading.Thread(
+            target=drain_then,
+            args=(self.drain, self.drain_seconds, self._leave_registry, self.stop),
+            name="drain",
+            daemon=True,
+        ).start()
+
+    def _leave_registry(self) -> None:
         if self.agent.record.state is not WorkerState.FAILED:
             self.bus.forget_worker(self.worker_id)
+
+    def shutdown(self) -> None:
+        """Stop the HTTP server once its responses are sent, and leave the registry (a FAILED worker
+        stays listed with its reason)."""
+        if self._http is not None:
+            self._http.should_exit = True
+            thread = self._http_thread
+            if thread is not None:
+                thread.join(timeout=HTTP_STOP_S)
+        if self.engine is not None:  # the engine process ignores signals: the pod ends it
+            self.engine.close()
+        self._leave_registry()
         self.bus.close()
 
     # -- the serving engine ---------------------------------------------------------------------------
@@ -174,14 +202,19 @@ def advertised_host(bind: str, advertise: str | None) -> str:
     return "127.0.0.1" if bind in ("0.0.0.0", "::", "") else bind
 
 
-def _serve_in_thread(app: Any, host: str, port: int) -> tuple[uvicorn.Server, int]:
+def _serve_in_thread(app: Any, host: str, port: int) -> tuple[uvicorn.Server, threading.Thread, int]:
     """uvicorn on a daemon thread over a socket bound here (so the bound port is known at once)."""
     sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((host, port))
     sock.listen(2048)  # connections wait in the backlog until the server thread accepts them
-    config = uvicorn.Config(app, log_level="warning", lifespan="off", access_log=False)
+    # Once told to exit, uvicorn waits for open responses; by then the drain has let them finish, so the
+    # bound is for a stuck connection only.
+    config = uvicorn.Config(
+        app, log_level="warning", lifespan="off", access_log=False, timeout_graceful_shutdown=HTTP_STOP_S
+    )
     server = uvicorn.Server(config)
     server.install_signal_handlers = lambda: None  # type: ignore[attr-defined]  # main thread's job (older uvicorn)
-    threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="http", daemon=True).start()
-    return server, sock.getsockname()[1]
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="http", daemon=True)
+    thread.start()
+    return server, thread, sock.getsockname()[1]

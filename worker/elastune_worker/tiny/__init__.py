@@ -1,1 +1,1 @@
-"""Tiny, self-made models and tasks for tests and benchmarks (no hub downloads; DESIGN.md §6)."""
+"""Tiny, self-made models and tasks for tests and benchmarks (no hub downloads; docs/design.md §6)."""

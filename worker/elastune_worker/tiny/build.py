@@ -1,4 +1,4 @@
-"""Build a tiny GPT-2 base model offline, from Elastune's own task corpus (DESIGN.md §6 "Tiny models").
+"""Build a tiny GPT-2 base model offline, from Elastune's own task corpus (docs/design.md §6 "Tiny models").
 
 Nothing is downloaded: a byte-level BPE tokenizer is trained with `tokenizers` on the task suite of
 `tasks.py`, a small GPT-2 is initialised from a config and pretrained briefly on the same corpus, and the

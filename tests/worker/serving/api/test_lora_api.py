@@ -6,6 +6,7 @@ while the worker keeps serving."""
 from __future__ import annotations
 
 import re
+import shutil
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,6 +19,7 @@ httpx = pytest.importorskip("httpx")
 torch = pytest.importorskip("torch")
 peft = pytest.importorskip("peft")
 transformers = pytest.importorskip("transformers")
+from safetensors.torch import load_file, save_file  # noqa: E402
 
 from elastune_bench.processes import ServiceProcess, start_worker  # noqa: E402
 from elastune_common.bus import Bus  # noqa: E402
@@ -119,6 +121,16 @@ def test_bad_artifacts_are_4xx_naming_the_problem_and_show_on_the_record(worker,
         peft.LoraConfig(r=4, target_modules=["c_attn"]),
     ).save_pretrained(gpt2_lora)
     (tmp_path / "empty").mkdir()
+    # issue 38 item 4: a file safetensors cannot read answered 500 SafetensorError; item 3: finite
+    # weights whose product overflows were accepted and their greedy requests ended 200 with empty text
+    good = A.ensure_tiny_adapter(8)
+    corrupt, overflow = tmp_path / "corrupt", tmp_path / "overflow"
+    shutil.copytree(good, corrupt)
+    (corrupt / "adapter_model.safetensors").write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00not json")
+    shutil.copytree(good, overflow)
+    weights = load_file(str(good / "adapter_model.safetensors"))
+    huge = {k: torch.full_like(v, 1e20) for k, v in weights.items()}
+    save_file(huge, str(overflow / "adapter_model.safetensors"))
     before = metric(w.url, "elastune_lora_adapter_loads_total", outcome="failed")
     cases = [
         (tmp_path / "empty", "not a PEFT adapter directory"),
@@ -126,6 +138,8 @@ def test_bad_artifacts_are_4xx_naming_the_problem_and_show_on_the_record(worker,
         (A.ensure_tiny_adapter(64), "rank 64 is outside 1..32"),
         (gpt2_lora, "another base model"),
         ("https://example.invalid/adapter", "not supported yet"),
+        (corrupt, "adapter_model.safetensors is not a readable safetensors file"),
+        (overflow, "not finite on a probe input"),
     ]
     for path, why in cases:
         r = load(w, "bad", path)

@@ -277,3 +277,30 @@ def test_stop_strings_and_stop_token_ids_are_bounded(client: Any) -> None:
         extra_body={"stop_token_ids": many[:-1]},
     )  # fmt: skip
     assert ok.choices[0].finish_reason in ("length", "stop")
+
+
+def _raw(body: str) -> str:
+    """A JSON body with a lone surrogate escaped in it (json.dumps would refuse to write one)."""
+    return body.replace("MODEL", MODEL)
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/v1/completions", _raw('{"model": "MODEL", "prompt": "a\\ud800b", "max_tokens": 1}')),
+        ("/v1/completions", _raw('{"model": "MODEL", "prompt": ["ok", "\\udc00"], "max_tokens": 1}')),
+        (
+            "/v1/chat/completions",
+            _raw('{"model": "MODEL", "messages": [{"role": "user", "content": "x\\ud800"}]}'),
+        ),
+        ("/v1/completions", _raw('{"model": "MODEL", "prompt": "ok", "stop": ["\\ud800"], "max_tokens": 1}')),
+    ],
+)
+def test_a_lone_surrogate_is_a_400_naming_the_field(worker: str, path: str, body: str) -> None:
+    """Issue 38 item 4: JSON may escape a lone surrogate, which no tokenizer takes; it answered 500
+    TypeError at the worker (the gateway already refused it). The worker still serves afterwards."""
+    r = httpx.post(worker + path, content=body.encode(), headers={"content-type": "application/json"})
+    assert r.status_code == 400, r.text[:300]
+    assert "not valid Unicode" in r.json()["error"]["message"]
+    ok = httpx.post(worker + "/v1/completions", json={"model": MODEL, "prompt": "hi", "max_tokens": 1})
+    assert ok.status_code == 200, ok.text[:300]

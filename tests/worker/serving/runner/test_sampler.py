@@ -110,6 +110,25 @@ def test_a_row_without_a_distribution_fails_alone_and_the_others_are_sampled() -
     assert [tokens[i] for i in keep] == again and not clean.take_failures()
 
 
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_a_greedy_row_without_a_distribution_fails_alone(bad: float) -> None:
+    """Greedy rows get the same check as sampled ones (issue 38 item 3): an adapter whose finite weights
+    overflow made a greedy request's logits NaN/inf, argmax picked token 0 (or the inf) and the request
+    ended 200 with a wrong answer. A row of -inf everywhere but one token is a valid distribution."""
+    logits = torch.randn(4, VOCAB, generator=torch.Generator().manual_seed(5))
+    logits[1, 7] = bad
+    logits[2] = float("-inf")
+    logits[3, :] = float("-inf")
+    logits[3, 11] = 1.0
+    s = Sampler(CPU)
+    reqs = [(f"r{i}", SamplingParams(temperature=0.0)) for i in range(4)]
+    tokens = s.sample(logits, reqs)
+    failures = s.take_failures()
+    assert set(failures) == {"r1", "r2"}
+    assert all("no valid next-token distribution" in why for why in failures.values())
+    assert tokens[0] == int(logits[0].argmax()) and tokens[3] == 11
+
+
 def test_an_error_in_the_batched_draw_is_found_row_by_row(monkeypatch: pytest.MonkeyPatch) -> None:
     """Anything else that raises for the batch: each row is sampled alone, and only the row that still
     raises fails."""

@@ -47,6 +47,8 @@ class RunningEngine(Protocol):
 
     async def call(self, op: EngineOp, arg: Any = None) -> Any: ...
 
+    def close(self) -> None: ...
+
 
 class EngineServingClient:
     def __init__(self, engine: RunningEngine, model_name: str) -> None:
@@ -148,6 +150,10 @@ class EngineServingClient:
 
     async def unload_lora(self, name: str, namespace: str = DEFAULT_NAMESPACE) -> None:
         await self.engine.call(EngineOp.UNLOAD_LORA, (name, namespace))
+
+    def close(self) -> None:
+        """Stop the engine (its thread or process) once nothing is in flight: the pod's last step."""
+        self.engine.close()
 
     def stats(self) -> dict[str, float]:
         s = dataclasses.asdict(self.engine.stats())

@@ -43,8 +43,15 @@ def _child(
     commands: Connection,
     results: Connection,
 ) -> None:
+    import os
+
     import torch
 
+    # The parent decides when the engine stops (after a drain: server/drain.py), so the engine leaves
+    # the parent's process group: a signal sent to the whole group (Ctrl-C, a supervisor stopping the
+    # worker) reaches the parent only, which drains first. The parent's own terminate()/kill() still
+    # reach it, and it exits when the parent goes (EOF on the command pipe).
+    os.setsid()
     try:
         # Bound before torch's first parallel kernel, so its OpenMP threads start on these CPUs.
         bound = cpus is not None and pick_device(config.device).type == "cpu" and bind_process(cpus)

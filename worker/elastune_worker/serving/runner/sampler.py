@@ -55,11 +55,22 @@ class Sampler:
         logits = logits.float()
         out = logits.argmax(dim=-1)
         rows: list[int] = []
+        greedy: list[int] = []
         for i, (rid, p) in enumerate(requests):
             if self.failpoint and p.seed == FAILPOINT_SEED:
                 self._failed(rid, RuntimeError(f"failpoint {SAMPLER_RAISE}: seed {FAILPOINT_SEED}"))
             elif not p.greedy:
                 rows.append(i)
+            else:
+                greedy.append(i)
+        if greedy:
+            # argmax answers for any row, NaN and inf included: a greedy row gets the check the sampled
+            # rows' softmax makes (NaN or +inf anywhere, or no finite maximum, is no distribution)
+            g = logits[greedy]
+            ok = ~(g.isnan() | (g == float("inf"))).any(-1) & (g.amax(-1) > float("-inf"))
+            for j, fine in enumerate(ok.tolist()):
+                if not fine:
+                    self._failed(requests[greedy[j]][0], ValueError(NO_DISTRIBUTION))
         if rows:
             try:
                 out[rows], invalid = self._sample_rows(logits[rows], [requests[i] for i in rows])

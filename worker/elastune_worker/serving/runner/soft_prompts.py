@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from elastune_worker.serving.runner.lora.weights import AdapterError, read_adapter_config
+from elastune_worker.serving.runner.lora.weights import AdapterError, read_adapter_config, read_safetensors
 
 SOFT_PROMPT_TYPES = ("PROMPT_TUNING", "P_TUNING")
 PLACEHOLDER_TOKEN = 0
@@ -62,7 +62,7 @@ def load_soft_prompt(
     weights = root / "adapter_model.safetensors"
     if not weights.is_file():
         raise AdapterError(f"{name}: {root} has no adapter_model.safetensors")
-    emb = load_file(str(weights)).get("prompt_embeddings")
+    emb = read_safetensors(name, weights, load_file).get("prompt_embeddings")
     if emb is None or emb.ndim != 2:
         raise AdapterError(f"{name}: no 2-D prompt_embeddings tensor in {weights}")
     if int(cfg.get("num_transformer_submodules") or 1) != 1:  # type: ignore[call-overload]

@@ -8,6 +8,7 @@ import json
 import math
 import re
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -101,7 +102,7 @@ def load_lora(
     files = [root / "adapter_model.safetensors"]
     if not files[0].is_file():
         raise AdapterError(f"{name}: {root} has no adapter_model.safetensors")
-    tensors = load_file(str(files[0]))
+    tensors = read_safetensors(name, files[0], load_file)
     w = LoRAWeights(name=name, path=str(root), rank=rank, scaling=scaling)
     for key, tensor in tensors.items():
         m = _KEY.search(key)
@@ -136,5 +137,29 @@ def load_lora(
             w.b_t[(layer, target)] = (tensor.float() * scaling).T.contiguous()
     if set(w.a) != set(w.b_t) or not w.a:
         raise AdapterError(f"{name}: lora_A and lora_B tensors do not pair up")
+    _probe(w)
     w.load_seconds = time.perf_counter() - started
     return w
+
+
+def read_safetensors(name: str, path: Path, load_file: Callable[[str], dict[str, torch.Tensor]]) -> dict:
+    """The tensors of an adapter file; a file safetensors cannot read (truncated, not safetensors at all)
+    is the adapter's fault, named as such (it reached clients as a 500 SafetensorError)."""
+    try:
+        return load_file(str(path))
+    except Exception as exc:  # SafetensorError, OSError, a header that is not JSON, ...
+        raise AdapterError(f"{name}: {path.name} is not a readable safetensors file ({exc})") from exc
+
+
+def _probe(w: LoRAWeights) -> None:
+    """Refuse an adapter whose delta overflows: finite weights whose product is not (A·B of 1e20s). Its
+    requests would decode from NaN/inf logits. The probe is a unit input per element, the scale of a
+    normalized hidden state, through every (layer, target) pair, in float32."""
+    for key, a in w.a.items():
+        delta = torch.ones(1, a.shape[1]) @ a.T @ w.b_t[key]
+        if not bool(delta.isfinite().all()):
+            layer, target = key
+            raise AdapterError(
+                f"{w.name}: its output is not finite on a probe input (layer {layer}, {target}): the "
+                "weights are finite but their product overflows"
+            )

@@ -1,8 +1,9 @@
 """Worker pods that cannot start or stay up fail their attempt with the pod's reason (issue 23 item 3).
 
-Against the Kubernetes API emulator over HTTP: the test plays the kubelet and Knative (it writes the
-pool's pods and their status), the real KnativeBackend lists them, and in the core-level tests the real
-ControlCore (with a real Redis) fails or retries the TuningJob with the reason the pod's status gives.
+Against the Kubernetes API emulator over HTTP: the test plays the kubelet and the ReplicaSet controller
+(it writes the pool's pods and their status), the real WorkloadBackend lists them, and in the core-level
+tests the real ControlCore (with a real Redis) fails or retries the TuningJob with the reason the pod's
+status gives.
 """
 
 from __future__ import annotations
@@ -27,14 +28,10 @@ from elastune_contract.protocol import Event, WorkerRecord, WorkerState
 from elastune_contract.vocabulary import Reason
 from elastune_operator.control.core import ControlCore
 from elastune_operator.control.records import CoreSettings, JobRecord, PoolConfig
-from elastune_operator.k8s.knative import (
+from elastune_operator.k8s.workload import (
     COST_REMOVE,
     DELETION_COST,
-    KNATIVE_GROUP,
-    KNATIVE_PLURAL,
-    KNATIVE_VERSION,
-    MIN_SCALE,
-    KnativeBackend,
+    WorkloadBackend,
 )
 from elastune_testing.emulator import EmulatorHandle
 from elastune_testing.fixtures import k8s_emulator  # noqa: F401  (fixture)
@@ -132,7 +129,7 @@ def unschedulable(since: float) -> dict[str, Any]:
 def put_pod(
     api: client.ApiClient, name: str, status: dict[str, Any], *, pool: str = POOL, **meta: Any
 ) -> None:
-    """What Knative's ReplicaSet and the kubelet would write: a pod of the pool's Service, then its status."""
+    """What the ReplicaSet controller and the kubelet would write: a pod of the pool, then its status."""
     core = client.CoreV1Api(api)
     body = {
         "apiVersion": "v1",
@@ -144,11 +141,9 @@ def put_pod(
     core.patch_namespaced_pod_status(name, NS, {"status": status})
 
 
-def min_scale(api: client.ApiClient, namespace: str = NS) -> str:
-    svc = client.CustomObjectsApi(api).get_namespaced_custom_object(
-        KNATIVE_GROUP, KNATIVE_VERSION, namespace, KNATIVE_PLURAL, POOL
-    )
-    return str(svc["spec"]["template"]["metadata"]["annotations"][MIN_SCALE])
+def replicas(api: client.ApiClient, namespace: str = NS) -> str:
+    dep = client.AppsV1Api(api).read_namespaced_deployment(POOL, namespace)
+    return str(dep.spec.replicas)
 
 
 def test_exited_reports_each_failing_pod_once_with_its_reason(
@@ -157,7 +152,7 @@ def test_exited_reports_each_failing_pod_once_with_its_reason(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     clock = Clock()
-    backend = KnativeBackend(kube, "redis://r:6379/0", clock=clock)
+    backend = WorkloadBackend(kube, "redis://r:6379/0", clock=clock)
     backend.register(warm_pool(), 4)
     put_pod(kube, "tiny-gpt2-00001-deployment-ok", RUNNING)
     put_pod(kube, "tiny-gpt2-00001-deployment-pull", IMAGE_PULL)
@@ -196,50 +191,48 @@ def test_exited_reports_each_failing_pod_once_with_its_reason(
     assert late[f"{NS}/tiny-gpt2-00001-deployment-wait"].reason == Reason.UNSCHEDULABLE
     assert "Insufficient nvidia.com/gpu" in late[f"{NS}/tiny-gpt2-00001-deployment-wait"].detail
 
-    # The core releases a failed pod: Knative's min-scale drops and the ReplicaSet removes that pod first.
+    # The core releases a failed pod: replicas drop and the ReplicaSet removes that pod first.
     backend.shrink(KEY, [f"{NS}/tiny-gpt2-00001-deployment-pull"])
-    assert min_scale(kube) == "3"
+    assert replicas(kube) == "3"
     pod = client.CoreV1Api(kube).read_namespaced_pod("tiny-gpt2-00001-deployment-pull", NS)
     assert pod.metadata.annotations[DELETION_COST] == COST_REMOVE
-    # A job still waiting grows the pool back at once: min-scale stays down until the failed pod is
-    # gone (else Knative, at an unchanged size, would keep it and the job would wait forever) ...
+    # A job still waiting grows the pool back at once: replicas stay down until the failed pod is
+    # gone (else the ReplicaSet, at an unchanged size, would keep it and the job would wait forever) ...
     backend.grow(KEY, MODEL, 1)
-    assert min_scale(kube) == "3"
+    assert replicas(kube) == "3"
     clock.t += 2
     assert backend.exited() == {}
-    assert min_scale(kube) == "3"
-    # ... and follows the pool again once Knative removed it.
+    assert replicas(kube) == "3"
+    # ... and follows the pool again once the ReplicaSet removed it.
     client.CoreV1Api(kube).delete_namespaced_pod("tiny-gpt2-00001-deployment-pull", NS)
     clock.t += 2
     assert backend.exited() == {}
-    assert min_scale(kube) == "4"
+    assert replicas(kube) == "4"
 
     # An API error is logged and the round goes on; the next listing works again.
     k8s_emulator.call(lambda emu: emu[kmock.resource("", "v1", "pods")] << 500)
     clock.t += 2
-    with caplog.at_level(logging.WARNING, logger="elastune.knative"):
+    with caplog.at_level(logging.WARNING, logger="elastune.workload"):
         assert backend.exited() == {}
     assert "cannot list the worker pods of namespace team-a" in caplog.text
 
 
 def test_two_namespaces_warm_pools_of_one_name_each_keep_their_own_service(kube: client.ApiClient) -> None:
     """Issue 25 item 1: WarmPools are namespace/name. Two namespaces' pools named alike (other models)
-    are two pools of the backend: growing one scales its own Knative Service only, and each vouches for
+    are two pools of the backend: growing one scales its own Deployment only, and each vouches for
     its own namespace's pods."""
-    backend = KnativeBackend(kube, "redis://r:6379/0", clock=Clock())
+    backend = WorkloadBackend(kube, "redis://r:6379/0", clock=Clock())
     backend.register(warm_pool(), 0)
     backend.register(warm_pool("team-b", "elastune/other"), 0)
     assert set(backend.pools) == {KEY, f"team-b/{POOL}"}
     backend.grow(KEY, MODEL, 2)
     backend.grow(f"team-b/{POOL}", "elastune/other", 1)
-    assert (min_scale(kube), min_scale(kube, "team-b")) == ("2", "1")
-    svc_b = client.CustomObjectsApi(kube).get_namespaced_custom_object(
-        KNATIVE_GROUP, KNATIVE_VERSION, "team-b", KNATIVE_PLURAL, POOL
-    )
-    env = {e["name"]: e.get("value") for e in svc_b["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert (replicas(kube), replicas(kube, "team-b")) == ("2", "1")
+    dep_b = client.AppsV1Api(kube).read_namespaced_deployment(POOL, "team-b")
+    env = {e.name: e.value for e in dep_b.spec.template.spec.containers[0].env}
     assert env["ELASTUNE_MODEL"] == "elastune/other"
     backend.shrink(KEY, [])
-    assert (min_scale(kube), min_scale(kube, "team-b")) == ("2", "1")
+    assert (replicas(kube), replicas(kube, "team-b")) == ("2", "1")
     backend.unregister(KEY)
     assert set(backend.pools) == {f"team-b/{POOL}"}
     assert set(backend.vouched()) == {f"team-b/{POOL}"}
@@ -273,7 +266,7 @@ def cond(rec: JobRecord, ctype: str) -> tuple[str, str, str]:
 @pytest.fixture
 def world(kube: client.ApiClient, redis_server: Any, tmp_path: Path) -> dict[str, Any]:
     clock = Clock()
-    backend = KnativeBackend(kube, redis_server.url, clock=clock)
+    backend = WorkloadBackend(kube, redis_server.url, clock=clock)
     backend.register(warm_pool(), 0)
     bus = Bus(redis_server.url, namespace=f"podfail{time.time_ns()}")
     settings = CoreSettings(cold_capacity=4, channel_url=redis_server.url, work_dir=tmp_path, max_attempts=2)
@@ -293,23 +286,23 @@ def test_a_pool_whose_image_cannot_be_pulled_fails_its_job_with_that_reason(worl
     rec = job("pull")
     core.submit(rec)
     core.tick()
-    assert min_scale(kube) == "1" and cond(rec, "Scheduled")[1] == Reason.POOL_GROWING
+    assert replicas(kube) == "1" and cond(rec, "Scheduled")[1] == Reason.POOL_GROWING
     put_pod(kube, "tiny-gpt2-00001-deployment-a1", IMAGE_PULL)  # Knative starts the pod; it cannot pull
     rounds(world)
     assert not rec.terminal  # one start failure of max_attempts 2: the pool tries another pod
-    # The failed pod leaves the pool (-1) and a fresh one is asked for (+1): min-scale stays down until
+    # The failed pod leaves the pool (-1) and a fresh one is asked for (+1): replicas stay down until
     # Knative removed the failed pod (at an unchanged size it would keep it, and the job wait forever).
-    assert min_scale(kube) == "0"
+    assert replicas(kube) == "0"
     client.CoreV1Api(kube).delete_namespaced_pod("tiny-gpt2-00001-deployment-a1", NS)
     rounds(world)
-    assert min_scale(kube) == "1" and not rec.terminal
+    assert replicas(kube) == "1" and not rec.terminal
     put_pod(kube, "tiny-gpt2-00001-deployment-a2", IMAGE_PULL)
     rounds(world)
     status, reason, message = cond(rec, "Succeeded")
     assert (status, reason) == ("False", Reason.IMAGE_PULL_BACK_OFF)
     assert "pod tiny-gpt2-00001-deployment-a2: ImagePullBackOff" in message
     assert 'Back-off pulling image "ghcr.io/elastune/worker:0.1.0"' in message
-    assert min_scale(kube) == "0"  # no pod is left holding a GPU node for the failed job
+    assert replicas(kube) == "0"  # no pod is left holding a GPU node for the failed job
 
 
 def test_a_bound_worker_whose_pod_crash_loops_is_lost_and_retried_then_fails(world: dict[str, Any]) -> None:
@@ -336,7 +329,12 @@ def test_a_bound_worker_whose_pod_crash_loops_is_lost_and_retried_then_fails(wor
         return a
 
     a = warm("tiny-gpt2-00001-deployment-b1")
-    bus.post(Event(type="progress", job=a.job, attempt=1, rank=0, worker="w", iterations=20, checkpointed=20))
+    bus.post(
+        Event(
+            type="progress", job=a.job, attempt=1, rank=0, worker="w", proof=a.proof, iterations=20,
+            checkpointed=20,
+        )
+    )  # fmt: skip
     rounds(world, 0.05)
     # The worker's container crashes and restarts (its registry record may well outlive it).
     client.CoreV1Api(kube).patch_namespaced_pod_status(

@@ -1,17 +1,20 @@
-"""A stand-in for Knative Serving + the ReplicaSet controller, for tests and benchmarks without a cluster.
+"""A stand-in for the Deployment + ReplicaSet controllers, for tests and benchmarks without a cluster.
 
-It watches the Knative Services the operator creates (through the Kubernetes API, e.g. the emulator),
-keeps ``min-scale`` worker pods of each running — a Pod object in the API plus a local worker process
+It watches the WarmPool Deployments the operator creates (through the Kubernetes API, e.g. the emulator),
+keeps ``spec.replicas`` worker pods of each running — a Pod object in the API plus a local worker process
 registered under the pod's name, exactly as a pod would; each pod gets an address of its own on the
-loopback network (127.x.y.z, status.podIP, Running) where its worker serves on Knative's port 8080, so
-the operator vouches for it as for a real pod — and, when min-scale drops, removes pods the
-way the ReplicaSet controller does: lowest ``controller.kubernetes.io/pod-deletion-cost`` first, then
-the newest. Every removal is recorded with the state its worker reported at that moment, so a test can
-prove that a scale-down never took a busy worker.
+loopback network (127.x.y.z, status.podIP, Running) where its worker serves on the pods' port 8080, so
+the operator vouches for it as for a real pod — and, when replicas drop, removes pods the way the
+ReplicaSet controller does among ready running pods: lowest ``controller.kubernetes.io/pod-deletion-cost``
+first, then the newest (kubernetes/kubernetes pkg/controller/controller_utils.go ActivePodsWithRanks).
+Every removal is recorded with the state its worker reported at that moment, so a test can prove that a
+scale-down never took a busy worker. Template changes are not rolled here (the pod world's Deployments
+controller does that, with real pods).
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import secrets
 import threading
@@ -21,15 +24,9 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from elastune_common.bus import Bus
+from elastune_contract.api.constants import LABEL_WARM_POOL
 from elastune_contract.protocol import pod_worker_id
-from elastune_operator.k8s.knative import (
-    DELETION_COST,
-    KNATIVE_GROUP,
-    KNATIVE_PLURAL,
-    KNATIVE_VERSION,
-    MIN_SCALE,
-    WORKER_PORT,
-)
+from elastune_operator.k8s.workload import DELETION_COST, WORKER_PORT
 from elastune_operator.local.backend import LocalBackend
 
 log = logging.getLogger("elastune.standin")
@@ -53,7 +50,7 @@ class _Pod:
 
 
 @dataclass
-class KnativeStandIn:
+class WorkloadStandIn:
     api_client: client.ApiClient
     bus: Bus
     backend: LocalBackend
@@ -65,7 +62,7 @@ class KnativeStandIn:
     _thread: threading.Thread | None = None
 
     def start(self) -> None:
-        self._thread = threading.Thread(target=self._loop, name="knative-standin", daemon=True)
+        self._thread = threading.Thread(target=self._loop, name="workload-standin", daemon=True)
         self._thread.start()
 
     def stop(self) -> None:
@@ -74,19 +71,20 @@ class KnativeStandIn:
             self._thread.join(5)
 
     def _loop(self) -> None:
-        custom, core = client.CustomObjectsApi(self.api_client), client.CoreV1Api(self.api_client)
+        apps, core = client.AppsV1Api(self.api_client), client.CoreV1Api(self.api_client)
         while not self._stop.wait(self.period):
             try:
-                services = custom.list_cluster_custom_object(KNATIVE_GROUP, KNATIVE_VERSION, KNATIVE_PLURAL)
-                for svc in services.get("items", []):
-                    self._reconcile(core, svc)
+                deployments = apps.list_deployment_for_all_namespaces(_preload_content=False)
+                for dep in json.loads(deployments.data).get("items", []):
+                    if LABEL_WARM_POOL in ((dep.get("metadata") or {}).get("labels") or {}):
+                        self._reconcile(core, dep)
             except Exception as exc:  # keep going: the API may be briefly unavailable in tests
                 log.warning("stand-in round failed: %s", exc)
 
-    def _reconcile(self, core: client.CoreV1Api, svc: dict) -> None:
-        meta, template = svc["metadata"], svc["spec"]["template"]
+    def _reconcile(self, core: client.CoreV1Api, dep: dict) -> None:
+        meta, template = dep["metadata"], dep["spec"]["template"]
         ns, name = meta.get("namespace", "default"), meta["name"]
-        want = int((template.get("metadata") or {}).get("annotations", {}).get(MIN_SCALE, "0"))
+        want = int(dep["spec"].get("replicas", 1))
         mine = [p for p in self.pods.values() if p.service == name and p.namespace == ns and not p.removed]
         container = template["spec"]["containers"][0]
         env = {e["name"]: e.get("value") for e in container.get("env", [])}
@@ -112,7 +110,7 @@ class KnativeStandIn:
             ip = _pod_ip()
             core.patch_namespaced_pod_status(pod, ns, {"status": {"phase": "Running", "podIP": ip}})
             self.pods[pod] = _Pod(pod, ns, name, self._order)
-            # Registered as POD_NAMESPACE/POD_NAME, as the Knative Service's downward API env makes it.
+            # Registered as POD_NAMESPACE/POD_NAME, as the pod template's downward API env makes it.
             wid = pod_worker_id(ns, pod)
             self.backend.start_worker(wid, pool, env["ELASTUNE_MODEL"], host=ip, port=WORKER_PORT)
         if len(mine) > want:
@@ -146,5 +144,5 @@ class KnativeStandIn:
 
 def _pod_ip() -> str:
     """A loopback address of its own for a pod (all of 127.0.0.0/8 reaches this host), away from
-    127.0.0.1 so a worker on Knative's port cannot clash with anything else listening there."""
+    127.0.0.1 so a worker on the pods' port cannot clash with anything else listening there."""
     return f"127.{secrets.randbelow(200) + 20}.{secrets.randbelow(256)}.{secrets.randbelow(253) + 2}"

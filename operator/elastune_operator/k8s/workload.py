@@ -1,21 +1,27 @@
-"""The Knative backend: one Knative Service (serving.knative.dev/v1) per WarmPool (DESIGN.md §5).
+"""The workload backend: one apps/v1 Deployment per WarmPool, owned by it (DESIGN.md §5, §6).
 
-- ``autoscaling.knative.dev/min-scale`` is the warm pool size Algorithm 2 decides (growing takes GPUs
-  from the cold pool: the GPU nodes labelled ``elastune.dev/pool=cold``); ``max-scale`` bounds it.
-  Workers get no HTTP traffic (jobs are pulled from Redis), so the autoscaler holds exactly min-scale.
+- ``spec.replicas`` is the warm pool size Algorithm 2 decides (growing takes GPUs from the cold pool: the
+  GPU nodes labelled ``elastune.dev/pool=cold``), bounded by ``maxWarmGPUs``. A resize patches only
+  ``spec.replicas``: the pod template never changes on a resize, so the ReplicaSet scales in place and
+  no existing pod (warm weights, a busy tuning job, loaded adapters) is replaced. Why a Deployment and
+  not a Knative Service (a min-scale change there is a template change, i.e. a new Revision that replaces
+  every pod): docs/operations/warm-pool-workload.md.
 - One GPU per pod (``nvidia.com/gpu``), readiness = ``/readyz`` (runtime and weights loaded = warm).
-- Knative picks which pods go when min-scale drops, and it does not know which are busy. Before
-  lowering min-scale the backend marks the pods the core chose (always idle) with a low
-  ``controller.kubernetes.io/pod-deletion-cost`` and keeps busy pods at a high one, so the
-  ReplicaSet controller removes exactly the idle ones.
+- The ReplicaSet controller picks which pods go when replicas drop, and it does not know which are busy.
+  Before lowering replicas the backend marks the pods the core chose (always idle) with a low
+  ``controller.kubernetes.io/pod-deletion-cost`` and keeps busy pods at a high one; the ReplicaSet
+  controller deletes the lowest cost first among ready running pods (kubernetes/kubernetes
+  pkg/controller/controller_utils.go ``ActivePodsWithRanks``, used by
+  pkg/controller/replicaset/replica_set.go ``getPodsToDelete``), so it removes exactly the idle ones.
 
 Pods are named by Kubernetes; workers register under ``<namespace>/<pod name>`` (POD_NAMESPACE and
 POD_NAME from the downward API: ``protocol.pod_worker_id``, since pod names repeat across namespaces), so
 the core binds them like local workers; this backend speaks to the API by the pod name in that id. A
 pod that cannot start or stay up (ImagePullBackOff, CrashLoopBackOff, OOMKilled, Unschedulable past its
 grace: ``pod_status.py``) is reported through ``exited()`` under that id, from one list of the pools'
-pods per namespace every few seconds. Knative objects go through the Kubernetes API as custom objects
-(there is no maintained Knative Python client).
+pods per namespace every few seconds. Workers take no traffic through a Service: the gateway reaches
+them pod-direct at the addresses this backend vouches for, and holds requests while a pool scales from
+zero.
 """
 
 from __future__ import annotations
@@ -51,22 +57,20 @@ from elastune_contract.protocol import (
 )
 from elastune_operator.control.backend import WorkerExit
 from elastune_operator.control.resources import worker_serving_args
+from elastune_operator.k8s import model_fetch
 from elastune_operator.k8s.pod_status import PodFailureRules, pod_failure
 
-log = logging.getLogger("elastune.knative")
+log = logging.getLogger("elastune.workload")
 
-KNATIVE_GROUP, KNATIVE_VERSION, KNATIVE_PLURAL = "serving.knative.dev", "v1", "services"
-MIN_SCALE = "autoscaling.knative.dev/min-scale"
-MAX_SCALE = "autoscaling.knative.dev/max-scale"
-INITIAL_SCALE = "autoscaling.knative.dev/initial-scale"
 DELETION_COST = "controller.kubernetes.io/pod-deletion-cost"
 COST_REMOVE = "-1000"
-"""Pods the core released: removed first when min-scale drops."""
+"""Pods the core released: removed first when replicas drop."""
 COST_BUSY = "1000"
 """Pods running a job: removed last (never, as long as idle pods are released instead)."""
 WORKER_PORT = 8080
-VISIBILITY = "networking.knative.dev/visibility"
-"""``cluster-local`` on the Service: no route through the cluster's ingress (DESIGN §6 Tenancy)."""
+DRAIN_MARGIN_S = 5
+"""The worker's drain ends this long before the pod's grace period (ELASTUNE_DRAIN_SECONDS), so it exits
+on its own before the kubelet's SIGKILL."""
 WORKER_CONTROL_SECRET = "elastune-worker-control"
 """The Secret (key ``token``) the operator writes into each WarmPool namespace: the bearer token the
 worker's control endpoints (adapter load/unload, /status) need. Distinct from any Redis credential."""
@@ -86,7 +90,7 @@ class PoolRef:
     spec: dict[str, Any] = field(default_factory=dict)
 
 
-def service_manifest(
+def worker_deployment(
     pool: WarmPool,
     desired: int,
     redis_url: str,
@@ -95,10 +99,51 @@ def service_manifest(
     s3_secrets: Collection[str] = (),
     redis_username: str | None = None,
 ) -> dict[str, Any]:
-    """The Knative Service of a WarmPool with ``desired`` warm GPUs (pods); ``s3_secrets``: the Secrets
-    the pool's LoRAAdapters and TuningJobs name for s3:// artifacts, mounted for the workers to read."""
-    spec = pool.spec
+    """The Deployment of a WarmPool with ``desired`` warm GPUs (pods, bounded by maxWarmGPUs);
+    ``s3_secrets``: the Secrets the pool's LoRAAdapters and TuningJobs name for s3:// artifacts."""
     name, ns = pool.metadata.name, pool.metadata.namespace or "default"
+    template = worker_pod_template(pool, redis_url, redis_secret, secret_key, s3_secrets, redis_username)
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {
+            "name": name,
+            "namespace": ns,
+            "labels": dict(template["metadata"]["labels"]),
+            "ownerReferences": [
+                {
+                    "apiVersion": f"{GROUP}/v1alpha1",
+                    "kind": "WarmPool",
+                    "name": name,
+                    "uid": pool.metadata.uid or "",
+                    "controller": True,
+                    "blockOwnerDeletion": True,
+                }
+            ],
+        },
+        "spec": {
+            "replicas": min(desired, pool.spec.max_warm_gpus),
+            "selector": {"matchLabels": {LABEL_WARM_POOL: name}},
+            # A template change (image, serving flags, a new s3 Secret) restarts the pool: the old pods
+            # release their GPUs before new ones ask for them (a surge would need GPUs the pool lacks).
+            "strategy": {"type": "Recreate"},
+            "template": template,
+        },
+    }
+
+
+def worker_pod_template(
+    pool: WarmPool,
+    redis_url: str,
+    redis_secret: str | None,
+    secret_key: str = "password",
+    s3_secrets: Collection[str] = (),
+    redis_username: str | None = None,
+) -> dict[str, Any]:
+    """The worker pods of a WarmPool (the Deployment's ``spec.template``): independent of the pool's
+    size, so a resize never changes it."""
+    spec = pool.spec
+    name = pool.metadata.name or ""
     given = (
         spec.worker.resources.model_dump(by_alias=True, exclude_none=True) if spec.worker.resources else {}
     )
@@ -107,6 +152,7 @@ def service_manifest(
     gpus = str(spec.gpus_per_pod)
     resources.setdefault("limits", {}).setdefault("nvidia.com/gpu", gpus)
     resources.setdefault("requests", {}).setdefault("nvidia.com/gpu", gpus)
+    grace = spec.worker.termination_grace_period_seconds
     env: list[dict[str, Any]] = [
         {"name": "ELASTUNE_POOL", "value": name},
         {"name": "ELASTUNE_MODEL", "value": spec.model},
@@ -118,6 +164,9 @@ def service_manifest(
         # Where pod_volumes mounts the claims; fixed so worker.env cannot move pvc:// elsewhere.
         {"name": PVC_ROOT_ENV, "value": DEFAULT_PVC_ROOT},
         {"name": "ELASTUNE_CONTROL_TOKEN_FILE", "value": f"{WORKER_CONTROL_DIR}/{WORKER_CONTROL_KEY}"},
+        {"name": "PORT", "value": str(WORKER_PORT)},  # the port the worker binds (worker/server/app.py)
+        # SIGTERM drains (worker/server/drain.py) within the pod's grace period, less a margin.
+        {"name": "ELASTUNE_DRAIN_SECONDS", "value": str(grace - DRAIN_MARGIN_S)},
     ]
     if redis_secret:
         env.append(
@@ -150,11 +199,11 @@ def service_manifest(
                 "image": spec.worker.image,
                 # The serving section as the engine's flags (vLLM's names), the same as `elastune serve`.
                 "args": ["serve", *worker_serving_args(spec.serving)],
-                "ports": [{"containerPort": WORKER_PORT}],
+                "ports": [{"name": "http", "containerPort": WORKER_PORT}],
                 "env": env,
                 "resources": resources,
-                "readinessProbe": {"httpGet": {"path": "/readyz"}, "periodSeconds": 2},
-                "livenessProbe": {"httpGet": {"path": "/healthz"}, "periodSeconds": 10},
+                "readinessProbe": {"httpGet": {"path": "/readyz", "port": WORKER_PORT}, "periodSeconds": 2},
+                "livenessProbe": {"httpGet": {"path": "/healthz", "port": WORKER_PORT}, "periodSeconds": 10},
                 "securityContext": {
                     "allowPrivilegeEscalation": False,
                     "capabilities": {"drop": ["ALL"]},
@@ -163,8 +212,7 @@ def service_manifest(
                 },
             }
         ],
-        # Busy workers finish their step and report before they go; long grace for checkpoints.
-        "timeoutSeconds": 3600,
+        "terminationGracePeriodSeconds": grace,
         # A worker talks to Redis, never to the Kubernetes API: no ServiceAccount token in its pods.
         "automountServiceAccountToken": False,
     }
@@ -175,39 +223,8 @@ def service_manifest(
         pod_spec["nodeSelector"] = dict(spec.node_selector)
     if spec.tolerations:
         pod_spec["tolerations"] = [t.model_dump(by_alias=True, exclude_none=True) for t in spec.tolerations]
-    return {
-        "apiVersion": f"{KNATIVE_GROUP}/{KNATIVE_VERSION}",
-        "kind": "Service",
-        "metadata": {
-            "name": name,
-            "namespace": ns,
-            # Reached only inside the cluster (the gateway), never through Knative's ingress.
-            "labels": {**labels, VISIBILITY: "cluster-local"},
-            "ownerReferences": [
-                {
-                    "apiVersion": f"{GROUP}/v1alpha1",
-                    "kind": "WarmPool",
-                    "name": name,
-                    "uid": pool.metadata.uid or "",
-                    "controller": True,
-                    "blockOwnerDeletion": True,
-                }
-            ],
-        },
-        "spec": {
-            "template": {
-                "metadata": {
-                    "labels": labels,
-                    "annotations": {
-                        MIN_SCALE: str(desired),
-                        MAX_SCALE: str(spec.max_warm_gpus),
-                        INITIAL_SCALE: str(desired),
-                    },
-                },
-                "spec": pod_spec,
-            }
-        },
-    }
+    model_fetch.add_to_worker(pod_spec, pool, WORKER_PORT)  # the model cache, offline load, startupProbe
+    return {"metadata": {"labels": labels}, "spec": pod_spec}
 
 
 def pod_volumes(pool: WarmPool) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -233,7 +250,7 @@ def _label_value(model: str) -> str:
     return out or "model"
 
 
-class KnativeBackend:
+class WorkloadBackend:
     """ClusterBackend over the Kubernetes API (sync client; runs in the control core's thread)."""
 
     def __init__(
@@ -248,7 +265,7 @@ class KnativeBackend:
         network_policy: dict[str, Any] | None = None,
         redis_username: str | None = None,
     ) -> None:
-        self.custom = client.CustomObjectsApi(api_client)
+        self.apps = client.AppsV1Api(api_client)
         self.core = client.CoreV1Api(api_client)
         self.networking = client.NetworkingV1Api(api_client)
         self.network_policy = network_policy
@@ -272,16 +289,16 @@ class KnativeBackend:
         self._done: set[tuple[str, str]] = set()  # (namespace, pod) reported or released: not again
         self._failed: set[tuple[str, str]] = set()  # pods exited() reported
         self._releasing: dict[str, set[str]] = {}  # pool id -> failed pods released, still listed
-        self._cap: dict[str, int] = {}  # pool id -> highest min-scale while those pods are still there
+        self._cap: dict[str, int] = {}  # pool id -> highest replicas while those pods are still there
         self._addresses: dict[str, dict[str, dict[str, str]]] = {}
         """namespace -> pool -> pod -> vouched address, from the last good listing of the namespace."""
 
     def register(self, pool: WarmPool, desired: int | None = None) -> int:
-        """Create or update the pool's Service; returns the desired size in force (kept across
-        operator restarts: it is read back from the Service's min-scale)."""
+        """Create or update the pool's Deployment; returns the desired size in force (kept across
+        operator restarts: it is read back from the Deployment's replicas)."""
         name, ns = pool.metadata.name or "", pool.metadata.namespace or "default"
         if desired is None:
-            desired = self._current_min_scale(name, ns)
+            desired = self._current_replicas(name, ns)
         desired = max(desired, pool.spec.min_warm_gpus)
         key = pool_id(ns, name)
         self.pools[key] = (pool, desired)
@@ -347,9 +364,9 @@ class KnativeBackend:
         self._control_in.add(ns)
 
     def write_network_policy(self, ns: str) -> None:
-        """Cluster-wide installs: only the gateway, the operator, Knative's system namespace and
-        Prometheus (the chart's list) reach the worker pods of ``ns``. Create, or patch the one there
-        (the chart's RBAC grants get/patch of that one name); once per namespace per operator run."""
+        """Cluster-wide installs: only the gateway, the operator and Prometheus (the chart's list) reach
+        the worker pods of ``ns``. Create, or patch the one there (the chart's RBAC grants get/patch of
+        that one name); once per namespace per operator run."""
         if self.network_policy is None or ns in self._policy_in:
             return
         name = self.network_policy["name"]
@@ -378,24 +395,24 @@ class KnativeBackend:
 
     def use_s3_secret(self, pool: str, secret: str) -> None:
         """Mount ``secret`` (its name only: the operator never reads it) into the pool's pods; a new one
-        changes the pod template, so Knative rolls the pool once to add it."""
+        changes the pod template, so the Deployment rolls the pool once to add it."""
         if pool in self.pools and secret not in self.s3_secrets.setdefault(pool, set()):
             self.s3_secrets[pool].add(secret)
             self._apply(pool)
 
     def unregister(self, name: str) -> None:
         """``name``: the pool's id (namespace/name)."""
-        """The WarmPool is gone; its Service goes with it through the owner reference."""
+        """The WarmPool is gone; its Deployment goes with it through the owner reference."""
         self.pools.pop(name, None)
 
     def grow(self, pool: str, model: str, count: int) -> None:
         wp, desired = self.pools[pool]
         self.pools[pool] = (wp, desired + count)
-        self._apply(pool)
+        self._scale(pool)
 
     def shrink(self, pool: str, worker_ids: list[str]) -> None:
         if pool not in self.pools:
-            return  # the WarmPool is gone, and its Service with it
+            return  # the WarmPool is gone, and its Deployment with it
         wp, desired = self.pools[pool]
         ns = wp.metadata.namespace or "default"
         failed = 0
@@ -407,14 +424,14 @@ class KnativeBackend:
                 failed += 1
         self.pools[pool] = (wp, max(0, desired - len(worker_ids)))
         if failed:
-            # Knative removes the cheapest pod only when the scale really drops: a job still waiting
-            # grows the pool back at once, and at an unchanged size the failed pod would stay, never
-            # replaced nor reported again (its job waiting forever). The scale stays this far below
-            # what ran (min-scale bounded by max-scale) until the failed pods are gone (exited() sees
-            # them go), then follows the pool again.
+            # The ReplicaSet removes the cheapest pod only when replicas really drop: a job still
+            # waiting grows the pool back at once, and at an unchanged size the failed pod would stay,
+            # never replaced nor reported again (its job waiting forever). Replicas stay this far below
+            # what ran (bounded by maxWarmGPUs) until the failed pods are gone (exited() sees them go),
+            # then follow the pool again.
             ran = min(desired, wp.spec.max_warm_gpus, self._cap.get(pool, desired))
             self._cap[pool] = max(0, ran - failed)
-        self._apply(pool)
+        self._scale(pool)
 
     def mark(self, namespace: str, pod: str, cost: str | None) -> None:
         """Set (or clear) a pod's deletion cost; a pod already gone is fine."""
@@ -434,7 +451,7 @@ class KnativeBackend:
 
     def exited(self) -> dict[str, WorkerExit]:
         """Pool pods whose status says they will not become or stay workers, each reported once (the
-        core then shrinks the pool by them, so Knative removes them). Deleted pods are not listed:
+        core then shrinks the pool by them, so the ReplicaSet removes them). Deleted pods are not listed:
         they stop heartbeating and the registry TTL tells the core."""
         now = self.clock()
         if now - self._polled < POD_POLL_S:
@@ -483,7 +500,7 @@ class KnativeBackend:
                 if not self._releasing[key]:  # the failed pods are gone: the pool's own size again
                     del self._releasing[key]
                     self._cap.pop(key, None)
-                    self._apply(key)
+                    self._scale(key)
         return out
 
     def vouched(self) -> dict[str, dict[str, str]]:
@@ -502,48 +519,59 @@ class KnativeBackend:
         pass
 
     # -- internals ----------------------------------------------------------------------------------
-    def _current_min_scale(self, name: str, ns: str) -> int:
+    def _current_replicas(self, name: str, ns: str) -> int:
         try:
-            svc = self.custom.get_namespaced_custom_object(
-                KNATIVE_GROUP, KNATIVE_VERSION, ns, KNATIVE_PLURAL, name
-            )
+            dep: Any = self.apps.read_namespaced_deployment(name, ns, _preload_content=False)
         except ApiException as exc:
             if exc.status == 404:
                 return 0
             raise
-        ann = ((svc.get("spec") or {}).get("template") or {}).get("metadata", {}).get("annotations") or {}
         try:
-            return int(ann.get(MIN_SCALE, "0"))
+            return int((json.loads(dep.data).get("spec") or {}).get("replicas") or 0)
         except ValueError:
             return 0
 
+    def _replicas(self, key: str) -> int:
+        _, desired = self.pools[key]
+        return min(desired, self._cap.get(key, desired))
+
     def _apply(self, key: str) -> None:
-        wp, desired = self.pools[key]
+        """Create the pool's Deployment, or bring the one there to its template and size."""
+        wp, _ = self.pools[key]
         ns, name = wp.metadata.namespace or "default", wp.metadata.name or ""
-        desired = min(desired, self._cap.get(key, desired))
-        body = service_manifest(
-            wp, desired, self.redis_url, self.redis_secret, self.secret_key, self.s3_secrets.get(key, ()),
-            redis_username=self.redis_username,
+        body = worker_deployment(
+            wp, self._replicas(key), self.redis_url, self.redis_secret, self.secret_key,
+            self.s3_secrets.get(key, ()), redis_username=self.redis_username,
         )  # fmt: skip
         try:
-            self.custom.create_namespaced_custom_object(
-                KNATIVE_GROUP, KNATIVE_VERSION, ns, KNATIVE_PLURAL, body
-            )
-            log.info("created Knative Service %s/%s (min-scale %d)", ns, name, desired)
+            self.apps.create_namespaced_deployment(ns, body)
+            log.info("created Deployment %s/%s (%d replicas)", ns, name, body["spec"]["replicas"])
         except ApiException as exc:
             if exc.status != 409:
                 raise
             patch = {"metadata": {"labels": body["metadata"]["labels"]}, "spec": body["spec"]}
-            self.custom.patch_namespaced_custom_object(
-                KNATIVE_GROUP, KNATIVE_VERSION, ns, KNATIVE_PLURAL, name, patch
-            )
-            log.info("Knative Service %s/%s: min-scale %d", ns, name, desired)
+            self.apps.patch_namespaced_deployment(name, ns, patch)
+            log.info("Deployment %s/%s: %d replicas", ns, name, body["spec"]["replicas"])
+
+    def _scale(self, key: str) -> None:
+        """A resize: only ``spec.replicas`` changes (the template stays, so no pod is replaced)."""
+        wp, _ = self.pools[key]
+        ns, name = wp.metadata.namespace or "default", wp.metadata.name or ""
+        replicas = min(self._replicas(key), wp.spec.max_warm_gpus)
+        try:
+            self.apps.patch_namespaced_deployment(name, ns, {"spec": {"replicas": replicas}})
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+            self._apply(key)  # deleted under us: write it whole again
+            return
+        log.info("Deployment %s/%s: %d replicas", ns, name, replicas)
 
 
 def _pod_address(pod: dict[str, Any]) -> str | None:
     """Where the pod's worker serves (its IP, the worker port), for a running pod that is not going;
-    None otherwise. The worker advertises status.podIP (the downward API) and binds $PORT, which Knative
-    sets to the container port."""
+    None otherwise. The worker advertises status.podIP (the downward API) and binds $PORT (the
+    container port, set in the pod template)."""
     status = pod.get("status") or {}
     ip = status.get("podIP")
     if status.get("phase") != "Running" or not ip or (pod.get("metadata") or {}).get("deletionTimestamp"):
