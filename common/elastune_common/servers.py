@@ -46,12 +46,16 @@ def binary(name: str) -> str:
     return path
 
 
-def _start(name: str, argv_for_port: list[str], url_for_port: str, log: Path) -> Server:
-    """Start the server, retrying on a port race, and wait until it accepts TCP connections."""
+def _start(
+    name: str, argv_for_port: list[str], url_for_port: str, log: Path, port: int | None = None
+) -> Server:
+    """Start the server (on ``port``, else a free one, retrying on a port race), and wait until it
+    accepts TCP connections."""
     last_err = ""
     argv: list[str] = []
+    fixed = port
     for _ in range(3):
-        port = free_port()
+        port = fixed or free_port()
         argv = [a.format(port=port) for a in argv_for_port]
         with log.open("wb") as out:
             proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
@@ -69,12 +73,21 @@ def _start(name: str, argv_for_port: list[str], url_for_port: str, log: Path) ->
     raise ServerError(f"could not start {name} ({' '.join(argv)}):\n{last_err}")
 
 
-def start_redis(workdir: Path, *extra: str) -> Server:
-    """A throw-away redis-server (no persistence) with its log in ``workdir``."""
+def start_redis(workdir: Path, *extra: str, port: int | None = None, password: str | None = None) -> Server:
+    """A throw-away redis-server (no persistence) with its log in ``workdir``; on ``port`` (a restart
+    keeps its address), with ``password`` required of every client. The password goes in a config file
+    only its owner reads, never on the command line (which every local user can list)."""
     workdir.mkdir(parents=True, exist_ok=True)
-    argv = [binary("redis-server"), "--port", "{port}", "--bind", "127.0.0.1"]
+    argv = [binary("redis-server")]
+    if password is not None:
+        conf = workdir / "auth.conf"
+        conf.touch(mode=0o600)
+        conf.chmod(0o600)
+        conf.write_text(f"requirepass {password}\n")
+        argv.append(str(conf))
+    argv += ["--port", "{port}", "--bind", "127.0.0.1"]
     argv += ["--save", "", "--appendonly", "no", "--dir", str(workdir), *extra]
-    return _start("redis-server", argv, "redis://127.0.0.1:{port}/0", workdir / "redis.log")
+    return _start("redis-server", argv, "redis://127.0.0.1:{port}/0", workdir / "redis.log", port)
 
 
 def start_memcached(workdir: Path, *extra: str) -> Server:

@@ -8,9 +8,11 @@ working within seconds."""
 
 from __future__ import annotations
 
+import json
 import re
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +29,14 @@ from elastune_bench.processes import (  # noqa: E402
     wait_for_endpoints,
 )
 from elastune_common.bus import Bus  # noqa: E402
-from elastune_contract.api_keys import KeySecret, key_map, publish  # noqa: E402
+from elastune_contract.api_keys import (  # noqa: E402
+    RATE_WINDOW_SECONDS,
+    KeySecret,
+    key_digest,
+    key_map,
+    publish,
+    rate_key,
+)
 from elastune_worker.tiny import adapters as A  # noqa: E402
 from elastune_worker.tiny import build as B  # noqa: E402
 
@@ -38,6 +47,8 @@ KEYS = {  # Secret name -> (key, models, requestsPerMinute, tokensPerMinute)
     "narrow": ("sk-narrow-0123456789", (MODEL,), None, None),
     "rpm": ("sk-rpm-0123456789", None, 3, None),
     "tpm": ("sk-tpm-0123456789", None, None, 5),
+    "burst": ("sk-burst-0123456789", None, None, 400),
+    "leaver": ("sk-leaver-0123456789", None, None, 100000),
 }
 
 
@@ -218,3 +229,61 @@ def _sum(text: str, name: str, **labels: str) -> float:
         if all(got.get(k) == v for k, v in labels.items()):
             total += float(m.group(2))
     return total
+
+
+def _tokens_counted(stack: Stack, name: str) -> int:
+    """The key's tokens this minute as Redis counts them (reservations in flight included)."""
+    digest = key_digest(KEYS[name][0])
+    window = int(time.time() // RATE_WINDOW_SECONDS)
+    return int(stack.bus.redis.get(rate_key(stack.ns, digest, "tokens", window)) or 0)
+
+
+def test_concurrent_streams_of_one_key_cannot_overshoot_its_tokens_per_minute(stack: Stack) -> None:
+    """Issue 39 item 4: admission looked only at tokens already counted, and a stream is counted when it
+    ends, so 16 streams admitted at once used 16 x max_tokens against a limit of a few requests' worth.
+    Each request now reserves its prompt estimate + max_tokens at admission; the 429s say so with
+    Retry-After and x-ratelimit headers."""
+    if 60 - time.time() % 60 < 20:
+        time.sleep(60 - time.time() % 60 + 0.5)
+    auth = {"Authorization": f"Bearer {KEYS['burst'][0]}"}
+    body = {"model": MODEL, "prompt": "7 km →", "max_tokens": 48, "stream": True, "ignore_eos": True,
+            "stream_options": {"include_usage": True}}  # fmt: skip
+
+    def one(_: int) -> tuple[int, int, dict[str, str]]:
+        with httpx.stream("POST", stack.url + "/v1/completions", json=body, headers=auth, timeout=120) as r:
+            text = "".join(r.iter_text())
+            used = 0
+            for line in text.splitlines():
+                if line.startswith("data: {") and '"usage"' in line and '"total_tokens"' in line:
+                    usage = json.loads(line[6:]).get("usage") or {}
+                    used = int(usage.get("total_tokens") or 0) or used
+            return r.status_code, used, dict(r.headers)
+
+    with ThreadPoolExecutor(16) as pool:
+        answers = list(pool.map(one, range(16)))
+    served = [a for a in answers if a[0] == 200]
+    refused = [a for a in answers if a[0] == 429]
+    assert served and refused, [a[0] for a in answers]
+    assert len(served) + len(refused) == 16
+    used = sum(a[1] for a in served)
+    one_request = max(a[1] for a in served)
+    assert used <= 400 + one_request, f"{len(served)} streams used {used} tokens against a limit of 400"
+    for _, _, headers in refused:
+        assert "retry-after" in headers and headers["x-ratelimit-limit-tokens"] == "400"
+        assert headers["x-ratelimit-remaining-tokens"] == "0"
+
+
+def test_a_client_that_leaves_mid_stream_is_charged_its_reservation(stack: Stack) -> None:
+    """Issue 39 item 4: tokens were charged from a stream's final usage event, so a client that
+    disconnected before it was charged nothing."""
+    if 60 - time.time() % 60 < 15:
+        time.sleep(60 - time.time() % 60 + 0.5)
+    auth = {"Authorization": f"Bearer {KEYS['leaver'][0]}"}
+    before = _tokens_counted(stack, "leaver")
+    body = {"model": MODEL, "prompt": "7 km →", "max_tokens": 200, "stream": True, "ignore_eos": True}
+    with httpx.stream("POST", stack.url + "/v1/completions", json=body, headers=auth, timeout=60) as r:
+        assert r.status_code == 200
+        next(r.iter_bytes())  # the first chunk, then the client goes away
+    time.sleep(3)  # the gateway notices, ends the request on the worker and settles the key's tokens
+    charged = _tokens_counted(stack, "leaver") - before
+    assert charged >= 200, f"a client that left mid-stream was charged {charged} tokens"

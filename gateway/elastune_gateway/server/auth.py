@@ -185,11 +185,23 @@ TOKEN_FLUSH_S = 0.05
 
 @dataclass
 class _Admission:
-    """One request waiting for the next pipeline: its key, window and where its counts go."""
+    """One request waiting for the next pipeline: its key, window, the tokens it reserves and where its
+    counts go."""
 
     principal: Principal
     window: int
     reply: asyncio.Future[_Window | None]
+    reserve: int = 0
+
+
+@dataclass
+class Reservation:
+    """The tokens a request reserved against its key's tokens/min at admission (issue 39 item 4): its
+    prompt estimate plus its max_tokens, settled with what it used when its answer ends."""
+
+    principal: Principal
+    window: int
+    tokens: int
 
 
 class RateLimiter:
@@ -205,8 +217,8 @@ class RateLimiter:
         self._failing = False
         self._tasks: set[asyncio.Task[None]] = set()
         self._waiting: list[_Admission] = []
-        self._tokens: dict[str, int] = {}
-        """digest → tokens of finished requests not yet added in Redis."""
+        self._tokens: dict[tuple[str, int], int] = {}
+        """(digest, window) → tokens to add in Redis (negative: reservations given back)."""
         self._flush_due = False
         self._timer: asyncio.TimerHandle | None = None
 
@@ -237,10 +249,9 @@ class RateLimiter:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _execute(self, waiting: list[_Admission], tokens: dict[str, int]) -> None:
-        window = int(time.time() // RATE_WINDOW_SECONDS)
+    async def _execute(self, waiting: list[_Admission], tokens: dict[tuple[str, int], int]) -> None:
         pipe: list[tuple[str | bytes | int, ...]] = []
-        for digest, n in tokens.items():  # before the reads below, which then include them
+        for (digest, window), n in tokens.items():  # before the admissions below, which then include them
             key = rate_key(self.ns, digest, "tokens", window)
             pipe += [("INCRBY", key, n), ("EXPIRE", key, _EXPIRY)]
         slots: list[tuple[int | None, int | None]] = []
@@ -252,7 +263,9 @@ class RateLimiter:
                 pipe += [("INCR", key), ("EXPIRE", key, _EXPIRY)]
             if rec.tokens_per_minute is not None:
                 tokens_at = len(pipe)
-                pipe.append(("GET", rate_key(self.ns, a.principal.digest, "tokens", a.window)))
+                key = rate_key(self.ns, a.principal.digest, "tokens", a.window)
+                # The reservation is counted at once (every replica sees it): the total after it comes back.
+                pipe += [("INCRBY", key, a.reserve), ("EXPIRE", key, _EXPIRY)]
             slots.append((request_at, tokens_at))
         replies: list[Any] | None  # ints and bytes once the errors are weeded out
         try:
@@ -281,30 +294,46 @@ class RateLimiter:
                 continue
             a.reply.set_result(used)
 
-    async def admit(self, p: Principal) -> Quota:
-        """Count one request of ``p``; raise 429 when one of its limits is used up in this minute."""
+    async def admit(self, p: Principal, reserve_tokens: int = 0) -> tuple[Quota, Reservation | None]:
+        """Count one request of ``p`` and reserve ``reserve_tokens`` (its prompt estimate + max_tokens)
+        against its tokens/min; raise 429 when a limit is used up in this minute, in-flight reservations
+        included. The reservation is settled with ``settle`` when the answer ends."""
         rpm, tpm = p.record.requests_per_minute, p.record.tokens_per_minute
         if rpm is None and tpm is None:
-            return Quota()
+            return Quota(), None
         now = time.time()
         window = int(now // RATE_WINDOW_SECONDS)
         reset_in = (window + 1) * RATE_WINDOW_SECONDS - now
         over = self._over.get(p.digest)
         if over is not None and over[0] == window:
             self._refuse(p, over[1], rpm, tpm, reset_in, None)
+        reserve = max(0, reserve_tokens) if tpm is not None else 0
         reply: asyncio.Future[_Window | None] = asyncio.get_running_loop().create_future()
-        self._waiting.append(_Admission(p, window, reply))
+        self._waiting.append(_Admission(p, window, reply, reserve))
         self._schedule()
         used = await reply
         if used is None:  # Redis did not answer: fail open (counted, logged once)
-            return Quota()
+            return Quota(), None
         if rpm is not None and used.requests > rpm:
             self._over[p.digest] = (window, "requests")
+            self._release(p, window, reserve)
             self._refuse(p, "requests", rpm, tpm, reset_in, used)
-        if tpm is not None and used.tokens >= tpm:
-            self._over[p.digest] = (window, "tokens")
-            self._refuse(p, "tokens", rpm, tpm, reset_in, used)
-        return Quota(_headers(rpm, tpm, used, reset_in))
+        if tpm is not None:
+            before = used.tokens - reserve
+            # Over once the reservation is in, unless it is the window's first: a request larger than the
+            # whole limit is admitted alone rather than never.
+            if before >= tpm or (before > 0 and used.tokens > tpm):
+                if before >= tpm:
+                    self._over[p.digest] = (window, "tokens")
+                self._release(p, window, reserve)
+                self._refuse(p, "tokens", rpm, tpm, reset_in, _Window(used.requests, max(before, tpm)))
+        reservation = Reservation(p, window, reserve) if tpm is not None else None
+        return Quota(_headers(rpm, tpm, used, reset_in)), reservation
+
+    def _release(self, p: Principal, window: int, tokens: int) -> None:
+        """Give back a refused request's reservation (in its window only)."""
+        if tokens > 0:
+            self.settle(Reservation(p, window, tokens), 0)
 
     def _refuse(
         self,
@@ -331,12 +360,21 @@ class RateLimiter:
             headers=headers,
         )  # fmt: skip
 
-    def add_tokens(self, p: Principal, tokens: int) -> None:
-        """Count a finished request's tokens against its key's tokens/min: with the next pipeline, at
-        the latest ``TOKEN_FLUSH_S`` from now."""
-        if p.record.tokens_per_minute is None or tokens <= 0:
+    def settle(self, reservation: Reservation, used_tokens: int) -> None:
+        """Replace a request's reservation with the tokens it used (sent with the next pipeline, at the
+        latest ``TOKEN_FLUSH_S`` from now). In the window it reserved in, the difference either way; past
+        that window only more (a refund there would lower another minute's count)."""
+        p = reservation.principal
+        if p.record.tokens_per_minute is None:
             return
-        self._tokens[p.digest] = self._tokens.get(p.digest, 0) + tokens
+        window = int(time.time() // RATE_WINDOW_SECONDS)
+        if window == reservation.window:
+            delta, key = used_tokens - reservation.tokens, (p.digest, window)
+        else:
+            delta, key = max(0, used_tokens - reservation.tokens), (p.digest, window)
+        if delta == 0:
+            return
+        self._tokens[key] = self._tokens.get(key, 0) + delta
         if self._timer is None and not self._flush_due:
             self._timer = asyncio.get_running_loop().call_later(TOKEN_FLUSH_S, self._schedule)
 

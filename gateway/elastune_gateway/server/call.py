@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass
 
-from .auth import Principal
+from .auth import Principal, Reservation
 from .fair_line import Ticket
 
 
@@ -30,6 +30,9 @@ class Call:
     """Its place in the fair line (``fair_share``): released when its answer is over."""
     priority_ignored: bool = False
     """It set ``priority`` and its key may not (the answer says so in a header)."""
+    reservation: Reservation | None = None
+    """The tokens it reserved against its key's tokens/min at admission: settled once, when its answer
+    ends (or given back when it ends before reaching a worker)."""
 
 
 @dataclass(slots=True)

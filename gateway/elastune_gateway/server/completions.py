@@ -108,12 +108,16 @@ class CompletionRoutes:
             body = self._parse(scope["path"], call.raw, content_type)
             if keys is not None and call.principal is not None and g.limiter is not None:
                 keys.authorize(call.principal, body.model)
-                quota = (await g.limiter.admit(call.principal)).headers
+                admitted, call.reservation = await g.limiter.admit(
+                    call.principal, reserved_tokens(body, len(call.raw), g.settings.default_max_tokens)
+                )
+                quota = admitted.headers
             answer: Answer = await (
                 g.chat(body, call) if isinstance(body, ChatCompletionRequest)
                 else g.completions(cast(CompletionRequest, body), call)
             )  # fmt: skip
         except APIError as exc:
+            g.give_back(call)  # it ran nowhere: its reservation is returned
             await self._send_error(send, call, exc)
             return
         except Exception as exc:
@@ -241,3 +245,11 @@ async def _stream(answer: Stream, headers: list[tuple[bytes, bytes]], receive: R
         watcher.cancel()
         await answer.chunks.aclose()
         answer.close()
+
+
+def reserved_tokens(body: _Request, body_bytes: int, default_max: int) -> int:
+    """What a request reserves against its key's tokens/min at admission: its prompt (estimated from the
+    body's size, about 4 bytes a token: generous for the JSON around it) and the completion it may
+    produce (its max_tokens, else the gateway's default), times its ``n`` choices."""
+    limit = body.token_limit() if isinstance(body, ChatCompletionRequest) else body.max_tokens
+    return body_bytes // 4 + (limit or default_max) * body.n

@@ -335,6 +335,7 @@ class Gateway:
                     # A relay that never started never runs its finally: its end is accounted here.
                     response.release()
                     self._done(entry, router, 0)
+                    self.give_back(call)  # nothing was relayed: the client left before the first byte
                     if call.ticket is not None:
                         call.ticket.release()
 
@@ -486,8 +487,10 @@ class Gateway:
         call: Call,
     ) -> Whole:
         output_tokens = prompt_tokens = 0
+        complete = False
         try:
             content = await response.read()
+            complete = True
             if response.status_code == 200:
                 with contextlib.suppress(ValueError, KeyError, TypeError):
                     usage = json.loads(content)["usage"]
@@ -503,7 +506,7 @@ class Gateway:
         finally:
             response.release()
             self._done(entry, router, output_tokens)
-            self._count_usage(call, prompt_tokens, output_tokens)
+            self._count_usage(call, prompt_tokens, output_tokens, complete)
         self.metrics.latency_of(model.namespace, model.name).observe(time.monotonic() - arrived)
         media = response.header_bytes(b"content-type") or b"application/json"
         return Whole(response.status_code, media, content, entry.endpoint)
@@ -523,6 +526,7 @@ class Gateway:
         that fails mid-stream ends the stream with an OpenAI error event (the status line went out with
         the first byte)."""
         output_tokens = prompt_tokens = 0
+        usage_seen = False
         pending = b""
         first = True
         try:
@@ -537,6 +541,7 @@ class Gateway:
                 for event in events:
                     if b'"usage"' in event:
                         usage_only, tokens = _usage_event(event)
+                        usage_seen = usage_seen or tokens is not None
                         output_tokens = tokens if tokens is not None else output_tokens
                         prompt_tokens = _prompt_tokens(event) or prompt_tokens
                         if usage_only and not wants_usage:
@@ -556,14 +561,24 @@ class Gateway:
         finally:
             response.release()  # also when the client went away: an unfinished answer closes its socket
             self._done(entry, router, output_tokens)
-            self._count_usage(call, prompt_tokens, output_tokens)
+            self._count_usage(call, prompt_tokens, output_tokens, usage_seen)
             if call.ticket is not None:
                 call.ticket.release()
             self.metrics.latency_of(model.namespace, model.name).observe(time.monotonic() - arrived)
 
-    def _count_usage(self, call: Call, prompt_tokens: int, completion_tokens: int) -> None:
-        """A key's tokens: in its metrics, against its tokens/min (counted in Redis), and in its fair-share
-        counter (the estimate charged when it left the line, corrected)."""
+    def give_back(self, call: Call) -> None:
+        """A request that ends before a worker answered it: its token reservation is returned."""
+        if call.reservation is not None and self.limiter is not None:
+            self.limiter.settle(call.reservation, 0)
+            call.reservation = None
+
+    def _count_usage(
+        self, call: Call, prompt_tokens: int, completion_tokens: int, complete: bool = True
+    ) -> None:
+        """A key's tokens: in its metrics, against its tokens/min (the reservation made at admission,
+        settled in Redis), and in its fair-share counter (the estimate charged when it left the line,
+        corrected). ``complete`` False: the answer ended before its usage was known (the client left
+        mid-stream): the reservation stands as the charge, never 0."""
         if call.ticket is not None:
             call.ticket.settle(prompt_tokens, completion_tokens)
         principal = call.principal
@@ -573,8 +588,11 @@ class Gateway:
             self.metrics.key_tokens_of(principal.name, "prompt").inc(prompt_tokens)
         if completion_tokens:
             self.metrics.key_tokens_of(principal.name, "completion").inc(completion_tokens)
-        if self.limiter is not None:
-            self.limiter.add_tokens(principal, prompt_tokens + completion_tokens)
+        if self.limiter is not None and call.reservation is not None:
+            used = prompt_tokens + completion_tokens
+            reserved = call.reservation.tokens
+            self.limiter.settle(call.reservation, used if complete else max(used, reserved))
+            call.reservation = None
 
 
 def _forwarded_headers(call: Call) -> dict[str, str] | None:

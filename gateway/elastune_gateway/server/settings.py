@@ -96,6 +96,9 @@ class GatewaySettings(BaseModel):
     auth_refresh_s: float = Field(default=1.0, gt=0)
     """How often the key map is re-read: a revoked key stops working within this (plus the operator's
     reaction to the Secret event)."""
+    default_max_tokens: int = Field(default=512, ge=1)
+    """Completion tokens a request that names no max_tokens reserves against its key's tokens/min at
+    admission (settled with what it used when its answer ends)."""
     auth_stale_s: float = Field(default=30.0, gt=0)
     """How long the last confirmed key map stays in force when it cannot be confirmed (Redis down, or
     no map published): past it every request gets 503 + Retry-After (fail closed). Six of the operator's

@@ -8,8 +8,12 @@ and saves the optimized prompt and the status the operator would write.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
+import os
 import re
+import secrets
 import shutil
 import signal
 import sys
@@ -26,6 +30,7 @@ from elastune_common.servers import Server, ServerError, start_memcached, start_
 from elastune_contract.api import manifests, units
 from elastune_contract.api.tuningjob import TuningJob
 from elastune_contract.api.warmpool import WarmPool
+from elastune_contract.protocol import PASSWORD_ENV
 from elastune_contract.vocabulary import ConditionType, Reason
 from elastune_operator.control.core import ControlCore
 from elastune_operator.control.lifecycle import status_dict
@@ -174,13 +179,42 @@ def resource_with_status(job: TuningJob, record: JobRecord) -> dict[str, Any]:
 
 
 def connect_bus(redis_url: str | None, tmp: Path, servers: list[Server]) -> tuple[str, Bus]:
-    """The given Redis, or an embedded one started under ``tmp`` (appended to ``servers`` to stop)."""
+    """The given Redis, or an embedded one started under ``tmp`` (appended to ``servers`` to stop).
+
+    The embedded one requires a password generated here (any local user could otherwise flush it or
+    write the API key map): it reaches this process's clients and every child (workers, the gateway)
+    through ``ELASTUNE_REDIS_PASSWORD``, never a URL or a command line."""
     if redis_url is None:
-        servers.append(start_redis(tmp / "redis"))
+        password = secrets.token_urlsafe(24)
+        os.environ[PASSWORD_ENV] = password  # removed again by forget_embedded_password()
+        servers.append(start_redis(tmp / "redis", password=password))
         redis_url = servers[-1].url
     bus = Bus(redis_url)
     bus.ping()
     return redis_url, bus
+
+
+def forget_embedded_password(servers: list[Server]) -> None:
+    """Undo connect_bus's environment once its embedded Redis is gone (a caller in the same process, a
+    test, must not send that password to another Redis)."""
+    if any(s.name == "redis-server" for s in servers):
+        os.environ.pop(PASSWORD_ENV, None)
+
+
+def restart_redis(server: Server, tmp: Path) -> Server:
+    """The embedded Redis again, on the same port with the same password (the control plane re-asserts
+    what it owns there; workers re-register with their next heartbeat)."""
+    return start_redis(tmp / "redis", port=server.port, password=os.environ.get(PASSWORD_ENV))
+
+
+def manifest_uid(job: TuningJob) -> str:
+    """The id of a local TuningJob: the same for the same namespace, name and spec, so `elastune run`
+    interrupted and run again with the same manifest and state directory finds its checkpoints (under
+    ``<state>/checkpoints/<namespace>/<name>/<id>``) and resumes from the newest; a changed spec is a new
+    job and starts from iteration 0."""
+    meta = job.metadata
+    ident = {"key": f"{meta.namespace or 'default'}/{meta.name}", "spec": job.spec.model_dump(mode="json")}
+    return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:12]
 
 
 def run(opts: RunOptions, out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> int:
@@ -196,6 +230,7 @@ def run(opts: RunOptions, out: TextIO = sys.stdout, err: TextIO = sys.stderr) ->
             raise RunError(f"{job.metadata.name}: {exc}") from exc
         rec = job_record(job, created=now, dataset=resolve_dataset(job.spec.dataset, base), artifact=artifact)
         rec.generation = rec.generation or 1
+        rec.uid = manifest_uid(job)
         if rec.key in records:
             raise RunError(f"TuningJob {rec.key} appears twice")
         records[rec.key] = (job, rec)
@@ -230,6 +265,7 @@ def run(opts: RunOptions, out: TextIO = sys.stdout, err: TextIO = sys.stderr) ->
             file=err,
         )
         for _, rec in records.values():
+            _say_resume(rec, state_dir, err)
             core.submit(rec)
         deadline = time.monotonic() + opts.timeout if opts.timeout else None
         last_draw = 0.0
@@ -237,7 +273,10 @@ def run(opts: RunOptions, out: TextIO = sys.stdout, err: TextIO = sys.stderr) ->
         while not core.done():
             rounds.tick()
             if stop.requested:
-                raise RunError("interrupted: jobs left unfinished (their checkpoints are kept)")
+                raise RunError(
+                    "interrupted: jobs left unfinished; their checkpoints are kept in "
+                    f"{state_dir / 'checkpoints'}: run the same command again to resume them"
+                )
             if deadline is not None and time.monotonic() > deadline:
                 raise RunError(f"--timeout of {opts.timeout:g} s reached with jobs unfinished")
             t = time.monotonic()
@@ -254,7 +293,22 @@ def run(opts: RunOptions, out: TextIO = sys.stdout, err: TextIO = sys.stderr) ->
             backend.close()
         for server in servers:
             server.stop()
+        forget_embedded_password(servers)
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _say_resume(rec: JobRecord, state_dir: Path, err: TextIO) -> None:
+    """Whether the job resumes from a checkpoint of an earlier run of the same manifest, and from where."""
+    ckpt = state_dir / "checkpoints" / rec.key / rec.uid
+    newest = max(ckpt.glob("ckpt-*.pt"), default=None)  # the trainer's names sort by iteration
+    if newest is not None:
+        print(f"{rec.key}: resuming from its checkpoint {newest.name} in {ckpt}", file=err)
+    elif (state_dir / "checkpoints" / rec.key).is_dir():
+        print(
+            f"{rec.key}: checkpoints of an earlier run are in {state_dir / 'checkpoints' / rec.key}, but "
+            "none of this spec (it changed): starting from iteration 0",
+            file=err,
+        )
 
 
 def _report(records: dict[str, tuple[TuningJob, JobRecord]], state_dir: Path, out: TextIO) -> int:

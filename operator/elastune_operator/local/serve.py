@@ -38,7 +38,15 @@ from elastune_operator.local import s3_secrets
 from elastune_operator.local.api_keys import KeyFileError, LocalKeys
 from elastune_operator.local.backend import LocalBackend
 from elastune_operator.local.rounds import Rounds
-from elastune_operator.local.run import RunError, connect_bus, install_stop, resolve_dataset
+from elastune_operator.local.run import (
+    RunError,
+    connect_bus,
+    forget_embedded_password,
+    install_stop,
+    resolve_dataset,
+    restart_redis,
+)
+from elastune_operator.local.supervise import Backoff
 
 KEYS_REREAD_S = 2.0
 """How often the -f files are read again for API key Secrets (revocation within seconds)."""
@@ -190,15 +198,20 @@ def serve(opts: ServeOptions, out: TextIO = sys.stdout, err: TextIO = sys.stderr
             print("API keys from the -f files: requests need Authorization: Bearer <key>", file=err,
                   flush=True)  # fmt: skip
         port = opts.port or free_port()
-        log = (state_dir / "logs" / "gateway.log").open("ab")
-        argv = [sys.executable, "-m", "elastune_gateway.server", "--redis-url", redis_url]
-        argv += ["--host", "127.0.0.1", "--port", str(port), "--auth", auth]
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        gateway = subprocess.Popen(
-            argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
-        )
+
+        def start_gateway() -> subprocess.Popen[bytes]:
+            log = (state_dir / "logs" / "gateway.log").open("ab")
+            argv = [sys.executable, "-m", "elastune_gateway.server", "--redis-url", redis_url]
+            argv += ["--host", "127.0.0.1", "--port", str(port), "--auth", auth]
+            env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+            return subprocess.Popen(
+                argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+            )
+
+        gateway = start_gateway()
         # Ready = the gateway has read the registry once, so /v1/models answers with the pools' models.
         _wait_http(f"http://127.0.0.1:{port}/readyz", gateway)
+        watched = {"gateway": Backoff("gateway"), "redis": Backoff("redis")}
         models = [p.spec.model for p in pools] + [a.metadata.name or "" for a, _ in adapters]
         published = [j.spec.output.publish for j, _ in jobs if j.spec.output and j.spec.output.publish]
         print(f"OpenAI base URL: http://127.0.0.1:{port}/v1", file=out, flush=True)
@@ -225,10 +238,30 @@ def serve(opts: ServeOptions, out: TextIO = sys.stdout, err: TextIO = sys.stderr
                     keys.publish()  # a key Secret removed from the files stops working within seconds
                 except Exception as exc:  # Redis away a moment: the next round writes it again
                     print(f"cannot publish the API keys: {exc}", file=err, flush=True)
+            now = time.monotonic()
+            embedded = next((s for s in servers if s.name == "redis-server"), None)
+            if embedded is not None and embedded.proc.poll() is not None:
+                b = watched["redis"]
+                if b.due is None:
+                    print(f"the embedded Redis exited ({embedded.proc.returncode}): restarting it", file=err,
+                          flush=True)  # fmt: skip
+                if b.exited(now) and b.ready(now):
+                    try:
+                        servers[servers.index(embedded)] = restart_redis(embedded, tmp)
+                        b.restarted(now)
+                        print("the embedded Redis is back (the control plane re-asserts its records)",
+                              file=err, flush=True)  # fmt: skip
+                    except ServerError as exc:
+                        b.failed(now)
+                        print(f"cannot restart the embedded Redis yet: {exc}", file=err, flush=True)
             if gateway.poll() is not None:
-                raise RunError(
-                    f"the gateway exited with code {gateway.returncode}; see {state_dir}/logs/gateway.log"
-                )
+                b = watched["gateway"]
+                if b.due is None:
+                    print(f"the gateway exited with code {gateway.returncode} (see {state_dir}/logs/"
+                          "gateway.log): restarting it", file=err, flush=True)  # fmt: skip
+                if b.exited(now) and b.ready(now):
+                    gateway = start_gateway()
+                    b.restarted(now)
             time.sleep(settings.round_seconds)
         return 0
     except (ServerError, BusUnreachable) as exc:
@@ -244,4 +277,5 @@ def serve(opts: ServeOptions, out: TextIO = sys.stdout, err: TextIO = sys.stderr
             backend.close()
         for server in servers:
             server.stop()
+        forget_embedded_password(servers)
         shutil.rmtree(tmp, ignore_errors=True)
