@@ -40,6 +40,9 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
                    help="seconds to wait for a worker's status line, then 504")  # fmt: skip
     p.add_argument("--stream-idle-timeout", type=float, default=defaults.stream_idle_timeout_s,
                    help="longest silence between two chunks of a stream, then an error event")  # fmt: skip
+    p.add_argument("--default-max-tokens", type=int, default=defaults.default_max_tokens,
+                   help="completion tokens a request without max_tokens reserves against its key's "
+                        "tokens/min at admission")  # fmt: skip
     p.add_argument("--auth-stale", type=float, default=defaults.auth_stale_s,
                    help="seconds the last confirmed API key map stays in force when it cannot be "
                         "confirmed (Redis down); then 503 + Retry-After")  # fmt: skip
@@ -99,6 +102,7 @@ def settings_from(args: argparse.Namespace) -> GatewaySettings:
             pool_policies=pools, hold_timeout_s=args.hold_timeout, max_waiting=args.max_waiting,
             failure_cooldown_s=args.failure_cooldown, read_timeout_s=args.read_timeout,
             stream_idle_timeout_s=args.stream_idle_timeout, auth_stale_s=args.auth_stale,
+            default_max_tokens=args.default_max_tokens,
             length_predictor_url=args.length_predictor_url, auth=args.auth, vouched_only=args.vouched_only,
             fair_share=args.fair_share == "on", endpoint_max_inflight=args.endpoint_max_inflight,
             max_queued_per_key=args.max_queued_per_key, max_queued=args.max_queued,
