@@ -1,4 +1,5 @@
-"""The Kubernetes API emulator behaves like an apiserver where the operator depends on it (DESIGN.md §6).
+"""The Kubernetes API emulator behaves like an apiserver where the operator depends on it
+(docs/design.md §6).
 
 Everything goes over real HTTP: the sync `kubernetes` client through the emulator's kubeconfig, plain
 urllib where the client hides what is being checked (Status bodies, watch streams), and a real
@@ -166,9 +167,28 @@ def test_create_stamps_metadata_and_refuses_duplicates(kube: Kube):
     )
 
 
+def warm_pool(name: str, **spec: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": "WarmPool",
+        "metadata": {"name": name},
+        "spec": {"model": "tiny-gpt2", "minWarmGPUs": 0, "maxWarmGPUs": 2, **spec},
+    }
+
+
 def test_resource_version_is_global_and_generation_tracks_spec_only(kube: Kube):
-    a = kube.create(tuning_job("a"))
-    b = kube.create(tuning_job("b"))
+    # A WarmPool: its spec can change (a TuningJob's is immutable, a CEL transition rule).
+    def patch(name: str, body: dict[str, Any], status: bool = False) -> dict[str, Any]:
+        call = (
+            kube.custom.patch_namespaced_custom_object_status
+            if status
+            else kube.custom.patch_namespaced_custom_object
+        )
+        return call(GROUP, VERSION, "default", PLURAL_WARM_POOLS, name, body)
+
+    create = kube.custom.create_namespaced_custom_object
+    a = create(GROUP, VERSION, "default", PLURAL_WARM_POOLS, warm_pool("a"))
+    b = create(GROUP, VERSION, "default", PLURAL_WARM_POOLS, warm_pool("b"))
     rv = int(b["metadata"]["resourceVersion"])
     assert rv > int(a["metadata"]["resourceVersion"])  # one counter across objects
 
@@ -178,20 +198,20 @@ def test_resource_version_is_global_and_generation_tracks_spec_only(kube: Kube):
         assert obj["metadata"]["generation"] == generation
         rv = int(obj["metadata"]["resourceVersion"])
 
-    step(kube.patch("a", {"spec": {"deadline": "20m"}}), 2)
-    step(kube.patch("a", {"metadata": {"labels": {"team": "x"}, "annotations": {"note": "y"}}}), 2)
-    step(kube.patch("a", {"metadata": {"finalizers": ["elastune.dev/finalizer"]}}), 2)
-    step(kube.patch_status("a", {"status": {"iterations": 3}}), 2)
-    step(kube.patch("a", {"spec": {"termination": {"maxIterations": 11}}}), 3)
+    step(patch("a", {"spec": {"maxWarmGPUs": 3}}), 2)
+    step(patch("a", {"metadata": {"labels": {"team": "x"}, "annotations": {"note": "y"}}}), 2)
+    step(patch("a", {"metadata": {"finalizers": ["elastune.dev/finalizer"]}}), 2)
+    step(patch("a", {"status": {"warmGPUs": 1}}, status=True), 2)
+    step(patch("a", {"spec": {"minWarmGPUs": 1}}), 3)
     # A write that changes nothing is no write: same resourceVersion.
-    unchanged = kube.patch("a", {"metadata": {"labels": {"team": "x"}}})
+    unchanged = patch("a", {"metadata": {"labels": {"team": "x"}}})
     assert int(unchanged["metadata"]["resourceVersion"]) == rv
     # Server-set metadata cannot be overwritten by clients; a different uid is a failed precondition.
-    kept = kube.patch("a", {"metadata": {"generation": 99, "creationTimestamp": "2000-01-01T00:00:00Z"}})
+    kept = patch("a", {"metadata": {"generation": 99, "creationTimestamp": "2000-01-01T00:00:00Z"}})
     assert kept["metadata"]["generation"] == 3
     assert kept["metadata"]["creationTimestamp"] == a["metadata"]["creationTimestamp"]
     assert int(kept["metadata"]["resourceVersion"]) == rv
-    assert api_error(lambda: kube.patch("a", {"metadata": {"uid": "forged"}}))[0] == 409
+    assert api_error(lambda: patch("a", {"metadata": {"uid": "forged"}}))[0] == 409
 
 
 def test_status_subresource_is_isolated_both_ways(kube: Kube):
@@ -199,25 +219,26 @@ def test_status_subresource_is_isolated_both_ways(kube: Kube):
     assert "status" not in created  # a create cannot set status
 
     kube.patch_status("a", {"status": {"iterations": 1}})
-    main = kube.patch("a", {"spec": {"deadline": "30m"}, "status": {"iterations": 99}})
-    assert main["spec"]["deadline"] == "30m"
+    # (A TuningJob's spec is immutable, so the main-resource writes here change metadata only.)
+    main = kube.patch("a", {"metadata": {"labels": {"a": "b"}}, "status": {"iterations": 99}})
+    assert main["metadata"]["labels"] == {"a": "b"}
     assert main["status"] == {"iterations": 1}
 
     status = kube.patch_status(
         "a", {"spec": {"deadline": "1h"}, "metadata": {"labels": {"x": "y"}}, "status": {"iterations": 2}}
     )
     assert status["status"] == {"iterations": 2}
-    assert status["spec"]["deadline"] == "30m"
-    assert "labels" not in status["metadata"]
+    assert status["spec"]["deadline"] == "10m"
+    assert status["metadata"]["labels"] == {"a": "b"}
 
     # PUT (replace) of the main resource keeps the stored status too.
     current = kube.get("a")
-    current["spec"]["deadline"] = "2h"
+    current["metadata"]["labels"] = {"c": "d"}
     current["status"] = {"iterations": 50}
     replaced = kube.custom.replace_namespaced_custom_object(
         GROUP, VERSION, "default", PLURAL_TUNING_JOBS, "a", current
     )
-    assert (replaced["spec"]["deadline"], replaced["status"]) == ("2h", {"iterations": 2})
+    assert (replaced["metadata"]["labels"], replaced["status"]) == ({"c": "d"}, {"iterations": 2})
 
     # Without a status subresource, status is an ordinary field (kopf writes its peerings' status so).
     peering = {"apiVersion": "kopf.dev/v1", "kind": "ClusterKopfPeering", "metadata": {"name": "default"}}
@@ -244,14 +265,16 @@ def test_invalid_tuningjob_is_rejected_with_422_naming_the_fields(kube: Kube):
         GROUP,
     )
     fields = {cause["field"] for cause in body["details"]["causes"]}
-    assert fields == {"spec.method", "spec.termination.maxIterations"}
+    # An unsupported enum value blocks the CEL rules; the apiserver says so in a cause without a field.
+    assert fields == {"spec.method", "spec.termination.maxIterations", "<nil>"}
     assert 'TuningJob.elastune.dev "bad" is invalid' in body["message"]
     assert api_error(lambda: kube.get("bad"))[0] == 404  # nothing stored
 
     kube.create(tuning_job("good"))
     status, body = api_error(lambda: kube.patch("good", {"spec": {"deadline": "soon"}}))
     assert status == 422
-    assert [cause["field"] for cause in body["details"]["causes"]] == ["spec.deadline"]
+    # A pattern error does not block CEL, so the spec's immutability rule answers too, as on a cluster.
+    assert [cause["field"] for cause in body["details"]["causes"]] == ["spec.deadline", "spec"]
     # The status is validated against the status schema, through /status.
     status, body = api_error(lambda: kube.patch_status("good", {"status": {"iterations": -1}}))
     assert status == 422
@@ -501,9 +524,9 @@ def test_watch_streams_events_with_resource_versions(kube: Kube):
     watcher = threading.Thread(target=consume, daemon=True)
     watcher.start()
     assert received.get(timeout=5)["type"] == "ADDED"  # the stream is open
-    kube.patch("c", {"spec": {"deadline": "1h"}})
+    kube.patch("c", {"metadata": {"labels": {"step": "1"}}})
     event = received.get(timeout=5)
-    assert (event["type"], event["object"]["spec"]["deadline"]) == ("MODIFIED", "1h")
+    assert (event["type"], event["object"]["metadata"]["labels"]) == ("MODIFIED", {"step": "1"})
     watcher.join(5)
 
 

@@ -1,4 +1,4 @@
-"""A Kubernetes API server emulator for the operator's integration tests and benchmarks (DESIGN.md §6).
+"""A Kubernetes API server emulator for the operator's integration tests and benchmarks (docs/design.md §6).
 
 kmock's KubernetesEmulator serves discovery and stores objects verbatim; the real kopf operator needs more
 of an apiserver than that. `ApiServerEmulator` keeps kmock's HTTP plumbing, discovery, DSL (reactions
@@ -8,8 +8,16 @@ added with `emulator[...] << ...` still take precedence over the emulated behavi
 - metadata stamping (uid, creationTimestamp, generation, one global resourceVersion bumped by every write),
   generateName, 409 AlreadyExists / Conflict, 404 NotFound, `Status` bodies for every error;
 - the `status` subresource isolated both ways, generation bumped only by changes outside metadata/status;
-- custom resources pruned, defaulted and validated against their CRD's structural schema
-  (`elastune_contract.api.crdcheck`), 422 Invalid with `details.causes` naming the fields;
+- custom resources admitted as the apiextensions-apiserver admits them (`apiserver.admission`): pruned,
+  defaulted, validated against their CRD's structural schema, then their `x-kubernetes-validations` CEL
+  rules (`apiserver.cel`, transition rules with `oldSelf` included); 422 Invalid with `details.causes`
+  naming the fields; a CRD whose CEL rule does not compile is refused;
+- authentication and RBAC (`apiserver.authn`, `apiserver.rbac`): `POST .../serviceaccounts/<sa>/token`
+  (TokenRequest) issues a service account's token; a request carrying one is authorized against the
+  Roles, ClusterRoles and bindings stored here, 403 Forbidden as the apiserver words it, 401 for a token
+  it did not issue. No token, or the kubeconfig's, is a cluster admin (the tests' own client).
+  `ELASTUNE_EMULATOR_RBAC=off` (or `enforce_rbac=False`) turns authorization off; denials are kept in
+  `denials` and appended to the file `ELASTUNE_EMULATOR_RBAC_LOG` names, if any;
 - merge patch, JSON patch (kopf's finalizer patches carry a `test` of metadata.resourceVersion),
   PUT replace, resourceVersion preconditions, no-op writes that change nothing (no RV bump, no event);
 - finalizers and deletionTimestamp, owner-reference garbage collection (background or orphan),
@@ -19,7 +27,8 @@ added with `emulator[...] << ...` still take precedence over the emulated behavi
 - `/api/v1/namespaces` (kmock 0.8 cannot parse that path): namespaces are created implicitly the first
   time an object is created in them, `default` exists from the start.
 
-Not emulated: admission webhooks, CEL rules (x-kubernetes-validations), RBAC, server-side apply,
+Not emulated: admission webhooks, CEL cost limits and the Kubernetes CEL libraries, schema (non-CEL)
+ratcheting, the ServiceAccount admission plugin, server-side apply,
 strategic-merge list semantics (a strategic merge patch of a built-in kind is applied as a JSON merge
 patch), foreground deletion (treated as background), graceful pod termination (pods go at once), the
 link between core/v1 and events.k8s.io/v1 events (two separate stores), any controller (Knative, kubelet).
@@ -74,9 +83,9 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
         "elastune_testing needs the development extras (kmock): pip install 'elastune[dev]'"
     ) from exc
 
-from elastune_contract.api import crdcheck
 from elastune_contract.api.crds import build_crd
 from elastune_contract.api.resources import RESOURCE_MODELS
+from elastune_testing.apiserver import admission, authn, rbac
 
 logger = logging.getLogger(__name__)
 
@@ -90,6 +99,9 @@ ALL_VERBS: Final = frozenset(
 
 CRD_RESOURCE: Final = kmock.resource("apiextensions.k8s.io", "v1", "customresourcedefinitions")
 NAMESPACES: Final = kmock.resource("", "v1", "namespaces")
+SERVICE_ACCOUNTS: Final = kmock.resource("", "v1", "serviceaccounts")
+RBAC_ENV: Final = "ELASTUNE_EMULATOR_RBAC"
+RBAC_LOG_ENV: Final = "ELASTUNE_EMULATOR_RBAC_LOG"
 
 # Resources the operator talks to that kmock's bundled discovery data (builtins of a K3s cluster) lacks.
 EXTRA_RESOURCES: Final[dict[kmock.resource, kmock.ResourceInfo]] = {
@@ -235,6 +247,16 @@ def _bad_request(message: str) -> ApiError:
 
 
 def _cause_reason(text: str) -> str:
+    # The apiserver's own field error wording first (field.Error: "Invalid value: ...", "Forbidden: ...").
+    for prefix, reason in (
+        ("Invalid value", "FieldValueInvalid"),
+        ("Forbidden", "FieldValueForbidden"),
+        ("Required value", "FieldValueRequired"),
+        ("Unsupported value", "FieldValueNotSupported"),
+        ("Duplicate value", "FieldValueDuplicate"),
+    ):
+        if text.startswith(prefix):
+            return reason
     if "required" in text:
         return "FieldValueRequired"
     if "unsupported value" in text:
@@ -425,6 +447,10 @@ class Change:
     old: JSON | None
 
 
+def _rbac_enabled() -> bool:
+    return os.environ.get(RBAC_ENV, "on").strip().lower() not in ("off", "0", "false", "no")
+
+
 def default_crds() -> list[JSON]:
     """Elastune's CRDs, built from the pydantic models: the same documents as crds/*.yaml."""
     return [build_crd(model) for model in RESOURCE_MODELS.values()]
@@ -450,6 +476,9 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
     # A watch with allowWatchBookmarks=true gets one when idle this long: kopf restarts an idle watch
     # after 70 s (settings.watching.inactivity_timeout) and bookmarks keep its resourceVersion fresh.
     bookmark_interval: float = 30.0
+    # RBAC for the requests that carry a service account's token (module docstring).
+    enforce_rbac: bool = attrs.field(factory=_rbac_enabled)
+    denials: list[str] = attrs.field(factory=list, init=False)
 
     _live: dict[ObjectKey, JSON] = attrs.field(factory=dict, init=False)
     _uids: dict[str, ObjectKey] = attrs.field(factory=dict, init=False)
@@ -462,10 +491,12 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
     _orphaning: set[str] = attrs.field(factory=set, init=False)  # uids deleted with Orphan policy
     _request_ids: Iterator[int] = attrs.field(factory=itertools.count, init=False)
     _closing: bool = attrs.field(default=False, init=False)
+    _tokens: authn.Tokens = attrs.field(init=False)
 
     def __attrs_post_init__(self) -> None:
         # The base registers fallbacks bound to self._serve_*: the overrides below are what they call.
         super().__attrs_post_init__()
+        self._tokens = authn.Tokens(self._account_uid)
         # kmock guesses no action for PUT (replace) and for DELETE on a collection.
         self.fallback[enums.method.PUT] << self._serve_replace
         self.fallback[enums.method.DELETE] << self._serve_delete_collection
@@ -489,6 +520,10 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
             request_id = next(self._request_ids)
             if self.limit is not None and request_id >= self.limit:
                 raise kmock.KMockError("Too many requests have been served so far.")
+            # Authentication and authorization come before any handler, as the apiserver's filters do.
+            attributes = self._authorize(raw_request)
+            if _is_token_request(attributes):
+                return await self._serve_token_request(raw_request, attributes)
             request = await self._parse_request(raw_request, request_id)
             self._requests.append(request)
             self._trim_request_logs()
@@ -516,6 +551,63 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
             await self._stream_error(exc, raw_response)
             await raw_response.write_eof()
             return raw_response
+
+    # -- authentication and authorization ---------------------------------------------------------------
+
+    def _account_uid(self, namespace: str, name: str) -> str | None:
+        account = self._live.get((SERVICE_ACCOUNTS, namespace, name))
+        return None if account is None else account["metadata"]["uid"]
+
+    def _rbac_objects(self, plural: str, namespace: str | None) -> list[JSON]:
+        resource = kmock.resource(rbac.GROUP, "v1", plural)
+        return [
+            obj
+            for (res, ns, _name), obj in self._live.items()
+            if res == resource and (namespace is None or ns == namespace)
+        ]
+
+    def _authorize(self, raw: aiohttp.web.BaseRequest) -> rbac.Attributes:
+        """401 for a token this emulator did not issue, 403 for what RBAC does not grant (when enforced)."""
+        attributes = rbac.attributes(raw.method, raw.path, raw.query)
+        if not self.enforce_rbac:
+            return attributes
+        user = self._tokens.authenticate(raw.headers.get("Authorization", ""))
+        if user is None:
+            self._record_denial(
+                f"Unauthorized: {raw.method} {raw.path} with a token this emulator did not issue"
+            )
+            raise ApiError(401, "Unauthorized", "Unauthorized")
+        decision = rbac.authorize(user, attributes, self._rbac_objects)
+        if decision.allowed:
+            return attributes
+        message = rbac.forbidden_message(user, attributes, decision.reason)
+        self._record_denial(message)
+        details = {"name": attributes.name, "group": attributes.api_group, "kind": attributes.resource}
+        raise ApiError(403, "Forbidden", message, {key: value for key, value in details.items() if value})
+
+    def _record_denial(self, message: str) -> None:
+        self.denials.append(message)
+        del self.denials[:-1000]
+        logger.warning("RBAC denied: %s", message)
+        if path := os.environ.get(RBAC_LOG_ENV):
+            with open(path, "a", encoding="utf-8") as log:
+                log.write(message + "\n")
+
+    async def _serve_token_request(
+        self, raw: aiohttp.web.BaseRequest, attributes: rbac.Attributes
+    ) -> aiohttp.web.StreamResponse:
+        """TokenRequest: a token for the service account (what the kubelet projects into a pod)."""
+        body = await raw.read()
+        try:
+            request = json.loads(body) if body else {}
+        except ValueError as exc:
+            raise _bad_request(f"the request body is not JSON: {exc}") from exc
+        answer = self._tokens.issue(
+            attributes.namespace, attributes.name, request if isinstance(request, dict) else {}
+        )
+        if answer is None:
+            raise _not_found(SERVICE_ACCOUNTS, attributes.name)
+        return aiohttp.web.json_response(answer, status=201)
 
     async def _parse_request(self, raw: aiohttp.web.BaseRequest, request_id: int) -> rendering.Request:
         match = _NAMESPACE_PATH.fullmatch(raw.path)
@@ -721,22 +813,27 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
                             errors.append(f"metadata.ownerReferences[{index}].{required}: Required value")
         return errors
 
-    def _admit(self, resource: kmock.resource, obj: JSON, params: Mapping[str, str]) -> JSON:
-        """Metadata checks for everything; prune, default, validate for custom resources (crdcheck)."""
+    def _admit(
+        self, resource: kmock.resource, obj: JSON, params: Mapping[str, str], old: JSON | None = None
+    ) -> JSON:
+        """Metadata checks for everything; custom resources as the apiextensions-apiserver admits them
+        (prune, default, schema, CEL: `apiserver.admission`); `old` is the stored object on update."""
         name = obj["metadata"].get("name")
         errors = self._check_metadata(resource, obj["metadata"])
         crd = self._schemas.get(resource)
         if crd is not None:
-            pruned, unknown = crdcheck.prune_unknown_fields(obj, crd)
-            if unknown and params.get("fieldValidation") == "Strict":
+            admitted = admission.admit(obj, old, crd)
+            if admitted.unknown_fields and params.get("fieldValidation") == "Strict":
                 # Strict decoding fails before validation, with 400 (what kubectl's default shows).
-                fields = ", ".join(f'unknown field "{path}"' for path in unknown)
+                fields = ", ".join(f'unknown field "{path}"' for path in admitted.unknown_fields)
                 raise _bad_request(
                     f"{self._kind(resource)} in version {resource.version!r} cannot be handled: "
                     f"strict decoding error: {fields}"
                 )
-            obj = crdcheck.apply_defaults(pruned, crd)
-            errors += crdcheck.validate_against_crd(obj, crd, strict=False)
+            obj = admitted.obj
+            errors += admitted.errors
+        elif resource == CRD_RESOURCE:
+            errors += admission.crd_errors(obj)
         if errors:
             raise _invalid(self._kind(resource), resource, name, errors)
         return obj
@@ -889,7 +986,7 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
                     f"is being deleted, found new finalizers {sorted(added)}"
                 ],
             )
-        new = self._admit(resource, new, params)
+        new = self._admit(resource, new, params, old)
         if new == old:
             return copy.deepcopy(old)  # a no-op write bumps nothing and tells no watcher
         if _spec_part(new) != _spec_part(old):
@@ -1169,6 +1266,16 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
         if initial_end:
             meta["annotations"] = {"k8s.io/initial-events-end": "true"}
         return {"apiVersion": _group_version(resource), "kind": self._kind(resource), "metadata": meta}
+
+
+def _is_token_request(attributes: rbac.Attributes) -> bool:
+    return (
+        attributes.verb == "create"
+        and attributes.api_group == ""
+        and attributes.resource == "serviceaccounts"
+        and attributes.subresource == "token"
+        and bool(attributes.namespace and attributes.name)
+    )
 
 
 def _watch_event(change: Change, selection: Selection) -> JSON | None:

@@ -221,6 +221,8 @@ class Kubelet:
         self._write_hosts(pod)
         for m in plan.mounts:
             self._ensure_mountpoint(Path(m.target))
+        # a pod with no Secret, emptyDir or token mount has no directory yet
+        pod_dir.mkdir(parents=True, exist_ok=True)
         pod.plan_path = pod_dir / "plan.json"
         pod.plan_path.write_text(
             json.dumps(
@@ -272,11 +274,27 @@ class Kubelet:
             env.setdefault("KUBERNETES_SERVICE_HOST", self.apiserver[0])
             env.setdefault("KUBERNETES_SERVICE_PORT", str(self.apiserver[1]))
         if self.service_account is not None and spec.get("automountServiceAccountToken", True):
-            token, ca = self.service_account(pod.namespace)
+            _, ca = self.service_account(pod.namespace)
+            token = self._token(pod.namespace, spec.get("serviceAccountName") or "default")
             mounts.append(S.service_account_mount(pod_dir, token, ca, pod.namespace))
         if "PORT" not in env and container.get("ports"):
             pass  # Knative sets PORT in the template it gives the pod (see controllers)
-        return S.LaunchPlan(S.argv_of(container, image, env), env, mounts, container.get("workingDir") or "/")
+        workdir = container.get("workingDir") or image.workdir  # the image's WORKDIR by default
+        return S.LaunchPlan(S.argv_of(container, image, env), env, mounts, workdir)
+
+    def _token(self, namespace: str, account: str) -> str:
+        """The pod's service-account token, from a TokenRequest as a kubelet gets it (the API emulator
+        then authorizes the pod's requests as that account, against the RBAC objects it stores)."""
+        try:
+            request = client.AuthenticationV1TokenRequest(spec=client.V1TokenRequestSpec(audiences=[]))
+            answer = self.core.create_namespaced_service_account_token(account, namespace, request)
+        except ApiException as exc:  # kubelet: MountVolume.SetUp failed, the pod waits
+            raise S.NotSchedulable(
+                f"service account token for {namespace}/{account}: HTTP {exc.status}"
+            ) from exc
+        if answer.status is None:
+            raise S.NotSchedulable(f"service account token for {namespace}/{account}: no token issued")
+        return str(answer.status.token)
 
     def _ensure_mountpoint(self, target: Path) -> None:
         """Create a missing mount point on the host (the pod's mount namespace shares the host's
@@ -319,6 +337,12 @@ class Kubelet:
             "startedAt": pod.started_at,
             "finishedAt": _now(),
         }
+        container = pod.obj["spec"]["containers"][0]
+        if code != 0 and container.get("terminationMessagePolicy") == "FallbackToLogsOnError":
+            # No message file is mounted here, so it is always empty: the kubelet then takes the log's
+            # tail, at most 80 lines and 2048 bytes (pkg/kubelet/kuberuntime/kuberuntime_container.go).
+            tail = self.log_of(pod.namespace, pod.name).encode()[-2048:].decode(errors="replace")
+            pod.last_terminated["message"] = "\n".join(tail.splitlines()[-80:])
         pod.ready = False
         policy = pod.obj["spec"].get("restartPolicy", "Always")
         if policy == "Never" or (policy == "OnFailure" and code == 0):
