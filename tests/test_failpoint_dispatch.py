@@ -57,6 +57,7 @@ class Stack:
             "ELASTUNE_NAMESPACE": self.bus.ns,
             "ELASTUNE_WORK_DIR": str(self.tmp / "work"),
             "ELASTUNE_METRICS_PORT": "0",
+            "ELASTUNE_PROOF_KEY": f"proof-{self.bus.ns}",  # stable across restarts, as the chart's Secret
         }
         env.pop(FAILPOINT_ENV, None)
         if failpoint:

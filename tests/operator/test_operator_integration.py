@@ -89,6 +89,8 @@ class Cluster:
             "ELASTUNE_WORK_DIR": str(self.tmp / "work"),
             "ELASTUNE_METRICS_PORT": str(self.metrics_port),
             PVC_ROOT_ENV: str(self.pvc_root),  # the operator sees the claims too (artifact checks)
+            # one proof key across restarts, as the chart's Secret gives: a restarted operator adopts
+            "ELASTUNE_PROOF_KEY": f"proof-{self.namespace}",
         }
         log = (self.tmp / f"operator-{self.starts}.log").open("wb")
         cmd = [sys.executable, "-m", "elastune_operator.cli", "operator", "--standalone", "--all-namespaces"]

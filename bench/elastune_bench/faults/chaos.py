@@ -582,7 +582,8 @@ def exp_operator_killed(root: Path) -> Outcome:
         def operator(failpoint: str | None) -> subprocess.Popen[bytes]:
             env = {**os.environ, "KUBECONFIG": str(emulator.kubeconfig_path), "ELASTUNE_REDIS_URL": redis.url,
                    "ELASTUNE_REDIS_SECRET": "", "ELASTUNE_NAMESPACE": bus.ns,
-                   "ELASTUNE_WORK_DIR": str(root / "op-work"), "ELASTUNE_METRICS_PORT": "0"}  # fmt: skip
+                   "ELASTUNE_WORK_DIR": str(root / "op-work"), "ELASTUNE_METRICS_PORT": "0",
+                   "ELASTUNE_PROOF_KEY": f"proof-{bus.ns}"}  # fmt: skip
             env.pop("ELASTUNE_FAILPOINT", None)
             if failpoint:
                 env["ELASTUNE_FAILPOINT"] = failpoint

@@ -144,14 +144,18 @@ def create_app(gateway: Gateway) -> FastAPI:
 
     @app.get(
         "/readyz", tags=["health"],
-        responses={503: {"description": "Cannot serve: the registry was never read, or its last view is "
-                                        "stale and names no endpoint"}},
+        responses={503: {"description": "Cannot serve: the registry (or, with authentication, the API key "
+                                        "map) was never read, or its last view is stale and names no "
+                                        "endpoint"}},
     )  # fmt: skip
     async def readyz() -> JSONResponse:
         """Whether this replica can serve (not whether Redis answered just now): from its last view of
         the registry while it knows an endpoint, or while that view is fresh (settings.registry_stale_s)."""
         d = gateway.directory
         why = d.readiness(gateway.settings.registry_stale_s)
+        if why is None and gateway.keys is not None and gateway.keys.confirmed_age() is None:
+            # Authentication on and no key map confirmed yet (just started): every key would get 503.
+            why = "the API key map was never read (no map published yet, or Redis unreachable)"
         if why is not None:
             return JSONResponse({"status": "not ready", "reason": why}, status_code=503)
         age = d.age()

@@ -145,15 +145,16 @@ class KeyTable:
         return None if self.read_at is None else time.monotonic() - self.read_at
 
     def authenticate(self, authorization: str | None) -> Principal:
-        age = self.confirmed_age()
-        if age is None or age > self.stale_s:
-            self.metrics.rejected.labels("keys_unconfirmed").inc()
-            since = "never" if age is None else f"{age:.0f} s ago"
-            raise APIError(
-                503, f"API keys cannot be confirmed right now (the key map was last confirmed {since}); "
-                "retry shortly",
-                headers={"Retry-After": str(self.retry_after_s)},
-            )  # fmt: skip
+        if authorization:  # no key is refused whatever the map says; a key needs a confirmed map
+            age = self.confirmed_age()
+            if age is None or age > self.stale_s:
+                self.metrics.rejected.labels("keys_unconfirmed").inc()
+                since = "never" if age is None else f"{age:.0f} s ago"
+                raise APIError(
+                    503, f"API keys cannot be confirmed right now (the key map was last confirmed {since}); "
+                    "retry shortly",
+                    headers={"Retry-After": str(self.retry_after_s)},
+                )  # fmt: skip
         if not authorization:
             self.metrics.rejected.labels("unauthenticated").inc()
             raise APIError(
