@@ -7,8 +7,10 @@ from __future__ import annotations
 import base64
 import copy
 import functools
+import hashlib
 import importlib.util
 import json
+import re
 import subprocess
 import tarfile
 from pathlib import Path
@@ -848,3 +850,209 @@ def test_helm_binary_is_found_and_runs() -> None:
     assert result.stdout.startswith(("v3.", "v4.")), result.stdout
     assert k8s_binaries.main(["helm"]) == 0
     assert k8s_binaries.main(["oc"]) == 2
+
+
+# -- a first install: NOTES, claims, Secrets under GitOps, CRD upgrades, probes (issue 37 item 5) ----
+
+
+@functools.cache
+def notes(*sets: str) -> str:
+    """NOTES.txt as `helm install` prints it (a client-side dry run: no cluster, lookup finds nothing)."""
+    args = ["install", RELEASE, str(CHART), "--namespace", NAMESPACE, "--dry-run=client", *value_args(sets)]
+    result = helm(*args)
+    assert result.returncode == 0, result.stderr
+    return result.stdout.split("\nNOTES:\n", 1)[1]
+
+
+def test_notes_show_a_request_that_works_with_api_keys_on() -> None:
+    text = notes()
+    # Auth is on by default: the request carries a key from a labelled Secret the notes create.
+    assert "unused" not in text
+    create = "kubectl -n default create secret generic my-key --from-literal=key=$OPENAI_API_KEY"
+    label = "kubectl -n default label secret my-key elastune.dev/api-key=true"
+    curl = 'curl $OPENAI_BASE_URL/completions -H "Authorization: Bearer $OPENAI_API_KEY"'
+    assert create in text and label in text and curl in text, text
+    assert text.index(create) < text.index(label) < text.index(curl)
+    assert "export OPENAI_API_KEY=sk-$(openssl rand -hex 16)" in text
+    off = notes("gateway.auth.enabled=false")
+    assert "Authorization" not in off and "API keys are off" in off
+
+
+def test_notes_say_whether_redis_persists_as_the_chart_renders_it() -> None:
+    assert "append-only file on the claim\nelastune-redis" in notes(), notes()
+    assert "without persistence" not in notes()
+    assert "on the claim\nmine" in notes("redis.bundled.persistence.existingClaim=mine")
+    off = notes("redis.bundled.persistence.enabled=false")
+    assert "without persistence" in off and "starts empty" in off
+
+
+def test_notes_warn_when_the_example_warm_pool_lands_where_the_operator_does_not_watch() -> None:
+    example = "examples.warmPool.enabled=true"
+    unwatched = notes(example, "operator.watchNamespaces={team-a}")
+    assert (
+        f"WARNING: the example WarmPool tiny-gpt2 is in {NAMESPACE}, which the operator does not" in unwatched
+    )
+    watched = notes(example, f"operator.watchNamespaces={{team-a,{NAMESPACE}}}")
+    assert "WARNING: the example WarmPool tiny-gpt2 is in" not in watched
+    assert "WARNING: the example WarmPool tiny-gpt2 is in" not in notes(example)  # cluster-wide
+    # manifests/ use namespace default: the notes say so when it is not watched.
+    assert "manifests/*.yaml use namespace default" in unwatched
+    assert "manifests/*.yaml use namespace default" not in notes()
+
+
+def test_the_claims_pools_mount_are_created_where_asked_and_kept() -> None:
+    from elastune_contract.api.warmpool import DEFAULT_MODEL_CACHE_CLAIM
+
+    assert [c["metadata"]["name"] for c in of_kind(render(), "PersistentVolumeClaim")] == [f"{RELEASE}-redis"]
+    assert "The chart created no claim" in notes()
+    sets = ("storage.namespaces={default,team-a}", "storage.storageClass=nfs-client")
+    claims = [
+        c
+        for c in of_kind(render(*sets), "PersistentVolumeClaim")
+        if c["metadata"]["name"] != "elastune-redis"
+    ]
+    assert {(c["metadata"]["namespace"], c["metadata"]["name"]) for c in claims} == {
+        ("default", "elastune-artifacts"),
+        ("team-a", "elastune-artifacts"),
+    }
+    for claim in claims:
+        assert claim["spec"]["accessModes"] == ["ReadWriteMany"]
+        assert claim["spec"]["storageClassName"] == "nfs-client"
+        assert claim["spec"]["resources"]["requests"]["storage"] == "20Gi"
+        assert claim["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
+    # The names the pools mount: manifests/warmpool.yaml's jobStorage claim, the contract's cache claim.
+    manifest = yaml.safe_load((REPO / "manifests" / "warmpool.yaml").read_text(encoding="utf-8"))
+    (job_storage,) = [v["claimName"] for v in manifest["spec"]["volumes"] if v.get("jobStorage")]
+    assert job_storage == claims[0]["metadata"]["name"]
+    cache = render("storage.namespaces={default}", "storage.modelCache.create=true")
+    names = {c["metadata"]["name"] for c in of_kind(cache, "PersistentVolumeClaim")}
+    assert DEFAULT_MODEL_CACHE_CLAIM in names and "elastune-artifacts" in names
+    assert "created elastune-artifacts and elastune-models in: default" in notes(
+        "storage.namespaces={default}", "storage.modelCache.create=true"
+    )
+
+
+PINNED = (
+    "redis.bundled.acl.existingSecrets.gateway=my-redis-gateway",
+    "redis.bundled.acl.existingSecrets.worker=my-redis-worker",
+    "operator.proofKey.existingSecret=my-operator-keys",
+)
+
+
+def pod_template(docs: tuple[dict[str, Any], ...], component: str) -> dict[str, Any]:
+    return named(docs, "Deployment", f"{RELEASE}-{component}")["spec"]["template"]
+
+
+def secrets_read(template: dict[str, Any]) -> set[str]:
+    containers = template["spec"]["containers"]
+    refs = {
+        e["valueFrom"]["secretKeyRef"]["name"]
+        for c in containers
+        for e in c.get("env", [])
+        if "secretKeyRef" in e.get("valueFrom", {})
+    }
+    return refs | {v["secret"]["secretName"] for v in template["spec"].get("volumes", []) if "secret" in v}
+
+
+def expected_checksum(docs: tuple[dict[str, Any], ...], names: set[str]) -> str:
+    """templates/_secrets.tpl's rule: per name, its rendered data as compact sorted JSON, or external."""
+    rendered = {s["metadata"]["name"]: s for s in of_kind(docs, "Secret")}
+    lines = []
+    for name in sorted(names):
+        secret = rendered.get(name)
+        data = {k: base64.b64decode(v).decode() for k, v in secret["data"].items()} if secret else None
+        lines.append(
+            f"{name}:{json.dumps(data, sort_keys=True, separators=(',', ':')) if data else 'external'}"
+        )
+    return hashlib.sha256("\n".join(lines).encode()).hexdigest()
+
+
+@pytest.mark.parametrize("sets", [(), ("redis.bundled.acl.enabled=false",), EXTERNAL_REDIS, PINNED],
+                         ids=["defaults", "one-password", "external-redis", "pinned"])  # fmt: skip
+def test_pods_carry_the_checksum_of_the_secrets_they_read(sets: tuple[str, ...]) -> None:
+    # One render: the generated values in the Secrets are the ones the checksums cover (computed once).
+    docs = render(*sets)
+    for component in ("operator", "gateway", "redis"):
+        if component == "redis" and "redis.bundled.enabled=false" in sets:
+            continue
+        template = pod_template(docs, component)
+        names = secrets_read(template)
+        assert names or component == "gateway", component
+        assert template["metadata"]["annotations"]["checksum/secrets"] == expected_checksum(docs, names), (
+            component
+        )
+
+
+def test_a_changed_secret_rolls_exactly_the_pods_that_read_it_and_pinned_secrets_render_the_same() -> None:
+    first = render(*PINNED, "redis.auth.password=first-password")
+    again = helm(*template_args((*PINNED, "redis.auth.password=first-password")))
+    # Everything pinned: `helm template` renders the same bytes every time (GitOps sees no diff).
+    assert again.stdout == helm(*template_args((*PINNED, "redis.auth.password=first-password"))).stdout
+    second = render(*PINNED, "redis.auth.password=second-password")
+
+    def checksum(docs: tuple[dict[str, Any], ...], component: str) -> str:
+        return str(pod_template(docs, component)["metadata"]["annotations"]["checksum/secrets"])
+
+    # The operator's password: the operator and Redis roll; the gateway has its own Redis user.
+    assert checksum(first, "operator") != checksum(second, "operator")
+    assert checksum(first, "redis") != checksum(second, "redis")
+    assert checksum(first, "gateway") == checksum(second, "gateway")
+    assert not [s for s in of_kind(first, "Secret") if s["metadata"]["name"] != f"{RELEASE}-redis"]
+    # An existing Secret is the user's: named in the pod, never rendered.
+    env = env_of(operator_container(first))
+    assert env["ELASTUNE_PROOF_KEY"]["valueFrom"]["secretKeyRef"]["name"] == "my-operator-keys"
+    assert env["ELASTUNE_REDIS_WORKER_PASSWORD"]["valueFrom"]["secretKeyRef"]["name"] == "my-redis-worker"
+    assert env["ELASTUNE_REDIS_SECRET"]["value"] == "my-redis-worker"  # what the operator copies to pools
+    (gateway,) = gateway_pod(first)["containers"]
+    assert (
+        env_of(gateway)["ELASTUNE_REDIS_PASSWORD"]["valueFrom"]["secretKeyRef"]["name"] == "my-redis-gateway"
+    )
+
+
+def test_generated_secrets_differ_per_render_without_pins_as_the_docs_warn() -> None:
+    """Why the pins exist: `helm template` has no lookup, so unpinned values are new each render."""
+    a, b = (helm(*template_args(())).stdout for _ in range(2))
+    assert a != b
+    install = (REPO / "docs" / "operations" / "install.md").read_text(encoding="utf-8")
+    for value in (
+        "redis.auth.existingSecret",
+        "redis.bundled.acl.existingSecrets",
+        "operator.proofKey.existingSecret",
+    ):
+        assert value in install, f"docs/operations/install.md does not tell GitOps users about {value}"
+
+
+def test_the_upgrade_page_applies_the_crds_before_helm_upgrade() -> None:
+    page = (REPO / "docs" / "operations" / "upgrades.md").read_text(encoding="utf-8")
+    lines = [
+        line.strip()
+        for block in re.findall(r"```bash\n(.*?)```", page, flags=re.S)
+        for line in block.splitlines()
+    ]
+    crds = "kubectl apply --server-side --force-conflicts -f helm/elastune/crds/"
+    upgrade = next(i for i, line in enumerate(lines) if line.startswith("helm upgrade "))
+    assert crds in lines[:upgrade], "upgrades.md must apply the CRDs before helm upgrade, in its commands"
+    assert sorted(p.name for p in (CHART / "crds").iterdir()) == sorted(
+        p.name for p in (REPO / "crds").glob("*.yaml")
+    )
+    assert crds in notes()
+
+
+def test_probes_wait_out_a_multi_minute_weight_load() -> None:
+    from elastune_contract.api.warmpool import WarmPool
+    from elastune_operator.k8s.workload import worker_pod_template
+
+    # The chart's example pool as the operator writes its workers.
+    pool = WarmPool.model_validate(named(render(*COMBINATIONS["example-warmpool"]), "WarmPool", "tiny-gpt2"))
+    (worker,) = worker_pod_template(pool, "redis://r:6379/0", "elastune-redis-worker")["spec"]["containers"]
+    startup, liveness = worker["startupProbe"], worker["livenessProbe"]
+    budget = startup["periodSeconds"] * startup["failureThreshold"]
+    assert budget >= pool.spec.fetch.load_timeout_seconds >= 300, startup  # minutes, not liveness' seconds
+    assert startup["httpGet"]["path"] == liveness["httpGet"]["path"] == "/healthz"
+    assert worker["readinessProbe"]["httpGet"]["path"] == "/readyz"  # warm only once loaded
+    # The operator and gateway load no weights, but their probes still give a slow start a minute.
+    docs = render()
+    for container in (operator_container(docs), gateway_pod(docs)["containers"][0]):
+        start = container["startupProbe"]
+        assert start["periodSeconds"] * start["failureThreshold"] >= 60, container["name"]
+        assert container["livenessProbe"].get("timeoutSeconds", 1) >= 3, container["name"]

@@ -1,4 +1,4 @@
-"""The pod world (DESIGN.md §8): Elastune as it runs on a cluster, each pod its own host.
+"""The pod world (docs/design.md §8): Elastune as it runs on a cluster, each pod its own host.
 
 One world per test module (pods are CPU-hungry on two cores): the chart's operator, gateway and Redis
 pods from `helm template`, worker pods from the Knative Services the operator writes. Needs root for
@@ -8,6 +8,8 @@ network and mount namespaces; elsewhere every test here skips, saying why.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 
 import pytest
 from openai import AuthenticationError, OpenAI
@@ -31,25 +33,33 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.skip(reason=why))
 
 
+@contextmanager
+def chart_world(root: Path, *sets: str, strings: tuple[str, ...] = ()) -> Iterator[PodWorld]:
+    """A pod world with the chart installed (`helm template` with ``sets`` / ``strings``) and its Redis,
+    operator and gateway pods ready."""
+    with PodWorld.start(root, gpu_nodes=2) as w:
+        w.helm_install(*sets, strings=strings)
+        for component in ("redis", "operator", "gateway"):
+            w.wait_ready(RELEASE_NAMESPACE, f"app.kubernetes.io/component={component}", timeout=120)
+        yield w
+
+
 @pytest.fixture(scope="module")
 def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PodWorld]:
     from elastune_worker.tiny.build import TINY_LLAMA_SPEC, ensure_tiny_model
 
     # The worker image carries the model (here: the project's tiny Llama, built once on the host).
     ensure_tiny_model(spec=TINY_LLAMA_SPEC)
-    root = tmp_path_factory.mktemp("podworld")
-    with PodWorld.start(root, gpu_nodes=2) as w:
+    with chart_world(
+        tmp_path_factory.mktemp("podworld"),
         # kopf peering needs the KopfPeering CRD the chart's hook creates; one operator runs standalone.
-        w.helm_install(
-            "operator.peering.enabled=false",
-            # Pods that cannot be scheduled fail their pool's jobs after 3 s here, not the default 60 s.
-            strings=(
-                "operator.extraEnv[0].name=ELASTUNE_POD_UNSCHEDULABLE_GRACE",
-                "operator.extraEnv[0].value=3",
-            ),
-        )
-        for component in ("redis", "operator", "gateway"):
-            w.wait_ready(RELEASE_NAMESPACE, f"app.kubernetes.io/component={component}", timeout=120)
+        "operator.peering.enabled=false",
+        # Pods that cannot be scheduled fail their pool's jobs after 3 s here, not the default 60 s.
+        strings=(
+            "operator.extraEnv[0].name=ELASTUNE_POD_UNSCHEDULABLE_GRACE",
+            "operator.extraEnv[0].value=3",
+        ),
+    ) as w:
         w.apply(
             {
                 "apiVersion": "v1",

@@ -153,11 +153,11 @@ the only credential the operator copies into WarmPool namespaces. */}}
 {{- end }}
 
 {{- define "elastune.redisGatewaySecretName" -}}
-{{- printf "%s-redis-gateway" (include "elastune.fullname" .) }}
+{{- default (printf "%s-redis-gateway" (include "elastune.fullname" .)) .Values.redis.bundled.acl.existingSecrets.gateway }}
 {{- end }}
 
 {{- define "elastune.redisWorkerSecretName" -}}
-{{- printf "%s-redis-worker" (include "elastune.fullname" .) }}
+{{- default (printf "%s-redis-worker" (include "elastune.fullname" .)) .Values.redis.bundled.acl.existingSecrets.worker }}
 {{- end }}
 
 {{/* The Secret the worker pods read their Redis password from (copied into each WarmPool namespace) and

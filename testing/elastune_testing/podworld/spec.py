@@ -45,6 +45,8 @@ class Image:
     env: Mapping[str, str] = field(default_factory=dict)
     binds: tuple[str, ...] = ()
     """Host paths visible read-only at the same path in the pod (what the image carries)."""
+    workdir: str = "/"
+    """The image's WORKDIR: a container without workingDir starts there, as the runtime starts it."""
 
 
 @dataclass(frozen=True)

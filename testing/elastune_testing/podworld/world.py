@@ -61,8 +61,15 @@ def images(cache_root: Path) -> dict[str, Image]:
     return {
         # docker/operator.Dockerfile: ENTRYPOINT ["elastune"], CMD ["operator"]
         OPERATOR_IMAGE: Image(("elastune",), ("operator",), base, carried),
-        # docker/worker.Dockerfile: ENTRYPOINT ["python", "-m", "elastune_worker"], CMD ["serve"]
-        WORKER_IMAGE: Image(("python", "-m", "elastune_worker"), ("serve",), worker_env, carried),
+        # docker/worker.Dockerfile: ENTRYPOINT ["python", "-m", "elastune_worker"], CMD ["serve"]; WORKDIR
+        # /app holds a copy of manifests/data/ as data/ (relative datasets of manifests/ resolve there).
+        WORKER_IMAGE: Image(
+            ("python", "-m", "elastune_worker"),
+            ("serve",),
+            worker_env,
+            carried,
+            workdir=str(REPO / "manifests"),
+        ),
         REDIS_IMAGE: Image(("redis-server",), (), {"PATH": path}, ()),
     }
 
@@ -226,7 +233,7 @@ def _ready(pod: dict[str, Any]) -> bool:
 
 
 _CLUSTER_KINDS = {"Namespace", "ClusterRole", "ClusterRoleBinding", "CustomResourceDefinition",
-                  "PersistentVolume", "StorageClass", "PriorityClass"}  # fmt: skip
+                  "PersistentVolume", "StorageClass", "PriorityClass", "ClusterKopfPeering"}  # fmt: skip
 
 
 def _plural(kind: str) -> str:
