@@ -1,5 +1,7 @@
-"""End to end on a real cluster (kind + Knative, see e2e/README.md): a WarmPool and a TuningJob from
-manifests/ go all the way to an optimized prompt, and deleting them releases everything.
+"""End to end on a real cluster (kind, see e2e/README.md): a WarmPool and a TuningJob from manifests/ go
+all the way to an optimized prompt, and deleting them releases everything; a pool resized keeps its pods.
+Each WarmPool's workers are one apps/v1 Deployment (label elastune.dev/warmpool=<pool>), owned by the
+WarmPool: docs/operations/warm-pool-workload.md.
 
 Skipped unless ELASTUNE_E2E_KUBECONFIG names a kubeconfig: the default `python3 -m pytest` only
 collects tests/ (pyproject testpaths), and even `python3 -m pytest e2e` never touches a cluster it
@@ -9,6 +11,7 @@ was not pointed at. Uses kubectl (PATH or tools/k8s_binaries.py) and PyYAML only
 from __future__ import annotations
 
 import copy
+import functools
 import importlib.util
 import json
 import os
@@ -111,9 +114,26 @@ def apply(doc: dict[str, Any]) -> None:
     kubectl("apply", "-f", "-", stdin=yaml.safe_dump(doc))
 
 
+def pool_deployments(selector: str) -> list[dict[str, Any]]:
+    return (get_json("deployments", "-n", NAMESPACE, "-l", selector) or {}).get("items") or []
+
+
+def check_pool_deployment(pool: dict[str, Any], deployments: list[dict[str, Any]]) -> None:
+    """One Deployment per WarmPool, named and labelled after it, owned by it (deleting the pool deletes
+    it), never more replicas than maxWarmGPUs, one GPU per pod."""
+    assert len(deployments) == 1, [d["metadata"]["name"] for d in deployments]
+    dep = deployments[0]
+    assert dep["metadata"]["name"] == pool["metadata"]["name"]
+    owners = dep["metadata"].get("ownerReferences") or []
+    assert [(o["kind"], o["name"]) for o in owners] == [("WarmPool", pool["metadata"]["name"])], owners
+    assert dep["spec"]["replicas"] <= pool["spec"]["maxWarmGPUs"], dep["spec"]
+    container = dep["spec"]["template"]["spec"]["containers"][0]
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == "1", container["resources"]
+
+
 @pytest.fixture
 def cluster_ready() -> Iterator[None]:
-    for crd in ("tuningjobs.elastune.dev", "warmpools.elastune.dev", "services.serving.knative.dev"):
+    for crd in ("tuningjobs.elastune.dev", "warmpools.elastune.dev", "loraadapters.elastune.dev"):
         assert get_json("crd", crd) is not None, f"CRD {crd} missing: run e2e/setup-kind.sh"
     yield
 
@@ -124,15 +144,9 @@ def test_tuning_job_end_to_end(cluster_ready: None) -> None:
     selector = f"{LABEL_WARM_POOL}={pool_name}"
     try:
         apply(pool)
-        # One Knative Service per WarmPool, labelled with the pool.
-        services = wait_for(
-            "the WarmPool's Knative Service",
-            lambda: (get_json("ksvc", "-n", NAMESPACE, "-l", selector) or {}).get("items"),
-            timeout=180,
+        check_pool_deployment(
+            pool, wait_for("the WarmPool's Deployment", lambda: pool_deployments(selector), 180)
         )
-        assert len(services) == 1, [s["metadata"]["name"] for s in services]
-        annotations = services[0]["spec"]["template"]["metadata"].get("annotations", {})
-        assert int(annotations["autoscaling.knative.dev/max-scale"]) == pool["spec"]["maxWarmGPUs"]
 
         apply(job)
 
@@ -147,7 +161,7 @@ def test_tuning_job_end_to_end(cluster_ready: None) -> None:
         status = done["status"]
         assert status.get("optimizedPrompt"), status
         assert status.get("iterations", 0) >= 1, status
-        assert condition(done, "Succeeded")["reason"], status
+        assert (condition(done, "Succeeded") or {}).get("reason"), status
     finally:
         # Deleting waits for the finalizers: a stuck finalizer fails the test here.
         kubectl("delete", "tuningjob", job_name, "-n", NAMESPACE, "--ignore-not-found", "--timeout=120s")
@@ -156,16 +170,57 @@ def test_tuning_job_end_to_end(cluster_ready: None) -> None:
     # The finalizers released everything the pool and the job held.
     assert get_json("tuningjob", job_name, "-n", NAMESPACE) is None
     assert get_json("warmpool", pool_name, "-n", NAMESPACE) is None
-    wait_for(
-        "the Knative Service to go",
-        lambda: not (get_json("ksvc", "-n", NAMESPACE, "-l", selector) or {}).get("items") or None,
-        timeout=120,
-    )
+    wait_for("the Deployment to go (owner reference)", lambda: not pool_deployments(selector) or None, 120)
     wait_for(
         "the worker pods to go",
         lambda: not (get_json("pods", "-n", NAMESPACE, "-l", selector) or {}).get("items") or None,
         timeout=180,
     )
+
+
+def live_pod_uids(selector: str, ready: bool = False) -> set[str]:
+    """UIDs of the pool's pods that are not terminating (and Ready, if asked)."""
+    pods = (get_json("pods", "-n", NAMESPACE, "-l", selector) or {}).get("items") or []
+    return {
+        p["metadata"]["uid"]
+        for p in pods
+        if not p["metadata"].get("deletionTimestamp")
+        and (not ready or (condition(p, "Ready") or {}).get("status") == "True")
+    }
+
+
+def test_a_resized_pool_keeps_its_pods(cluster_ready: None) -> None:
+    """Issue 37: a resize patches only the Deployment's replicas, so the ReplicaSet scales in place and
+    the pods there stay (same UIDs); the pod template never changes. Grown by the WarmPool's floor,
+    shrunk by its idle window returning the GPU once the floor drops (tests/cluster/test_warm_pool_resize.py
+    drives it with TuningJobs in the pod world)."""
+    pool = cpu_warm_pool()
+    pool["metadata"]["name"] = "e2e-resize"
+    pool["spec"].update(minWarmGPUs=1, idleWindow="5s")
+    selector = f"{LABEL_WARM_POOL}=e2e-resize"
+
+    def pods_when(n: int, ready: bool) -> set[str] | None:
+        uids = live_pod_uids(selector, ready)
+        return uids if len(uids) == n else None
+
+    def template() -> Any:
+        return (get_json("deployment", "e2e-resize", "-n", NAMESPACE) or {})["spec"]["template"]
+
+    try:
+        apply(pool)
+        first = wait_for("the pool's first pod", lambda: pods_when(1, True), 600)
+        before = template()
+        pool["spec"]["minWarmGPUs"] = 2
+        apply(pool)
+        both = wait_for("a second pod", lambda: pods_when(2, True), 600)
+        assert first <= both, "growing the pool replaced its pod"
+        pool["spec"]["minWarmGPUs"] = 1
+        apply(pool)
+        left = wait_for("the pool back to one pod", lambda: pods_when(1, False), 300)
+        assert left < both, "shrinking the pool replaced the pod it kept"
+        assert template() == before, "a resize changed the pod template (that rolls every pod)"
+    finally:
+        kubectl("delete", "warmpool", "e2e-resize", "-n", NAMESPACE, "--ignore-not-found", "--timeout=180s")
 
 
 GATEWAY_SERVICE = os.environ.get("ELASTUNE_E2E_GATEWAY_SERVICE", "elastune-gateway")
@@ -262,7 +317,7 @@ def test_serving_end_to_end(cluster_ready: None, gateway_url: str) -> None:
             return obj.get("status", {}).get("loadedOn") or None
 
         for name in names[:2]:
-            holders = wait_for(f"{name} loaded on a pod", lambda n=name: loaded(n), 300)
+            holders = wait_for(f"{name} loaded on a pod", functools.partial(loaded, name), 300)
             assert all(h["tier"] in ("device", "host") for h in holders), holders
         # The workers' load decides for paths only they see; the reason comes back on the resource.
         missing = wait_for(

@@ -1,7 +1,8 @@
-"""Issue 23's pod-world scenarios on a real cluster (kind + Knative, e2e/setup-kind.sh): durable
-artifacts read from another pod, a worker pod and the operator pod killed mid-job, and a pool whose image
-cannot start. The same cases run on every CI build in tests/cluster/ (the pod world); here the real
-apiserver, kubelet, Knative and CSI volumes decide. Skipped unless ELASTUNE_E2E_KUBECONFIG is set."""
+"""Issue 23's pod-world scenarios on a real cluster (kind, e2e/setup-kind.sh): durable artifacts read
+from another pod, a worker pod and the operator pod killed mid-job, and a pool whose image cannot start.
+The same cases run on every CI build in tests/cluster/ (the pod world); here the real apiserver, kubelet,
+Deployment and ReplicaSet controllers and CSI volumes decide. Skipped unless ELASTUNE_E2E_KUBECONFIG is
+set."""
 
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ from test_e2e import (
 pytestmark = pytest.mark.skipif(
     not KUBECONFIG, reason="set ELASTUNE_E2E_KUBECONFIG to a cluster prepared by e2e/setup-kind.sh"
 )
-CLAIM = "elastune-artifacts"  # setup-kind.sh creates it (ReadWriteMany on kind's local-path: one node)
+CLAIM = "elastune-artifacts"  # the chart creates it (setup-kind.sh: storage.namespaces, ReadWriteOnce)
 
 
 def job_doc(name: str, iterations: int) -> dict[str, Any]:

@@ -312,13 +312,16 @@ def test_a_bound_worker_whose_pod_crash_loops_is_lost_and_retried_then_fails(wor
     core.tick()
 
     def warm(pod: str) -> Any:
-        put_pod(kube, pod, RUNNING)
+        ip = f"10.1.0.{len(pod)}"  # the pod's IP, which its worker registers (the control plane vouches)
+        put_pod(kube, pod, {**RUNNING, "podIP": ip})
+        rounds(world)  # a pod listing: the backend vouches for the pod's id and address
         bus.publish_worker(
             WorkerRecord(
                 id=f"{NS}/{pod}",  # as the pod's worker registers (POD_NAMESPACE/POD_NAME)
                 pool=POOL,
                 model=MODEL,
                 state=WorkerState.READY,
+                url=f"http://{ip}:8080",
                 started_at=clock.t - 3,
                 ready_at=clock.t,
             )

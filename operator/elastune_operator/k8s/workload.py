@@ -299,7 +299,9 @@ class WorkloadBackend:
         name, ns = pool.metadata.name or "", pool.metadata.namespace or "default"
         if desired is None:
             desired = self._current_replicas(name, ns)
-        desired = max(desired, pool.spec.min_warm_gpus)
+        # Not raised to minWarmGPUs here: the core's scheduler launches the pool's minimum itself
+        # (grow), so counting it here too started a pod nobody planned, and a later shrink by what the
+        # scheduler knew took the Deployment below its busy pods.
         key = pool_id(ns, name)
         self.pools[key] = (pool, desired)
         self.copy_redis_secret(ns)
@@ -419,6 +421,10 @@ class WorkloadBackend:
         for pod in (split_worker_id(w)[1] for w in worker_ids):
             self.mark(ns, pod, COST_REMOVE)
             self._done.add((ns, pod))
+            # No longer vouched for: its READY record outlives the pod a while, and the fleet would bind
+            # it again as a new GPU, then shrink it a second time when it goes (one replica too few,
+            # taken from a busy pod). The gateway stops sending it requests too.
+            self._addresses.get(ns, {}).get(wp.metadata.name or "", {}).pop(pod_worker_id(ns, pod), None)
             if (ns, pod) in self._failed:
                 self._releasing.setdefault(pool, set()).add(pod)
                 failed += 1
@@ -482,7 +488,7 @@ class WorkloadBackend:
                 listed.add(key)
                 pool_name = (meta.get("labels") or {}).get(LABEL_WARM_POOL, "")
                 model = models.get(pool_name)
-                if model is not None and (address := _pod_address(pod)) is not None:
+                if model is not None and key not in self._done and (address := _pod_address(pod)) is not None:
                     addresses.setdefault(pool_name, {})[pod_worker_id(ns, key[1])] = address
                 if model is None or key in self._done or meta.get("deletionTimestamp"):
                     continue  # not a pool of ours, already told, or going anyway
