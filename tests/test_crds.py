@@ -343,7 +343,9 @@ def test_status_is_validated_including_list_map_keys() -> None:
     obj["status"] = {"conditions": [condition, condition], "allocatedGPUs": -1, "gpuSeconds": 12}
     errors = crdcheck.validate_against_crd(obj, CRDS["TuningJob"])
     assert "status.allocatedGPUs: must be >= 0; got -1" in errors
-    assert "status.gpuSeconds: must be of type string; got integer 12" in errors
+    quoted = 'status.gpuSeconds: must be a string: write it quoted, gpuSeconds: "12" (YAML reads it as a'
+    quoted += " number)"
+    assert quoted in errors
     assert 'status.conditions[1]: duplicate entry {"type": "Succeeded"}' in errors
     assert len(errors) == 3, errors
 

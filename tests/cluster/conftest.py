@@ -1,7 +1,7 @@
 """The pod world (docs/design.md §8): Elastune as it runs on a cluster, each pod its own host.
 
 One world per test module (pods are CPU-hungry on two cores): the chart's operator, gateway and Redis
-pods from `helm template`, worker pods from the Knative Services the operator writes. Needs root for
+pods from `helm template`, worker pods from the Deployments the operator writes. Needs root for
 network and mount namespaces; elsewhere every test here skips, saying why.
 """
 
