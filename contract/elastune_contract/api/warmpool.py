@@ -303,7 +303,7 @@ class WarmPoolSpec(ApiModel):
     """GPUs kept warm even when idle."""
     # validate_default so the min <= max check also runs when only minWarmGPUs is given.
     max_warm_gpus: int = Field(default=8, ge=1, alias="maxWarmGPUs", validate_default=True)
-    """Upper bound of the pool (the Knative max-scale)."""
+    """Upper bound of the pool (its Deployment's replicas never exceed it)."""
     idle_window: Duration = "60s"
     """How long a warm GPU may stay idle before it returns to the cold pool."""
     # default {} lets the apiserver fill in the nested defaults (the image) when the field is left out.
