@@ -20,6 +20,7 @@ from kubernetes.client.rest import ApiException
 from elastune_common.bus import Bus
 from elastune_contract.api.constants import (
     GROUP,
+    LABEL_WARM_POOL,
     PLURAL_LORA_ADAPTERS,
     PLURAL_TUNING_JOBS,
     PLURAL_WARM_POOLS,
@@ -64,6 +65,7 @@ class OperatorSite:
         self.bus = Bus(redis_url, f"{bus_prefix}{time.time_ns()}")
         add_gpu_node(self.api, "gpu-node-0", 2)  # the cold pool the runtime counts (k8s.node_capacity)
         self._runtimes: list[Runtime] = []
+        self._pods: list[str] = []
         self.runtime = self.restart()
 
     def restart(self) -> Runtime:
@@ -140,11 +142,25 @@ class OperatorSite:
         return body
 
     # -- the worker side of the protocol -----------------------------------------------------------------
-    def ready_worker(self, worker_id: str, pool: str) -> None:
-        now = time.time()
+    def ready_worker(self, pod: str, pool: str, ns: str = NS) -> str:
+        """A running pod of the pool (what the Deployment and the kubelet would make) and its worker's READY
+        record at the pod's address, as a worker pod registers (``<namespace>/<pod>``): the control plane
+        counts only records of pods it lists (issue 39 item 1). Returns the worker id."""
+        core = client.CoreV1Api(self.api)
+        ip = f"10.9.0.{len(self._pods) + 1}"
+        body = {
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": pod, "namespace": ns, "labels": {LABEL_WARM_POOL: pool}},
+            "spec": {"containers": [{"name": "worker", "image": "ghcr.io/elastune/worker:0.1.0"}]},
+        }  # fmt: skip
+        core.create_namespaced_pod(ns, body)
+        core.patch_namespaced_pod_status(pod, ns, {"status": {"phase": "Running", "podIP": ip}})
+        self._pods.append(pod)
+        wid, now = f"{ns}/{pod}", time.time()
         self.bus.publish_worker(
             WorkerRecord(
-                id=worker_id, pool=pool, model=self.model, state=WorkerState.READY, started_at=now - 3,
-                ready_at=now, heartbeat=now,
+                id=wid, pool=pool, model=self.model, state=WorkerState.READY, url=f"http://{ip}:8080",
+                started_at=now - 3, ready_at=now, heartbeat=now,
             )
         )  # fmt: skip
+        return wid

@@ -69,8 +69,8 @@ def test_checkpoints_and_default_artifacts_go_to_the_pools_durable_claim_and_suc
     job = operator.job("tuned")
     uid = wait_for("the job in the core", lambda: operator.runtime.core.jobs.get(f"{NS}/tuned")).uid
     wait_for("the pool to grow", lambda: operator.runtime.backend.pools[f"{NS}/tiny"][1] >= 1)
-    operator.ready_worker("tiny-pod-1", "tiny")
-    a = wait_for("an assignment", lambda: operator.bus.pop_assignment("tiny-pod-1", timeout=0.2))
+    wid = operator.ready_worker("tiny-pod-1", "tiny")
+    a = wait_for("an assignment", lambda: operator.bus.pop_assignment(wid, timeout=0.2))
     # Under the claim every pod of the pool mounts, not under the pod's own /tmp (ELASTUNE_WORK_DIR).
     assert a.checkpoint_dir == f"pvc://shared/elastune/checkpoints/{NS}/tuned/{uid}"
     assert a.artifact_dir == f"pvc://shared/elastune/artifacts/{NS}/tuned"

@@ -89,8 +89,8 @@ def test_the_attempt_is_in_the_stored_status_before_its_assignment_reaches_redis
     rt.bus.assign = assign  # type: ignore[method-assign]
     site.job("ordered")
     wait_for("the pool to grow", lambda: rt.backend.pools[f"{NS}/tiny"][1] >= 1)
-    site.ready_worker("tiny-pod-1", "tiny")
-    a = wait_for("the assignment", lambda: rt.bus.pop_assignment("tiny-pod-1", timeout=0.2))
+    wid = site.ready_worker("tiny-pod-1", "tiny")
+    a = wait_for("the assignment", lambda: rt.bus.pop_assignment(wid, timeout=0.2))
     assert a.attempt == 1
     assert seen == [(1, 1, "True")], seen
 

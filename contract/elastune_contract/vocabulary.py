@@ -55,7 +55,7 @@ class Reason:
     # Failures a retry from the checkpoint may fix
     WORKER_LOST: Final = "WorkerLost"
     ATTEMPT_LOST: Final = "AttemptLost"
-    # An attempt that missed one of its deadlines (control.deadlines): cancelled and retried
+    # An attempt that ran past one of its timeouts (control.attempt_timeouts): cancelled and retried
     ATTEMPT_NOT_STARTED: Final = "AttemptNotStarted"
     ATTEMPT_STALLED: Final = "AttemptStalled"
     RESULT_LOST: Final = "ResultLost"

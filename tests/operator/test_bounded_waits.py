@@ -16,11 +16,11 @@ from elastune_common.bus import Bus
 from elastune_contract.protocol import Assignment, WorkerState
 from elastune_contract.vocabulary import Reason
 from elastune_operator.control import core as core_module
+from elastune_operator.control.attempt_timeouts import AttemptTimeouts
 from elastune_operator.control.core import ControlCore
-from elastune_operator.control.deadlines import AttemptDeadlines
 from elastune_operator.control.records import JobRecord
 
-LIMITS = AttemptDeadlines()  # the core's defaults
+LIMITS = AttemptTimeouts()  # the core's defaults
 
 
 def busy(env: dict[str, Any], wid: str, a: Assignment) -> None:
@@ -92,7 +92,7 @@ def test_an_attempt_never_started_is_retried_after_its_deadline_then_fails(env: 
     core, bus, clock = env["core"], env["bus"], env["clock"]
     rec = job("never")
     run_to_dispatch(env, rec, ["w1"])  # popped, but the worker never runs it (its record stays READY)
-    deadline = LIMITS.start_deadline_s
+    deadline = LIMITS.start_timeout_s
     clock.t += deadline - 1
     core.tick()
     assert cond(rec, "Running") == ("True", "Tuning")
@@ -243,7 +243,7 @@ def test_a_publish_name_taken_becomes_a_condition_with_the_reason(env: dict[str,
 
 
 def test_the_stall_allowance_follows_the_measured_step_time_and_the_bank_lookup() -> None:
-    from elastune_operator.control.deadlines import AttemptWatch, overdue
+    from elastune_operator.control.attempt_timeouts import AttemptWatch, overdue
 
     w = AttemptWatch(1, 0.0, 0.0, started=True, setup_s=600.0)  # a Prompt Bank lookup of up to 600 s
     assert overdue(w, LIMITS, 850.0, progress_every=10, guess_seconds_per_iteration=0.1) is None

@@ -51,8 +51,8 @@ def test_a_pvc_output_lands_where_the_adapter_loader_reads_it(
         wait_for("the pool to grow", lambda: operator.runtime.backend.pools[f"{NS}/tiny"][1] >= 1)
         agent = Agent(AgentConfig("tiny-pod-1", "tiny", model), operator.bus)
         assert agent.load()
-        operator.ready_worker("tiny-pod-1", "tiny")
-        a = wait_for("an assignment", lambda: operator.bus.pop_assignment("tiny-pod-1", timeout=0.2))
+        wid = operator.ready_worker("tiny-pod-1", "tiny")
+        a = wait_for("an assignment", lambda: operator.bus.pop_assignment(wid, timeout=0.2))
         assert agent.run_assignment(a) == "succeeded"
 
         def finished() -> str | None:

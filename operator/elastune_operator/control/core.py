@@ -15,9 +15,10 @@ operator with the Knative backend. Every round (50 ms) it
 
 Pools are keyed by pool id (namespace/name, ``PoolConfig.key``): two namespaces may each have a WarmPool
 of one model. A job's pool is chosen once, at submission (``resolve``: its own namespace's WarmPool of
-its model, else the lowest id of those admitting its namespace), and the scheduler's per-LLM state,
-estimator profile and limits are those of that pool: Algorithms 1 and 2 run per pool (the state's
-``llm`` is the pool id; a pool serves one LLM), exactly as they ran per model. A job not dispatched yet
+its model, else the lowest id of those admitting its namespace; the operator resolves it itself and
+hands it to ``submit_to``), and the scheduler's per-LLM state, estimator profile and limits are those
+of that pool: Algorithms 1 and 2 run per pool (the state's ``llm`` is the pool id; a pool serves one
+LLM), exactly as they ran per model. A job not dispatched yet
 is moved when a better pool appears (its own namespace's) or its pool goes while another admits it.
 
 Status transitions live in ``lifecycle.py``; the data it keeps in ``records.py``.
@@ -37,8 +38,8 @@ from elastune_contract.api.tuningjob import PromptBankMode
 from elastune_contract.coserve import coservable
 from elastune_contract.protocol import Assignment, Event, WorkerRecord, WorkerState, attempt_proof
 from elastune_contract.vocabulary import PERMANENT_FAILURE_REASONS, Reason
+from elastune_operator.control.attempt_timeouts import AttemptTimeouts, AttemptWatch, overdue
 from elastune_operator.control.backend import ClusterBackend, WorkerExit
-from elastune_operator.control.deadlines import AttemptDeadlines, AttemptWatch, overdue
 from elastune_operator.control.fleet import Fleet, exit_pool
 from elastune_operator.control.lifecycle import JobLifecycle, is_terminal, succeeded
 from elastune_operator.control.records import (
@@ -85,7 +86,7 @@ class ControlCore:
         on_publish: Callable[[JobRecord, AdapterRecord], None] | None = None,
         persist: Callable[[JobRecord], bool] | None = None,
         on_move: Callable[[JobRecord, PoolConfig], bool] | None = None,
-        deadlines: AttemptDeadlines | None = None,
+        timeouts: AttemptTimeouts | None = None,
         metrics: ControlMetrics | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
@@ -124,8 +125,8 @@ class ControlCore:
         """A job not dispatched yet is about to move to another pool (``_reresolve``, ``remove_pool``):
         False keeps it where it is (Kubernetes: its storage cannot be placed on the new pool's claims).
         None: it moves."""
-        self.deadlines = deadlines or AttemptDeadlines()
-        self._watch: dict[str, AttemptWatch] = {}  # job key -> its attempt in flight (control.deadlines)
+        self.timeouts = timeouts or AttemptTimeouts()
+        self._watch: dict[str, AttemptWatch] = {}  # job key -> its attempt in flight (attempt_timeouts)
         self._unsent: dict[str, list[tuple[str, Assignment]]] = {}  # dispatched, status not stored yet
         self._unpublished: dict[str, float] = {}  # job key -> next try of its publication
         self._serving_need: dict[str, int] = {}
@@ -226,7 +227,14 @@ class ControlCore:
         self.serving.remove_pool(key)
 
     def submit(self, job: JobRecord) -> None:
-        """Accept a TuningJob (or fail it with a reason); idempotent per key.
+        """Accept a TuningJob on the pool ``resolve`` picks for it (``submit_to``)."""
+        if job.key not in self.jobs:
+            self.submit_to(job, None if is_terminal(job) else self.resolve(job.namespace, job.llm))
+
+    def submit_to(self, job: JobRecord, pool: PoolConfig | None) -> None:
+        """Accept a TuningJob on ``pool`` (or fail it with a reason); idempotent per key. ``pool`` is
+        what ``resolve`` returned for it (None: no pool admits it), resolved once by the caller, which
+        may need it first (the operator places the job's storage on that pool's claims).
 
         A record built from a resource that already has status (the operator restarted) resumes: a
         terminal job stays as it is; a job with an attempt in flight is recovered (``_recover``)."""
@@ -239,7 +247,6 @@ class ControlCore:
             # The operator may have stopped between the job's success and its LoRAAdapter's creation.
             self.publish(job)
             return
-        pool = self.resolve(job.namespace, job.llm)
         if pool is None:
             # The operator holds such a job before it comes here (Runtime._hold: a WarmPool applied
             # later may admit it); local mode's pools are fixed for the run, so the job fails there.
@@ -271,7 +278,7 @@ class ControlCore:
             job.key,
             job.pool,  # the scheduler's per-LLM state is per pool
             job.created,
-            job.spec.deadline_seconds,
+            job.deadline.seconds,  # parsed once, when the record was built
             job.spec.termination.max_iterations,
             done_iterations=done_iterations,
             bank_mode=job.spec.prompt_bank,
@@ -285,16 +292,17 @@ class ControlCore:
         return sched
 
     def _prompt_bank_verdict(self, job: JobRecord, sched: Job) -> None:
-        """The latency budget's verdict (policy.admit): skipped jobs get their status now; a job that
-        runs the lookup gets it from its worker, which re-checks the budget with the bank's own
-        prediction and falls back to spec.initialPrompt (saying why) when the bank cannot serve."""
+        """The latency budget's verdict (policy.admit, which set the budget on ``sched`` once): skipped
+        jobs get their status now; a job that runs the lookup gets it from its worker, which re-checks
+        the same budget with the bank's own prediction and falls back to spec.initialPrompt (saying
+        why) when the bank cannot serve."""
         if sched.use_bank:
             return
         if job.spec.prompt_bank == "never":
             reason = Reason.PROMPT_BANK_DISABLED
             msg = "spec.promptBank is never: tuning starts from spec.initialPrompt"
         else:
-            budget = self.policy.bank_budget_seconds(sched.slo)
+            budget = sched.bank_budget_seconds
             lookup = self.estimator.profile(job.pool).bank_lookup_seconds
             reason = Reason.LATENCY_BUDGET_EXCEEDED
             msg = f"predicted lookup {lookup:.1f} s exceeds the budget {budget:.1f} s (20% of the deadline)"
@@ -329,7 +337,7 @@ class ControlCore:
         if self.recovering:
             self._recover(records, now)
         self._read_events(now)
-        self._check_deadlines(records, now)
+        self._check_attempt_timeouts(records, now)
         self._retry_publish(now)
         t0 = time.perf_counter()
         decision = self.policy.round(self.state, now)
@@ -728,7 +736,7 @@ class ControlCore:
                         progress_every=self.settings.progress_every,
                         proof=attempt_proof(self.settings.proof_key, job.key, job.attempt, rank),
                         prompt_bank=bank_mode,
-                        bank_budget_s=self.policy.bank_budget_seconds(sched.slo),
+                        bank_budget_s=sched.bank_budget_seconds,
                         initial_prompt=chosen,
                         coserve=coserve,
                         tpot_slo_s=tpot_slo_s,
@@ -745,8 +753,8 @@ class ControlCore:
         job.started = now
         self.backend.mark_busy(job.pool, workers, True)
         self.lifecycle.running(job, now, predicted)
-        bank_s = self.policy.bank_budget_seconds(sched.slo) if bank_mode != "never" else 0.0
-        self._watch[job.key] = AttemptWatch(job.attempt, now, now, setup_s=bank_s or 0.0)
+        setup_s = sched.bank_budget_seconds if bank_mode != "never" else 0.0  # the lookup reports nothing
+        self._watch[job.key] = AttemptWatch(job.attempt, now, now, setup_s=setup_s)
         # Intent before effect: the attempt is in the job's stored status before any worker hears of it,
         # so a control plane that dies in between recovers this attempt instead of running it twice.
         self._unsent[job.key] = assignments
@@ -760,15 +768,15 @@ class ControlCore:
                 del self._unsent[key]
                 continue
             if self.persist is not None and not self.persist(job):
-                continue  # the start deadline bounds how long this may go on
+                continue  # the attempt's start timeout bounds how long this may go on
             del self._unsent[key]
             failpoint(DISPATCH_AFTER_STATUS)
             for wid, assignment in assignments:
                 self.bus.assign(wid, assignment)
 
     # -- bounded waits ------------------------------------------------------------------------------
-    def _check_deadlines(self, records: dict[str, WorkerRecord], now: float) -> None:
-        """Attempts that did not start, stalled, or whose result was lost (control.deadlines) are
+    def _check_attempt_timeouts(self, records: dict[str, WorkerRecord], now: float) -> None:
+        """Attempts that did not start, stalled, or whose result was lost (control.attempt_timeouts) are
         cancelled and retried from the checkpoint, or fail the job after the retry limit."""
         for key, watch in list(self._watch.items()):
             job = self.jobs.get(key)
@@ -784,7 +792,7 @@ class ControlCore:
             watch.observe_worker(key, records.get(job.workers[0]), now)  # rank 0 posts the result
             late = overdue(
                 watch,
-                self.deadlines,
+                self.timeouts,
                 now,
                 progress_every=self.settings.progress_every,
                 guess_seconds_per_iteration=self.estimator.iteration_seconds(job.pool, len(job.workers)),

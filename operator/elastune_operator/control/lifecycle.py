@@ -185,8 +185,7 @@ class JobLifecycle:
         st.allocated_gpus, st.pods = 0, []
         st.completion_time = _ts(now)
         st.gpu_seconds = _dec(job.gpu_seconds, 1)
-        deadline = job.created + job.spec.deadline_seconds
-        st.slo_met = now <= deadline
+        st.slo_met = now <= job.deadline.at
         st.predicted_completion_time = None
         self.condition(job, C.RUNNING, "False", reason, "")
         self.condition(job, C.SUCCEEDED, status, reason, message)

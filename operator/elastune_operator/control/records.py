@@ -126,8 +126,8 @@ A worker that died is reported at once by the backend (its process or pod exited
 alone means silence: a Redis restarted empty (the next heartbeat re-registers it), or a process paused
 by a GC, a throttled CPU or a slow disk, which comes back. Three heartbeats (3 s, after the record's
 10 s TTL) declared a worker paused ~20 s lost, and it was stopped when it resumed, cutting its streams
-(issue 38 item 2). A job on a silent worker does not wait for this: its attempt's own deadlines
-(control/deadlines.py) cancel and retry it."""
+(issue 38 item 2). A job on a silent worker does not wait for this: its attempt's own timeouts
+(control/attempt_timeouts.py) cancel and retry it."""
 
 
 @dataclass
@@ -162,9 +162,26 @@ class CoreSettings:
     restarted empty) before the worker counts as lost and is stopped (control/fleet.py)."""
 
 
+@dataclass(frozen=True, slots=True)
+class JobDeadline:
+    """A TuningJob's SLO as the control plane uses it: spec.deadline parsed once, when its record is
+    built (``JobRecord``), so the scheduler, the Prompt Bank budget and status.sloMet read one value."""
+
+    seconds: int
+    """Relative: how long after creation the prompt must be ready (the scheduler's ``Job.slo``)."""
+    at: float
+    """Absolute Unix time, creation + seconds: status.sloMet compares the completion time with it."""
+
+    @classmethod
+    def of(cls, spec: TuningJobSpec, created: float) -> JobDeadline:
+        seconds = spec.deadline_seconds  # the contract's parser, the one its validation runs
+        return cls(seconds, created + seconds)
+
+
 @dataclass
 class JobRecord:
-    """The control plane's bookkeeping of one TuningJob."""
+    """The control plane's bookkeeping of one TuningJob: where a TuningJob enters the control plane,
+    so what the spec says is read here once (``deadline``) and carried on, never parsed again."""
 
     key: str
     """namespace/name."""
@@ -193,6 +210,12 @@ class JobRecord:
     checkpoint_root: str | None = None
     """Where this job's checkpoints go, the attempt's uid appended: a pvc:// URI on the pool's durable
     claim (Kubernetes); None: ``CoreSettings.work_dir/checkpoints/<ns>/<name>``."""
+    deadline: JobDeadline = field(init=False)
+    """spec.deadline, parsed once here (ValueError naming it for a deadline that got past an apiserver
+    without the CRD's schema)."""
+
+    def __post_init__(self) -> None:
+        self.deadline = JobDeadline.of(self.spec, self.created)
 
     @property
     def llm(self) -> str:

@@ -48,8 +48,8 @@ from elastune_contract.api.warmpool import WarmPool, WarmPoolStatus
 from elastune_contract.protocol import PASSWORD_ENV, adapter_id
 from elastune_contract.vocabulary import ConditionType, Reason
 from elastune_operator.api_keys import namespace_models
+from elastune_operator.control.attempt_timeouts import AttemptTimeouts
 from elastune_operator.control.core import ControlCore, PublishRefused
-from elastune_operator.control.deadlines import AttemptDeadlines
 from elastune_operator.control.lifecycle import is_terminal
 from elastune_operator.control.records import CoreSettings, JobRecord, PoolConfig, pool_not_shared
 from elastune_operator.control.resources import (
@@ -132,8 +132,8 @@ class Runtime:
             on_publish=self._on_publish,
             persist=self._persist,
             on_move=self._on_move,
-            deadlines=AttemptDeadlines(
-                start_deadline_s=settings.attempt_start_deadline_s,
+            timeouts=AttemptTimeouts(
+                start_timeout_s=settings.attempt_start_timeout_s,
                 stall_floor_s=settings.attempt_stall_floor_s,
             ),
         )
@@ -340,17 +340,21 @@ class Runtime:
         ns = meta.get("namespace") or "default"
         if not any(p.model == job.spec.model for p in list(self.core.pools.values())):
             self._refresh_pools()  # a WarmPool applied together with the job may not be handled yet
-        if job.spec.output and job.spec.output.secret_name and not is_terminal(rec):
-            self._mount_s3_secret(ns, job.spec.model, job.spec.output.secret_name)
+        secret = job.spec.output.secret_name if job.spec.output else None
 
         def submit() -> None:
+            # The job's pool, resolved once here and handed on: the s3 Secret's mount, its storage
+            # and the core all use this one (a terminal job needs none).
+            cfg = None if is_terminal(rec) else self.core.resolve(ns, job.spec.model)
             of_model = sorted(k for k, p in self.core.pools.items() if p.model == job.spec.model)
-            if of_model and not is_terminal(rec) and self.core.resolve(ns, job.spec.model) is None:
+            if of_model and not is_terminal(rec) and cfg is None:
                 self._hold(body, rec, of_model)
                 return
             self._held.pop(rec.key, None)
-            if self._place_storage(job, rec, meta):
-                self.core.submit(rec)
+            if cfg is not None and secret:
+                self.backend.use_s3_secret(cfg.key, secret)
+            if self._place_storage(job, rec, cfg, meta):
+                self.core.submit_to(rec, cfg)
 
         # Fire and forget: the core thread takes it in its next round (a round is 50 ms); blocking kopf's
         # handler threads on it would serialise a burst of creations behind the rounds.
@@ -379,12 +383,13 @@ class Runtime:
             name = rec.key.split("/", 1)[1]
             self._event(ns, name, KIND_TUNING_JOB, Reason.POOL_NOT_SHARED, message, True, rec.uid)
 
-    def _place_storage(self, job: TuningJob, rec: JobRecord, meta: dict[str, Any]) -> bool:
-        """In the core thread: the job's artifact and checkpoints on its pool's durable claims
-        (``durable_storage``), or the job refused with the reason (False). Nothing in a pod's filesystem
-        outlives the pod; a job that already ended keeps its status, and one whose model no pool serves
-        is failed by the core (UnknownModel)."""
-        cfg = self.core.resolve(rec.namespace, job.spec.model)
+    def _place_storage(
+        self, job: TuningJob, rec: JobRecord, cfg: PoolConfig | None, meta: dict[str, Any]
+    ) -> bool:
+        """In the core thread: the job's artifact and checkpoints on the durable claims of its pool
+        ``cfg`` (``durable_storage``), or the job refused with the reason (False). Nothing in a pod's
+        filesystem outlives the pod; a job that already ended keeps its status, and one whose model no
+        pool serves is failed by the core (UnknownModel)."""
         pool = self._pools.get(cfg.key) if cfg else None
         if pool is None or is_terminal(rec):
             return True

@@ -62,12 +62,14 @@ class OperatorSettings:
     pod_unschedulable_grace_s: float = 60.0
     """ELASTUNE_POD_UNSCHEDULABLE_GRACE: seconds a worker pod may stay Unschedulable before its
     attempt fails with that reason (the cluster autoscaler may add a node meanwhile)."""
-    attempt_start_deadline_s: float = 120.0
-    """ELASTUNE_ATTEMPT_START_DEADLINE: seconds a dispatched attempt may take to start on its warm
-    workers before it is cancelled and retried (AttemptNotStarted)."""
+    attempt_start_timeout_s: float = 120.0
+    """ELASTUNE_ATTEMPT_START_DEADLINE (the variable's name kept for compatibility; an attempt timeout,
+    not a TuningJob's deadline): seconds a dispatched attempt may take to start on its warm workers
+    before it is cancelled and retried (AttemptNotStarted)."""
     attempt_stall_floor_s: float = 300.0
-    """ELASTUNE_ATTEMPT_STALL_FLOOR: seconds a running attempt may go without progress at least (more
-    when its measured step time says so) before it is cancelled and retried (AttemptStalled)."""
+    """ELASTUNE_ATTEMPT_STALL_FLOOR: an attempt timeout; seconds a running attempt may go without
+    progress at least (more when its measured step time says so) before it is cancelled and retried
+    (AttemptStalled)."""
     worker_network_policy: str | None = None
     """ELASTUNE_WORKER_NETWORK_POLICY: JSON ``{"name", "ingress": [NetworkPolicy ingress rules]}`` the
     operator writes as a NetworkPolicy over the worker pods of each WarmPool namespace (the chart sets it
@@ -90,7 +92,7 @@ class OperatorSettings:
             "scheduling_policy": "ELASTUNE_SCHEDULING_POLICY",
             "check_artifact_paths": "ELASTUNE_CHECK_ARTIFACT_PATHS",
             "pod_unschedulable_grace_s": "ELASTUNE_POD_UNSCHEDULABLE_GRACE",
-            "attempt_start_deadline_s": "ELASTUNE_ATTEMPT_START_DEADLINE",
+            "attempt_start_timeout_s": "ELASTUNE_ATTEMPT_START_DEADLINE",
             "attempt_stall_floor_s": "ELASTUNE_ATTEMPT_STALL_FLOOR",
             "worker_network_policy": "ELASTUNE_WORKER_NETWORK_POLICY",
         }

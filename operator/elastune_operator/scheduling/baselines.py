@@ -12,14 +12,15 @@ from collections import deque
 from dataclasses import dataclass
 
 from .estimator import Estimator
-from .latency_budget import BankMode, decide_prompt_bank
+from .latency_budget import BankMode, bank_verdict
 from .policy import Billing, PoolLimits, PoolLimitsTable
 from .state import Allocation, ClusterState, Job, Launch, RoundDecision
 
 
-def _bank_always(estimator: Estimator, job: Job) -> None:
+def _bank_always(estimator: Estimator, job: Job, budget_seconds: float) -> None:
     mode: BankMode = "never" if job.bank_mode == "never" else "always"
-    choice = decide_prompt_bank(mode, 0.0, job.slo)
+    job.bank_budget_seconds = budget_seconds
+    choice = bank_verdict(mode, 0.0, budget_seconds)
     job.use_bank = choice.use
     job.bank_seconds = estimator.profile(job.llm).bank_lookup_seconds if choice.use else 0.0
 
@@ -93,7 +94,7 @@ class INFlessPolicy(_BankAlwaysPools):
         self._demand: dict[str, deque[tuple[float, float]]] = {}
 
     def admit(self, state: ClusterState, job: Job, now: float) -> None:
-        _bank_always(self.estimator, job)
+        _bank_always(self.estimator, job, self.bank_budget_seconds(job.slo))
         state.submit(job)
         est = self.estimator
         a = est.fewest_gpus(job.llm, job.remaining_iterations, job.slo, job.bank_seconds) or est.max_gpus(
@@ -219,7 +220,7 @@ class ElasticFlowPolicy(_BankAlwaysPools):
         return self.estimator.fewest_gpus_cold(job.llm, job.remaining_iterations, budget, job.bank_seconds)
 
     def admit(self, state: ClusterState, job: Job, now: float) -> None:
-        _bank_always(self.estimator, job)
+        _bank_always(self.estimator, job, self.bank_budget_seconds(job.slo))
         state.submit(job)
         m = self._share(job, now)
         for jid in [j for j in self._min_share if state.jobs[j].finished_at is not None]:

@@ -27,11 +27,16 @@ def decide_prompt_bank(
     budget_fraction: float = DEFAULT_BUDGET_FRACTION,
 ) -> BankChoice:
     """Whether a job runs the Prompt Bank before tuning, and why (recorded in the job's status)."""
+    return bank_verdict(mode, predicted_lookup_seconds, budget_fraction * slo_seconds)
+
+
+def bank_verdict(mode: BankMode, predicted_lookup_seconds: float, budget_seconds: float) -> BankChoice:
+    """``decide_prompt_bank`` for a budget the caller computed already (a policy computes a job's
+    budget once, at admission, and keeps it on the job)."""
     if mode == "never":
         return BankChoice(False, Reason.PROMPT_BANK_DISABLED)
     if mode == "always":
         return BankChoice(True, Reason.PROMPT_BANK_REQUESTED)
-    budget = budget_fraction * slo_seconds
-    if predicted_lookup_seconds <= budget:
+    if predicted_lookup_seconds <= budget_seconds:
         return BankChoice(True, Reason.WITHIN_LATENCY_BUDGET)
     return BankChoice(False, Reason.LATENCY_BUDGET_EXCEEDED)

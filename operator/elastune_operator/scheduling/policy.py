@@ -89,7 +89,8 @@ class Policy(Protocol):
         ...
 
     def admit(self, state: ClusterState, job: Job, now: float) -> None:
-        """Called once when a job arrives: decide the Prompt Bank, admission control, then submit."""
+        """Called once when a job arrives: decide the Prompt Bank (its budget, ``bank_budget_seconds``
+        of the job's SLO, kept on ``job``), admission control, then submit."""
         ...
 
     def round(self, state: ClusterState, now: float) -> RoundDecision:

@@ -71,7 +71,7 @@ import numpy as np
 
 from .coserving import SAFETY as COSERVE_SAFETY
 from .estimator import Estimator
-from .latency_budget import DEFAULT_BUDGET_FRACTION, decide_prompt_bank
+from .latency_budget import DEFAULT_BUDGET_FRACTION, bank_verdict
 from .policy import Billing, PoolLimits, PoolLimitsTable, RoundCache
 from .state import Allocation, ClusterState, GPUState, Job, Launch, RoundDecision
 
@@ -202,7 +202,8 @@ class PromptTunerPolicy:
         if mode == "auto" and not self.config.latency_budget:
             mode = "always"
         lookup = self.estimator.profile(job.llm).bank_lookup_seconds
-        choice = decide_prompt_bank(mode, lookup, job.slo, self.config.budget_fraction)
+        job.bank_budget_seconds = self.bank_budget_seconds(job.slo)
+        choice = bank_verdict(mode, lookup, job.bank_budget_seconds)
         job.use_bank = choice.use
         job.bank_seconds = lookup if choice.use else 0.0
         if job.use_bank and not job.done_iterations:

@@ -60,6 +60,9 @@ class Job:
     use_bank: bool = False
     bank_seconds: float = 0.0
     """Predicted Prompt Bank lookup time the job will spend before tuning (0 when skipped)."""
+    bank_budget_seconds: float = 0.0
+    """The Prompt Bank's latency budget, set once by the policy at admission (``Policy.admit``): the
+    skip message in the job's status and the workers' re-check (Assignment.bank_budget_s) carry it."""
     bank_done: bool = False
     target_gpus: int = 0
     """GPUs the job was given (0 while pending). A job starts when it holds this many warm GPUs."""

@@ -1,8 +1,9 @@
-"""Bounded waits for tuning attempts (docs/design.md §6: every wait has a deadline).
+"""Attempt timeouts: bounded waits for tuning attempts (docs/design.md §6 bounds every wait).
 
-An attempt is watched from its dispatch until its result is in:
+These bound one attempt's waits; they are not the TuningJob's deadline (spec.deadline, its SLO, read
+once into ``records.JobDeadline``). An attempt is watched from its dispatch until its result is in:
 
-- it must start within ``start_deadline_s``: an event of the attempt, or its rank-0 worker's registry
+- it must start within ``start_timeout_s``: an event of the attempt, or its rank-0 worker's registry
   record running it (a worker that never popped the assignment, or whose events never arrive);
 - once started it must keep making progress: the gap since its last event may not exceed
   max(stall_factor × progress_every × its own measured seconds per iteration, stall_floor_s);
@@ -23,8 +24,11 @@ from elastune_contract.vocabulary import Reason
 
 
 @dataclass
-class AttemptDeadlines:
-    start_deadline_s: float = 120.0
+class AttemptTimeouts:
+    """How long an attempt may wait at each stage (the operator reads the first two from
+    ELASTUNE_ATTEMPT_START_DEADLINE and ELASTUNE_ATTEMPT_STALL_FLOOR, names kept for compatibility)."""
+
+    start_timeout_s: float = 120.0
     """Seconds from dispatch until the attempt must have started. Its workers are warm and idle when
     it is dispatched, so a start takes a round trip through Redis; two minutes leave room for a slow
     pop (a Redis failover) without leaving a job stuck for long."""
@@ -80,19 +84,19 @@ class AttemptWatch:
 
 def overdue(
     watch: AttemptWatch,
-    limits: AttemptDeadlines,
+    limits: AttemptTimeouts,
     now: float,
     *,
     progress_every: int,
     guess_seconds_per_iteration: float,
 ) -> tuple[str, str] | None:
-    """(reason, message) when the attempt missed a deadline, else None."""
+    """(reason, message) when the attempt ran past one of its timeouts, else None."""
     if not watch.started:
         waited = now - watch.dispatched_at
-        if waited > limits.start_deadline_s:
+        if waited > limits.start_timeout_s:
             return (
                 Reason.ATTEMPT_NOT_STARTED,
-                f"attempt {watch.attempt} did not start within {limits.start_deadline_s:g} s of its dispatch",
+                f"attempt {watch.attempt} did not start within {limits.start_timeout_s:g} s of its dispatch",
             )
         return None
     if watch.off_since is not None and now - watch.off_since > limits.result_grace_s:
