@@ -146,6 +146,18 @@ class OperatorSite:
         """A running pod of the pool (what the Deployment and the kubelet would make) and its worker's READY
         record at the pod's address, as a worker pod registers (``<namespace>/<pod>``): the control plane
         counts only records of pods it lists (issue 39 item 1). Returns the worker id."""
+        wid, url = self.add_pod(pod, pool, ns)
+        now = time.time()
+        self.bus.publish_worker(
+            WorkerRecord(
+                id=wid, pool=pool, model=self.model, state=WorkerState.READY, url=url,
+                started_at=now - 3, ready_at=now, heartbeat=now,
+            )
+        )  # fmt: skip
+        return wid
+
+    def add_pod(self, pod: str, pool: str, ns: str = NS) -> tuple[str, str]:
+        """A running pod of the pool in the API: (the id its worker registers under, the URL at its IP)."""
         core = client.CoreV1Api(self.api)
         ip = f"10.9.0.{len(self._pods) + 1}"
         body = {
@@ -156,11 +168,4 @@ class OperatorSite:
         core.create_namespaced_pod(ns, body)
         core.patch_namespaced_pod_status(pod, ns, {"status": {"phase": "Running", "podIP": ip}})
         self._pods.append(pod)
-        wid, now = f"{ns}/{pod}", time.time()
-        self.bus.publish_worker(
-            WorkerRecord(
-                id=wid, pool=pool, model=self.model, state=WorkerState.READY, url=f"http://{ip}:8080",
-                started_at=now - 3, ready_at=now, heartbeat=now,
-            )
-        )  # fmt: skip
-        return wid
+        return f"{ns}/{pod}", f"http://{ip}:8080"

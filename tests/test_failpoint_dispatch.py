@@ -23,7 +23,13 @@ pytest.importorskip("kopf")
 from kubernetes import client, config
 
 from elastune_common.bus import Bus
-from elastune_contract.api.constants import GROUP, PLURAL_TUNING_JOBS, PLURAL_WARM_POOLS, VERSION
+from elastune_contract.api.constants import (
+    GROUP,
+    LABEL_WARM_POOL,
+    PLURAL_TUNING_JOBS,
+    PLURAL_WARM_POOLS,
+    VERSION,
+)
 from elastune_contract.protocol import Event, WorkerRecord, WorkerState, assign_key
 from elastune_operator.failpoints import DISPATCH_AFTER_STATUS, EXIT_CODE, FAILPOINT_ENV
 from elastune_testing.emulator import start_emulator
@@ -31,7 +37,9 @@ from elastune_testing.nodes import add_gpu_node
 from operator_site import MODEL, NS, wait_for
 
 V = f"{GROUP}/{VERSION}"
-WORKER = "tiny-pod-1"
+POD = "tiny-pod-1"
+WORKER = f"{NS}/{POD}"  # as a pod's worker registers; the operator counts only a pod it lists
+POD_IP = "10.9.0.1"
 
 
 class Stack:
@@ -39,6 +47,7 @@ class Stack:
         self.tmp, self.redis_url = tmp, redis_url
         self.emulator = start_emulator(tmp / "emulator")
         api = config.new_client_from_config(config_file=str(self.emulator.kubeconfig_path))
+        self.api = api
         self.custom = client.CustomObjectsApi(api)
         add_gpu_node(api, "gpu-node-0", 2)  # the cold pool the operator counts (k8s.node_capacity)
         self.bus = Bus(redis_url, f"fp{time.time_ns()}")
@@ -71,14 +80,23 @@ class Stack:
         return "\n".join(p.read_text(errors="replace") for p in sorted(self.tmp.glob("operator-*.log")))
 
     def heartbeat(self) -> None:
-        """The worker's registry record, READY, refreshed as its heartbeat would."""
+        """The pool's pod (what its Deployment and the kubelet make) and its worker's registry record at the
+        pod's address, READY, refreshed as its heartbeat would."""
+        core = client.CoreV1Api(self.api)
+        pod = {
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": POD, "namespace": NS, "labels": {LABEL_WARM_POOL: "tiny"}},
+            "spec": {"containers": [{"name": "worker", "image": "ghcr.io/elastune/worker:0.1.0"}]},
+        }  # fmt: skip
+        core.create_namespaced_pod(NS, pod)
+        core.patch_namespaced_pod_status(POD, NS, {"status": {"phase": "Running", "podIP": POD_IP}})
 
         def beat() -> None:
             started = time.time()
             while not self._stop.is_set():
                 rec = WorkerRecord(
                     id=WORKER, pool="tiny", model=MODEL, state=WorkerState.READY, started_at=started - 3,
-                    ready_at=started,
+                    ready_at=started, url=f"http://{POD_IP}:8080",
                 )  # fmt: skip
                 self.bus.publish_worker(rec)
                 self._stop.wait(1.0)

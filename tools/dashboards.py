@@ -395,6 +395,10 @@ def jobs_and_slos() -> dashboard_builders.Dashboard:
                             "poison {{kind}}",
                         ),
                         (f"sum ({increase('elastune_control_workers_returned_total')})", "workers returned"),
+                        (
+                            f"sum by (kind) ({increase('elastune_control_unvouched_records_total')})",
+                            "unvouched {{kind}}",
+                        ),
                     ],
                     bars=True,
                 ),

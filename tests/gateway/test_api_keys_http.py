@@ -243,6 +243,7 @@ def test_concurrent_streams_of_one_key_cannot_overshoot_its_tokens_per_minute(st
     ends, so 16 streams admitted at once used 16 x max_tokens against a limit of a few requests' worth.
     Each request now reserves its prompt estimate + max_tokens at admission; the 429s say so with
     Retry-After and x-ratelimit headers."""
+    stack.publish(list(KEYS))  # an earlier test of the module published a map without this key
     if 60 - time.time() % 60 < 20:
         time.sleep(60 - time.time() % 60 + 0.5)
     auth = {"Authorization": f"Bearer {KEYS['burst'][0]}"}
@@ -276,6 +277,7 @@ def test_concurrent_streams_of_one_key_cannot_overshoot_its_tokens_per_minute(st
 def test_a_client_that_leaves_mid_stream_is_charged_its_reservation(stack: Stack) -> None:
     """Issue 39 item 4: tokens were charged from a stream's final usage event, so a client that
     disconnected before it was charged nothing."""
+    stack.publish(list(KEYS))
     if 60 - time.time() % 60 < 15:
         time.sleep(60 - time.time() % 60 + 0.5)
     auth = {"Authorization": f"Bearer {KEYS['leaver'][0]}"}

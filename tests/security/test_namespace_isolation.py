@@ -243,8 +243,13 @@ def test_a_job_uses_an_admitting_pool_of_another_namespace_only_while_its_own_ha
     wait_for("B's first job on B's pool", lambda: early.pool == f"{B}/own")
 
 
-def serving_worker(site: OperatorSite, worker_id: str, pool: str, held: list[tuple[str, str]]) -> None:
-    """A warm serving pod's heartbeat, reporting the adapters it holds as (namespace, name)."""
+def serving_worker(site: OperatorSite, pod: str, pool: str, held: list[tuple[str, str]], ns: str = A) -> str:
+    """A warm serving pod of the pool (in the API, as its Deployment makes it) and its heartbeat, reporting
+    the adapters it holds as (namespace, name). Returns the worker's id (``<namespace>/<pod>``)."""
+    made: dict[tuple[str, str], tuple[str, str]] = site.__dict__.setdefault("serving_pods", {})
+    if (ns, pod) not in made:  # a heartbeat repeats; the pod is made once
+        made[(ns, pod)] = site.add_pod(pod, pool, ns)
+    worker_id, url = made[(ns, pod)]
     now = time.time()
     serving = ServingState(
         model=MODEL, max_model_len=256, max_loras=4,
@@ -253,9 +258,10 @@ def serving_worker(site: OperatorSite, worker_id: str, pool: str, held: list[tup
     site.bus.publish_worker(
         WorkerRecord(
             id=worker_id, pool=pool, model=MODEL, state=WorkerState.READY, started_at=now - 3,
-            ready_at=now, heartbeat=now, serving=serving,
+            ready_at=now, heartbeat=now, serving=serving, url=url,
         )
     )  # fmt: skip
+    return worker_id
 
 
 def test_two_namespaces_each_have_a_summarizer_and_deleting_one_leaves_the_other(site: OperatorSite) -> None:
@@ -275,9 +281,9 @@ def test_two_namespaces_each_have_a_summarizer_and_deleting_one_leaves_the_other
         )
 
     # One pod of the pool: each namespace's adapter is placed there as its own, with its own artifact.
-    serving_worker(site, "tiny-w1", "tiny", [])
+    w1 = serving_worker(site, "tiny-w1", "tiny", [])
     placed = wait_for(
-        "both placed on the pod", lambda: (p := site.bus.placement("tiny-w1")) and both <= set(p) and p
+        "both placed on the pod", lambda: (p := site.bus.placement(w1)) and both <= set(p) and p
     )
     assert placed[f"{A}/summarizer"].url.endswith("a-summarizer"), placed
     assert placed[f"{B}/summarizer"].url.endswith("b-summarizer"), placed
@@ -289,20 +295,20 @@ def test_two_namespaces_each_have_a_summarizer_and_deleting_one_leaves_the_other
             f"{ns}'s summarizer Loaded on tiny-w1",
             lambda ns=ns: (
                 [p["pod"] for p in site.status("summarizer", PLURAL_LORA_ADAPTERS, ns).get("loadedOn", [])]
-                == ["tiny-w1"]
+                == [w1]
             ),
         )
 
     # Deleting B's: B's is unloaded (its finalizer waits for that), A's stays placed, loaded and served.
     b_body = site.get(PLURAL_LORA_ADAPTERS, "summarizer", B)
     assert b_body is not None
-    assert site.runtime.delete_adapter(B, "summarizer") == ["tiny-w1"]  # still held: the finalizer waits
-    wait_for("B's off the placement", lambda: set(site.bus.placement("tiny-w1")) == {f"{A}/summarizer"})
+    assert site.runtime.delete_adapter(B, "summarizer") == [w1]  # still held: the finalizer waits
+    wait_for("B's off the placement", lambda: set(site.bus.placement(w1)) == {f"{A}/summarizer"})
     assert served_adapters(site, "tiny") == {f"{A}/summarizer"}
     serving_worker(site, "tiny-w1", "tiny", [(A, "summarizer")])  # the pod unloaded B's only
     wait_for("B's delete done", lambda: site.runtime.delete_adapter(B, "summarizer") == [])
     time.sleep(0.5)  # rounds pass
-    assert set(site.bus.placement("tiny-w1")) == {f"{A}/summarizer"}
+    assert set(site.bus.placement(w1)) == {f"{A}/summarizer"}
     conds = site.conditions("summarizer", PLURAL_LORA_ADAPTERS, A)
     assert conds["Ready"]["status"] == "True" and conds["Loaded"]["status"] == "True", conds
     assert f"{A}/summarizer" in site.runtime.core.serving.adapters

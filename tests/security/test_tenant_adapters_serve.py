@@ -168,6 +168,11 @@ def _worker_url(serve: ElastuneServe) -> str | None:
         if ppid == serve.proc.pid and b"elastune_gateway.server" in argv:
             url = argv[argv.index(b"--redis-url") + 1].decode()
             ns = argv[argv.index(b"--namespace") + 1].decode() if b"--namespace" in argv else "elastune"
+            # The embedded Redis requires the password serve generated: in its children's environment.
+            env = dict(e.split(b"=", 1) for e in (proc / "environ").read_bytes().split(b"\0") if b"=" in e)
+            password = env.get(b"ELASTUNE_REDIS_PASSWORD", b"").decode()
+            if password:
+                url = url.replace("redis://", f"redis://:{password}@", 1)
             bus = Bus(url, ns)
             try:
                 w = bus.workers().get("tiny-llama-w1")

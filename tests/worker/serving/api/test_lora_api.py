@@ -137,9 +137,9 @@ def test_bad_artifacts_are_4xx_naming_the_problem_and_show_on_the_record(worker,
         (tmp_path / "nowhere", "is not a directory"),
         (A.ensure_tiny_adapter(64), "rank 64 is outside 1..32"),
         (gpt2_lora, "another base model"),
-        ("https://example.invalid/adapter", "not supported yet"),
         (corrupt, "adapter_model.safetensors is not a readable safetensors file"),
         (overflow, "not finite on a probe input"),
+        ("https://example.invalid/adapter", "not supported yet"),  # last: the record shows the last error
     ]
     for path, why in cases:
         r = load(w, "bad", path)
