@@ -41,8 +41,12 @@ def _start(redis_url: str, ns: str, log_path: Path, drain_s: float) -> tuple[sub
         deadline = time.time() + 240
         while time.time() < deadline:
             rec = bus.workers().get("w-drain")
-            if rec is not None and rec.url and httpx.get(rec.url + "/readyz").status_code == 200:
-                return proc, rec.url
+            if rec is not None and rec.url:
+                ready = httpx.get(rec.url + "/readyz")
+                if ready.status_code == 200:
+                    return proc, rec.url
+                # while the weights load, readiness says so (issue 37 item 3)
+                assert ready.json()["status"] == "loading", ready.text
             assert proc.poll() is None, log_path.read_text()
             time.sleep(0.2)
     finally:
@@ -89,7 +93,8 @@ def test_sigterm_finishes_every_stream_in_flight_then_exits(redis_server: Any, t
         while time.time() < deadline and "w-drain" in bus.workers():
             time.sleep(0.05)
         assert "w-drain" not in bus.workers(), "a draining worker stayed in the registry"
-        assert httpx.get(url + "/readyz").status_code == 503
+        ready = httpx.get(url + "/readyz")
+        assert ready.status_code == 503 and ready.json()["status"] == "draining", ready.text
         r = httpx.post(url + "/v1/completions", json={"model": MODEL, "prompt": "hi", "max_tokens": 2})
         assert r.status_code == 503 and r.headers.get("x-elastune-draining") == "1", r.text
         assert proc.poll() is None, "the worker exited with streams in flight"

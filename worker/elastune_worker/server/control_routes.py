@@ -1,4 +1,4 @@
-"""The Knative container contract of a worker pod: liveness, readiness (= warm), Prometheus metrics and
+"""The container contract of a worker pod: liveness, readiness (= warm), Prometheus metrics and
 the worker's record. Mounted beside the serving API (/v1) on the pod's one port."""
 
 from __future__ import annotations
@@ -7,6 +7,7 @@ from fastapi import APIRouter
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from elastune_contract.protocol import WorkerState
 from elastune_worker.server.agent import Agent
 from elastune_worker.server.metrics import WorkerMetrics
 
@@ -23,7 +24,15 @@ def control_router(agent: Agent, metrics: WorkerMetrics) -> APIRouter:
         rec = agent.snapshot()
         if agent.ready:
             return JSONResponse({"status": "ready", "state": rec["state"]})
-        body = {"status": "not ready", **{k: rec[k] for k in ("state", "reason", "message")}}
+        # What a probe's reader (kubectl describe, the startupProbe's events) needs to tell apart: still
+        # loading the weights, going away (SIGTERM), or not able to serve (the reason says why).
+        if agent.draining:
+            status = "draining"
+        elif rec["state"] == WorkerState.STARTING:
+            status = "loading"
+        else:
+            status = "not ready"
+        body = {"status": status, **{k: rec[k] for k in ("state", "reason", "message")}}
         return JSONResponse(body, status_code=503)
 
     @router.get("/health", responses={503: {"description": "not warm yet"}})
