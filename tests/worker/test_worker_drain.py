@@ -55,10 +55,13 @@ def _start(redis_url: str, ns: str, log_path: Path, drain_s: float) -> tuple[sub
     pytest.fail("worker never became ready: " + log_path.read_text()[-2000:])
 
 
-def test_sigterm_finishes_every_stream_in_flight_then_exits(redis_server: Any, tmp_path: Path) -> None:
+def test_sigterm_finishes_every_stream_in_flight_then_exits(
+    redis_server: Any, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
     ns = f"drain{time.time_ns()}"
     log_path = tmp_path / "worker.log"
     proc, url = _start(redis_server.url, ns, log_path, drain_s=120)
+    request.addfinalizer(proc.kill)  # a failed assertion must not leave the worker behind
     client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=300)
     texts: dict[int, str] = {}
     finished: dict[int, str | None] = {}
@@ -108,12 +111,15 @@ def test_sigterm_finishes_every_stream_in_flight_then_exits(redis_server: Any, t
     assert "drained: no request in flight" in log_path.read_text()
 
 
-def test_the_drain_deadline_bounds_the_wait(redis_server: Any, tmp_path: Path) -> None:
+def test_the_drain_deadline_bounds_the_wait(
+    redis_server: Any, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
     """Streams longer than the drain's deadline do not keep the pod past its grace period: the worker
     exits once the deadline passes, saying how many were still in flight."""
     ns = f"drain{time.time_ns()}"
     log_path = tmp_path / "worker.log"
     proc, url = _start(redis_server.url, ns, log_path, drain_s=0.5)
+    request.addfinalizer(proc.kill)
     client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=120)
     started = threading.Barrier(9, timeout=120)
 
