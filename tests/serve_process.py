@@ -77,3 +77,18 @@ class ElastuneServe:
 
     def output(self) -> str:
         return self.proc.stdout.read().decode() if self.proc.stdout else ""
+
+
+def processes_under(root: Path) -> list[tuple[int, str]]:
+    """(pid, command line) of the processes with a file open under ``root`` (a serve's state dir: logs,
+    its Redis's dir): what `elastune serve` started, found as a user would with lsof."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            fds = os.listdir(f"/proc/{pid}/fd")
+            if any(os.readlink(f"/proc/{pid}/fd/{fd}").startswith(str(root)) for fd in fds):
+                cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+                found.append((int(pid), cmd))
+        except OSError:
+            continue  # gone meanwhile, or not ours to read
+    return found

@@ -16,14 +16,14 @@ import re
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
 import pytest
 
 from local_run import condition, status_of, tuning_job, warm_pool, write
-from serve_process import ElastuneServe, write_manifests
+from operator_site import wait_for
+from serve_process import ElastuneServe, processes_under, write_manifests
 
 pytest.importorskip("torch")
 
@@ -36,28 +36,7 @@ MODEL = "elastune/tiny-llama"
 
 def _procs_under(root: Path, name: str) -> list[tuple[int, str]]:
     """(pid, cmdline) of the processes named ``name`` with a file open under ``root``."""
-    found = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-            if name not in cmd:
-                continue
-            fds = os.listdir(f"/proc/{pid}/fd")
-            if any(os.readlink(f"/proc/{pid}/fd/{fd}").startswith(str(root)) for fd in fds):
-                found.append((int(pid), cmd))
-        except OSError:
-            continue
-    return found
-
-
-def _wait(what: str, fn, timeout: float = 60.0):  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        got = fn()
-        if got:
-            return got
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
+    return [(pid, cmd) for pid, cmd in processes_under(root) if name in cmd]
 
 
 def _models(url: str) -> list[str]:
@@ -85,28 +64,30 @@ def test_serve_guards_and_restarts_its_redis_and_its_gateway(tmp_path: Path) -> 
     state = tmp_path / "state"
     serve = ElastuneServe(write_manifests(tmp_path / "manifests", [pool]), state).wait_up()
     try:
-        assert MODEL in _wait("the pool's model listed", lambda: _models(serve.url))
-        ((pid, cmd),) = _wait("the embedded Redis", lambda: _procs_under(state, "redis-server"))
+        assert MODEL in wait_for("the pool's model listed", lambda: _models(serve.url), 60)
+        ((pid, cmd),) = wait_for("the embedded Redis", lambda: _procs_under(state, "redis-server"), 60)
         port = int(re.search(r"127\.0\.0\.1:(\d+)", cmd).group(1))  # type: ignore[union-attr]  # its title
         assert "requirepass" not in cmd  # the password is in a file only its owner reads
         assert "NOAUTH" in _redis_answers(port, "FLUSHALL"), "the embedded Redis took a command without auth"
 
         os.kill(pid, signal.SIGKILL)
-        (_new_pid, _), *_ = _wait(
+        (_new_pid, _), *_ = wait_for(
             "the embedded Redis restarted",
             lambda: [p for p in _procs_under(state, "redis-server") if p[0] != pid],
+            60,
         )
         assert "NOAUTH" in _redis_answers(port, "PING"), "restarted on another port, or without a password"
         # the pool record is re-asserted: the model is listed again (an empty Redis knows none)
-        assert MODEL in _wait("the model listed after the restart", lambda: _models(serve.url), 60)
+        assert MODEL in wait_for("the model listed after the restart", lambda: _models(serve.url), 60)
 
         (gw_pid, _), *_ = _procs_under(state, "elastune_gateway.server")
         os.kill(gw_pid, signal.SIGKILL)
-        _wait(
+        wait_for(
             "a new gateway",
             lambda: [p for p in _procs_under(state, "elastune_gateway.server") if p[0] != gw_pid],
+            60,
         )
-        assert MODEL in _wait("the gateway answering again", lambda: _models(serve.url), 60)
+        assert MODEL in wait_for("the gateway answering again", lambda: _models(serve.url), 60)
         assert serve.proc.poll() is None, "the serve ended with its gateway"
     finally:
         out = serve.stop()
@@ -126,7 +107,7 @@ def test_run_interrupted_and_run_again_resumes_from_its_checkpoint(tmp_path: Pat
     env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE"}
     first = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     ckpts = state / "checkpoints" / "default" / "resumable"
-    _wait("a checkpoint", lambda: list(ckpts.glob("*/ckpt-*.pt")), 300)
+    wait_for("a checkpoint", lambda: list(ckpts.glob("*/ckpt-*.pt")), 300)
     first.send_signal(signal.SIGINT)
     _, err = first.communicate(timeout=120)
     assert first.returncode != 0 and "run the same command again to resume" in err, err

@@ -11,23 +11,14 @@ from pathlib import Path
 
 import pytest
 
-from serve_process import ElastuneServe, write_manifests
+from serve_process import ElastuneServe, processes_under, write_manifests
 
 MODEL = "elastune/tiny-llama"
 
 
 def holders_of(root: Path) -> list[str]:
     """Processes with a file open under ``root`` (the state dir: logs, Redis's dir), as 'pid cmdline'."""
-    found = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            fds = os.listdir(f"/proc/{pid}/fd")
-            if any(os.readlink(f"/proc/{pid}/fd/{fd}").startswith(str(root)) for fd in fds):
-                cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-                found.append(f"{pid} {cmd[:160]}")
-        except OSError:
-            continue  # gone meanwhile, or not ours to read
-    return found
+    return [f"{pid} {cmd[:160]}" for pid, cmd in processes_under(root)]
 
 
 def test_sigterm_during_start_up_leaves_no_process_behind(tmp_path: Path) -> None:

@@ -369,12 +369,12 @@ class RateLimiter:
         if p.record.tokens_per_minute is None:
             return
         window = int(time.time() // RATE_WINDOW_SECONDS)
-        if window == reservation.window:
-            delta, key = used_tokens - reservation.tokens, (p.digest, window)
-        else:
-            delta, key = max(0, used_tokens - reservation.tokens), (p.digest, window)
+        delta = used_tokens - reservation.tokens
+        if window != reservation.window:
+            delta = max(0, delta)
         if delta == 0:
             return
+        key = (p.digest, window)
         self._tokens[key] = self._tokens.get(key, 0) + delta
         if self._timer is None and not self._flush_due:
             self._timer = asyncio.get_running_loop().call_later(TOKEN_FLUSH_S, self._schedule)

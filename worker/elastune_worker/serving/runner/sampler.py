@@ -67,10 +67,7 @@ class Sampler:
             # argmax answers for any row, NaN and inf included: a greedy row gets the check the sampled
             # rows' softmax makes (NaN or +inf anywhere, or no finite maximum, is no distribution)
             g = logits[greedy]
-            ok = ~(g.isnan() | (g == float("inf"))).any(-1) & (g.amax(-1) > float("-inf"))
-            for j, fine in enumerate(ok.tolist()):
-                if not fine:
-                    self._failed(requests[greedy[j]][0], ValueError(NO_DISTRIBUTION))
+            greedy_ok = ~(g.isnan() | (g == float("inf"))).any(-1) & (g.amax(-1) > float("-inf"))
         if rows:
             try:
                 out[rows], invalid = self._sample_rows(logits[rows], [requests[i] for i in rows])
@@ -85,7 +82,14 @@ class Sampler:
                         self._failed(requests[i][0], exc)
             for j in invalid:
                 self._failed(requests[rows[j]][0], ValueError(NO_DISTRIBUTION))
-        return [int(t) for t in out.tolist()]
+        if not greedy:
+            return [int(t) for t in out.tolist()]
+        # one device-to-host copy for the tokens and the greedy rows' check (each is a sync on a GPU)
+        both = torch.cat([out, greedy_ok.to(out.dtype)]).tolist()
+        for j, fine in enumerate(both[len(out) :]):
+            if not fine:
+                self._failed(requests[greedy[j]][0], ValueError(NO_DISTRIBUTION))
+        return [int(t) for t in both[: len(out)]]
 
     def _failed(self, rid: str, exc: Exception) -> None:
         log.error("sampling request %s failed", rid, exc_info=exc)
