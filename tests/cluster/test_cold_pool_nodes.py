@@ -66,6 +66,7 @@ def test_the_pool_grows_onto_a_node_that_joins_and_stops_when_it_leaves(bare_wor
         "status") == "True", 240)  # fmt: skip
     assert planned(world) == 1
     running = [p["metadata"]["uid"] for p in world.pods(TENANT, SELECTOR)]
+    running_names = [p["metadata"]["name"] for p in world.pods(TENANT, SELECTOR)]
     assert len(running) == 1
 
     world.remove_node("gpu-late")
@@ -76,4 +77,8 @@ def test_the_pool_grows_onto_a_node_that_joins_and_stops_when_it_leaves(bare_wor
         time.sleep(0.5)
         assert planned(world) <= 1, json.dumps(custom_object(world, "warmpools", POOL).get("status"))
     assert [p["metadata"]["uid"] for p in world.pods(TENANT, SELECTOR)] == running, "the running pod went"
-    assert condition(job_status(world, "more"), "Running").get("status") != "True"
+    # "more" may run once "waits" ends or is preempted for the tighter deadline, but only on the pod
+    # that was already there: the node that left takes no new work.
+    more = condition(job_status(world, "more"), "Running")
+    if more.get("status") == "True":
+        assert f"{TENANT}/{running_names[0]}" in more.get("message", ""), more
