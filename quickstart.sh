@@ -30,8 +30,8 @@ python3 -m pip install --quiet -e '.[worker,gateway]' 'openai>=1.40'
 export OMP_WAIT_POLICY=PASSIVE
 # The builds' last line says what they built; the rest (progress bars, warnings) only if one fails.
 quiet() { local out; if ! out=$("$@" 2>&1); then echo "$out" >&2; return 1; fi; echo "$out" | tail -1; }
-quiet python3 -m elastune_worker.tiny.build --arch llama --quiet
-quiet python3 -m elastune_worker.tiny.adapters --rank 8 --link-into manifests/serving/adapters
+quiet python3 -m elastune_demo.build --arch llama --quiet
+quiet python3 -m elastune_demo.adapters --rank 8 --link-into manifests/serving/adapters
 
 PORT=${ELASTUNE_PORT:-8000}
 STATE=.elastune/serve
@@ -46,8 +46,8 @@ from pathlib import Path
 
 import yaml
 from openai import OpenAI
-from elastune_worker.tiny import adapters
-from elastune_worker.tiny.tasks import SEPARATOR, read_jsonl
+from elastune_demo import adapters
+from elastune_demo.tasks import SEPARATOR, read_jsonl
 
 BASE = "elastune/tiny-llama"
 client = OpenAI(base_url=f"http://127.0.0.1:{sys.argv[1]}/v1", api_key="unused", timeout=120)

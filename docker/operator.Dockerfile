@@ -13,13 +13,15 @@ COPY pyproject.toml README.md ./
 COPY contract/ contract/
 COPY common/ common/
 COPY operator/ operator/
+# The worker package: the benchmarks' simulators step its engine core (elastune_worker.engine.core, no torch).
 COPY worker/ worker/
 COPY gateway/ gateway/
-# The continuous-batching core the gateway's simulator steps (and the worker package imports).
-COPY batching/ batching/
 COPY testing/ testing/
 # The benchmarks (`elastune bench`, found by entry point; no product process imports them).
 COPY bench/ bench/
+# The `elastune` command itself (elastune_cli: `elastune operator`, `elastune gateway`, ...). No demo/: the
+# control plane serves no model.
+COPY cli/ cli/
 # A wheel of the one distribution (all its import packages; the worker's is inert without its extra).
 RUN pip wheel --no-deps --wheel-dir /wheels .
 

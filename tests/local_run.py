@@ -12,7 +12,7 @@ from typing import Any
 
 import yaml
 
-from elastune_worker.tiny import tasks as tiny_tasks
+from elastune_demo import tasks as tiny_tasks
 from tiny_test_model import TASK
 
 
@@ -20,7 +20,7 @@ def elastune(
     *args: str, cwd: Path, timeout: float = 600, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE", **(env or {})}
-    cmd = [sys.executable, "-m", "elastune_operator.cli", *args]
+    cmd = [sys.executable, "-m", "elastune_cli", *args]
     return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
 
 

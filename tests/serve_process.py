@@ -32,10 +32,15 @@ class ElastuneServe:
         self.port, self.state = free_port(), state
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "elastune_operator.cli", "serve", "-f", str(folder),
+            [sys.executable, "-m", "elastune_cli", "serve", "-f", str(folder),
              "--port", str(self.port), "--workers", str(workers), "--state-dir", str(state)],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env={**os.environ, "HF_HUB_OFFLINE": "1"},
         )  # fmt: skip
+
+    @property
+    def metrics_url(self) -> str:
+        """The gateway's /metrics (a port of its own, written into the state directory)."""
+        return (self.state / "gateway-metrics-url").read_text().strip()
 
     def wait_up(self, timeout: float = 60.0) -> ElastuneServe:
         """Until the gateway answers /healthz; fails with the output when the process exits first."""

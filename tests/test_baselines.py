@@ -6,6 +6,8 @@ Profile (scheduling_helpers): T_warm(a) = iterations / a, T_cold = 10 s, at most
 
 import pytest
 
+from elastune_bench.sim.scheduling.simulator import SimConfig, Simulator
+from elastune_bench.sim.scheduling.workload import SimJob, SimLLM
 from elastune_operator.scheduling.baselines import (
     ElasticFlowConfig,
     ElasticFlowPolicy,
@@ -14,8 +16,6 @@ from elastune_operator.scheduling.baselines import (
 )
 from elastune_operator.scheduling.factory import make_policy
 from elastune_operator.scheduling.state import Allocation, ClusterState, GPUState, Job, Launch
-from elastune_operator.sim.simulator import SimConfig, Simulator
-from elastune_operator.sim.workload import SimJob, SimLLM
 from scheduling_helpers import (
     LLM,
     apply,

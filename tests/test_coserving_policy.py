@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import pytest
 
+from elastune_bench.sim.scheduling.mixed import MixedConfig, run_mixed
+from elastune_bench.sim.scheduling.simulator import SimConfig
+from elastune_bench.sim.scheduling.workload import profile
 from elastune_operator.scheduling.coserving import (
     PEAK_DEMAND_RETENTION,
     CoServeModel,
@@ -14,9 +17,6 @@ from elastune_operator.scheduling.coserving import (
 )
 from elastune_operator.scheduling.prompttuner import PromptTunerPolicy
 from elastune_operator.scheduling.state import Allocation, Job, Launch, RoundDecision
-from elastune_operator.sim.mixed import MixedConfig, run_mixed
-from elastune_operator.sim.simulator import SimConfig
-from elastune_operator.sim.workload import profile
 from scheduling_helpers import LLM, make_estimator, make_gpus_warm, make_running, make_state
 
 GPU, CPU = CoServeModel("gpu"), CoServeModel("cpu")

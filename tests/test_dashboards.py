@@ -24,9 +24,9 @@ from prometheus_client.metrics import MetricWrapperBase
 
 from elastune_gateway.server.metrics import GatewayMetrics
 from elastune_operator.metrics import ControlMetrics
+from elastune_worker.engine.api.metrics import ServingMetrics
+from elastune_worker.engine.client import LoRAInfo
 from elastune_worker.server.metrics import WorkerMetrics
-from elastune_worker.serving.api.client import LoRAInfo
-from elastune_worker.serving.api.metrics import ServingMetrics
 
 REPO = Path(__file__).resolve().parents[1]
 DASHBOARD_DIR = REPO / "helm" / "elastune" / "dashboards"

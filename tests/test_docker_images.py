@@ -12,8 +12,8 @@ REPO = Path(__file__).resolve().parents[1]
 
 # Image -> the top-level folders (import packages) its processes import.
 NEEDS = {
-    "worker.Dockerfile": {"contract", "common", "worker", "batching", "ssjf"},
-    "operator.Dockerfile": {"contract", "common", "operator", "gateway", "batching"},
+    "worker.Dockerfile": {"contract", "common", "worker", "ssjf"},
+    "operator.Dockerfile": {"contract", "common", "operator", "gateway", "worker", "cli"},
 }
 
 
@@ -22,3 +22,15 @@ def test_the_image_copies_every_package_its_processes_import(image: str) -> None
     text = (REPO / "docker" / image).read_text()
     copied = set(re.findall(r"^COPY\s+(\w+)/\s", text, flags=re.MULTILINE))
     assert NEEDS[image] <= copied, f"{image} lacks COPY of {sorted(NEEDS[image] - copied)}"
+
+
+def test_the_worker_image_installs_the_demo_fixtures_apart_from_the_worker_package():
+    """The demo models stay for a zero-setup first run, but as their own labelled step: demo/ is not in
+    the tree `pip install` packs, and only the worker image carries it."""
+    text = (REPO / "docker" / "worker.Dockerfile").read_text()
+    install = text.index('pip install ".[worker]"')
+    assert not re.search(r"^COPY demo/", text[:install], re.MULTILINE)
+    demo = text[install:]
+    assert re.search(r"^COPY demo/ /opt/elastune/demo/$", demo, re.MULTILINE)
+    assert "ENV PYTHONPATH=/opt/elastune/demo" in demo and "python -m elastune_demo.build" in demo
+    assert "demo/" not in (REPO / "docker" / "operator.Dockerfile").read_text().replace("No demo/", "")

@@ -72,7 +72,7 @@ class Stack:
         if failpoint:
             env[FAILPOINT_ENV] = failpoint
         log = (self.tmp / f"operator-{self.starts}.log").open("wb")
-        cmd = [sys.executable, "-m", "elastune_operator.cli", "operator", "--standalone", "--all-namespaces"]
+        cmd = [sys.executable, "-m", "elastune_cli", "operator", "--standalone", "--all-namespaces"]
         self.proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
         return self.proc
 

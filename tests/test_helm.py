@@ -284,21 +284,16 @@ def test_cluster_wide_rbac_covers_what_the_operator_does() -> None:
     assert named(docs, "ServiceAccount", RELEASE)
 
 
-# The operator copies the workers' Redis password Secret (the worker ACL user's with the bundled Redis)
-# into the namespaces of its WarmPools' workers: create (which RBAC cannot restrict by name) and get/patch
-# of that one name, nothing else on Secrets.
+# The operator writes each WarmPool's own Redis user into a Secret of the pool's namespace: create and
+# patch (RBAC cannot restrict either by a name not known yet), nothing else on Secrets but API keys.
 API_KEY_SECRET_RULE = {"apiGroups": [""], "resources": ["secrets"], "verbs": ["list", "watch"]}
 """API keys (gateway.auth.enabled, the default): the operator reads labelled Secrets to publish their
 digests; RBAC cannot narrow list/watch by label."""
 REDIS_SECRET_RULES = [
     {"apiGroups": [""], "resources": ["secrets"], "verbs": ["create"]},
     API_KEY_SECRET_RULE,
-    {
-        "apiGroups": [""],
-        "resources": ["secrets"],
-        "resourceNames": [f"{RELEASE}-redis-worker"],
-        "verbs": ["get", "patch"],
-    },
+    # A rotation patches a WarmPool's <pool>-redis-user (issue 39 item 2): names RBAC cannot know.
+    {"apiGroups": [""], "resources": ["secrets"], "verbs": ["patch"]},
 ]
 
 
@@ -332,7 +327,7 @@ def test_operator_may_manage_lora_adapters_and_copy_only_the_redis_secret() -> N
     # The name follows an existing Secret; without Redis auth there is nothing to copy, but the worker
     # control token is still written (create only: the operator never reads it back).
     existing = named(render(*EXTERNAL_REDIS), "ClusterRole", f"{RELEASE}-operator")["rules"]
-    assert secret_rules(existing)[2]["resourceNames"] == ["managed-redis"]
+    assert secret_rules(existing) == REDIS_SECRET_RULES
     no_auth = named(render(*COMBINATIONS["external-redis-no-auth"]), "ClusterRole", f"{RELEASE}-operator")
     assert secret_rules(no_auth["rules"]) == REDIS_SECRET_RULES[:2]
 
@@ -556,13 +551,14 @@ def test_service_monitor_scrapes_the_metrics_service() -> None:
     assert endpoint["port"] in {p["name"] for p in service["spec"]["ports"]}
     assert endpoint["path"] == "/metrics"
     gateway_monitor = named(docs, "ServiceMonitor", f"{RELEASE}-gateway")
-    gateway_service = named(docs, "Service", f"{RELEASE}-gateway")
+    gateway_service = named(docs, "Service", f"{RELEASE}-gateway-metrics")  # /metrics off the client port
     selector = gateway_monitor["spec"]["selector"]["matchLabels"]
     assert selector.items() <= gateway_service["metadata"]["labels"].items()
     assert not selector.items() <= service["metadata"]["labels"].items()
     assert gateway_monitor["spec"]["endpoints"] == [
-        {"port": "http", "path": "/metrics", "honorLabels": True, "interval": "30s", "scrapeTimeout": "10s"}
-    ]
+        {"port": "metrics", "path": "/metrics", "honorLabels": True, "interval": "30s",
+         "scrapeTimeout": "10s"}
+    ]  # fmt: skip
     pod_monitor = named(docs, "PodMonitor", f"{RELEASE}-workers")
     assert pod_monitor["spec"]["namespaceSelector"] == {"any": True}
     assert pod_monitor["spec"]["selector"]["matchExpressions"] == [
@@ -640,7 +636,10 @@ def test_gateway_serves_the_openai_api_on_a_cluster_ip_service() -> None:
     (container,) = pod["containers"]
     # The operator's image (docker/operator.Dockerfile installs the gateway extra).
     assert container["image"] == operator_container(docs)["image"] == "ghcr.io/elastune/operator:0.1.0"
-    assert container["ports"] == [{"name": "http", "containerPort": 8000, "protocol": "TCP"}]
+    assert container["ports"] == [
+        {"name": "http", "containerPort": 8000, "protocol": "TCP"},
+        {"name": "metrics", "containerPort": 9091, "protocol": "TCP"},  # /metrics apart (issue 39 item 5)
+    ]
     service = named(docs, "Service", f"{RELEASE}-gateway")
     assert service["spec"]["type"] == "ClusterIP"
     assert service["spec"]["ports"] == [

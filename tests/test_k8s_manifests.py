@@ -201,7 +201,7 @@ def test_a_pool_can_share_its_pods_queues_fairly_by_tenant_and_bound_them() -> N
         "args"
     ]
     assert args[args.index("--queue-policy") + 1] == "fair"
-    server = pytest.importorskip("elastune_worker.serving.server")  # the worker's engine flags
+    server = pytest.importorskip("elastune_worker.engine.server")  # the worker's engine flags
     engine_flags = argparse.ArgumentParser()
     server.add_engine_args(engine_flags)
     parsed = engine_flags.parse_known_args(args)[0]

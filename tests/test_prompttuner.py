@@ -9,14 +9,14 @@ import random
 
 import pytest
 
+from elastune_bench.sim.scheduling.simulator import SimConfig, Simulator
+from elastune_bench.sim.scheduling.workload import SimJob, SimLLM
 from elastune_operator.scheduling.baselines import INFlessConfig
 from elastune_operator.scheduling.factory import make_policy
 from elastune_operator.scheduling.latency_budget import BankChoice, decide_prompt_bank
 from elastune_operator.scheduling.policy import PoolLimits
 from elastune_operator.scheduling.prompttuner import PromptTunerConfig, PromptTunerPolicy
 from elastune_operator.scheduling.state import Allocation, ClusterState, GPUState, Job, Launch
-from elastune_operator.sim.simulator import SimConfig, Simulator
-from elastune_operator.sim.workload import SimJob, SimLLM
 from scheduling_helpers import (
     LLM,
     allocation_map,

@@ -200,7 +200,7 @@ def test_new_settings_default_to_the_papers_scheduler():
 def test_early_release_cuts_idle_gpu_seconds_in_the_simulator(seed):
     """The small three-LLM trace of the simulator tests: idle warm GPU-seconds drop by at least a
     third and nothing else is lost (every job still ends)."""
-    from test_simulator import run
+    from sim_helpers import run
 
     _, base = run("promptTuner", seed, PromptTunerConfig())
     _, early_run = run("promptTuner", seed, PromptTunerConfig(early_release=True))
@@ -211,7 +211,7 @@ def test_early_release_cuts_idle_gpu_seconds_in_the_simulator(seed):
 
 @pytest.mark.parametrize("seed", [1, 2, 3])
 def test_bank_min_speedup_sizing_cuts_starting_gpu_seconds_in_the_simulator(seed):
-    from test_simulator import run
+    from sim_helpers import run
 
     _, base = run("promptTuner", seed, PromptTunerConfig())
     _, sized = run("promptTuner", seed, PromptTunerConfig(bank_sizing_speedup=1.2))

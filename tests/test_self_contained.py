@@ -59,7 +59,7 @@ def test_the_shipped_data_is_found_in_the_checkout_with_no_setting(no_override):
 
 def test_every_reader_defaults_to_the_shipped_data(no_override):
     from elastune_bench.serving import ssjf as bench_ssjf
-    from elastune_gateway.sim.workloads import azure_trace, load_sharegpt
+    from elastune_bench.sim.routing.workloads import azure_trace, load_sharegpt
     from elastune_ssjf.build import default_dataset, load_dataset
 
     pairs = load_sharegpt()
@@ -72,7 +72,7 @@ def test_every_reader_defaults_to_the_shipped_data(no_override):
 
 
 def test_gzipped_and_plain_copies_read_the_same(tmp_path):
-    from elastune_gateway.sim.workloads import azure_trace
+    from elastune_bench.sim.routing.workloads import azure_trace
 
     plain = tmp_path / "sharegpt.json"
     plain.write_bytes(datasets.read_bytes(datasets.sharegpt_path()))
@@ -85,7 +85,7 @@ def test_gzipped_and_plain_copies_read_the_same(tmp_path):
 
 def test_elastune_dataset_names_another_sharegpt_file_for_every_reader(tmp_path, monkeypatch):
     from elastune_bench.serving import ssjf as bench_ssjf
-    from elastune_gateway.sim.workloads import load_sharegpt
+    from elastune_bench.sim.routing.workloads import load_sharegpt
     from elastune_ssjf.build import default_dataset, load_dataset
 
     own = tmp_path / "mine.json"

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from elastune_worker.tiny import build as tiny_build
-from elastune_worker.tiny import tasks as tiny_tasks
+from elastune_demo import build as tiny_build
+from elastune_demo import tasks as tiny_tasks
 
 TEST_SPEC = dataclasses.replace(
     tiny_build.DEFAULT_SPEC,

@@ -3,7 +3,7 @@
 Writes ``helm/elastune/dashboards/{jobs-and-slos,pools-and-cost,workers,serving}.json``; the chart wraps
 each file in a ConfigMap for the Grafana sidecar. Every query names metrics exactly as ``ControlMetrics``
 (operator/elastune_operator/metrics.py), ``WorkerMetrics`` (worker/elastune_worker/server/metrics.py),
-``ServingMetrics`` (worker/elastune_worker/serving/api/metrics.py: the ``vllm:`` names and the engine's
+``ServingMetrics`` (worker/elastune_worker/engine/api/metrics.py: the ``vllm:`` names and the engine's
 ``elastune_`` counters) and ``GatewayMetrics`` (gateway/elastune_gateway/server/metrics.py) expose them —
 counters with ``_total``, histograms as ``_bucket``/``_sum``/``_count`` — and tests/test_dashboards.py
 checks both that and that the files equal this script's output.

@@ -42,9 +42,9 @@ if [[ -n "$missing" ]]; then
   fi
 fi
 # The tree's own packages always come first: an interpreter with an older install of some of them
-# (or none of the newer ones, such as batching/) must still run the code that travelled.
+# (or none of the newer ones) must still run the code that travelled.
 TREE=""
-for pkg in contract common batching worker operator gateway ssjf testing bench; do TREE="$TREE${TREE:+:}$ROOT/$pkg"; done
+for pkg in contract common worker operator gateway ssjf testing bench; do TREE="$TREE${TREE:+:}$ROOT/$pkg"; done
 export PYTHONPATH="$TREE${PYTHONPATH:+:$PYTHONPATH}"
 # The tiny models and adapters built here (else they are built there: minutes). The benchmarks find
 # data/ in the tree through elastune_common.datasets; $ELASTUNE_DATASET, if set, still overrides it.

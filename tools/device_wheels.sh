@@ -20,7 +20,7 @@ python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 -
 "$PY" -c "
 import os
 os.environ.setdefault('OMP_WAIT_POLICY', 'PASSIVE')
-from elastune_worker.tiny import adapters as A, build as B
+from elastune_demo import adapters as A, build as B
 for spec in (B.DEFAULT_SPEC, B.TINY_LLAMA_SPEC):
     print(B.ensure_tiny_model(spec=spec))
 for r in (8, 16, 32, 64):

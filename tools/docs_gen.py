@@ -9,8 +9,11 @@ Sources and pages (one source of truth each, so the docs cannot drift from what 
 - helm/elastune/values.schema.json + values.yaml -> docs/operations/values.md: every chart value;
 - contract/elastune_contract/vocabulary.py -> docs/operations/reasons.md: every condition reason with the
   comment that explains it;
-- benchmarks/results/*.json -> docs/benchmarks/results/<name>.md: every committed figure.
-Only the standard library and PyYAML: it runs before anything else is installed.
+- benchmarks/results/*.json -> docs/benchmarks/results/<name>.md: every committed figure;
+- the `elastune` command's argparse parsers -> docs/reference/cli.md: every subcommand with its help and
+  options (tools/cli_reference.py; read from the source tree, not an installed copy).
+The standard library and PyYAML, plus the base dependencies the CLI's parsers import (numpy): it runs
+from the source tree, before the package is installed.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from cli_reference import cli_reference
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
@@ -301,6 +305,9 @@ def pages() -> dict[Path, str]:
         DOCS / "reference/api.md": api_reference(),
         DOCS / "operations/values.md": values_reference(),
         DOCS / "operations/reasons.md": reasons_reference(),
+        DOCS / "reference/cli.md": cli_reference(
+            GENERATED.format(source="the argparse parsers of elastune_cli")
+        ),
     }
     results = sorted((ROOT / "benchmarks/results").glob("*.json"))
     for p in results:

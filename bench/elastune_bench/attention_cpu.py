@@ -7,7 +7,7 @@ head_dim]) in blocks of 16 tokens scattered over the pool. Each call writes the 
 the cache first (as the engine's attention does), then attends. Variants:
 
 ``gather``
-    The engine's present path: ``paged_attention`` (serving/runner/attention.py) with the metadata
+    The engine's present path: ``paged_attention`` (engine/model_runner/attention.py) with the metadata
     that ``ModelRunner._prepare`` builds for these decodes (called on a stand-in runner: the same
     ``DecodeGroup``s, grouped by ``_length_groups``).
 ``flex_eager``
@@ -75,10 +75,10 @@ class AttnShape:
 
 
 def model_shapes() -> dict[str, AttnShape]:
-    """The two CPU models of the project: the random-weight ``llama-micro`` (runner/models/random_init.py
-    SHAPES) and the tiny Llama that worker/elastune_worker/tiny builds (TINY_LLAMA_SPEC)."""
-    from elastune_worker.serving.runner.models.random_init import SHAPES
-    from elastune_worker.tiny.build import TINY_LLAMA_SPEC as spec
+    """The two CPU models of the project: the random-weight ``llama-micro`` (modeling/random_init.py
+    SHAPES) and the tiny Llama that demo/elastune_demo builds (TINY_LLAMA_SPEC)."""
+    from elastune_demo.build import TINY_LLAMA_SPEC as spec
+    from elastune_worker.modeling.random_init import SHAPES
 
     micro = SHAPES["llama-micro"]
     heads = int(micro["num_attention_heads"])
@@ -102,7 +102,7 @@ def model_shapes() -> dict[str, AttnShape]:
 def engine_metadata(tables: list[list[int]], lens: list[int]) -> Any:
     """The AttentionMetadata of a decode-only step, built by ``ModelRunner._prepare`` itself on a
     stand-in runner (block size, device, the gather backend) and stand-in scheduler chunks."""
-    from elastune_worker.serving.runner.model_runner import ModelRunner
+    from elastune_worker.engine.model_runner.runner import ModelRunner
 
     runner = SimpleNamespace(block_size=BLOCK, device=torch.device("cpu"), attention_backend="gather")
     runner._decode_group = MethodType(ModelRunner._decode_group, runner)
@@ -253,7 +253,7 @@ def _err(exc: BaseException) -> str:
 def run_case(
     case: Case, rounds: int, eager_limit: float, target_s: float, compile_flex: bool
 ) -> dict[str, Any]:
-    from elastune_worker.serving.runner.attention import paged_attention
+    from elastune_worker.engine.model_runner.attention import paged_attention
 
     s = case.shape
     gen = torch.Generator().manual_seed(case.batch * 31 + case.context)

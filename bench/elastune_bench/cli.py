@@ -1,7 +1,7 @@
 """`elastune bench BENCHMARK [flags]`: every benchmark of the project, each with its own flags (see its
 ``--help``).
 
-The product CLI (``elastune_operator.cli``) never imports this package: it reads the ``elastune.commands``
+The product CLI (``elastune_cli``) never imports this package: it reads the ``elastune.commands``
 entry point ``bench`` (pyproject.toml) and calls ``main`` with the arguments after ``bench``. Each
 benchmark module owns its parser (``main(argv)``); the table below names them by import, not by string.
 """

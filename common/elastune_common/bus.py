@@ -50,6 +50,10 @@ log = logging.getLogger("elastune.bus")
 _M = TypeVar("_M", bound=BaseModel)
 
 _POISON_MEMORY = 4096
+MAX_ENTRY_CHARS = 1 << 20
+"""A registry entry (worker record, event, placement...) longer than this is dropped unparsed, as a poison
+entry (counted): the largest legitimate one, a worker record listing its adapters, is a few KiB, and a pod
+may write anything of up to Redis' proto-max-bulk-len under its own keys (issue 39 item 2)."""
 """Distinct poison entries remembered (each is logged and counted once, however often it is read)."""
 
 
@@ -85,6 +89,8 @@ class Bus:
         """One registry entry, or None when it is malformed: logged and counted once, then skipped, so
         one bad record never fails a whole read (level-triggered: the rest of the round goes on)."""
         try:
+            if len(raw) > MAX_ENTRY_CHARS:
+                raise ValueError(f"{len(raw)} characters, more than the {MAX_ENTRY_CHARS} an entry may have")
             return model.model_validate_json(raw)
         except (ValidationError, ValueError) as exc:
             mark = (kind, where, hash(raw))
@@ -129,6 +135,14 @@ class Bus:
         pipe.xadd(key, {"event": event.dumps()})
         pipe.expire(key, EVENTS_TTL_SECONDS)
         pipe.execute()
+
+    def leave(self, worker_id: str) -> None:
+        """The worker side of ``forget_worker``: its record, queue and placement go; its id stays in the
+        id set until the control plane's next ``workers()`` prunes it (a pool's Redis user has no SREM,
+        which would let it drop other pools' workers: elastune_operator.k8s.redis_users)."""
+        self.redis.delete(
+            worker_key(self.ns, worker_id), assign_key(self.ns, worker_id), placement_key(self.ns, worker_id)
+        )
 
     def cancelled(self, job: str, attempt: int) -> bool:
         return bool(self.redis.exists(cancel_key(self.ns, job, attempt)))

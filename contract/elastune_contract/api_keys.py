@@ -6,7 +6,9 @@ reaches, with ``stringData.key`` (the key itself), optional ``models`` (comma-se
 model of that namespace: its WarmPools' models and its LoRAAdapters), ``requestsPerMinute`` and
 ``tokensPerMinute`` (prompt + completion tokens), and ``allowPriority`` (``"true"``/``"false"``, default
 false: whether the OpenAI body's ``priority``, vLLM's queue-jumping extension, is honoured for the key;
-for any other key the gateway ignores it).
+for any other key the gateway ignores it), and ``debug`` (``"true"``/``"false"``, default false: whether
+the gateway's answers to the key name the worker that served them, ``x-elastune-endpoint``; a platform
+operator's key, since a worker's id names a pod of the pool's namespace).
 
 Least privilege: the gateway never reads Secrets. The operator (which may list/watch Secrets in the
 namespaces it watches) publishes only the SHA-256 of each key with its scope and limits, as one Redis hash
@@ -52,6 +54,8 @@ class ApiKeyRecord(BaseModel):
     allow_priority: bool = False
     """The key may set the request's ``priority`` (lower first in the engine's priority/sjf queues);
     for other keys the gateway ignores a client's ``priority``."""
+    debug: bool = False
+    """Answers to the key carry ``x-elastune-endpoint`` (the worker that served them)."""
 
 
 class InvalidApiKeySecret(ValueError):
@@ -94,6 +98,7 @@ class KeySecret(BaseModel):
     requests_per_minute: int | None
     tokens_per_minute: int | None
     allow_priority: bool = False
+    debug: bool = False
 
     @property
     def id(self) -> str:
@@ -106,7 +111,7 @@ class KeySecret(BaseModel):
         return ApiKeyRecord(
             secret=self.id, models=tuple(models),
             requests_per_minute=self.requests_per_minute, tokens_per_minute=self.tokens_per_minute,
-            allow_priority=self.allow_priority,
+            allow_priority=self.allow_priority, debug=self.debug,
         )  # fmt: skip
 
 
@@ -143,11 +148,14 @@ def read_secret(doc: Mapping[str, Any], default_namespace: str = "default") -> K
     allow = data.get("allowPriority", "").strip().lower()
     if allow not in ("", "true", "false"):
         raise InvalidApiKeySecret(f'{where}: allowPriority must be "true" or "false", got {allow!r}')
+    debug = data.get("debug", "").strip().lower()
+    if debug not in ("", "true", "false"):
+        raise InvalidApiKeySecret(f'{where}: debug must be "true" or "false", got {debug!r}')
     return KeySecret(
         namespace=str(meta.get("namespace") or default_namespace), name=str(meta.get("name") or ""),
         key=key, models=models,
         requests_per_minute=limits["requestsPerMinute"], tokens_per_minute=limits["tokensPerMinute"],
-        allow_priority=allow == "true",
+        allow_priority=allow == "true", debug=debug == "true",
     )  # fmt: skip
 
 
@@ -200,9 +208,10 @@ def map_meta(raw: Mapping[str, str]) -> MapMeta | None:
 
 
 def _record_json(record: ApiKeyRecord) -> str:
-    """A record as published. ``allow_priority`` only when set: a gateway older than the field (its
-    records forbid unknown fields) then still reads every key that does not use it."""
-    return record.model_dump_json(exclude=None if record.allow_priority else {"allow_priority"})
+    """A record as published. ``allow_priority`` and ``debug`` only when set: a gateway older than the
+    field (its records forbid unknown fields) then still reads every key that does not use it."""
+    unset = {f for f in ("allow_priority", "debug") if not getattr(record, f)}
+    return record.model_dump_json(exclude=unset or None)
 
 
 def parse_map(raw: Mapping[str, str]) -> tuple[dict[str, ApiKeyRecord], int]:

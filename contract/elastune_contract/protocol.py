@@ -245,6 +245,9 @@ class Assignment(_Message):
     eval_fraction: float = 0.1
     max_eval: int = 64
     seed: int = 0
+    owner_uid: str = ""
+    """metadata.uid of the TuningJob: rank 0 writes it into the owner marker beside the checkpoint and
+    artifact locations (elastune_worker.storage.ownership), so the job's deletion removes only its files."""
     proof: str = ""
     """The attempt's proof for this rank (``attempt_proof``): the worker stamps it on every event of the
     assignment, and the control plane counts an event only with the proof it computes for that job,
@@ -369,7 +372,7 @@ def adapter_id(namespace: str, name: str) -> str:
     """An adapter's identity in the registry (placements, pool records, worker records, demand and
     request counts): ``namespace/name``, or the name alone for an adapter of no namespace (loaded by
     hand). A Kubernetes name holds no ``/``, so two namespaces' adapters of one name never meet; the
-    engine keys its adapters the same way (``elastune_batching.adapter_ref.adapter_key``)."""
+    engine keys its adapters the same way (``elastune_worker.engine.core.adapter_ref.adapter_key``)."""
     return f"{namespace}/{name}" if namespace else name
 
 

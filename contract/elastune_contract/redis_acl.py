@@ -3,14 +3,15 @@ workers may do on the control bus, as Redis 7 ACL rules over the key layout of `
 gradient keys of the worker's all-reduce (``elastune:{job}:{step}:grad|merged:...``).
 
 - operator: every command on the bus's keys (``{ns}:*``) except the dangerous ones (FLUSHALL, FLUSHDB,
-  CONFIG, ACL SETUSER, KEYS, DEBUG, SHUTDOWN, ...).
+  CONFIG, KEYS, DEBUG, SHUTDOWN, ...), plus ACL SETUSER/DELUSER/GETUSER: it creates a user per WarmPool
+  (issue 39 item 2, ``elastune_operator.k8s.redis_users``), which is what the pools' workers use.
 - gateway: reads the registry (worker records, pool records) and writes only its own traffic signals:
   request counts per window and demand for a pool at zero; SREM of expired ids from the worker set (what
   ``Bus.workers`` prunes); reads the API key map (hashes and scopes, ``api_keys.py``) and counts per-key
   usage under ``{ns}:ratelimit:*``.
-- worker (the only credential copied into WarmPool namespaces): its registry record and the worker set,
-  its assignment queue (BLPOP), job events (XADD) and cancel flags (read), placements (read, and DEL:
-  ``Bus.forget_worker`` on exit), gradients. It cannot FLUSHALL, CONFIG, ACL, write pool records,
+- worker (workers run by hand; a WarmPool's pods get a user of their own): its registry record and the
+  worker set, its assignment queue (BLPOP), job events (XADD) and cancel flags (read), placements (read,
+  and DEL: ``Bus.forget_worker`` on exit), gradients. It cannot FLUSHALL, CONFIG, ACL, write pool records,
   placements, assignments, demand or request counts, and cannot read the API key map.
 
 Known limit: all workers share the worker user, so one worker can still overwrite another worker's
@@ -19,7 +20,8 @@ for that: the gateway forwards only to the addresses the pool records (operator-
 vouch for (``ServingPoolRecord.vouched``); what such a write can still do is misstate that worker's load
 or adapters. Worker keys now carry the pod's namespace (``{ns}:worker:<namespace>/<pod>``, and so do
 ``assign:`` and ``placement:``: ``protocol.pod_worker_id``), so the patterns above match them unchanged
-and a user per pool namespace (``~{ns}:worker:<namespace>/*``) is possible; it is not built yet.
+and the operator builds a user per WarmPool on them (``elastune_operator.k8s.redis_users``): the pools'
+workers use that, not this worker role, which is left for workers run by hand.
 
 ``acl_file`` writes the users as an ACL file (``--aclfile``) or ``user`` lines of redis.conf, with
 SHA-256 hashed passwords; clients name their user with ``ELASTUNE_REDIS_USERNAME`` (or in the URL).
@@ -52,7 +54,9 @@ def acl_rules(role: Role, namespace: str = "elastune") -> str:
     ns = namespace
     if role == "operator":
         keys = " ".join(dict.fromkeys([f"~{ns}:*", "~elastune:*"]))  # the bus, and the gradient keys
-        return f"resetkeys resetchannels {keys} -@all +@all -@dangerous {_CONNECT}"
+        # ACL SETUSER/DELUSER/GETUSER: a Redis user per WarmPool (elastune_operator.k8s.redis_users).
+        acl = "+acl|setuser +acl|deluser +acl|getuser"
+        return f"resetkeys resetchannels {keys} -@all +@all -@dangerous {acl} {_CONNECT}"
     if role == "gateway":
         selectors = [
             f"%R~{ns}:workers %R~{ns}:worker:* +smembers +mget",

@@ -43,6 +43,9 @@ class Reason:
     # Tenancy: the only WarmPool of the job's or adapter's model is in another namespace and its
     # spec.allowedNamespaces does not list this one (the job waits; the adapter is not served)
     POOL_NOT_SHARED: Final = "PoolNotShared"
+    # Tenancy: a job or adapter that runs on another namespace's WarmPool (a borrower) names that
+    # namespace's claims, Secrets, pod paths or cloud identity; sharing lends GPUs only
+    FOREIGN_REFERENCE: Final = "ForeignReference"
     POOL_GROWING: Final = "PoolGrowing"
     WARM_GPUS_ASSIGNED: Final = "WarmGPUsAssigned"
     RESCHEDULING: Final = "Rescheduling"
@@ -96,11 +99,22 @@ class Reason:
     STORAGE_ACCESS_DENIED: Final = "StorageAccessDenied"
     STORAGE_SECRET_NOT_FOUND: Final = "StorageSecretNotFound"
     STORAGE_UNREACHABLE: Final = "StorageUnreachable"
+    # s3:// with neither a Secret nor useAmbientCredentials: never the pod's identity by default
+    STORAGE_CREDENTIALS_UNSET: Final = "StorageCredentialsUnset"
+    # The output location is marked as written by another namespace's job, or holds unmarked objects:
+    # a job never replaces what it did not write
+    OUTPUT_NOT_OURS: Final = "OutputNotOurs"
     RANK_ABOVE_MAXIMUM: Final = "RankAboveMaximum"
     NAME_CLASHES_WITH_MODEL: Final = "NameClashesWithModel"
     # WarmPool Ready: configured, or refused because another WarmPool of its namespace serves its model
     POOL_CONFIGURED: Final = "Configured"
     DUPLICATE_WARM_POOL: Final = "DuplicateWarmPool"
+    # WarmPool Ready: refused because its Redis user cannot be created (the operator lacks ACL rights, or
+    # Redis has no ACLs); its workers are never given a shared password instead
+    REDIS_USER_UNAVAILABLE: Final = "RedisUserUnavailable"
+    # WarmPool Ready: its workers wrote more to Redis than the pool's budget; their user lost its write
+    # rights until a new password is asked for (the rotate annotation)
+    REDIS_BUDGET_EXCEEDED: Final = "RedisBudgetExceeded"
     # WarmPool ModelReady: the fetch Job's outcome (model_fetch), written by the fetcher as its
     # termination message "Reason: message" and read back by the operator
     MODEL_FETCHING: Final = "ModelFetching"
@@ -117,6 +131,10 @@ class Reason:
     PUBLISHED: Final = "Published"
     # A TuningJob's output.publish names a LoRAAdapter that exists and was not created by that job
     PUBLISH_NAME_TAKEN: Final = "PublishNameTaken"
+    # Events of a TuningJob's or LoRAAdapter's deletion (spec.retention): what it owned was removed, or
+    # the cleanup gave up and names what is left
+    STORAGE_RECLAIMED: Final = "StorageReclaimed"
+    STORAGE_LEFT: Final = "StorageLeft"
     # Prompt Bank (status.promptBank.reason): the latency budget's verdict, then the lookup's outcome
     PROMPT_BANK_USED: Final = "PromptBankUsed"
     PROMPT_BANK_REQUESTED: Final = "PromptBankRequested"
@@ -151,6 +169,9 @@ PERMANENT_FAILURE_REASONS: Final = frozenset(
         Reason.STORAGE_BUCKET_NOT_FOUND,
         Reason.STORAGE_ACCESS_DENIED,
         Reason.STORAGE_SECRET_NOT_FOUND,
+        Reason.STORAGE_CREDENTIALS_UNSET,
+        Reason.OUTPUT_NOT_OURS,
+        Reason.FOREIGN_REFERENCE,
     }
 )
 

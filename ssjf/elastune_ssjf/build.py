@@ -1,4 +1,5 @@
-"""Build SSJF's output-length predictor offline and cache it like the tiny models (``tiny/build.py``).
+"""Build SSJF's output-length predictor offline and cache it like the demo's tiny models
+(``elastune_demo/build.py``).
 
     python -m elastune_ssjf.build [--force] [--out DIR] [--cache-dir DIR] [--dataset FILE]
 
@@ -326,7 +327,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dataset", type=Path, help="training data (default: data/sharegpt_250.json.gz)")
     p.add_argument("-q", "--quiet", action="store_true")
     args = p.parse_args(argv)
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch: see tiny/build.py
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch: see elastune_demo/build.py
     target = args.out if args.out is not None else model_dir(args.cache_dir)
     cached = not args.force and is_complete(target)
     try:

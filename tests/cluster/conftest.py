@@ -46,7 +46,7 @@ def chart_world(root: Path, *sets: str, strings: tuple[str, ...] = ()) -> Iterat
 
 @pytest.fixture(scope="module")
 def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PodWorld]:
-    from elastune_worker.tiny.build import TINY_LLAMA_SPEC, ensure_tiny_model
+    from elastune_demo.build import TINY_LLAMA_SPEC, ensure_tiny_model
 
     # The worker image carries the model (here: the project's tiny Llama, built once on the host).
     ensure_tiny_model(spec=TINY_LLAMA_SPEC)

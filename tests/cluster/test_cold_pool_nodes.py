@@ -24,7 +24,7 @@ SELECTOR = f"elastune.dev/warmpool={POOL}"
 @pytest.fixture(scope="module")
 def bare_world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PodWorld]:
     """A world whose only node has no GPU (its own: the shared world has two GPU nodes)."""
-    from elastune_worker.tiny.build import TINY_LLAMA_SPEC, ensure_tiny_model
+    from elastune_demo.build import TINY_LLAMA_SPEC, ensure_tiny_model
 
     ensure_tiny_model(spec=TINY_LLAMA_SPEC)
     with PodWorld.start(tmp_path_factory.mktemp("podworld"), gpu_nodes=0) as w:

@@ -209,7 +209,7 @@ class User:
 def test_the_quick_start_as_written_tunes_a_prompt_and_answers_a_completion(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> None:
-    from elastune_worker.tiny.build import ensure_tiny_model
+    from elastune_demo.build import ensure_tiny_model
 
     ensure_tiny_model()  # the worker image carries the tiny GPT-2 (docker/worker.Dockerfile)
     steps = commands(PAGE.read_text(encoding="utf-8"))

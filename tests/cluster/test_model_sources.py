@@ -26,7 +26,7 @@ REPO = "elastune/tiny-llama"
 
 @pytest.fixture(scope="module")
 def hub(world: PodWorld, tmp_path_factory: pytest.TempPathFactory) -> Iterator[hub_standin.HubStandIn]:
-    from elastune_worker.tiny.build import TINY_LLAMA_SPEC, ensure_tiny_model
+    from elastune_demo.build import TINY_LLAMA_SPEC, ensure_tiny_model
 
     files = str(ensure_tiny_model(spec=TINY_LLAMA_SPEC))
     config = {"tokens": [TOKEN], "repos": {REPO: {"revisions": {"main": files}, "private": True}}}

@@ -56,7 +56,7 @@ def test_a_request_for_a_pool_at_zero_waits_and_is_answered_from_a_worker_pods_a
 
 
 def test_a_lora_adapter_on_a_claim_is_served_by_a_worker_pod_and_gone_when_deleted(world: PodWorld) -> None:
-    from elastune_worker.tiny.adapters import ensure_tiny_adapter
+    from elastune_demo.adapters import ensure_tiny_adapter
 
     shutil.copytree(ensure_tiny_adapter(8), world.root / "kubelet" / "pvc" / TENANT / "adapters" / "units")
     world.apply(warm_pool(POOL, volumes=[{"claimName": "adapters"}], serving={"minReplicas": 1}))

@@ -79,7 +79,7 @@ def removed(world: PodWorld) -> list[tuple[str, int]]:
 
 
 def test_a_resized_pool_keeps_its_pods_jobs_and_adapters(world: PodWorld) -> None:
-    from elastune_worker.tiny.adapters import ensure_tiny_adapter
+    from elastune_demo.adapters import ensure_tiny_adapter
 
     t0 = time.monotonic()
     world.apply(claim(CLAIM))

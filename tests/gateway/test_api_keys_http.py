@@ -29,6 +29,7 @@ from elastune_bench.processes import (  # noqa: E402
     wait_for_endpoints,
 )
 from elastune_common.bus import Bus  # noqa: E402
+from elastune_common.servers import free_port  # noqa: E402
 from elastune_contract.api_keys import (  # noqa: E402
     RATE_WINDOW_SECONDS,
     KeySecret,
@@ -37,8 +38,8 @@ from elastune_contract.api_keys import (  # noqa: E402
     publish,
     rate_key,
 )
-from elastune_worker.tiny import adapters as A  # noqa: E402
-from elastune_worker.tiny import build as B  # noqa: E402
+from elastune_demo import adapters as A  # noqa: E402
+from elastune_demo import build as B  # noqa: E402
 
 MODEL = "tiny-llama"
 NS = "team-a"
@@ -66,6 +67,7 @@ class Stack:
         self.bus = Bus(redis_url, ns)
         self.worker: ServiceProcess | None = None
         self.gateway: ServiceProcess | None = None
+        self.metrics_port = free_port()  # /metrics is served there only (issue 39 item 5)
 
     def publish(self, names: list[str]) -> None:
         publish(self.bus.redis, self.ns, key_map(secrets(names), {NS: [MODEL, "units"]}))
@@ -86,7 +88,9 @@ def stack(redis_server: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterat
             s.redis_url, s.ns, "w-a", B.ensure_tiny_model(spec=B.TINY_LLAMA_SPEC), MODEL, s.logs,
             "--kv-cache-tokens", "4096", "--max-model-len", "256", "--lora-modules", f"units={units}",
         )  # fmt: skip
-        s.gateway = start_gateway(s.redis_url, s.ns, s.logs, "--auth", "required")
+        s.gateway = start_gateway(
+            s.redis_url, s.ns, s.logs, "--auth", "required", "--metrics-port", str(s.metrics_port)
+        )
         wait_for_endpoints(s.url, 1)
         yield s
         assert s.gateway.alive(), "the gateway crashed:\n" + s.gateway.log_tail()
@@ -191,7 +195,7 @@ def test_tokens_per_minute_gives_429_once_used(stack: Stack) -> None:
 
 
 def test_usage_is_counted_per_key_and_never_names_the_key(stack: Stack) -> None:
-    text = httpx.get(stack.url + "/metrics", timeout=10).text
+    text = httpx.get(f"http://127.0.0.1:{stack.metrics_port}/metrics", timeout=10).text
     ok = _sum(text, "elastune_gateway_key_requests_total", key=f"{NS}/full", code="200")
     assert ok >= 3
     assert _sum(text, "elastune_gateway_key_requests_total", key=f"{NS}/narrow", code="403") >= 3

@@ -30,7 +30,7 @@ from elastune_bench.processes import (  # noqa: E402
 )
 from elastune_common.bus import Bus  # noqa: E402
 from elastune_contract.api_keys import KeySecret, key_map, publish  # noqa: E402
-from elastune_worker.tiny import build as B  # noqa: E402
+from elastune_demo import build as B  # noqa: E402
 
 MODEL = "tiny-llama"
 NS = "team-a"

@@ -33,8 +33,8 @@ from elastune_bench.processes import (  # noqa: E402
 from elastune_common.bus import Bus  # noqa: E402
 from elastune_common.servers import free_port  # noqa: E402
 from elastune_contract.protocol import ServingPoolRecord, base_model_id  # noqa: E402
-from elastune_worker.tiny import adapters as A  # noqa: E402
-from elastune_worker.tiny import build as B  # noqa: E402
+from elastune_demo import adapters as A  # noqa: E402
+from elastune_demo import build as B  # noqa: E402
 
 MODEL = "tiny-llama"
 CONTEXT = 256  # short: fuzzed max_tokens stay quick on two cores

@@ -21,11 +21,11 @@ torch = pytest.importorskip("torch")
 
 from elastune_common.bus import Bus  # noqa: E402
 from elastune_contract.api.resources import parse_resource  # noqa: E402
+from elastune_demo import build as tiny_build  # noqa: E402
+from elastune_demo import tasks as tiny_tasks  # noqa: E402
 from elastune_operator.control.core import ControlCore  # noqa: E402
 from elastune_operator.control.records import CoreSettings, JobRecord, PoolConfig  # noqa: E402
 from elastune_operator.local.backend import LocalBackend  # noqa: E402
-from elastune_worker.tiny import build as tiny_build  # noqa: E402
-from elastune_worker.tiny import tasks as tiny_tasks  # noqa: E402
 from elastune_worker.tuning.data import load_dataset, split  # noqa: E402
 from elastune_worker.tuning.trainer import evaluate_artifact  # noqa: E402
 from local_run import condition, elastune, status_of, tuning_job, warm_pool, write  # noqa: E402

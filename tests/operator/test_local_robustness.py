@@ -27,8 +27,8 @@ from serve_process import ElastuneServe, processes_under, write_manifests
 
 pytest.importorskip("torch")
 
-from elastune_worker.tiny import build as tiny_build
-from elastune_worker.tiny import tasks as tiny_tasks
+from elastune_demo import build as tiny_build
+from elastune_demo import tasks as tiny_tasks
 from tiny_test_model import TASK, TEST_SPEC
 
 MODEL = "elastune/tiny-llama"
@@ -102,7 +102,7 @@ def test_run_interrupted_and_run_again_resumes_from_its_checkpoint(tmp_path: Pat
     job = tuning_job("resumable", str(data), model=str(model), iterations=400, deadline="30m")
     manifest = write(tmp_path / "job.yaml", warm_pool(str(model)), job)
     state = tmp_path / "state"
-    cmd = [sys.executable, "-m", "elastune_operator.cli", "run", "-f", str(manifest), "--workers", "1",
+    cmd = [sys.executable, "-m", "elastune_cli", "run", "-f", str(manifest), "--workers", "1",
            "--state-dir", str(state), "--checkpoint-every", "5"]  # fmt: skip
     env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE"}
     first = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
@@ -111,13 +111,14 @@ def test_run_interrupted_and_run_again_resumes_from_its_checkpoint(tmp_path: Pat
     first.send_signal(signal.SIGINT)
     _, err = first.communicate(timeout=120)
     assert first.returncode != 0 and "run the same command again to resume" in err, err
-    (job_dir,) = list(ckpts.iterdir())
+    (job_dir,) = [p for p in ckpts.iterdir() if p.is_dir()]  # beside it: its owner marker
     newest = max(job_dir.glob("ckpt-*.pt")).name
 
     again = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
     assert again.returncode == 0, again.stderr[-3000:]
     said = re.search(r"resuming from its checkpoint (ckpt-\d+\.pt)", again.stderr)
     assert said is not None and said.group(1) >= newest, again.stderr[-3000:]
-    assert [p.name for p in ckpts.iterdir()] == [job_dir.name], "a new id: the old checkpoints orphaned"
+    dirs = [p.name for p in ckpts.iterdir() if p.is_dir()]
+    assert dirs == [job_dir.name], "a new id: the old checkpoints orphaned"
     st = status_of(state, "resumable")
     assert condition(st, "Succeeded")["status"] == "True"

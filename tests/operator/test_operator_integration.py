@@ -33,12 +33,12 @@ from kubernetes.client.rest import ApiException  # noqa: E402
 from elastune_common.bus import Bus  # noqa: E402
 from elastune_common.servers import free_port  # noqa: E402
 from elastune_contract.api.constants import GROUP, PVC_ROOT_ENV, VERSION  # noqa: E402
+from elastune_demo import build as tiny_build  # noqa: E402
+from elastune_demo import tasks as tiny_tasks  # noqa: E402
 from elastune_operator.local.backend import LocalBackend  # noqa: E402
 from elastune_testing.emulator import start_emulator  # noqa: E402
 from elastune_testing.nodes import add_gpu_node, remove_node  # noqa: E402
 from elastune_testing.workload_standin import WorkloadStandIn  # noqa: E402
-from elastune_worker.tiny import build as tiny_build  # noqa: E402
-from elastune_worker.tiny import tasks as tiny_tasks  # noqa: E402
 from tiny_test_model import TASK, TEST_SPEC  # noqa: E402 - the small model and task of the worker tests
 
 NS = "default"
@@ -93,7 +93,7 @@ class Cluster:
             "ELASTUNE_PROOF_KEY": f"proof-{self.namespace}",
         }
         log = (self.tmp / f"operator-{self.starts}.log").open("wb")
-        cmd = [sys.executable, "-m", "elastune_operator.cli", "operator", "--standalone", "--all-namespaces"]
+        cmd = [sys.executable, "-m", "elastune_cli", "operator", "--standalone", "--all-namespaces"]
         self.operator = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
 
     def operator_log(self) -> str:

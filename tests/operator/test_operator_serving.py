@@ -30,8 +30,8 @@ from test_operator_integration import NS, Cluster, wait_for  # noqa: E402
 
 from elastune_common.servers import free_port  # noqa: E402
 from elastune_contract.api.constants import GROUP, VERSION  # noqa: E402
-from elastune_worker.tiny import adapters as tiny_adapters  # noqa: E402
-from elastune_worker.tiny import build as tiny_build  # noqa: E402
+from elastune_demo import adapters as tiny_adapters  # noqa: E402
+from elastune_demo import build as tiny_build  # noqa: E402
 
 MODEL = "elastune/tiny-llama"
 REPO = Path(__file__).resolve().parents[2]

@@ -235,7 +235,7 @@ def test_a_real_worker_and_gateway_serve_with_their_own_users(
         wait_for_endpoints,
         wait_for_worker,
     )
-    from elastune_worker.tiny import build as B
+    from elastune_demo import build as B
 
     host = acl_redis.url.removeprefix("redis://")
     operator_url = f"redis://{DEFAULT_USERS['operator']}:{PASSWORDS['operator']}@{host}"

@@ -57,9 +57,13 @@ def test_the_chart_s_rules_are_the_contract_s() -> None:
 
 @pytest.fixture(scope="module")
 def chart_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
-    docs = render()
+    yield from _chart_redis(tmp_path_factory.mktemp("chart-redis"))
+
+
+def _chart_redis(tmp: Path, *sets: str) -> Iterator[dict[str, Any]]:
+    """The chart's Redis container script (rendered with ``sets``), run here as a process."""
+    docs = render(*sets)
     redis_container = container(docs, f"{RELEASE}-redis")
-    tmp = tmp_path_factory.mktemp("chart-redis")
     port = free_port()
     script = redis_container["args"][0].replace("/tmp/", f"{tmp}/").replace("--port 6379", f"--port {port}")
     script = script.replace("--dir /data", f"--dir {tmp}")
@@ -155,3 +159,34 @@ def test_the_rendered_components_use_their_own_users(
     assert subprocess.run(probe, env=env, check=False, timeout=10).returncode == 0
     env["REDISCLI_AUTH"] = "wrong"
     assert subprocess.run(probe, env=env, check=False, timeout=10, capture_output=True).returncode != 0
+
+
+@pytest.fixture(scope="module")
+def bounded_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    sets = ("redis.bundled.maxmemory=6mb", "redis.bundled.maxValueSize=1mb")
+    yield from _chart_redis(tmp_path_factory.mktemp("bounded-redis"), *sets)
+
+
+def test_the_bundled_redis_is_bounded_and_evicts_nothing(bounded_redis: dict[str, Any]) -> None:
+    """Issue 39 item 7: the bundled Redis had no maxmemory, so one pool's image could fill it and take
+    every tenant down with it. Now no value exceeds redis.bundled.maxValueSize, a full Redis refuses
+    writes (OOM) rather than evict what the control plane cannot re-assert, and the operator's chart user
+    creates a pool's own user (ACL SETUSER) that these bounds hold for."""
+    from elastune_operator.k8s.redis_users import pool_acl_rules
+
+    url, pw = bounded_redis["url"], bounded_redis["passwords"]
+    op = redis.Redis.from_url(url, username="elastune-operator", password=pw["operator"])
+    user = "elastune:pool:team-a/tiny"
+    op.execute_command("ACL", "SETUSER", user, "reset", "on", ">pool-pw",
+                       *pool_acl_rules("elastune", "team-a", "tiny", ["team-a"]).split())  # fmt: skip
+    pod = redis.Redis.from_url(url, username=user, password="pool-pw")
+    op.xadd("elastune:job:team-a/j:events", {"event": "{}"})  # a job's result: never evicted
+    with pytest.raises(redis.exceptions.ConnectionError):  # the server closes a connection that tries
+        pod.set("elastune:worker:team-a/tiny-a-1", b"x" * (2 << 20))
+    with pytest.raises(redis.exceptions.OutOfMemoryError):
+        for i in range(64):  # 64 x 512 KiB = 32 MiB, more than the 6 MiB bound
+            pod.set(f"elastune:worker:team-a/tiny-a-{i}", b"x" * (512 << 10))
+    assert op.xlen("elastune:job:team-a/j:events") == 1
+    assert op.exists("elastune:worker:team-a/tiny-a-0") == 1  # nothing evicted, not even its own
+    op.delete(*[f"elastune:worker:team-a/tiny-a-{i}" for i in range(64)])  # what the budget check does
+    assert op.xadd("elastune:job:team-a/j:events", {"event": "{}"})

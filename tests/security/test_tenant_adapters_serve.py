@@ -25,9 +25,10 @@ openai = pytest.importorskip("openai")
 
 from elastune_common.bus import Bus  # noqa: E402
 from elastune_contract.api_keys import API_KEY_LABEL  # noqa: E402
-from elastune_contract.protocol import NAMESPACE_HEADER  # noqa: E402
-from elastune_worker.tiny import adapters as tiny_adapters  # noqa: E402
-from elastune_worker.tiny import build as tiny_build  # noqa: E402
+from elastune_contract.protocol import NAMESPACE_HEADER, adapter_id  # noqa: E402
+from elastune_contract.request_credential import CREDENTIAL_HEADER, Credential, seal  # noqa: E402
+from elastune_demo import adapters as tiny_adapters  # noqa: E402
+from elastune_demo import build as tiny_build  # noqa: E402
 from serve_process import ElastuneServe  # noqa: E402
 
 MODEL = "elastune/tiny-llama"
@@ -114,13 +115,14 @@ def test_each_key_reaches_its_own_namespaces_summarizer(tmp_path: Path) -> None:
         worker = wait("the worker's URL", lambda: _worker_url(serve))
         roots = {m["root"] for m in httpx.get(f"{worker}/v1/models", timeout=10).json()["data"]}
         assert {str(artifacts[A]), str(artifacts[B])} <= roots, roots
+        body = {"model": "summarizer", "prompt": PROMPT, "max_tokens": 8, "temperature": 0}
+        # Not without the gateway's credential (issue 39 item 3): the namespace header alone is refused.
+        r = httpx.post(f"{worker}/v1/completions", json=body, headers={NAMESPACE_HEADER: A}, timeout=60)
+        assert r.status_code == 401, r.text
+        worker_key = (serve.state / "worker-request-key").read_bytes().strip()
         for ns in (A, B):
-            r = httpx.post(
-                f"{worker}/v1/completions",
-                json={"model": "summarizer", "prompt": PROMPT, "max_tokens": 8, "temperature": 0},
-                headers={NAMESPACE_HEADER: ns},
-                timeout=60,
-            )
+            cred = _credential(worker_key, adapter_id(ns, "summarizer"))
+            r = httpx.post(f"{worker}/v1/completions", json=body, headers=cred, timeout=60)
             assert r.status_code == 200, r.text
             assert r.json()["choices"][0]["text"] == answers[ns], (ns, r.json(), answers)
         assert answers[A] != answers[B], answers  # two artifacts, two answers: neither key got the other's
@@ -131,7 +133,7 @@ def test_each_key_reaches_its_own_namespaces_summarizer(tmp_path: Path) -> None:
 
         # The gateway's per-model series say the model's namespace: two namespaces' summarizer are two
         # series (one request each), the base model is its pool's namespace's (team-a).
-        text = httpx.get(f"{serve.url}/metrics", timeout=10).text
+        text = httpx.get(serve.metrics_url, timeout=10).text  # its own port, not the client one
         for metric in ("elastune_gateway_requests_total", "elastune_gateway_routed_requests_total",
                        "elastune_gateway_request_duration_seconds_count"):  # fmt: skip
             got = _series(text, metric)
@@ -140,6 +142,13 @@ def test_each_key_reaches_its_own_namespaces_summarizer(tmp_path: Path) -> None:
     finally:
         out = serve.stop(signal.SIGINT)
     assert serve.proc.returncode == 0, out
+
+
+def _credential(worker_key: bytes, served: str) -> dict[str, str]:
+    """A credential as the gateway signs it, sealed with the worker's own (derived) key: local workers
+    have no namespace, so theirs is the one for ""."""
+    cred = Credential("", served, True, "test", time.time() + 20)
+    return {CREDENTIAL_HEADER: seal(worker_key, cred)}
 
 
 def _series(text: str, metric: str) -> dict[tuple[str, str], float]:

@@ -36,8 +36,8 @@ from elastune_common.bus import Bus  # noqa: E402
 from elastune_contract.api.warmpool import ServingSpec  # noqa: E402
 from elastune_contract.protocol import ServingState, WorkerRecord, WorkerState, vouched_address  # noqa: E402
 from elastune_contract.redis_acl import DEFAULT_USERS, ROLES, Role, acl_file  # noqa: E402
+from elastune_demo import build as B  # noqa: E402
 from elastune_operator.control.serving import ServingControl  # noqa: E402
-from elastune_worker.tiny import build as B  # noqa: E402
 from real_servers import start_redis, stop  # noqa: E402
 
 NS, POOL, MODEL, VICTIM = "elastune", "p", "tiny-llama", "victim"

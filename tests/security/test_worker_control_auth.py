@@ -21,8 +21,8 @@ pytest.importorskip("torch")
 pytest.importorskip("peft")
 
 from elastune_bench.processes import ServiceProcess, start_worker  # noqa: E402
-from elastune_worker.tiny import adapters as A  # noqa: E402
-from elastune_worker.tiny import build as B  # noqa: E402
+from elastune_demo import adapters as A  # noqa: E402
+from elastune_demo import build as B  # noqa: E402
 
 MODEL = "tiny-llama"
 

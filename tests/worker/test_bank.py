@@ -24,15 +24,15 @@ pytest.importorskip("kmedoids")
 pytest.importorskip("transformers")
 
 from elastune_contract.vocabulary import Reason  # noqa: E402
+from elastune_demo import bank_candidates as C  # noqa: E402
+from elastune_demo import bank_cli  # noqa: E402
+from elastune_demo import build as tiny_build  # noqa: E402
+from elastune_demo import tasks as T  # noqa: E402
 from elastune_worker import bank as PB  # noqa: E402
 from elastune_worker.bank.__main__ import EXIT_BANK_ERROR  # noqa: E402
 from elastune_worker.bank.__main__ import main as bank_main  # noqa: E402
 from elastune_worker.bank.features import FeatureExtractor, cosine_distances  # noqa: E402
 from elastune_worker.bank.store import BankMeta, cluster  # noqa: E402
-from elastune_worker.tiny import bank_candidates as C  # noqa: E402
-from elastune_worker.tiny import bank_cli  # noqa: E402
-from elastune_worker.tiny import build as tiny_build  # noqa: E402
-from elastune_worker.tiny import tasks as T  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore:.*is_gradient_checkpointing.*:FutureWarning")
 

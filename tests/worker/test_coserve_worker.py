@@ -21,8 +21,8 @@ openai = pytest.importorskip("openai")
 
 from elastune_common.bus import Bus  # noqa: E402
 from elastune_contract.protocol import Assignment, Event, ServingState  # noqa: E402
-from elastune_worker.tiny import build as tiny_build  # noqa: E402
-from elastune_worker.tiny import tasks as tiny_tasks  # noqa: E402
+from elastune_demo import build as tiny_build  # noqa: E402
+from elastune_demo import tasks as tiny_tasks  # noqa: E402
 from tiny_test_model import TASK, TEST_SPEC  # noqa: E402 - the small model and task of the tuning tests
 
 
@@ -214,24 +214,26 @@ def test_an_assignment_the_engine_refuses_to_co_serve_is_tuned_dedicated_and_say
 ) -> None:
     """Defence in depth behind the control plane's check: the engine refuses (here: it already co-serves
     another job), the worker tunes the assignment dedicated and its started event says why."""
+    from elastune_worker.coserve.calls import CoServeCalls
+    from elastune_worker.coserve.task import CoServeRefused, CoServeRequest
+    from elastune_worker.engine.core.config import EngineConfig
+    from elastune_worker.engine.frontend.engine_loop import engine_call
+    from elastune_worker.engine.frontend.messages import EngineOp
+    from elastune_worker.engine.llm_engine import LLMEngine
     from elastune_worker.server.agent import Agent, AgentConfig
-    from elastune_worker.serving.config import EngineConfig
-    from elastune_worker.serving.core.engine import LLMEngine
-    from elastune_worker.serving.coserve.task import CoServeRefused, CoServeRequest
-    from elastune_worker.serving.frontend.engine_loop import engine_call
-    from elastune_worker.serving.frontend.messages import EngineOp
     from elastune_worker.tuning.trainer import TuningConfig
 
     engine = LLMEngine(model, EngineConfig(kv_cache_tokens=1024))
     records = tiny_tasks.make_task(TASK, n_train=8, n_eval=2, seed=1)
     long_job = TuningConfig(max_iterations=1000, virtual_tokens=4, max_length=48)
     busy = CoServeRequest("other", long_job, list(records.train), [], str(tmp_path / "o"))
-    engine_call(engine, EngineOp.COSERVE_START, busy)
+    calls = CoServeCalls()  # what the worker starts its engine with
+    engine_call(engine, EngineOp.COSERVE_START, busy, calls)
     with pytest.raises(CoServeRefused, match="already co-serves"):
-        engine_call(engine, EngineOp.COSERVE_START, busy)
+        engine_call(engine, EngineOp.COSERVE_START, busy, calls)
 
     bus = Bus(redis_server.url, f"refuse{time.time_ns()}")
-    call = lambda op, arg: engine_call(engine, op, arg)  # noqa: E731 - the engine runs in this process
+    call = lambda op, arg: engine_call(engine, op, arg, calls)  # noqa: E731 - the engine runs in this process
     cfg = AgentConfig("w-in", "p", str(model), engine_call=lambda: call)
     agent = Agent(cfg, bus)
     assert agent.load()
@@ -240,5 +242,5 @@ def test_an_assignment_the_engine_refuses_to_co_serve_is_tuned_dedicated_and_say
     started = next(e for e in events if e.type == "started")
     assert started.coserved is False and "already co-serves a job" in (started.message or "")
     assert events[-1].type == "succeeded" and events[-1].iterations == 4
-    assert engine.coserve_task is not None and engine.coserve_task.req.job == "other"  # left alone
+    assert calls.task is not None and calls.task.req.job == "other"  # left alone
     bus.close()

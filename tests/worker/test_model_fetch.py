@@ -32,7 +32,7 @@ BUCKET = "elastune-models"
 
 @pytest.fixture(scope="module")
 def tiny_dir() -> Path:
-    from elastune_worker.tiny.build import ensure_tiny_model
+    from elastune_demo.build import ensure_tiny_model
 
     return ensure_tiny_model(spec=TEST_SPEC)
 
@@ -94,8 +94,8 @@ def test_an_hf_model_is_fetched_once_and_loads_offline(
     # serving engine's loader accepts it.
     import torch
 
+    from elastune_worker.engine.model_runner.models.loader import load_model as engine_load
     from elastune_worker.server.models import load_model
-    from elastune_worker.serving.runner.models.loader import load_model as engine_load
 
     monkeypatch.setenv(MODEL_CACHE_ENV, str(cache))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
@@ -160,7 +160,7 @@ def test_the_command_writes_reason_and_message_as_the_termination_message(
 
 
 def test_the_check_knows_exactly_the_architectures_the_engine_serves() -> None:
-    from elastune_worker.serving.runner.models.loader import ARCHITECTURES
+    from elastune_worker.engine.model_runner.models.loader import ARCHITECTURES
 
     assert set(ARCHITECTURES) == model_fetch.SUPPORTED_MODEL_TYPES
 

@@ -19,11 +19,11 @@ pytest.importorskip("kmock")
 
 from elastune_contract.api.constants import PVC_ROOT_ENV  # noqa: E402
 from elastune_contract.api.loraadapter import LoRAAdapterSpec  # noqa: E402
+from elastune_demo import build as tiny_build  # noqa: E402
+from elastune_demo import tasks as tiny_tasks  # noqa: E402
 from elastune_operator.control import artifacts  # noqa: E402
+from elastune_worker.engine.model_runner.lora.storage import resolve_artifact  # noqa: E402
 from elastune_worker.server.agent import Agent, AgentConfig  # noqa: E402
-from elastune_worker.serving.runner.lora.storage import resolve_artifact  # noqa: E402
-from elastune_worker.tiny import build as tiny_build  # noqa: E402
-from elastune_worker.tiny import tasks as tiny_tasks  # noqa: E402
 from operator_site import NS, OperatorSite, wait_for  # noqa: E402
 from tiny_test_model import TASK, TEST_SPEC  # noqa: E402 - the small model and task of the tuning tests
 

@@ -33,8 +33,8 @@ from test_tuning import (  # noqa: E402  (same tiny model, task and CLI helpers 
     worker_env,
 )
 
-from elastune_worker.tiny import build as tiny_build  # noqa: E402
-from elastune_worker.tiny import tasks as tiny_tasks  # noqa: E402
+from elastune_demo import build as tiny_build  # noqa: E402
+from elastune_demo import tasks as tiny_tasks  # noqa: E402
 from elastune_worker.tuning.trainer import MAX_ITERATIONS  # noqa: E402
 
 K, N = 5, 30  # checkpoint every K steps, N steps in all

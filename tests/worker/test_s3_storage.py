@@ -199,8 +199,8 @@ class _EngineClient:
 @pytest.fixture(scope="module")
 def tiny_lora(emulator: s3_emulator.S3Emulator) -> dict[str, Any]:
     pytest.importorskip("torch")
-    from elastune_worker.tiny import adapters as A
-    from elastune_worker.tiny import build as B
+    from elastune_demo import adapters as A
+    from elastune_demo import build as B
 
     base = B.ensure_tiny_model(spec=B.TINY_LLAMA_SPEC)
     local = A.ensure_tiny_adapter(8)
@@ -222,9 +222,9 @@ def test_a_lora_adapter_on_s3_is_placed_loaded_and_served(
 ) -> None:
     """The placement names the s3:// artifact and only the Secret's name; the worker downloads it into
     its cache and the engine serves it with the same tokens as the local copy of the adapter."""
-    from elastune_batching.sampling import SamplingParams
-    from elastune_worker.serving.config import EngineConfig
-    from elastune_worker.serving.core.engine import LLMEngine
+    from elastune_worker.engine.core.config import EngineConfig
+    from elastune_worker.engine.core.sampling import SamplingParams
+    from elastune_worker.engine.llm_engine import LLMEngine
 
     monkeypatch.setenv(S3_CACHE_ENV, str(tmp_path / "cache"))
     url = f"s3://{BUCKET}/adapters/tiny-r8"
@@ -330,8 +330,8 @@ def test_tuningjobs_with_s3_outputs_in_local_mode(
     and status names its s3:// URI; a missing bucket and wrong credentials fail their jobs at once with
     the reason, and the one worker goes on to the next job."""
     pytest.importorskip("torch")
-    from elastune_worker.tiny import build as tiny_build
-    from elastune_worker.tiny import tasks as tiny_tasks
+    from elastune_demo import build as tiny_build
+    from elastune_demo import tasks as tiny_tasks
     from local_run import condition, elastune, status_of, tuning_job, warm_pool, write
     from tiny_test_model import TASK, TEST_SPEC
 

@@ -14,8 +14,8 @@ import pytest
 torch = pytest.importorskip("torch")
 openai = pytest.importorskip("openai")
 
-from elastune_worker.tiny import adapters as tiny_adapters  # noqa: E402
-from elastune_worker.tiny import build as tiny_build  # noqa: E402
+from elastune_demo import adapters as tiny_adapters  # noqa: E402
+from elastune_demo import build as tiny_build  # noqa: E402
 from serve_process import ElastuneServe, write_manifests  # noqa: E402
 
 MODEL = "elastune/tiny-llama"

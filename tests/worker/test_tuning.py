@@ -25,9 +25,9 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 torch = pytest.importorskip("torch")
 pytest.importorskip("peft")
 
+from elastune_demo import build as tiny_build  # noqa: E402
+from elastune_demo import tasks as tiny_tasks  # noqa: E402
 from elastune_worker.comm import StorageAllReduce, make_channel  # noqa: E402
-from elastune_worker.tiny import build as tiny_build  # noqa: E402
-from elastune_worker.tiny import tasks as tiny_tasks  # noqa: E402
 from elastune_worker.tuning import metrics as M  # noqa: E402
 from elastune_worker.tuning.data import DatasetError, load_dataset, split  # noqa: E402
 from elastune_worker.tuning.trainer import (  # noqa: E402

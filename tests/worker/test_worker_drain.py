@@ -21,7 +21,7 @@ httpx = pytest.importorskip("httpx")
 pytest.importorskip("torch")
 
 from elastune_common.bus import Bus  # noqa: E402
-from elastune_worker.tiny import build as B  # noqa: E402
+from elastune_demo import build as B  # noqa: E402
 
 MODEL = "tiny-llama"
 STREAMS = 6

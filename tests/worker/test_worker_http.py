@@ -20,7 +20,7 @@ pytest.importorskip("torch")
 pytest.importorskip("fastapi")
 
 from elastune_common.bus import Bus
-from elastune_worker.tiny import build as tiny_build
+from elastune_demo import build as tiny_build
 from tiny_test_model import TEST_SPEC
 
 CONTROL_TOKEN = "test-control-token"

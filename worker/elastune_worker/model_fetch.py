@@ -7,13 +7,15 @@ does the same for InferenceServices), and what tests call in-process:
 
 - ``hf://``: the real ``huggingface_hub`` client (``snapshot_download``), honouring ``HF_ENDPOINT`` (a
   mirror, a private hub, the tests' stand-in) and the token (``HF_TOKEN``, from the Secret the WarmPool
-  names); ``s3://``: boto3 through worker/storage/s3.py (the Secret mounted as for LoRAAdapters);
+  names); ``s3://``: boto3 through worker/storage/s3.py (the Secret mounted as for LoRAAdapters, or the
+  pod's own identity only when the pool sets useAmbientCredentials: ``--s3-secret @ambient``; with
+  neither the fetch is refused, ModelAccessDenied);
   ``pvc://``: a copy from the claim's mount.
 - Each source gets its own directory of the cache (``ModelSource.cache_dir``), downloaded into a temp
   directory beside it and renamed into place with FETCHED_MARKER inside: a reader never sees half a
   model, and a second pool of the same source finds the marker and downloads nothing.
 - The model must be one the engine serves: config.json's ``model_type`` among SUPPORTED_MODEL_TYPES
-  (the keys of serving/runner/models/loader.py ARCHITECTURES; kept here so this check needs no torch,
+  (the keys of engine/model_runner/models/loader.py ARCHITECTURES; kept here so this check needs no torch,
   and tests/worker/test_model_fetch.py fails if the two lists part).
 - Failures are FetchError with a vocabulary reason (ModelAccessDenied, ModelNotFound,
   ModelRevisionNotFound, ModelUnsupported, ModelFetchFailed). The command writes ``Reason: message`` as
@@ -48,7 +50,7 @@ from elastune_contract.model_source import (
 )
 from elastune_contract.vocabulary import Reason
 
-#: config.json model_type values the engine loads (serving/runner/models/loader.py ARCHITECTURES).
+#: config.json model_type values the engine loads (engine/model_runner/models/loader.py ARCHITECTURES).
 SUPPORTED_MODEL_TYPES: Final = frozenset({"llama", "mistral", "qwen2", "gpt2"})
 DEFAULT_TERMINATION_LOG: Final = "/dev/termination-log"
 #: The kubelet keeps at most 4096 bytes of a termination message (core/v1 Container docs).
@@ -224,6 +226,7 @@ def _fetch_s3(src: ModelSource, into: Path, secret: str | None) -> str:
         reason = {
             Reason.STORAGE_ACCESS_DENIED: Reason.MODEL_ACCESS_DENIED,
             Reason.STORAGE_SECRET_NOT_FOUND: Reason.MODEL_ACCESS_DENIED,
+            Reason.STORAGE_CREDENTIALS_UNSET: Reason.MODEL_ACCESS_DENIED,
             Reason.STORAGE_BUCKET_NOT_FOUND: Reason.MODEL_NOT_FOUND,
             Reason.ARTIFACT_NOT_FOUND: Reason.MODEL_NOT_FOUND,
         }.get(exc.reason, Reason.MODEL_FETCH_FAILED)
@@ -285,7 +288,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--cache", default=os.environ.get(MODEL_CACHE_ENV), help="the model cache directory")
     parser.add_argument(
-        "--s3-secret", default=None, help="the Secret mounted under $ELASTUNE_S3_SECRETS_ROOT"
+        "--s3-secret",
+        default=None,
+        help="the Secret mounted under $ELASTUNE_S3_SECRETS_ROOT, or @ambient: the pod's own identity",
     )
     parser.add_argument(
         "--termination-log", default=None, help=f"default {DEFAULT_TERMINATION_LOG}, if present"

@@ -58,7 +58,7 @@ def run(jobs: int, json_path: Path | None, timeout: float) -> dict[str, Any]:
         "ELASTUNE_METRICS_PORT": str(metrics_port),
     }
     log_path = tmp / "operator.log"
-    cmd = [sys.executable, "-m", "elastune_operator.cli", "operator", "--standalone", "--all-namespaces"]
+    cmd = [sys.executable, "-m", "elastune_cli", "operator", "--standalone", "--all-namespaces"]
     operator = subprocess.Popen(cmd, env=env, stdout=log_path.open("wb"), stderr=subprocess.STDOUT)
     try:
         pool = {

@@ -22,7 +22,7 @@ class Sizes:
 
     device: str
     shape: str
-    """The engine benchmark's model (runner/models/random_init.py SHAPES)."""
+    """The engine benchmark's model (modeling/random_init.py SHAPES)."""
     dtype: str
     decode_batches: tuple[int, ...]
     context: int
@@ -102,7 +102,7 @@ def engine_features() -> dict[str, Any]:
     import dataclasses
     import typing
 
-    from elastune_worker.serving import config as C
+    from elastune_worker.engine.core import config as C
 
     fields = {f.name: f for f in dataclasses.fields(C.EngineConfig)}
     hints = typing.get_type_hints(C.EngineConfig, vars(C))

@@ -130,13 +130,13 @@ def gpu_variants(launch: dict[str, Any]) -> list[Compile]:
 
 def record(shape: str, workdir: Path) -> Recorder:
     """Serve a short mixed batch on the CPU through every Triton path, recording each launch."""
-    from elastune_batching.sampling import SamplingParams
-    from elastune_worker.serving.config import EngineConfig
-    from elastune_worker.serving.core.engine import LLMEngine
-    from elastune_worker.serving.runner import fused_kernels, fused_ops, model_runner, triton_attention
-    from elastune_worker.serving.runner import triton_paged_kernel as paged
-    from elastune_worker.serving.runner.lora import sgmv, sgmv_kernels
-    from elastune_worker.serving.runner.models.random_init import (
+    from elastune_worker.engine.core.config import EngineConfig
+    from elastune_worker.engine.core.sampling import SamplingParams
+    from elastune_worker.engine.llm_engine import LLMEngine
+    from elastune_worker.engine.model_runner import fused_kernels, fused_ops, runner, triton_attention
+    from elastune_worker.engine.model_runner import triton_paged_kernel as paged
+    from elastune_worker.engine.model_runner.lora import sgmv, sgmv_kernels
+    from elastune_worker.modeling.random_init import (
         NoTokenizer,
         shape_config,
         write_random_lora,
@@ -167,7 +167,7 @@ def record(shape: str, workdir: Path) -> Recorder:
     # An H100's multiprocessors, so that decodes split their contexts (and merge the splits) as there.
     triton_attention.CPU_PROGRAM_SLOTS = 132  # type: ignore[misc]
     # The interpreter's bf16 arithmetic is not a GPU's: the start-up checks would refuse every kernel.
-    for module in (model_runner, fused_ops, sgmv):
+    for module in (runner, fused_ops, sgmv):
         module.triton_problem = lambda *a, **k: None  # type: ignore[attr-defined]
 
     base, overrides = SHAPES[shape]

@@ -33,8 +33,8 @@ NEW_TOKENS = 12
 
 def engine(model: Path, device: str, **options: Any) -> Any:
     """A float32 engine with an explicit KV cache; options this build lacks are dropped by the caller."""
-    from elastune_worker.serving.config import EngineConfig
-    from elastune_worker.serving.core.engine import LLMEngine
+    from elastune_worker.engine.core.config import EngineConfig
+    from elastune_worker.engine.llm_engine import LLMEngine
 
     fields = {f.name for f in dataclasses.fields(EngineConfig)}
     base: dict[str, Any] = {"device": device, "dtype": "float32", "num_kv_blocks": 1024, "max_num_seqs": 32}
@@ -44,7 +44,7 @@ def engine(model: Path, device: str, **options: Any) -> Any:
 
 
 def greedy(n: int = NEW_TOKENS) -> Any:
-    from elastune_batching.sampling import SamplingParams
+    from elastune_worker.engine.core.sampling import SamplingParams
 
     return SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True)
 
@@ -67,7 +67,7 @@ def hf_model(path: Path, device: str) -> Any:
 def check_hf(arch: str, device: str) -> dict[str, Any]:
     from transformers import AutoTokenizer
 
-    from elastune_worker.tiny import build as B
+    from elastune_demo import build as B
 
     path = B.ensure_tiny_model(spec=B.TINY_LLAMA_SPEC if arch == "llama" else B.DEFAULT_SPEC)
     tok = AutoTokenizer.from_pretrained(path, local_files_only=True)
@@ -86,8 +86,8 @@ def check_lora(kernel: str, device: str, **options: Any) -> dict[str, Any]:
     from peft import PeftModel
     from transformers import AutoTokenizer
 
-    from elastune_worker.tiny import adapters as A
-    from elastune_worker.tiny import build as B
+    from elastune_demo import adapters as A
+    from elastune_demo import build as B
 
     path = B.ensure_tiny_model(spec=B.TINY_LLAMA_SPEC)
     tok = AutoTokenizer.from_pretrained(path, local_files_only=True)
@@ -118,7 +118,7 @@ def check_soft_prompt(device: str) -> dict[str, Any]:
     from peft import PeftModel, PromptTuningConfig, get_peft_model
     from transformers import AutoTokenizer
 
-    from elastune_worker.tiny import build as B
+    from elastune_demo import build as B
 
     path = B.ensure_tiny_model(spec=B.TINY_LLAMA_SPEC)
     tok = AutoTokenizer.from_pretrained(path, local_files_only=True)
@@ -170,7 +170,7 @@ def check_attention(backend: str, device: str) -> dict[str, Any]:
 def same_mixed_batch(device: str, option: str, value: str, reference: str) -> dict[str, Any]:
     """The mixed batch's tokens and every step's logits with ``option`` = ``value`` against
     ``reference`` (eager steps: the option alone, in every step)."""
-    from elastune_worker.tiny import build as B
+    from elastune_demo import build as B
 
     path = B.ensure_tiny_model(spec=B.TINY_LLAMA_SPEC)  # 4 query heads over 2 KV heads (GQA)
     opts: dict[str, Any] = {"max_num_batched_tokens": 64, "enable_prefix_caching": True}
@@ -188,7 +188,7 @@ def check_elementwise(device: str) -> dict[str, Any]:
     """The fused norm, RoPE and SiLU-and-mul kernels against the torch ops: each op on a random input in
     float32 and bfloat16 (the largest difference, and the share of elements that differ: compiled,
     bfloat16 rounds to nearest as torch does, so few should), then the engine's mixed batch in float32."""
-    from elastune_worker.serving.runner import fused_ops
+    from elastune_worker.engine.model_runner import fused_ops
 
     LLAMA_3_8B = fused_ops.LayerShape(hidden=4096, n_heads=32, n_kv=8, head_dim=128, intermediate=14_336)
     ops: dict[str, Any] = {}
@@ -205,8 +205,8 @@ def check_elementwise(device: str) -> dict[str, Any]:
 
 
 def check_graphs(device: str, lora: bool) -> dict[str, Any]:
-    from elastune_worker.tiny import adapters as A
-    from elastune_worker.tiny import build as B
+    from elastune_demo import adapters as A
+    from elastune_demo import build as B
 
     path = B.ensure_tiny_model(spec=B.TINY_LLAMA_SPEC)
     results = {}

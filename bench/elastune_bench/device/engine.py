@@ -65,9 +65,9 @@ def kv_blocks(z: Sizes) -> int:
 
 def build(model_dir: Path, z: Sizes, graphs: bool | None, **options: Any) -> Any:
     """The engine for these sizes; ``options``: more EngineConfig fields (a backend to compare)."""
-    from elastune_worker.serving.config import EngineConfig
-    from elastune_worker.serving.core.engine import LLMEngine
-    from elastune_worker.serving.runner.models.random_init import NoTokenizer
+    from elastune_worker.engine.core.config import EngineConfig
+    from elastune_worker.engine.llm_engine import LLMEngine
+    from elastune_worker.modeling.random_init import NoTokenizer
 
     extra: dict[str, Any] = ({} if graphs is None else {"cuda_graphs": graphs}) | options
     cfg = EngineConfig(
@@ -90,7 +90,7 @@ def decode(
     """``batch`` requests of ``z.context`` random tokens: prefilled, ``warm_steps`` decode steps, then
     ``decode_steps`` timed decode steps of the whole batch; greedy unless ``sampling`` (SamplingParams
     fields) says otherwise."""
-    from elastune_batching.sampling import SamplingParams
+    from elastune_worker.engine.core.sampling import SamplingParams
 
     gen = torch.Generator().manual_seed(batch)
     prompts = torch.randint(0, shape.vocab, (batch, z.context), generator=gen).tolist()
@@ -137,7 +137,7 @@ def decode(
 def prefill(eng: Any, z: Sizes, shape: Shape, tflops: float | None) -> dict[str, Any]:
     """``prefill_prompts`` random prompts of ``prefill_len`` tokens, one output token each, timed from
     their arrival to their first token (after one untimed prompt warms the kernels)."""
-    from elastune_batching.sampling import SamplingParams
+    from elastune_worker.engine.core.sampling import SamplingParams
 
     one = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
     gen = torch.Generator().manual_seed(7)
@@ -161,7 +161,7 @@ def prefill(eng: Any, z: Sizes, shape: Shape, tflops: float | None) -> dict[str,
 def main() -> int:
     args = part_args(__doc__.splitlines()[0])
     z = sizes(args.smoke)
-    from elastune_worker.serving.runner.models.random_init import SHAPES, write_random_model
+    from elastune_worker.modeling.random_init import SHAPES, write_random_model
 
     feats = engine_features()
     ceilings = read_part(args.out, "ceilings") or {}

@@ -19,14 +19,14 @@ from elastune_bench.device.common import device_info, part_args, write_part
 
 ROOT = Path(__file__).resolve().parents[3]
 FILES = (
-    "tests/worker/serving/runner/test_cuda_graphs.py",
-    "tests/worker/serving/runner/test_triton_attention.py",
-    "tests/worker/serving/runner/test_fused_ops.py",
-    "tests/worker/serving/runner/test_kernel_variants.py",
-    "tests/worker/serving/runner/test_lora_sgmv.py",
-    "tests/worker/serving/runner/test_lora_slots.py",
+    "tests/worker/engine/model_runner/test_cuda_graphs.py",
+    "tests/worker/engine/model_runner/test_triton_attention.py",
+    "tests/worker/engine/model_runner/test_fused_ops.py",
+    "tests/worker/engine/model_runner/test_kernel_variants.py",
+    "tests/worker/engine/model_runner/test_lora_sgmv.py",
+    "tests/worker/engine/model_runner/test_lora_slots.py",
 )
-SMOKE_SELECTION = ("tests/worker/serving/runner/test_fused_ops.py", "-k", "no_rows_and_bad_inputs")
+SMOKE_SELECTION = ("tests/worker/engine/model_runner/test_fused_ops.py", "-k", "no_rows_and_bad_inputs")
 
 
 def junit_summary(report: Path) -> dict[str, Any]:

@@ -16,7 +16,7 @@ from elastune_bench.device.common import device_info, figures, part_args, read_p
 def build(shape: str, device: str, dtype: torch.dtype) -> Any:
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from elastune_worker.serving.runner.models.random_init import shape_config
+    from elastune_worker.modeling.random_init import shape_config
 
     cfg = {k: v for k, v in shape_config(shape).items() if k != "torch_dtype"}
     before = torch.get_default_dtype()

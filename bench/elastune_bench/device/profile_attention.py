@@ -50,8 +50,8 @@ PAGE = 16
 def inputs(plan: Plan, batch: int, context: int) -> dict[str, Any]:
     """One decode per sequence, its context in pages scattered over a cache with room for all of them;
     the Triton tiles and the gather path's metadata of that step."""
-    from elastune_worker.serving.runner.attention import AttentionMetadata, DecodeGroup
-    from elastune_worker.serving.runner.triton_attention import build_tiles
+    from elastune_worker.engine.model_runner.attention import AttentionMetadata, DecodeGroup
+    from elastune_worker.engine.model_runner.triton_attention import build_tiles
 
     n_heads, n_kv, d = plan.heads
     dev = torch.device(plan.device)
@@ -116,8 +116,8 @@ def _graph_us(plan: Plan, fn: Any) -> float:
 
 
 def sweep_shape(plan: Plan, batch: int, context: int, gbps: float | None) -> dict[str, Any]:
-    from elastune_worker.serving.runner.attention import paged_attention
-    from elastune_worker.serving.runner.triton_attention import (
+    from elastune_worker.engine.model_runner.attention import paged_attention
+    from elastune_worker.engine.model_runner.triton_attention import (
         LaunchTuning,
         decode_splits,
         paged_attention_in_place,

@@ -62,8 +62,8 @@ last engine has LoRA off: the plain decode step at batch 64 (the engine part's b
 
 def _engine(plan: Plan, model: Any, kernel: str | None, backend: str | None, paths: dict[int, Any]) -> Any:
     """kernel None: an engine without LoRA."""
-    from elastune_worker.serving.config import EngineConfig
-    from elastune_worker.serving.core.engine import LLMEngine
+    from elastune_worker.engine.core.config import EngineConfig
+    from elastune_worker.engine.llm_engine import LLMEngine
 
     cfg = EngineConfig(
         device=plan.device,  # type: ignore[arg-type]
@@ -83,7 +83,7 @@ def _engine(plan: Plan, model: Any, kernel: str | None, backend: str | None, pat
 @contextmanager
 def _decoding(eng: Any, plan: Plan, vocab: int, with_adapters: bool) -> Iterator[None]:
     """The batch admitted, prefilled and past its warm-up steps; aborted on exit."""
-    from elastune_batching.sampling import SamplingParams
+    from elastune_worker.engine.core.sampling import SamplingParams
 
     gen = torch.Generator().manual_seed(plan.batch)
     prompts = torch.randint(0, vocab, (plan.batch, plan.prompt_len), generator=gen).tolist()
@@ -152,7 +152,7 @@ def main() -> int:
     args = part_args(__doc__.splitlines()[0])
     plan = SMOKE if args.smoke else FULL
     from elastune_bench.serving.shapes import bench_model
-    from elastune_worker.serving.runner.models.random_init import SHAPES
+    from elastune_worker.modeling.random_init import SHAPES
 
     vocab = int(SHAPES[plan.shape]["vocab_size"])
     model = bench_model(plan.shape)

@@ -40,7 +40,7 @@ SMOKE_SECONDS = 60
 
 
 PREPARE = """
-from elastune_worker.tiny import adapters as A, build as B
+from elastune_demo import adapters as A, build as B
 for spec in (B.DEFAULT_SPEC, B.TINY_LLAMA_SPEC):
     B.ensure_tiny_model(spec=spec)
 for rank in (8, 16, 32, 64):

@@ -39,9 +39,9 @@ from elastune_bench.processes import (
     start_worker,
     wait_for_endpoints,
 )
+from elastune_bench.sim.routing.metrics import percentile
 from elastune_common.servers import start_redis
 from elastune_contract.api_keys import KeySecret
-from elastune_gateway.sim.metrics import percentile
 
 RESULTS = Path("benchmarks/results/gateway.json")
 MODEL = "tiny-llama"

@@ -41,14 +41,14 @@ from elastune_bench.processes import (
     wait_for_endpoints,
     wait_for_worker,
 )
+from elastune_bench.sim.routing.experiments import Experiment, run_experiment
+from elastune_bench.sim.routing.metrics import percentile
 from elastune_common.bus import Bus
 from elastune_common.servers import Server, start_redis
 from elastune_contract.protocol import ServingCost
 from elastune_gateway.routing.cost import CostModel
 from elastune_gateway.routing.policy import RoutingPolicyName
 from elastune_gateway.server.views import cost_model
-from elastune_gateway.sim.experiments import Experiment, run_experiment
-from elastune_gateway.sim.metrics import percentile
 
 RESULTS = Path("benchmarks/results/route.json")
 OURS: dict[str, RoutingPolicyName] = {"round_robin": "roundRobin", "least_load": "leastLoad", "e2": "preble"}
@@ -351,7 +351,7 @@ class RankSetup:
 def _adapter_paths() -> dict[int, str]:
     """The project's rank 8/16/32/64 adapters (built by the worker package if missing)."""
     code = (
-        "import json; from elastune_worker.tiny.adapters import ensure_tiny_adapter as e; "
+        "import json; from elastune_demo.adapters import ensure_tiny_adapter as e; "
         "print(json.dumps({r: str(e(r)) for r in (8, 16, 32, 64)}))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

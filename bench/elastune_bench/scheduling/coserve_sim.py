@@ -12,10 +12,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from elastune_bench.sim.scheduling.mixed import MixedConfig, with_and_without
+from elastune_bench.sim.scheduling.simulator import SimConfig
+from elastune_bench.sim.scheduling.workload import profile
 from elastune_operator.scheduling.coserving import CoServeModel
-from elastune_operator.sim.mixed import MixedConfig, with_and_without
-from elastune_operator.sim.simulator import SimConfig
-from elastune_operator.sim.workload import profile
 
 LOADS = {"light": 0.3, "heavy": 0.8}
 """Mean inference utilisation of the serving pods."""

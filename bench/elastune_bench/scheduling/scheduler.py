@@ -19,9 +19,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TextIO
 
-from elastune_operator.sim import paper
-from elastune_operator.sim.calibrate import ANCHORS, Measurement, measure
-from elastune_operator.sim.experiments import (
+from elastune_bench.sim.scheduling import paper
+from elastune_bench.sim.scheduling.calibrate import ANCHORS, Measurement, measure
+from elastune_bench.sim.scheduling.experiments import (
     ABLATIONS,
     IDLE_WINDOWS,
     POLICIES,
@@ -35,8 +35,8 @@ from elastune_operator.sim.experiments import (
     prompttuner_grid,
     scale_run,
 )
-from elastune_operator.sim.simulator import SimConfig
-from elastune_operator.sim.workload import LOADS, PROFILE_NAMES, ProfileName, profile
+from elastune_bench.sim.scheduling.simulator import SimConfig
+from elastune_bench.sim.scheduling.workload import LOADS, PROFILE_NAMES, ProfileName, profile
 
 HEADLINE: ProfileName = "calibrated"
 ALL_SPEND = "withAllSpendMechanisms"

@@ -7,8 +7,9 @@ timestamps compressed to a light and a heavy rate, replayed in real time in-proc
 tuning of the same model (the trainer's promptTuning, the same seed and data), run for the trace's
 duration. Modes:
 
-* ``coserve``: the job attached to the engine (``LLMEngine.attach_coserve``): every iteration carries
-  what the hybrid token scheduler leaves beside the inference tokens under the TPOT-derived target;
+* ``coserve``: the job attached to the engine as its step hook (``LLMEngine.attach_hook``): every
+  iteration carries what the hybrid token scheduler leaves beside the inference tokens under the
+  TPOT-derived target;
 * ``temporal_<n>``: n inference iterations, then one whole finetuning step (forward, backward,
   optimizer) that blocks the engine; an idle engine runs finetuning steps back to back;
 * ``inference_only``: the trace alone, no job: the SLO attainment the pod reaches at this load without
@@ -109,7 +110,7 @@ def load_trace(tok: Any, dataset: Path, n: int, max_prompt: int, max_out: int, r
 
 
 def tuning_setup(args: argparse.Namespace) -> tuple[Any, list[Any]]:
-    from elastune_worker.tiny import tasks as T
+    from elastune_demo import tasks as T
     from elastune_worker.tuning.trainer import TuningConfig
 
     cfg = TuningConfig(
@@ -131,7 +132,7 @@ def step_tokens(trainer: Any, step: int) -> int:
 def replay(engine: Any, trace: Trace, between: Any = None, idle: Any = None) -> tuple[list[Timing], float]:
     """Serve ``trace`` in real time. ``between()`` runs after every inference iteration, ``idle()`` when
     the engine has nothing to do (each may block: that is the mode's interference)."""
-    from elastune_batching.sampling import SamplingParams
+    from elastune_worker.engine.core.sampling import SamplingParams
 
     timings = [Timing(a) for a in trace.arrivals]
     start = time.perf_counter()
@@ -163,8 +164,9 @@ def replay(engine: Any, trace: Trace, between: Any = None, idle: Any = None) -> 
 def run_coserve(
     engine: Any, trainer: Any, trace: Trace, slo_s: float, cost: Any, args: argparse.Namespace
 ) -> RunResult:
-    from elastune_worker.serving.coserve.job import CoServedJob
-    from elastune_worker.serving.coserve.planner import CoServeConfig, CoServePlanner, LatencyModel
+    from elastune_worker.coserve.hook import CoServeHook
+    from elastune_worker.coserve.job import CoServedJob
+    from elastune_worker.coserve.planner import CoServeConfig, CoServePlanner, LatencyModel
 
     job = CoServedJob(trainer, served_model_dir=engine.model_path, micro_batch=args.micro_batch)
     per_token = max(cost.prefill_s_per_token, 1e-6)
@@ -175,11 +177,11 @@ def run_coserve(
         forward=LatencyModel(base, per_token),
         backward=LatencyModel(base, per_token),
     )
-    engine.attach_coserve(job, planner)
+    engine.attach_hook(CoServeHook(job, planner))
     try:
         timings, wall = replay(engine, trace, idle=engine.step)  # an idle iteration is all finetuning
     finally:
-        engine.detach_coserve()
+        engine.detach_hook()
     steps = trainer.iterations
     fits = {
         "inference": planner.model,
@@ -368,10 +370,10 @@ def _write(result: dict[str, Any], path: Path | None) -> None:
 def _run(args: argparse.Namespace, model: BenchModel, modes: list[str]) -> int:
     import torch
 
-    from elastune_batching.sampling import SamplingParams
-    from elastune_worker.serving.config import EngineConfig
-    from elastune_worker.serving.core.engine import LLMEngine
-    from elastune_worker.serving.core.profile import profile_costs
+    from elastune_worker.engine.core.config import EngineConfig
+    from elastune_worker.engine.core.sampling import SamplingParams
+    from elastune_worker.engine.llm_engine import LLMEngine
+    from elastune_worker.engine.profile import profile_costs
     from elastune_worker.tuning.trainer import Trainer, load_base_model
 
     started = time.perf_counter()

@@ -53,9 +53,9 @@ def _engine(
     is capped at 64 (the CUDA graphs captured per engine: 11 sizes, not 19)."""
     workers = 2 if mode == "cpu_assisted_procs" else 0
     mode = "cpu_assisted" if mode == "cpu_assisted_procs" else mode
-    from elastune_worker.serving.config import EngineConfig
-    from elastune_worker.serving.core.engine import LLMEngine
-    from elastune_worker.serving.runner.lora.copies import EmulatedCopies
+    from elastune_worker.engine.core.config import EngineConfig
+    from elastune_worker.engine.llm_engine import LLMEngine
+    from elastune_worker.engine.model_runner.lora.copies import EmulatedCopies
 
     model = model or bench_model(TINY)
     paths = paths or model.lora_adapters()
@@ -93,7 +93,7 @@ def trace(
 ) -> list[tuple[float, str, str | list[int]]]:
     """(arrival, adapter, prompt): Poisson arrivals, Zipf(1.0) adapter popularity, family prompts (their
     token ids when ``model`` is given: a random-weight model's engine takes ids only)."""
-    from elastune_worker.tiny import tasks as T
+    from elastune_demo import tasks as T
 
     rng = random.Random(seed)
     names = adapter_names(adapters)
@@ -110,7 +110,7 @@ def trace(
 
 def replay(eng: Any, requests: list[tuple[float, str, str | list[int]]], max_tokens: int) -> dict[str, float]:
     """Open-loop replay in real time: each request is added when its arrival time comes."""
-    from elastune_batching.sampling import SamplingParams
+    from elastune_worker.engine.core.sampling import SamplingParams
 
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
     dev = eng.loras.device
@@ -158,7 +158,7 @@ def kernels(
     model: BenchModel | None = None,
     paths: dict[int, Path] | None = None,
 ) -> dict[str, Any]:
-    from elastune_batching.sampling import SamplingParams
+    from elastune_worker.engine.core.sampling import SamplingParams
 
     model = model or bench_model(TINY)
     out: dict[str, Any] = {}

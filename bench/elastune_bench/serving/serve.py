@@ -224,7 +224,7 @@ def _free_port() -> int:
 
 def elastune_server(model: Path, tmp: Path, prefix_caching: bool, args: argparse.Namespace) -> Server:
     port = _free_port()
-    cmd = [sys.executable, "-m", "elastune_worker.serving", "--model", str(model), "--port", str(port)]
+    cmd = [sys.executable, "-m", "elastune_worker.engine", "--model", str(model), "--port", str(port)]
     cmd += ["--served-model-name", SERVED_NAME, "--max-num-seqs", str(args.max_num_seqs)]
     cmd += [
         "--max-num-batched-tokens",
@@ -245,14 +245,14 @@ LORA_RANKS = (8, 16, 32, 64)
 
 def lora_modules() -> list[str]:
     """The project's four adapters as NAME=PATH, for both servers (vLLM's --lora-modules syntax)."""
-    from elastune_worker.tiny.adapters import ensure_tiny_adapter
+    from elastune_demo.adapters import ensure_tiny_adapter
 
     return [f"r{rank}={ensure_tiny_adapter(rank)}" for rank in LORA_RANKS]
 
 
 def engine_binding() -> dict[str, Any]:
     """The CPU binding the standalone server's ``--engine-cpus auto`` picks here (cpu_binding.py)."""
-    from elastune_worker.serving.runner.cpu_binding import plan_here
+    from elastune_worker.engine.model_runner.cpu_binding import plan_here
 
     plan = plan_here("auto")
     if plan is None:
@@ -382,7 +382,7 @@ def main(argv: list[str] | None = None) -> int:
     n = args.requests or (16 if args.quick else 64)
     reps = args.reps or (1 if args.quick else 3)
     if args.model is None:
-        from elastune_worker.tiny.build import TINY_LLAMA_SPEC, ensure_tiny_model
+        from elastune_demo.build import TINY_LLAMA_SPEC, ensure_tiny_model
 
         args.model = ensure_tiny_model(spec=TINY_LLAMA_SPEC)
     if not args.dataset.exists():

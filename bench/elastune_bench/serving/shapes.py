@@ -1,6 +1,6 @@
 """The model that ``elastune bench lora`` and ``elastune bench coserve`` run on (``--shape``): the tiny
 Llama (``tiny-llama``, the default: trained weights, its own tokenizer and adapters), or a random-weight
-model of a named shape (serving/runner/models/random_init.py SHAPES: ``llama-3-8b`` for a GPU,
+model of a named shape (modeling/random_init.py SHAPES: ``llama-3-8b`` for a GPU,
 ``llama-micro`` for a CPU smoke run), written once per run into a temporary directory.
 
 A random-weight model has no tokenizer of its own. The benchmarks' text (ShareGPT prompts, the tuning
@@ -25,7 +25,7 @@ LORA_RANKS = (8, 16, 32, 64)
 
 
 def shape_names() -> tuple[str, ...]:
-    from elastune_worker.serving.runner.models.random_init import SHAPES
+    from elastune_worker.modeling.random_init import SHAPES
 
     return (TINY, *SHAPES)
 
@@ -45,7 +45,7 @@ class BenchModel:
         """The ``tokenizer`` argument of LLMEngine: None (the model's own) or NoTokenizer."""
         if not self.random:
             return None
-        from elastune_worker.serving.runner.models.random_init import NoTokenizer
+        from elastune_worker.modeling.random_init import NoTokenizer
 
         return NoTokenizer()
 
@@ -60,10 +60,10 @@ class BenchModel:
         """One adapter per rank in LORA_RANKS: the tiny Llama's trained ones, or random ones of the
         shape (written once, in ``workdir``)."""
         if not self.random:
-            from elastune_worker.tiny import adapters as A
+            from elastune_demo import adapters as A
 
             return {rank: A.ensure_tiny_adapter(rank) for rank in LORA_RANKS}
-        from elastune_worker.serving.runner.models.random_init import read_random_config, write_random_lora
+        from elastune_worker.modeling.random_init import read_random_config, write_random_lora
 
         assert self.workdir is not None
         cfg = read_random_config(self.path)
@@ -82,8 +82,8 @@ def bench_model(shape: str = TINY) -> BenchModel:
     """The model of ``shape`` (TINY or a name in random_init.SHAPES); ``close()`` it when done."""
     from transformers import AutoTokenizer
 
-    from elastune_worker.serving.runner.models.random_init import SHAPES, write_random_model
-    from elastune_worker.tiny.build import TINY_LLAMA_SPEC, ensure_tiny_model
+    from elastune_demo.build import TINY_LLAMA_SPEC, ensure_tiny_model
+    from elastune_worker.modeling.random_init import SHAPES, write_random_model
 
     if shape != TINY and shape not in SHAPES:
         raise ValueError(f"unknown shape {shape!r} (known: {', '.join(shape_names())})")

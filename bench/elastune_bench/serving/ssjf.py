@@ -81,8 +81,8 @@ def workload(
 
 # -- the engine -------------------------------------------------------------------------------------
 def make_engine(model: Path, batching: str, policy: str, args: argparse.Namespace, tokenizer: Any) -> Any:
-    from elastune_worker.serving.config import EngineConfig
-    from elastune_worker.serving.core.engine import LLMEngine
+    from elastune_worker.engine.core.config import EngineConfig
+    from elastune_worker.engine.llm_engine import LLMEngine
 
     config = EngineConfig(
         max_num_seqs=args.max_num_seqs,
@@ -99,7 +99,7 @@ def make_engine(model: Path, batching: str, policy: str, args: argparse.Namespac
 
 def step_seconds(engine: Any, batch: int, steps: int = 48) -> float:
     """Median CPU seconds of a decode step with ``batch`` requests of a 128-token prompt."""
-    from elastune_batching.sampling import SamplingParams
+    from elastune_worker.engine.core.sampling import SamplingParams
 
     params = SamplingParams(max_tokens=steps + 1, temperature=0.0, ignore_eos=True)
     for b in range(batch):
@@ -122,7 +122,7 @@ def replay(
     process runs one torch thread), idle gaps jump to the next arrival: other jobs on shared cores
     neither slow the engine down in the figures nor change what it was loaded with. clock "wall":
     real time, with sleeps while idle."""
-    from elastune_batching.sampling import SamplingParams
+    from elastune_worker.engine.core.sampling import SamplingParams
 
     pending = sorted(reqs, key=lambda r: r.at)
     by_id = {r.rid: r for r in reqs}
@@ -252,9 +252,9 @@ def run(quick: bool, args: argparse.Namespace | None = None) -> dict[str, Any]:
     import torch
     from transformers import AutoTokenizer
 
+    from elastune_demo.build import TINY_LLAMA_SPEC, ensure_tiny_model
     from elastune_ssjf.build import ensure_predictor, load_dataset, read_build_info
     from elastune_ssjf.predictor import dataset_predictions
-    from elastune_worker.tiny.build import TINY_LLAMA_SPEC, ensure_tiny_model
 
     torch.set_num_threads(1)
     machine: dict[str, Any] = {"nproc": os.cpu_count(), "loadavg_before": loadavg(), "torch_threads": 1}

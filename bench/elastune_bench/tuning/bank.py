@@ -8,7 +8,7 @@
 (b) Evaluations and latency of a lookup for K ∈ {1 (brute force), 10, √C, 50, 100} over C = 3,000.
 (c) Distribution of top-1 / top-5 cosine similarity between candidates' activation features.
 
-Design (why these settings; see tiny/bank_model.py for the model):
+Design (why these settings; see elastune_demo/bank_model.py for the model):
 
 * Model: the instruction-following tiny GPT-2 (``tiny.bank_model.ensure_bank_model``). The default
   tiny model shows no prompt sensitivity (its inputs identify the task, so any initial prompt converges
@@ -115,7 +115,7 @@ def _median(xs: list[float]) -> float:
 
 
 def _task_specs(cfg: BenchConfig) -> list[Any]:
-    from elastune_worker.tiny import tasks as T
+    from elastune_demo import tasks as T
 
     if cfg.tasks:
         return [T.TaskSpec(n.rsplit("-", 1)[0], int(n.rsplit("-", 1)[1])) for n in cfg.tasks]
@@ -123,7 +123,7 @@ def _task_specs(cfg: BenchConfig) -> list[Any]:
 
 
 def _load(model_dir: Path) -> tuple[Any, Any]:
-    from elastune_worker.tiny.build import load_tiny_model
+    from elastune_demo.build import load_tiny_model
 
     model, tok = load_tiny_model(model_dir)
     model.eval()
@@ -177,7 +177,7 @@ def induction_prompt(model: Any, tok: Any, demos: list[dict[str, str]], max_new_
     """
     import torch
 
-    from elastune_worker.tiny import tasks as T
+    from elastune_demo import tasks as T
 
     context = "\n".join(T.format_example(d["input"], d["target"]) for d in demos) + "\n" + tok.eos_token
     ids = tok(context, return_tensors="pt", add_special_tokens=False)
@@ -238,14 +238,14 @@ def _finite(x: Any) -> Any:
 def run(cfg: BenchConfig, json_path: Path | None = None, plot_path: Path | None = None) -> dict[str, Any]:
     import torch
 
+    from elastune_demo import tasks as T
+    from elastune_demo.bank_candidates import default_candidates
+    from elastune_demo.bank_model import ensure_bank_model
+    from elastune_demo.build import ensure_tiny_model
     from elastune_worker.bank.features import FeatureExtractor
     from elastune_worker.bank.lookup import lookup, predict_lookup_seconds
     from elastune_worker.bank.score import Scorer
     from elastune_worker.bank.store import PromptBank, build_bank
-    from elastune_worker.tiny import tasks as T
-    from elastune_worker.tiny.bank_candidates import default_candidates
-    from elastune_worker.tiny.bank_model import ensure_bank_model
-    from elastune_worker.tiny.build import ensure_tiny_model
 
     torch.set_num_threads(cfg.threads)
     t_start = time.perf_counter()
@@ -444,10 +444,10 @@ def _control_default_model(
     cfg: BenchConfig, default_dir: Path, model: Any, tok: Any, prompts: list[str], specs: list[Any]
 ) -> dict[str, Any]:
     """The same pipeline on the default tiny model for a few tasks: is there prompt sensitivity?"""
+    from elastune_demo import tasks as T
     from elastune_worker.bank.features import FeatureExtractor
     from elastune_worker.bank.lookup import lookup
     from elastune_worker.bank.store import build_bank
-    from elastune_worker.tiny import tasks as T
 
     _log(f"control: the default tiny model on {cfg.control_tasks} tasks (bank pick vs random, same tuning)")
     with tempfile.TemporaryDirectory(prefix="elastune-bank-bench-default-") as tmp:
@@ -715,7 +715,7 @@ def _plot(r: dict[str, Any], path: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch loads (see tiny/build.py)
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch loads (see elastune_demo/build.py)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     p = argparse.ArgumentParser(prog="elastune bench bank", description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="8 tasks, 1,000 candidates, fewer runs (~4 min)")

@@ -264,7 +264,7 @@ def run(
     """Run the grid, print the table and note to ``out`` (default: the current ``sys.stdout``), write
     ``json_path`` and return the report."""
     from elastune_common.servers import Server, ServerError, start_memcached, start_redis
-    from elastune_worker.tiny import build, tasks
+    from elastune_demo import build, tasks
 
     t0 = time.monotonic()
     load_start = os.getloadavg()

@@ -53,3 +53,13 @@ S3_SECRETS_ROOT_ENV: Final = "ELASTUNE_S3_SECRETS_ROOT"
 DEFAULT_S3_SECRETS_ROOT: Final = "/var/run/elastune/s3"
 # Where workers cache downloaded s3:// artifacts (default: <tmp>/elastune-s3-cache).
 S3_CACHE_ENV: Final = "ELASTUNE_S3_CACHE"
+# What travels in a Secret's place when a resource sets useAmbientCredentials: the pod's own credential
+# chain (AWS_* environment, instance profile, IRSA). Not a Secret name (those are DNS subdomains), so it
+# can never be mistaken for one; with neither, the workers refuse s3:// instead of falling back.
+AMBIENT_CREDENTIALS: Final = "@ambient"
+
+
+def s3_credentials(secret: str | None, ambient: bool) -> str | None:
+    """Where an s3:// transfer takes its credentials from, as the workers are told: the Secret's name,
+    AMBIENT_CREDENTIALS, or None (neither was set: the transfer is refused)."""
+    return secret or (AMBIENT_CREDENTIALS if ambient else None)

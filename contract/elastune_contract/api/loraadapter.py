@@ -1,9 +1,9 @@
 """LoRAAdapter: a LoRA adapter or a tuned soft prompt of a base LLM, served from its WarmPool (CaraServe's
 adapter registry; users know AIBrix ModelAdapter, KServe spec.model.lora, Dynamo DynamoModel)."""
 
-from typing import Annotated, Literal
+from typing import Annotated, Literal, Self
 
-from pydantic import ConfigDict, Field
+from pydantic import ConfigDict, Field, model_validator
 
 from elastune_contract.api.common import (
     ApiModel,
@@ -16,9 +16,11 @@ from elastune_contract.api.common import (
     Timestamp,
 )
 from elastune_contract.api.constants import KIND_LORA_ADAPTER
+from elastune_contract.api.retention import AdapterRetention
 
 AdapterType = Literal["lora", "promptTuning"]
 AdapterTier = Literal["device", "host"]
+AMBIENT_RULE = "useAmbientCredentials applies to an s3:// artifactURL without an artifactSecret"
 
 
 class LoRAAdapterSpec(ApiModel):
@@ -38,6 +40,12 @@ class LoRAAdapterSpec(ApiModel):
                     "message": "artifactSecret holds S3 credentials: it applies to an s3:// artifactURL only",
                     "fieldPath": ".artifactSecret",
                 },
+                {
+                    "rule": "!has(self.useAmbientCredentials) || !self.useAmbientCredentials || "
+                    "(self.artifactURL.startsWith('s3://') && !has(self.artifactSecret))",
+                    "message": AMBIENT_RULE,
+                    "fieldPath": ".useAmbientCredentials",
+                },
             ]
         }
     )
@@ -53,7 +61,12 @@ class LoRAAdapterSpec(ApiModel):
     """For an s3:// artifactURL: a Secret in this namespace with AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY and
     optionally AWS_ENDPOINT_URL, AWS_REGION, AWS_SESSION_TOKEN (KServe's and AIBrix's keys). It is mounted
     read-only into the WarmPool's worker pods, which download the artifact; the operator never reads it.
-    Unset: the workers' own environment (AWS_* variables, the pod's cloud identity)."""
+    Unset: no credentials, and the download is refused (StorageCredentialsUnset) unless
+    useAmbientCredentials is set."""
+    use_ambient_credentials: bool = False
+    """For an s3:// artifactURL without an artifactSecret: use the worker pods' own identity (boto3's
+    default chain: AWS_* environment, instance profile, IRSA). Only an adapter of the WarmPool's own
+    namespace may; never implied by leaving artifactSecret out."""
     type: AdapterType = "lora"
     """lora: LoRA weights; promptTuning: a tuned soft prompt (virtual-token embeddings)."""
     rank: int | None = Field(default=None, ge=1, le=256)
@@ -66,6 +79,18 @@ class LoRAAdapterSpec(ApiModel):
     """Worker pods that keep the adapter loaded; unset: placement decides from its popularity."""
     pinned: bool = False
     """Keep it on the device (never evicted to host memory) on each of its replicas."""
+    retention: AdapterRetention = Field(default_factory=AdapterRetention, json_schema_extra={"default": {}})
+    """What deleting the adapter removes: the artifact (default Retain); Delete only removes one a
+    TuningJob of this namespace wrote and published as this adapter."""
+
+    @model_validator(mode="after")
+    def _ambient_for_s3_only(self) -> Self:
+        # The CEL rule above, for manifests no apiserver checked (local mode).
+        if self.use_ambient_credentials and (
+            self.artifact_secret or not self.artifact_url.startswith("s3://")
+        ):
+            raise ValueError(AMBIENT_RULE)
+        return self
 
 
 class AdapterPlacement(ApiModel):

@@ -1,8 +1,8 @@
 """TuningJob: one prompt-tuning request with a deadline (PromptTuner Table 3)."""
 
-from typing import Final, Literal, get_args
+from typing import Final, Literal, Self, get_args
 
-from pydantic import ConfigDict, Field, ValidationInfo, field_validator
+from pydantic import ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from elastune_contract.api import units
 from elastune_contract.api.common import (
@@ -21,6 +21,7 @@ from elastune_contract.api.common import (
     Uri,
 )
 from elastune_contract.api.constants import KIND_TUNING_JOB
+from elastune_contract.api.retention import JobRetention
 
 Method = Literal["promptTuning", "prefixTuning", "pTuning"]
 Optimizer = Literal["adamw", "adam", "sgd"]
@@ -107,7 +108,13 @@ class Output(ApiModel):
                     "rule": "!has(self.secretName) || (has(self.uri) && self.uri.startsWith('s3://'))",
                     "message": "secretName holds S3 credentials: it applies to an s3:// uri only",
                     "fieldPath": ".secretName",
-                }
+                },
+                {
+                    "rule": "!has(self.useAmbientCredentials) || !self.useAmbientCredentials || "
+                    "(has(self.uri) && self.uri.startsWith('s3://') && !has(self.secretName))",
+                    "message": "useAmbientCredentials applies to an s3:// uri without a secretName",
+                    "fieldPath": ".useAmbientCredentials",
+                },
             ]
         }
     )
@@ -118,10 +125,22 @@ class Output(ApiModel):
     secret_name: ResourceName | None = None
     """For an s3:// uri: a Secret in this namespace with AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY and
     optionally AWS_ENDPOINT_URL, AWS_REGION, AWS_SESSION_TOKEN, mounted read-only into the WarmPool's worker
-    pods (the operator never reads it); a published adapter names it too. Unset: the workers' environment."""
+    pods (the operator never reads it); a published adapter names it too. Unset: no credentials, and the
+    upload is refused (StorageCredentialsUnset) unless useAmbientCredentials is set."""
+    use_ambient_credentials: bool = False
+    """For an s3:// uri without a secretName: use the worker pods' own identity (boto3's default chain:
+    AWS_* environment, instance profile, IRSA). Only a job of the WarmPool's own namespace may; never
+    implied by leaving secretName out."""
     publish: ResourceName | None = None
     """Tune -> serve: on success the operator creates a LoRAAdapter of type promptTuning with this name,
     pointing at the artifact, and the pool's gateway serves the tuned prompt under it (the OpenAI model)."""
+
+    @model_validator(mode="after")
+    def _ambient_for_s3_only(self) -> Self:
+        # The CEL rule above, for manifests no apiserver checked (local mode).
+        if self.use_ambient_credentials and (self.secret_name or not (self.uri or "").startswith("s3://")):
+            raise ValueError("useAmbientCredentials applies to an s3:// uri without a secretName")
+        return self
 
 
 class TuningJobSpec(ApiModel):
@@ -164,6 +183,9 @@ class TuningJobSpec(ApiModel):
     latency fits the budget (20 % of the deadline)."""
     output: Output | None = None
     """Where to store the result."""
+    retention: JobRetention = Field(default_factory=JobRetention, json_schema_extra={"default": {}})
+    """What deleting the job removes: checkpoints (default Delete) and the artifact (default Retain);
+    only what Elastune wrote for this job, never another owner's files."""
 
     @property
     def deadline_seconds(self) -> int:

@@ -75,8 +75,11 @@ class ModelSourceSpec(ApiModel):
     secret_name: ResourceName | None = None
     """A Secret of the pool's namespace with the credentials: key ``token`` (a Hub access token) for
     hf://; for s3:// the keys LoRAAdapter artifactSecret uses (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY,
-    optional AWS_ENDPOINT_URL, AWS_REGION, AWS_SESSION_TOKEN). Unset: anonymous (public repositories,
-    or the fetch pod's own cloud identity)."""
+    optional AWS_ENDPOINT_URL, AWS_REGION, AWS_SESSION_TOKEN). Unset: anonymous for hf:// (public
+    repositories); for s3:// the fetch is refused unless useAmbientCredentials is set."""
+    use_ambient_credentials: bool = False
+    """For an s3:// model without a secretName: fetch with the fetch pod's own identity (boto3's default
+    chain: AWS_* environment, instance profile, IRSA); never implied by leaving secretName out."""
     cache_claim: ResourceName = DEFAULT_MODEL_CACHE_CLAIM
     """The PersistentVolumeClaim of the pool's namespace holding fetched models (one directory per
     source, so a second pool of the same model reuses it). The fetch Job mounts it read-write, workers
@@ -281,7 +284,14 @@ class WarmPoolSpec(ApiModel):
                     "|| self.minWarmGPUs <= self.maxWarmGPUs",
                     "message": "minWarmGPUs must not exceed maxWarmGPUs",
                     "fieldPath": ".maxWarmGPUs",
-                }
+                },
+                {
+                    "rule": "!has(self.modelSource) || !has(self.modelSource.useAmbientCredentials) "
+                    "|| !self.modelSource.useAmbientCredentials "
+                    "|| (self.model.startsWith('s3://') && !has(self.modelSource.secretName))",
+                    "message": "useAmbientCredentials applies to an s3:// model without a secretName",
+                    "fieldPath": ".modelSource.useAmbientCredentials",
+                },
             ]
         }
     )
@@ -320,9 +330,10 @@ class WarmPoolSpec(ApiModel):
     """Bounds on the TuningJobs this pool runs, beyond the TuningJob schema's own (unset: those only)."""
     allowed_namespaces: list[AllowedNamespace] | None = Field(default=None, max_length=256)
     """Namespaces whose TuningJobs and LoRAAdapters may run on this pool, besides its own (Gateway API's
-    allowedRoutes in spirit). Unset or empty: its own namespace only. "*" admits every namespace. A
-    job of another namespace runs in this pool's pods and writes its default artifact and checkpoints
-    to this pool's jobStorage claim; its s3:// Secrets must exist in this pool's namespace."""
+    allowedRoutes in spirit). Unset or empty: its own namespace only. "*" admits every namespace. It
+    lends GPUs only: a job of another namespace runs in this pool's pods and writes its artifact and
+    checkpoints under its own namespace's folder of this pool's jobStorage claim; it may name none of
+    this namespace's claims or Secrets nor use the pods' cloud identity (refused: ForeignReference)."""
 
     @field_validator("model_source")
     @classmethod
@@ -336,6 +347,15 @@ class WarmPoolSpec(ApiModel):
         ):
             raise ValueError(
                 f"secretName holds credentials for an hf:// or s3:// model only; {model!r} needs none"
+            )
+        if (
+            value is not None
+            and value.use_ambient_credentials
+            and model
+            and (value.secret_name or not model.startswith(f"{S3}://"))
+        ):
+            raise ValueError(
+                f"useAmbientCredentials applies to an s3:// model without a secretName; got {model!r}"
             )
         return value
 

@@ -20,7 +20,7 @@ The defaults are PLACEHOLDERS, not measurements: the shape of a Llama-2-7B-class
 GPU read off the papers' figures (Preble Fig. 1–2: prefill linear in uncached tokens, decode linear in
 context; CaraServe Fig. 5: BGMV 34.8 ms at 24 × rank 32 and 35.8 ms at 16 × rank 64, so a ≈ 1 ms per
 256 rank-slots). They are to be replaced by the coefficients fitted from the real engine
-(``worker/elastune_worker/serving``) by profiling on each pod's device; each worker publishes its own
+(``worker/elastune_worker/engine``) by profiling on each pod's device; each worker publishes its own
 and the simulator takes one ``CostModel`` per endpoint, so fitted values plug in here and nowhere else.
 """
 

@@ -8,7 +8,7 @@ g + 1, so a batch that takes 55 requests from ten full groups takes 10 from the 
 starves.
 
 This module is pure (no torch, no engine types; items are any objects) so that the engine's queue-policy
-factory (``worker/elastune_worker/serving/core/queue_policy.py``, ``create_request_queue``) can wrap
+factory (``worker/elastune_worker/engine/queue_policy.py``, ``create_request_queue``) can wrap
 ``PriorityGroups`` as its ``priority groups`` policy later; the gateway's simulator uses it today.
 
 Interpretations (the paper is ambiguous; its stated intent is kept):

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
+import contextlib
 import dataclasses
 import logging
 import sys
+from collections.abc import Iterator
 from typing import Any
 
 import uvicorn
@@ -15,7 +18,7 @@ from elastune_contract.openai_api.limits import add_limit_args, limits_from
 from elastune_contract.protocol import DEFAULT_NAMESPACE
 
 from ..routing.policy import ROUTING_POLICY_NAMES
-from .app import create_app
+from .app import create_app, metrics_app
 from .service import Gateway
 from .settings import GatewaySettings
 
@@ -27,6 +30,10 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     p.add_argument("--namespace", default=DEFAULT_NAMESPACE, help="registry key prefix")
     p.add_argument("--host", default="0.0.0.0")
     p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--metrics-port", type=int, default=defaults.metrics_port,
+                   help="serve /metrics on this port only (every key's and model's series; keep it where "
+                        "clients cannot reach); without it /metrics is on --port with --auth off, and "
+                        "nowhere with --auth required")  # fmt: skip
     p.add_argument("--policy", choices=ROUTING_POLICY_NAMES, default=defaults.default_policy,
                    help="routing policy of pools that name none")  # fmt: skip
     p.add_argument("--pool-policy", action="append", default=[], metavar="POOL=POLICY",
@@ -54,6 +61,10 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
                    help="required: /v1 requests need an API key (Authorization: Bearer; keys from the map "
                         "the operator publishes from labelled Secrets); off: anyone who reaches the port "
                         "may use it")  # fmt: skip
+    p.add_argument("--limits-on-redis-outage", choices=("closed", "open"),
+                   default=defaults.limits_on_redis_outage,
+                   help="a key with limits when Redis cannot count them: closed: 503 + Retry-After; "
+                        "open: let through uncounted")  # fmt: skip
     p.add_argument("--vouched-only", action="store_true",
                    help="forward only to workers whose id and address a pool record vouches for (the "
                         "chart's default); without it, a model no pool record vouches for follows the "
@@ -85,6 +96,9 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     )
     fair.add_argument("--queue-timeout", type=float, default=defaults.queue_timeout_s,
                       help="seconds a request waits for a free slot, then 503")  # fmt: skip
+    p.add_argument("--request-credential-ttl", type=float, default=defaults.request_credential_ttl_s,
+                   help="seconds the credential signed onto each forwarded request lives (the key: "
+                        "$ELASTUNE_REQUEST_KEY_FILE or $ELASTUNE_REQUEST_KEY)")  # fmt: skip
     p.add_argument("--log-level", default="info")
     return p
 
@@ -106,7 +120,9 @@ def settings_from(args: argparse.Namespace) -> GatewaySettings:
             length_predictor_url=args.length_predictor_url, auth=args.auth, vouched_only=args.vouched_only,
             fair_share=args.fair_share == "on", endpoint_max_inflight=args.endpoint_max_inflight,
             max_queued_per_key=args.max_queued_per_key, max_queued=args.max_queued,
-            queue_timeout_s=args.queue_timeout,
+            queue_timeout_s=args.queue_timeout, metrics_port=args.metrics_port,
+            limits_on_redis_outage=args.limits_on_redis_outage,
+            request_credential_ttl_s=args.request_credential_ttl,
             **dataclasses.asdict(limits_from(args)),
         )  # fmt: skip
     except ValidationError as exc:
@@ -122,9 +138,38 @@ def run(args: argparse.Namespace) -> int:
             "authentication is off (--auth=off) and the gateway listens on %s: anyone who reaches it may use "
             "every model", args.host,
         )  # fmt: skip
-    app = create_app(Gateway(settings))
-    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, access_log=False)
+    gateway = Gateway(settings)
+    app = create_app(gateway)
+    if settings.metrics_port is None:
+        if settings.auth == "required":
+            logging.getLogger("elastune.gateway").warning(
+                "no --metrics-port: /metrics is not served (it names every tenant's keys and models)"
+            )
+        uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, access_log=False)
+        return 0
+    asyncio.run(_serve_with_metrics(app, metrics_app(gateway), args, settings.metrics_port))
     return 0
+
+
+class _MetricsServer(uvicorn.Server):
+    """The metrics listener leaves signals to the client one, which stops it when it stops."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+async def _serve_with_metrics(app: Any, metrics: Any, args: argparse.Namespace, metrics_port: int) -> None:
+    server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
+                                           access_log=False))  # fmt: skip
+    scraper = _MetricsServer(uvicorn.Config(metrics, host=args.host, port=metrics_port, lifespan="off",
+                                            log_level=args.log_level, access_log=False))  # fmt: skip
+    side = asyncio.create_task(scraper.serve())
+    try:
+        await server.serve()
+    finally:
+        scraper.should_exit = True
+        await side
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,7 +1,12 @@
 """The gateway's HTTP application: the two completion routes as raw ASGI (``completions.py``, the hot
-path) in front of FastAPI, which serves the rest (models, health, metrics) and the OpenAPI document at
+path) in front of FastAPI, which serves the rest (models, health) and the OpenAPI document at
 /openapi.json describing all of them (the request and response shapes are the contract's, the same as a
-worker's)."""
+worker's).
+
+What a caller of one tenant can learn here names nothing of another (issue 39 item 5): /readyz says
+whether and how much, never which models; the OpenAPI document names models as examples only without
+authentication (one tenant); /metrics (every key's and model's series) is served by ``metrics_app`` on
+its own port (``settings.metrics_port``), and on this one only when authentication is off."""
 
 from __future__ import annotations
 
@@ -15,6 +20,8 @@ from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.applications import Starlette
+from starlette.routing import Route
 
 from elastune_common.asgi import Receive, ResponseStatusHook, Scope, Send
 from elastune_contract.openai_api.handlers import install_error_handlers
@@ -31,6 +38,7 @@ from elastune_contract.openai_api.protocol import (
 from .auth import Principal
 from .completions import CompletionRoutes
 from .service import Gateway
+from .settings import GatewaySettings
 
 log = logging.getLogger("elastune.gateway")
 
@@ -160,22 +168,17 @@ def create_app(gateway: Gateway) -> FastAPI:
             return JSONResponse({"status": "not ready", "reason": why}, status_code=503)
         age = d.age()
         return JSONResponse(
-            {"status": "ready", "endpoints": len(d.all_endpoints()), "policies": gateway.policies(),
+            {"status": "ready", "endpoints": len(d.all_endpoints()),
              "length_predictor": gateway.settings.length_predictor_url is not None,
              "registry_age_s": round(age, 3) if age is not None else None,
              "registry_error": d.last_error}
         )  # fmt: skip
 
-    @app.get("/metrics", tags=["health"])
-    async def metrics_text() -> Response:
-        age = gateway.directory.age()
-        if age is not None:
-            metrics.registry_age.set(age)
-        metrics.endpoints.clear()
-        for ep in gateway.directory.all_endpoints():
-            state = "down" if gateway.directory.is_down(ep.id) else "up"
-            metrics.endpoints.labels(ep.model, state).inc()
-        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+    if metrics_on_client_port(gateway.settings):
+
+        @app.get("/metrics", tags=["health"])
+        async def metrics_text() -> Response:
+            return metrics_response(gateway)
 
     @app.get("/v1/models", response_model=ModelList, tags=["openai"], responses={401: _ERRORS[401]})
     async def models(p: Caller) -> dict[str, Any]:
@@ -198,7 +201,9 @@ def create_app(gateway: Gateway) -> FastAPI:
                 title=app.title, version=app.version, description=app.description,
                 routes=[*app.routes, *_documented_routes().routes],
             )  # fmt: skip
-        known = list(gateway.directory.models())
+        # Without authentication only: with it the document is served to anyone, before any key, and
+        # every tenant's model names would be in it.
+        known = list(gateway.directory.models()) if gateway.keys is None else []
         if known:
             for schema in app.openapi_schema.get("components", {}).get("schemas", {}).values():
                 model = schema.get("properties", {}).get("model")
@@ -208,3 +213,31 @@ def create_app(gateway: Gateway) -> FastAPI:
 
     app.openapi = openapi  # type: ignore[method-assign]
     return app
+
+
+def metrics_on_client_port(settings: GatewaySettings) -> bool:
+    """/metrics on the client port only for one tenant (no authentication) and no metrics port."""
+    return settings.metrics_port is None and settings.auth == "off"
+
+
+def metrics_response(gateway: Gateway) -> Response:
+    """The Prometheus text, with the directory's gauges brought up to date first."""
+    metrics = gateway.metrics
+    age = gateway.directory.age()
+    if age is not None:
+        metrics.registry_age.set(age)
+    metrics.endpoints.clear()
+    for ep in gateway.directory.all_endpoints():
+        state = "down" if gateway.directory.is_down(ep.id) else "up"
+        metrics.endpoints.labels(ep.model, state).inc()
+    return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+
+def metrics_app(gateway: Gateway) -> Starlette:
+    """The metrics port's application: GET /metrics and nothing else (404), no OpenAPI document. It runs
+    in the gateway's event loop, so the directory is read where it is written."""
+
+    async def metrics_text(_: Request) -> Response:
+        return metrics_response(gateway)
+
+    return Starlette(routes=[Route("/metrics", metrics_text, methods=["GET"])])

@@ -12,8 +12,10 @@ round trips were the largest cost left after the upstream client; this keeps the
 exactness, down, and the pipelines go through a minimal client (``resp.py``) rather than redis-py's.
 A key already over a limit in this window is refused from memory, without Redis.
 Windows are fixed minutes: a burst at a window's edge may reach twice the
-limit over 60 s, as with every fixed-window limiter. When Redis cannot be reached the limits fail open
-(counted, logged once).
+limit over 60 s, as with every fixed-window limiter. When Redis cannot count, a key with limits gets 503
+with Retry-After (``limits_on_redis_outage: closed``, the default: a tenant's quota is a contract with
+the others, and uncounted requests would let one key take the fleet for the outage's length), or is let
+through uncounted (``open``); counted and logged once either way.
 
 Authentication does not follow Redis's liveness (issue 38 item 2). The map as published carries a meta
 field (``api_keys.MAP_META_FIELD``); a read that finds it confirms the map (an empty published map
@@ -208,7 +210,17 @@ class Reservation:
 class RateLimiter:
     """Per-key requests/min and tokens/min in Redis; concurrent requests share pipelined round trips."""
 
-    def __init__(self, url: str, ns: str, metrics: GatewayMetrics, socket_timeout: float = 2.0) -> None:
+    def __init__(
+        self,
+        url: str,
+        ns: str,
+        metrics: GatewayMetrics,
+        socket_timeout: float = 2.0,
+        *,
+        fail_closed: bool = True,
+        retry_after_s: int = 5,
+    ) -> None:
+        self.fail_closed, self.retry_after_s = fail_closed, retry_after_s
         self.redis = PipelineClient(
             url, socket_timeout, os.environ.get(USERNAME_ENV) or None, os.environ.get(PASSWORD_ENV) or None
         )
@@ -313,7 +325,12 @@ class RateLimiter:
         self._waiting.append(_Admission(p, window, reply, reserve))
         self._schedule()
         used = await reply
-        if used is None:  # Redis did not answer: fail open (counted, logged once)
+        if used is None:  # Redis did not answer (counted, logged once)
+            if self.fail_closed:
+                raise APIError(
+                    503, "Rate limits cannot be counted right now; retry shortly",
+                    headers={"Retry-After": str(self.retry_after_s)},
+                )  # fmt: skip
             return Quota(), None
         if rpm is not None and used.requests > rpm:
             self._over[p.digest] = (window, "requests")
@@ -382,7 +399,9 @@ class RateLimiter:
     def _failed(self, exc: BaseException) -> None:
         self.metrics.rate_limit_errors.inc()
         if not self._failing:
-            log.warning("cannot count rate limits in Redis (limits not enforced meanwhile): %s", exc)
+            meanwhile = "refused with 503" if self.fail_closed else "let through uncounted"
+            log.warning("cannot count rate limits in Redis (requests with limits %s meanwhile): %s",
+                        meanwhile, exc)  # fmt: skip
         self._failing = True
 
     def _recovered(self) -> None:

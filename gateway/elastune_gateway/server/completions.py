@@ -124,11 +124,16 @@ class CompletionRoutes:
             log.exception("unhandled error")
             await self._send_error(send, call, APIError(500, f"internal error: {type(exc).__name__}"))
             return
-        headers = [(b"x-elastune-endpoint", answer.endpoint.encode())]
-        headers += [(k.encode(), v.encode()) for k, v in quota.items()]
+        headers = [(k.encode(), v.encode()) for k, v in quota.items()]
+        if call.principal is None or call.principal.record.debug:
+            # The worker's id names a pod of the pool's namespace (maybe another tenant's, lending its
+            # GPUs): only without authentication (one tenant) or for a key whose Secret says debug.
+            headers.append((b"x-elastune-endpoint", answer.endpoint.encode()))
         if call.priority_ignored:
             headers.append(_PRIORITY_IGNORED)
         if isinstance(answer, Whole):
+            if answer.status == 404:
+                answer = _not_found(answer, call.model or body.model)
             self._count(call, answer.status)
             headers += [(b"content-type", answer.content_type), (b"content-length", b"%d" % len(answer.body))]
             await send({"type": "http.response.start", "status": answer.status, "headers": headers})
@@ -172,6 +177,14 @@ class CompletionRoutes:
         headers += [(k.lower().encode(), v.encode()) for k, v in {**exc.headers, **(extra or {})}.items()]
         await send({"type": "http.response.start", "status": exc.status, "headers": headers})
         await send({"type": "http.response.body", "body": body})
+
+
+def _not_found(answer: Whole, model: str) -> Whole:
+    """A worker's 404 in the gateway's words: the worker's lists every model and adapter loaded on the
+    pod, other namespaces' included. The gateway resolved the name, so the worker lacks it for now."""
+    message = f"The model `{model}` is not available on the endpoint chosen right now; retry shortly"
+    body = json.dumps(error_body(404, message, "model")).encode()
+    return Whole(404, _JSON, body, answer.endpoint)
 
 
 async def _read_body(receive: Receive) -> bytes:

@@ -142,7 +142,8 @@ class GatewayMetrics:
         )  # fmt: skip
         self.rate_limit_errors = Counter(
             "elastune_gateway_rate_limit_errors",
-            "Rate-limit counts Redis did not answer (the request was let through)", registry=r,
+            "Rate-limit counts Redis did not answer (the request got 503 with limits failing closed, else "
+            "was let through)", registry=r,
         )  # fmt: skip
         # The hot path's labelled metrics, pre-bound (see Children).
         self.requests_of = Children(self.requests)

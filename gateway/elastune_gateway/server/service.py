@@ -37,6 +37,7 @@ from .ledger import InFlight, Ledger
 from .length_predictor import LengthPredictor
 from .metrics import GatewayMetrics
 from .prompt_key import chat_key, text_key
+from .request_signer import RequestSigner, signer_from_env
 from .settings import GatewaySettings
 from .upstream import ConnectionLost, ReadTimeout, UpstreamPool, UpstreamResponse
 from .views import endpoint_view
@@ -79,7 +80,13 @@ class Gateway:
                 self.bus.redis, settings.namespace, self.metrics, settings.auth_stale_s,
                 settings.retry_after_s,
             )  # fmt: skip
-            self.limiter = RateLimiter(settings.redis_url, settings.namespace, self.metrics)
+            self.limiter = RateLimiter(
+                settings.redis_url, settings.namespace, self.metrics,
+                fail_closed=settings.limits_on_redis_outage == "closed", retry_after_s=settings.retry_after_s,
+            )  # fmt: skip
+        self.signer: RequestSigner | None = signer_from_env(settings.request_credential_ttl_s)
+        """Signs each forwarded request (request_signer.py); None without a key: unsigned requests,
+        which workers that hold a key refuse."""
         self._keys_read_at = 0.0
         self._priority_logged: set[str] = set()
         """Keys whose ignored ``priority`` was logged (once per key and process)."""
@@ -311,6 +318,8 @@ class Gateway:
                 forwarded = _forwarded_headers(call)
                 if model.parent is not None:  # the worker resolves the adapter in its namespace
                     forwarded = {**(forwarded or {}), NAMESPACE_HEADER: model.namespace}
+                if self.signer is not None:  # what the worker trusts: namespace, model and key, signed
+                    forwarded = {**(forwarded or {}), **self.signer.headers(call, model, endpoint)}
                 response = await open_response(
                     self.upstream, endpoint, path, raw, forwarded, self._silent_watch(endpoint.id)
                 )
@@ -325,7 +334,9 @@ class Gateway:
             except EndpointTimeout as exc:
                 self._done(entry, router, 0)
                 self.metrics.upstream_failures.labels(endpoint.id, "timeout").inc()
-                raise APIError(504, f"{exc}; the request was not retried") from exc
+                raise APIError(  # the endpoint's id names a pod: logged and counted, not told
+                    504, "no answer from the endpoint within the read timeout; the request was not retried"
+                ) from exc
             if body.stream and response.status_code == 200:
                 relay = self._relay(response, entry, router, model, arrived, wants_usage, call)
 
@@ -364,7 +375,10 @@ class Gateway:
                     404, f"The model `{name}` is served in several namespaces ({', '.join(several)}); "
                     "call with an API key of the one you mean", "model",
                 )  # fmt: skip
-            available = ", ".join(self.directory.models(namespace)) or "none yet"
+            known = self.directory.models(namespace)
+            if call.principal is not None:  # only what the key may use, not the rest of its namespace's
+                known = {n: m for n, m in known.items() if n in call.principal.record.models}
+            available = ", ".join(known) or "none yet"
             raise APIError(404, f"The model `{name}` does not exist. Available: {available}", "model")
         self.directory.count_request(model.id)
         return model
@@ -498,7 +512,7 @@ class Gateway:
                     prompt_tokens = int(usage.get("prompt_tokens") or 0)
         except ReadTimeout as exc:
             self.metrics.upstream_failures.labels(entry.endpoint, "timeout").inc()
-            raise APIError(504, f"no answer from {entry.endpoint} within the read timeout") from exc
+            raise APIError(504, "no answer from the endpoint within the read timeout") from exc  # no pod name
         except ConnectionLost as exc:
             self.metrics.upstream_failures.labels(entry.endpoint, "midstream").inc()
             self.directory.mark_down(entry.endpoint, str(exc))

@@ -104,6 +104,22 @@ class GatewaySettings(BaseModel):
     no map published): past it every request gets 503 + Retry-After (fail closed). Six of the operator's
     re-publish periods (5 s), so a FLUSHALL never reaches it."""
 
+    request_credential_ttl_s: float = Field(default=30.0, gt=0, le=300)
+    """Lifetime of the credential signed onto each request forwarded to a worker (the key comes from
+    ``$ELASTUNE_REQUEST_KEY_FILE`` or ``$ELASTUNE_REQUEST_KEY``): the worker checks it once, on arrival,
+    so it needs to cover transit and retries only; workers allow 5 s of clock skew on either side."""
+
+    limits_on_redis_outage: Literal["closed", "open"] = "closed"
+    """What a key with requests/min or tokens/min gets when Redis cannot count them. ``closed``: 503 +
+    Retry-After: a tenant's quota is a contract with the other tenants, and a gateway that stops
+    counting lets one key take the whole fleet for as long as Redis is away. ``open``: let the request
+    through uncounted (availability first; for a single-tenant gateway). Counted and logged either way."""
+    metrics_port: int | None = Field(default=None, ge=1, le=65535)
+    """Port of a second listener that serves only /metrics (per-key, per-model and per-endpoint series:
+    every tenant's names), so it can be scraped where clients cannot reach it. None: with ``auth`` off
+    (one tenant) /metrics stays on the client port; with ``auth`` required it is served nowhere and the
+    client port answers 404 for it. The chart sets it (gateway.metricsPort)."""
+
     def request_limits(self) -> RequestLimits:
         return RequestLimits(
             max_request_bytes=self.max_request_bytes,

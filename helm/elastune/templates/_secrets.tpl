@@ -11,6 +11,11 @@ random, which is why the existingSecret values exist. */}}
 {{- default (printf "%s-operator-keys" (include "elastune.fullname" .)) .Values.operator.proofKey.existingSecret }}
 {{- end }}
 
+{{/* Whether the gateway signs forwarded requests (gateway.requestCredential, docs/security.md). */}}
+{{- define "elastune.requestCredential" -}}
+{{- and .Values.gateway.enabled .Values.gateway.requestCredential.enabled | toString }}
+{{- end }}
+
 {{/* One generated value: (list $ secretName key length). */}}
 {{- define "elastune.generatedSecret" -}}
 {{- $root := index . 0 }}
@@ -56,7 +61,11 @@ existingSecret value is the user's and is not here. */}}
 {{- end }}
 {{- if not .Values.operator.proofKey.existingSecret }}
 {{- $name := include "elastune.operatorKeysSecretName" . }}
-{{- $_ := set $out $name (dict "proof-key" (include "elastune.generatedSecret" (list $ $name "proof-key" 48))) }}
+{{- $keys := dict "proof-key" (include "elastune.generatedSecret" (list $ $name "proof-key" 48)) }}
+{{- if eq (include "elastune.requestCredential" .) "true" }}
+{{- $_ := set $keys "request-key" (include "elastune.generatedSecret" (list $ $name "request-key" 48)) }}
+{{- end }}
+{{- $_ := set $out $name $keys }}
 {{- end }}
 {{- toJson $out }}
 {{- end }}

@@ -157,7 +157,12 @@ class ControlCore:
             )
         )
         self.serving.add_pool(
-            pool.name, pool.model, pool.serving, namespace=pool.namespace, allowed=pool.allowed_namespaces
+            pool.name,
+            pool.model,
+            pool.serving,
+            namespace=pool.namespace,
+            allowed=pool.allowed_namespaces,
+            job_storage=pool.job_storage,
         )
         self._serving_need.pop(key, None)
         self._set_limits(pool, 0)
@@ -390,10 +395,13 @@ class ControlCore:
         if not name or not uri or job.status.published_adapter == name or not succeeded(job):
             return
         ns = job.key.split("/", 1)[0]
-        fields = {"baseModel": job.llm, "artifactURL": uri, "type": "promptTuning"}
-        secret = job.spec.output.secret_name if job.spec.output else None
-        if secret and uri.startswith("s3://"):  # the adapter is read with the Secret the job wrote with
-            fields["artifactSecret"] = secret
+        fields: dict[str, object] = {"baseModel": job.llm, "artifactURL": uri, "type": "promptTuning"}
+        out = job.spec.output
+        if out and uri.startswith("s3://"):  # the adapter is read with the credentials the job wrote with
+            if out.secret_name:
+                fields["artifactSecret"] = out.secret_name
+            elif out.use_ambient_credentials:
+                fields["useAmbientCredentials"] = True
         spec = LoRAAdapterSpec.model_validate(fields)
         rec = AdapterRecord(ns, name, spec)
         self._unpublished.pop(job.key, None)
@@ -735,6 +743,7 @@ class ControlCore:
                         checkpoint_every=self.settings.checkpoint_every,
                         progress_every=self.settings.progress_every,
                         proof=attempt_proof(self.settings.proof_key, job.key, job.attempt, rank),
+                        owner_uid=job.uid,
                         prompt_bank=bank_mode,
                         bank_budget_s=sched.bank_budget_seconds,
                         initial_prompt=chosen,

@@ -32,6 +32,8 @@ class PoolConfig:
     allowed_namespaces: tuple[str, ...] = ()
     """Namespaces besides its own whose jobs and adapters may use it ("*": all; WarmPool
     spec.allowedNamespaces)."""
+    job_storage: str | None = None
+    """The claim of the WarmPool's jobStorage volume (borrowers' artifacts lie in their folder of it)."""
 
     max_batch_size: int | None = None
     max_iterations: int | None = None

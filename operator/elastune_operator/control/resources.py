@@ -143,6 +143,7 @@ def pool_config(wp: WarmPool, cap: int | None = None) -> PoolConfig:
         serving=spec.serving,
         namespace=wp.metadata.namespace or "default",
         allowed_namespaces=tuple(spec.allowed_namespaces or ()),
+        job_storage=spec.job_storage.claim_name if spec.job_storage else None,
         max_batch_size=spec.job_limits.max_batch_size if spec.job_limits else None,
         max_iterations=spec.job_limits.max_iterations if spec.job_limits else None,
     )

@@ -43,6 +43,7 @@ from typing import Literal
 from elastune_common.bus import Bus
 from elastune_contract.api import units
 from elastune_contract.api.common import ConditionStatus, set_condition
+from elastune_contract.api.constants import s3_credentials
 from elastune_contract.api.loraadapter import AdapterPlacement, LoRAAdapterSpec, LoRAAdapterStatus
 from elastune_contract.api.warmpool import ServingSpec, namespace_admitted
 from elastune_contract.protocol import (
@@ -57,7 +58,7 @@ from elastune_contract.protocol import (
     pools_key,
 )
 from elastune_contract.vocabulary import ConditionType, Reason
-from elastune_operator.control import artifacts
+from elastune_operator.control import artifacts, borrowing
 from elastune_operator.control.records import record_pool, resolve_pool
 from elastune_operator.metrics import ControlMetrics
 from elastune_operator.scheduling.placement import AdapterDemand, PlacementConfig, PodView, place
@@ -110,6 +111,7 @@ class _Pool:
     spec: ServingSpec
     namespace: str = "default"
     allowed: tuple[str, ...] = ()
+    job_storage: str | None = None
 
     @property
     def key(self) -> str:
@@ -159,8 +161,9 @@ class ServingControl:
         *,
         namespace: str = "default",
         allowed: tuple[str, ...] = (),
+        job_storage: str | None = None,
     ) -> None:
-        pool = _Pool(name, model, spec or DEFAULT_SERVING, namespace, allowed)
+        pool = _Pool(name, model, spec or DEFAULT_SERVING, namespace, allowed, job_storage)
         self.pools[pool.key] = pool
         for rec in self.adapters.values():
             if rec.spec.base_model == model:
@@ -235,6 +238,11 @@ class ServingControl:
                 f"{rec.namespace}: create a WarmPool in {rec.namespace}, or have one of them list "
                 f"{rec.namespace} in spec.allowedNamespaces",
             )
+        elif foreign := borrowing.adapter_references(
+            rec.spec, rec.namespace, pool.namespace, pool.job_storage
+        ):  # never inspected, placed or mounted: a borrower names nothing of the pool's namespace
+            message = borrowing.refusal("LoRAAdapter", rec.namespace, pool.key, foreign)
+            rec.problem = artifacts.Problem(Reason.FOREIGN_REFERENCE, message)
         else:
             found = artifacts.inspect(
                 rec.spec, pool.spec.max_lora_rank, rec.base_dir, check_paths=self.check_artifact_paths
@@ -483,5 +491,9 @@ def holders_of(key: str, workers: dict[str, WorkerRecord]) -> list[str]:
 
 
 def _placed(rec: AdapterRecord, tier: str) -> PlacedAdapter:
-    """What a worker is told to hold: the artifact and, for s3://, only the NAME of its Secret."""
-    return PlacedAdapter(url=rec.url, tier=tier, secret=rec.spec.artifact_secret)
+    """What a worker is told to hold: the artifact and, for s3://, only the NAME of its Secret (or
+    AMBIENT_CREDENTIALS when the adapter asks for the pods' own identity)."""
+    spec = rec.spec
+    return PlacedAdapter(
+        url=rec.url, tier=tier, secret=s3_credentials(spec.artifact_secret, spec.use_ambient_credentials)
+    )

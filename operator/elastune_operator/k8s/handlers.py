@@ -8,7 +8,8 @@ Run with ``elastune operator [kopf run flags]`` (e.g. ``--all-namespaces --liven
 - TuningJob spec changes after creation are rejected by the CRD (CEL ``self == oldSelf`` on spec); on an
   apiserver without CEL the operator ignores them and says so in a Warning event: the job keeps
   running with the spec it was accepted with. Delete and re-create it to change the spec.
-- WarmPool create/resume/update → the pool is (re)configured and its Deployment applied; delete →
+- WarmPool create/resume/update (or its rotate.elastune.dev/redis-password annotation changed: a new Redis
+  password, k8s.redis_users) → the pool is (re)configured and its Deployment applied; delete →
   jobs that still need it fail with WarmPoolDeleted (the Deployment goes with its owner reference). A pool
   is per namespace and model: another WarmPool of the same model in the same namespace is refused
   (Ready=False, DuplicateWarmPool) and touches nothing; deleting it touches nothing either (keyed by
@@ -21,9 +22,12 @@ Run with ``elastune operator [kopf run flags]`` (e.g. ``--all-namespaces --liven
 - LoRAAdapter create/resume/update → validated against its artifact and placed on the pool's pods
   (status follows what the workers really hold); delete → unloaded from every pod, and only then does
   kopf remove our finalizer (retried every 2 s while a pod still holds it).
-- Secret events (every Secret of the watched namespaces: RBAC cannot narrow list/watch by label, and a
-  key whose label was removed must stop working too) → the API key map the gateway reads: SHA-256 of each
-  labelled key with its scope and limits (elastune_operator.api_keys), never the key.
+- Secret events → the API key map the gateway reads: SHA-256 of each labelled key with its scope and
+  limits (elastune_operator.api_keys), never the key. Only Secrets labelled ``elastune.dev/api-key=true``
+  are listed and watched: the label selector goes to the apiserver (kopf's
+  ``settings.watching.label_selectors``; a handler's ``labels=`` filters in the operator, after every
+  Secret was sent to it), so no other Secret reaches the operator. A Secret whose label is removed leaves
+  the selection, which a watch reports as DELETED: the key stops working too.
 """
 
 from __future__ import annotations
@@ -43,14 +47,18 @@ from elastune_contract.api.constants import (
     PLURAL_WARM_POOLS,
     VERSION,
 )
+from elastune_contract.api_keys import API_KEY_LABEL
 from elastune_contract.vocabulary import Reason
 from elastune_operator.api_keys import ApiKeyPublisher
+from elastune_operator.k8s.redis_users import ROTATE_ANNOTATION
 from elastune_operator.k8s.runtime import Runtime
 from elastune_operator.k8s.settings import OperatorSettings
 
 log = logging.getLogger("elastune.operator")
 API_KEYS_ENV = "ELASTUNE_API_KEYS"
 """``false``: no API key Secrets are watched (the gateway runs without authentication)."""
+API_KEY_SECRET_SELECTOR = f"{API_KEY_LABEL}=true"
+"""The label selector of the Secret list/watch: exactly the label's documented value, ``true``."""
 
 # What the startup handler puts in kopf's operator memo (every resource memo is a shallow copy of it):
 MEMO_RUNTIME = "runtime"  # the Runtime that drives the control core
@@ -98,6 +106,8 @@ def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
         prefix=GROUP, key="last-handled-configuration"
     )
     settings.posting.level = logging.WARNING
+    if _api_keys_watched():
+        watch_only_api_key_secrets(settings)
     try:
         config.load_incluster_config()
     except config.ConfigException:
@@ -133,6 +143,8 @@ def cleanup(memo: kopf.Memo, **_: Any) -> None:
 @kopf.on.resume(GROUP, VERSION, PLURAL_WARM_POOLS)
 @kopf.on.create(GROUP, VERSION, PLURAL_WARM_POOLS)
 @kopf.on.update(GROUP, VERSION, PLURAL_WARM_POOLS, field="spec")
+# A rotation of the pool's Redis password asked for (k8s.redis_users).
+@kopf.on.update(GROUP, VERSION, PLURAL_WARM_POOLS, field=("metadata", "annotations", ROTATE_ANNOTATION))
 def warm_pool_changed(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     runtime = _runtime(memo)
     _counted(runtime, "warmpool", runtime.upsert_pool, _plain(body))
@@ -196,6 +208,11 @@ def secret_event(
         api_keys.seen(_plain(body))
 
 
+def watch_only_api_key_secrets(settings: kopf.OperatorSettings) -> None:
+    """List and watch only the Secrets labelled as API keys, the selector applied by the apiserver."""
+    settings.watching.label_selectors["v1", "secrets"] = API_KEY_SECRET_SELECTOR
+
+
 def _api_keys_watched() -> bool:
     return os.environ.get(API_KEYS_ENV, "true").lower() != "false"
 
@@ -204,3 +221,7 @@ if _api_keys_watched():
     # The chart sets it false with gateway.auth.enabled=false: then the operator has no list/watch on
     # Secrets and watches none.
     kopf.on.event("", "v1", "secrets")(secret_event)
+
+
+# After the delete handlers above: an attempt is cancelled, an adapter unloaded, before its files go.
+from elastune_operator.k8s import retention_handlers  # noqa: E402, F401

@@ -32,7 +32,12 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from elastune_contract.api.common import ConditionStatus
-from elastune_contract.api.constants import DEFAULT_PVC_ROOT, DEFAULT_S3_SECRETS_ROOT, GROUP
+from elastune_contract.api.constants import (
+    AMBIENT_CREDENTIALS,
+    DEFAULT_PVC_ROOT,
+    DEFAULT_S3_SECRETS_ROOT,
+    GROUP,
+)
 from elastune_contract.api.warmpool import WarmPool
 from elastune_contract.model_source import DEFAULT_MODEL_CACHE_PATH, HF, MODEL_CACHE_ENV, PVC, S3
 from elastune_contract.vocabulary import MODEL_FETCH_FAILURE_REASONS, Reason
@@ -94,6 +99,8 @@ def job_manifest(pool: WarmPool) -> dict[str, Any]:
             {"name": "s3-secret", "mountPath": f"{DEFAULT_S3_SECRETS_ROOT}/{secret}", "readOnly": True}
         )
         args += ["--s3-secret", secret]
+    elif src.kind == S3 and spec.fetch.use_ambient_credentials:  # the fetch pod's own identity, as asked
+        args += ["--s3-secret", AMBIENT_CREDENTIALS]
     elif src.kind == PVC:
         volumes.append(
             {"name": "source", "persistentVolumeClaim": {"claimName": src.location, "readOnly": True}}

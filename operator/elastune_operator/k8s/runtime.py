@@ -46,8 +46,10 @@ from elastune_contract.api.resources import InvalidResource, parse_resource
 from elastune_contract.api.tuningjob import TuningJob
 from elastune_contract.api.warmpool import WarmPool, WarmPoolStatus
 from elastune_contract.protocol import PASSWORD_ENV, adapter_id
+from elastune_contract.request_credential import load_key
 from elastune_contract.vocabulary import ConditionType, Reason
 from elastune_operator.api_keys import namespace_models
+from elastune_operator.control import borrowing
 from elastune_operator.control.attempt_timeouts import AttemptTimeouts
 from elastune_operator.control.core import ControlCore, PublishRefused
 from elastune_operator.control.lifecycle import is_terminal
@@ -61,9 +63,12 @@ from elastune_operator.control.resources import (
 )
 from elastune_operator.control.serving import AdapterRecord, holders_of
 from elastune_operator.failpoints import PUBLISH_AFTER_CREATE, failpoint
+from elastune_operator.k8s import redis_budget
 from elastune_operator.k8s.model_fetch import ModelFetcher
 from elastune_operator.k8s.node_capacity import NodeCapacity
 from elastune_operator.k8s.pod_status import PodFailureRules
+from elastune_operator.k8s.redis_budget import RedisBudget
+from elastune_operator.k8s.redis_users import PoolRedisUsers, RedisUserUnavailable
 from elastune_operator.k8s.settings import WORKER_PASSWORD_ENV, OperatorSettings
 from elastune_operator.k8s.workload import WorkloadBackend
 from elastune_operator.metrics import ControlMetrics
@@ -71,6 +76,8 @@ from elastune_operator.metrics import ControlMetrics
 log = logging.getLogger("elastune.operator")
 
 POOL_STATUS_SECONDS = 1.0
+USER_RETRY_S = 2.0
+"""How often a WarmPool refused for its Redis user (RedisUserUnavailable) is tried again: one ACL SETUSER."""
 STATUS_WRITERS = 8
 #: Transitions not worth an Event (every job goes through them; status shows them anyway).
 QUIET_CONDITIONS = frozenset({(ConditionType.ACCEPTED, "True"), (ConditionType.SCHEDULED, "False")})
@@ -111,7 +118,23 @@ class Runtime:
             redis_username=settings.redis_worker_username,
             pod_rules=PodFailureRules(unschedulable_grace_s=settings.pod_unschedulable_grace_s),
             network_policy=json.loads(settings.worker_network_policy or "null"),
+            pool_users=bool(settings.redis_secret),
+            request_secret=load_key(dict(os.environ)),  # the chart's request-key (request_key.py)
         )
+        # A Redis with auth: each pool's workers get a user of their own (never a shared password).
+        self.redis_users = (
+            PoolRedisUsers(self.bus.redis, client.CoreV1Api(api_client), settings.namespace,
+                           settings.redis_rotation_s)
+            if settings.redis_secret else None
+        )  # fmt: skip
+        self._no_redis_user: dict[str, WarmPool] = {}  # "ns/name" -> refused: its Redis user failed
+        self.redis_budget = (
+            RedisBudget(self.bus.redis, settings.namespace, settings.redis_pool_budget_bytes,
+                        self.redis_users.suspend)
+            if self.redis_users is not None and settings.redis_pool_budget_bytes > 0 else None
+        )  # fmt: skip
+        self._next_budget_check = 0.0
+        self._next_user_retry = 0.0
         core_settings = CoreSettings(
             cold_capacity=0,  # the cold pool's nodes set it (self.nodes, on start)
             channel_url=settings.channel_url or settings.redis_url,
@@ -256,6 +279,8 @@ class Runtime:
             return []
         if not self._model_ready(key, pool):  # no worker before its model is in the cache
             return []
+        if not self._redis_user(key, pool):  # no worker without a Redis user of its own
+            return []
         previous = self._pools.get(key)
         self._pools[key] = pool  # before the core's add_pool: jobs moving to it place their storage here
         try:
@@ -270,6 +295,8 @@ class Runtime:
         self.backend.register(pool)
         admits = ", ".join([pool.metadata.namespace or "default", *(pool.spec.allowed_namespaces or [])])
         self._pool_condition(key, "True", Reason.POOL_CONFIGURED, f"serves {model} to namespaces {admits}")
+        if self.redis_users is not None and self.redis_users.suspended(pool):
+            self._budget_exceeded(key)
         return [b for b in self._held.values() if (b.get("spec") or {}).get("model") == model]
 
     def _model_ready(self, key: str, pool: WarmPool) -> bool:
@@ -287,6 +314,29 @@ class Runtime:
         self._pool_condition(key, "False", state.reason, message)
         return False
 
+    def _redis_user(self, key: str, pool: WarmPool) -> bool:
+        """Whether the pool's Redis user is in place (or not needed: Redis without auth). Otherwise the
+        pool is refused with the reason, and _flush_pools tries again (rights may be granted later)."""
+        if self.redis_users is None:
+            return True
+        try:
+            self.redis_users.ensure(pool)
+        except RedisUserUnavailable as exc:
+            self._no_redis_user[key] = pool
+            self._pool_condition(key, "False", Reason.REDIS_USER_UNAVAILABLE, str(exc))
+            log.warning("WarmPool %s refused: %s", key, exc)
+            return False
+        self._no_redis_user.pop(key, None)
+        return True
+
+    def _budget_exceeded(self, key: str) -> None:
+        self._pool_condition(
+            key, "False", Reason.REDIS_BUDGET_EXCEEDED,
+            f"its workers wrote more than {self.settings.redis_pool_budget_bytes} bytes to Redis: their "
+            "Redis user may no longer write (its largest keys were deleted); annotate the WarmPool "
+            "rotate.elastune.dev/redis-password=<new value> to give them a new password with write rights",
+        )  # fmt: skip
+
     def _pool_condition(self, key: str, status: ConditionStatus, reason: str, message: str) -> None:
         self._pool_conditions[key] = set_condition(
             self._pool_conditions.get(key), ConditionType.READY, status, reason, message
@@ -303,7 +353,10 @@ class Runtime:
         def apply() -> WarmPool | None:
             self._pool_conditions.pop(key, None)
             self._pool_status.pop(key, None)
+            self._forget_redis_user(key)
             if self._rejected.pop(key, None) is not None or self._fetching.pop(key, None) is not None:
+                return None
+            if self._no_redis_user.pop(key, None) is not None:
                 return None
             pool = self._pools.pop(key, None)
             if pool is None:
@@ -323,6 +376,15 @@ class Runtime:
         waiting = self.call(apply, wait=30)
         if waiting is not None:
             self.upsert_pool(waiting.model_dump(by_alias=True, mode="json", exclude_none=True))
+
+    def _forget_redis_user(self, key: str) -> None:
+        if self.redis_users is None:
+            return
+        ns, name = key.split("/", 1)
+        try:
+            self.redis_users.remove(ns, name)
+        except Exception as exc:  # no ACL rights, Redis down: the user stays, confined to a pool's keys
+            log.warning("could not delete the Redis user of WarmPool %s: %s", key, exc)
 
     def submit_job(self, body: dict[str, Any]) -> None:
         meta = body.get("metadata", {})
@@ -351,6 +413,11 @@ class Runtime:
                 self._hold(body, rec, of_model)
                 return
             self._held.pop(rec.key, None)
+            if cfg is not None and (foreign := borrowing.job_references(job.spec, ns, cfg.namespace)):
+                # Lends GPUs only: nothing mounted or dispatched; the status is written off this thread.
+                message = borrowing.refusal("TuningJob", ns, cfg.key, foreign)
+                self._writers.submit(self._fail_invalid, meta, message, Reason.FOREIGN_REFERENCE)
+                return
             if cfg is not None and secret:
                 self.backend.use_s3_secret(cfg.key, secret)
             if self._place_storage(job, rec, cfg, meta):
@@ -410,6 +477,10 @@ class Runtime:
         job, pool = self._resources.get(rec.key), self._pools.get(cfg.key)
         if job is None or pool is None:
             return job is None  # no storage placed for it (terminal or not on Kubernetes storage)
+        if foreign := borrowing.job_references(job.spec, rec.namespace, cfg.namespace):
+            log.info("%s stays on %s: on WarmPool %s it would be a borrower (%s)", rec.key, rec.pool,
+                     cfg.key, "; ".join(foreign))  # fmt: skip
+            return False
         try:
             placed = durable_storage(job, pool)
         except ValueError as exc:
@@ -460,7 +531,7 @@ class Runtime:
 
         def mount() -> None:
             cfg = self.core.resolve(namespace, model)
-            if cfg is not None:
+            if cfg is not None and cfg.namespace == namespace:  # a borrower's is refused (borrowing)
                 self.backend.use_s3_secret(cfg.key, secret)
 
         self.call(mount)
@@ -709,7 +780,21 @@ class Runtime:
             if self._model_ready(key, pool):
                 for held in self._apply_pool(pool):
                     self._writers.submit(self.submit_job, held)
-        for key, pool in [*self._rejected.items(), *self._fetching.items()]:
+        if self.redis_budget is not None and time.monotonic() >= self._next_budget_check:
+            self._next_budget_check = time.monotonic() + redis_budget.CHECK_S
+            try:
+                for key in self.redis_budget.check(list(self._pools.values())).cut:
+                    self._budget_exceeded(key)
+            except Exception as exc:  # Redis down, no rights: the next check tries again
+                log.warning("Redis budget check failed: %s", exc)
+        if self.redis_users is not None:
+            self.redis_users.tick(list(self._pools.values()))
+            if self._no_redis_user and time.monotonic() >= self._next_user_retry:
+                self._next_user_retry = time.monotonic() + USER_RETRY_S  # granted rights are picked up
+                for _key, pool in list(self._no_redis_user.items()):
+                    for held in self._apply_pool(pool):
+                        self._writers.submit(self.submit_job, held)
+        for key, pool in [*self._rejected.items(), *self._fetching.items(), *self._no_redis_user.items()]:
             status = WarmPoolStatus(observed_generation=pool.metadata.generation).model_dump(
                 by_alias=True, mode="json", exclude_none=True
             )

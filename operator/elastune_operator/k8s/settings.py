@@ -27,14 +27,24 @@ class OperatorSettings:
     redis_url: str
     """ELASTUNE_REDIS_URL: the control bus (worker registry, assignments, events). Required."""
     redis_secret: str | None = "elastune-redis"
-    """ELASTUNE_REDIS_SECRET: Secret (key `password`) the worker pods read the Redis password from;
-    empty for a Redis without auth. The operator itself reads ELASTUNE_REDIS_PASSWORD."""
+    """ELASTUNE_REDIS_SECRET: set (any name) when Redis requires auth: then each WarmPool's workers get a
+    Redis user of their own (k8s.redis_users, Secret ``<pool>-redis-user``), never this Secret's shared
+    password; empty for a Redis without auth. The operator itself reads ELASTUNE_REDIS_PASSWORD."""
     redis_secret_key: str = "password"
     """ELASTUNE_REDIS_SECRET_KEY: the key of the password inside that Secret."""
     redis_worker_username: str | None = None
     """ELASTUNE_REDIS_WORKER_USERNAME: the workers' Redis ACL user (the chart's bundled Redis:
     elastune-worker); the operator then copies ELASTUNE_REDIS_WORKER_PASSWORD, not its own password, into
     the WarmPool namespaces (its own user is ELASTUNE_REDIS_USERNAME)."""
+    redis_rotation_s: float = 604800.0
+    """ELASTUNE_REDIS_ROTATION: seconds between new passwords of each WarmPool's Redis user (k8s.redis_users;
+    a week: long enough that pods rarely hold the previous one, short enough to bound a leaked one); 0
+    rotates only on request (the WarmPool annotation rotate.elastune.dev/redis-password)."""
+    redis_pool_budget_bytes: int = 128 << 20
+    """ELASTUNE_REDIS_POOL_BUDGET: bytes of Redis each WarmPool's workers may hold under their keys (their
+    records, and the events and gradients of the jobs of the namespaces the pool admits), counted every
+    15 s (k8s.redis_budget); over it, the pool's user loses its write rights. 128 MiB: a few steps of
+    gradients of a large prompt; 0 turns the check off."""
     channel_url: str | None = None
     """ELASTUNE_CHANNEL_URL: gradient storage channel (redis:// or memcached://); default: the bus."""
     cold_pool_node_selector: str = DEFAULT_COLD_POOL_SELECTOR
@@ -83,6 +93,8 @@ class OperatorSettings:
             "redis_secret": "ELASTUNE_REDIS_SECRET",
             "redis_secret_key": "ELASTUNE_REDIS_SECRET_KEY",
             "redis_worker_username": "ELASTUNE_REDIS_WORKER_USERNAME",
+            "redis_rotation_s": "ELASTUNE_REDIS_ROTATION",
+            "redis_pool_budget_bytes": "ELASTUNE_REDIS_POOL_BUDGET",
             "channel_url": "ELASTUNE_CHANNEL_URL",
             "cold_pool_node_selector": "ELASTUNE_COLD_POOL_NODE_SELECTOR",
             "work_dir": "ELASTUNE_WORK_DIR",
@@ -105,7 +117,7 @@ class OperatorSettings:
             try:
                 if f.name == "cold_pool_node_selector":
                     values[f.name] = raw.strip()  # empty is a valid selector: every node
-                elif f.name == "metrics_port":
+                elif f.name in ("metrics_port", "redis_pool_budget_bytes"):
                     values[f.name] = int(raw)
                 elif f.name.endswith("_s"):
                     values[f.name] = float(raw)

@@ -57,8 +57,9 @@ from elastune_contract.protocol import (
 )
 from elastune_operator.control.backend import WorkerExit
 from elastune_operator.control.resources import worker_serving_args
-from elastune_operator.k8s import model_fetch
+from elastune_operator.k8s import model_fetch, request_key
 from elastune_operator.k8s.pod_status import PodFailureRules, pod_failure
+from elastune_operator.k8s.redis_users import PASSWORD_KEY, USERNAME_KEY, pool_secret_name
 
 log = logging.getLogger("elastune.workload")
 
@@ -98,11 +99,15 @@ def worker_deployment(
     secret_key: str = "password",
     s3_secrets: Collection[str] = (),
     redis_username: str | None = None,
+    redis_user_secret: str | None = None,
 ) -> dict[str, Any]:
     """The Deployment of a WarmPool with ``desired`` warm GPUs (pods, bounded by maxWarmGPUs);
-    ``s3_secrets``: the Secrets the pool's LoRAAdapters and TuningJobs name for s3:// artifacts."""
+    ``s3_secrets``: the Secrets the pool's LoRAAdapters and TuningJobs name for s3:// artifacts;
+    ``redis_user_secret``: the pool's own Redis user (k8s.redis_users), instead of ``redis_secret``."""
     name, ns = pool.metadata.name, pool.metadata.namespace or "default"
-    template = worker_pod_template(pool, redis_url, redis_secret, secret_key, s3_secrets, redis_username)
+    template = worker_pod_template(
+        pool, redis_url, redis_secret, secret_key, s3_secrets, redis_username, redis_user_secret
+    )
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
@@ -139,6 +144,7 @@ def worker_pod_template(
     secret_key: str = "password",
     s3_secrets: Collection[str] = (),
     redis_username: str | None = None,
+    redis_user_secret: str | None = None,
 ) -> dict[str, Any]:
     """The worker pods of a WarmPool (the Deployment's ``spec.template``): independent of the pool's
     size, so a resize never changes it."""
@@ -168,14 +174,24 @@ def worker_pod_template(
         # SIGTERM drains (worker/server/drain.py) within the pod's grace period, less a margin.
         {"name": "ELASTUNE_DRAIN_SECONDS", "value": str(grace - DRAIN_MARGIN_S)},
     ]
-    if redis_secret:
+    if redis_user_secret:
+        # The pool's own Redis user, confined to its keys; read at container start, so a rotation reaches
+        # a pod when it restarts (its old password stays valid until then: k8s.redis_users).
+        for var, key in (
+            ("ELASTUNE_REDIS_USERNAME", USERNAME_KEY),
+            ("ELASTUNE_REDIS_PASSWORD", PASSWORD_KEY),
+        ):
+            env.append({"name": var, "valueFrom": {"secretKeyRef": {"name": redis_user_secret, "key": key}}})
+    elif redis_secret:
         env.append(
             {
                 "name": "ELASTUNE_REDIS_PASSWORD",
                 "valueFrom": {"secretKeyRef": {"name": redis_secret, "key": secret_key}},
             }
         )
-    if redis_username:  # the worker's Redis ACL user (the chart's bundled Redis: elastune-worker)
+    if (
+        redis_username and not redis_user_secret
+    ):  # the worker's Redis ACL user (the chart's bundled Redis: elastune-worker)
         env.append({"name": "ELASTUNE_REDIS_USERNAME", "value": redis_username})
     names = {e["name"] for e in env}
     env += [
@@ -264,13 +280,19 @@ class WorkloadBackend:
         clock: Callable[[], float] = time.time,
         network_policy: dict[str, Any] | None = None,
         redis_username: str | None = None,
+        pool_users: bool = False,
+        request_secret: bytes | None = None,
     ) -> None:
+        self.request_secret = request_secret
+        """The gateway's request secret (request_key.py): each pool namespace gets its derived key."""
         self.apps = client.AppsV1Api(api_client)
         self.core = client.CoreV1Api(api_client)
         self.networking = client.NetworkingV1Api(api_client)
         self.network_policy = network_policy
         self.redis_username = redis_username
         """The workers' Redis ACL user (ELASTUNE_REDIS_WORKER_USERNAME); ``redis_password`` is then its."""
+        self.pool_users = pool_users
+        """Each pool's pods use its own Redis user's Secret (k8s.redis_users): nothing shared is copied."""
         """``{"name", "ingress"}`` (ELASTUNE_WORKER_NETWORK_POLICY): written into each pool namespace."""
         self.redis_url = redis_url
         self.redis_secret = redis_secret
@@ -278,6 +300,7 @@ class WorkloadBackend:
         self.redis_password = redis_password
         self._secret_in: set[str] = set()  # namespaces whose Secret copy is written
         self._control_in: set[str] = set()  # namespaces whose worker control Secret exists
+        self._request_key_in: set[str] = set()  # namespaces whose worker request key Secret exists
         self._policy_in: set[str] = set()  # namespaces whose worker NetworkPolicy is written
         # Pools by ``protocol.pool_id`` (namespace/name: two namespaces may each have a WarmPool "tiny"),
         # the id the core names them by.
@@ -304,8 +327,12 @@ class WorkloadBackend:
         # scheduler knew took the Deployment below its busy pods.
         key = pool_id(ns, name)
         self.pools[key] = (pool, desired)
-        self.copy_redis_secret(ns)
+        if not self.pool_users:
+            self.copy_redis_secret(ns)
         self.write_control_secret(ns)
+        if self.request_secret is not None and ns not in self._request_key_in:
+            request_key.write_secret(self.core, ns, self.request_secret)
+            self._request_key_in.add(ns)
         self.write_network_policy(ns)
         self._apply(key)
         return desired
@@ -548,7 +575,10 @@ class WorkloadBackend:
         body = worker_deployment(
             wp, self._replicas(key), self.redis_url, self.redis_secret, self.secret_key,
             self.s3_secrets.get(key, ()), redis_username=self.redis_username,
+            redis_user_secret=pool_secret_name(name) if self.pool_users else None,
         )  # fmt: skip
+        if self.request_secret is not None:  # its inference routes then serve only the gateway
+            request_key.add_to_pod(body["spec"]["template"]["spec"])
         try:
             self.apps.create_namespaced_deployment(ns, body)
             log.info("created Deployment %s/%s (%d replicas)", ns, name, body["spec"]["replicas"])

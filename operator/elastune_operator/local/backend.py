@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from elastune_contract.protocol import split_adapter_id, vouched_address
+from elastune_contract.request_credential import namespace_key
 from elastune_operator.control.backend import WorkerExit
 
 LOOPBACK = "127.0.0.1"
@@ -59,6 +60,13 @@ class LocalBackend:
         self.control_token_file.touch(mode=0o600)
         self.control_token_file.chmod(0o600)
         self.control_token_file.write_text(self.control_token)
+        # The gateway's request key (it signs every forwarded request) and the workers' key derived from
+        # it (local workers have no namespace): files only this user reads (request_credential.py).
+        secret = secrets.token_urlsafe(32).encode()
+        self.request_key_file = _private_file(self.work_dir / "request-key", secret)
+        self.worker_request_key_file = _private_file(
+            self.work_dir / "worker-request-key", namespace_key(secret, "")
+        )
         self.procs: dict[str, _Proc] = {}
         self.pool_args: dict[str, list[str]] = {}
         """Extra worker flags per pool, by pool id (namespace/name; its serving section as engine flags)."""
@@ -93,6 +101,7 @@ class LocalBackend:
             "TOKENIZERS_PARALLELISM": "false",
             **self.extra_env,
             "ELASTUNE_CONTROL_TOKEN_FILE": str(self.control_token_file),
+            "ELASTUNE_REQUEST_KEY_FILE": str(self.worker_request_key_file),
         }
         with log.open("ab") as out:
             proc = subprocess.Popen(
@@ -159,3 +168,11 @@ def _tail(path: Path, lines: int = 3) -> str:
     except OSError:
         return "(no log)"
     return " | ".join(text[-lines:]) if text else "(empty log)"
+
+
+def _private_file(path: Path, content: bytes) -> Path:
+    """``content`` in a file only this user can read (0600 before anything is written)."""
+    path.touch(mode=0o600)
+    path.chmod(0o600)
+    path.write_bytes(content)
+    return path

@@ -154,7 +154,7 @@ def _step_changed(prev: str | None, line: str) -> bool:
     """Outside a terminal, print running jobs every 10 iterations."""
     if prev is None:
         return True
-    it = lambda s: int(re.search(r"(\d+)/\d+ it", s).group(1))  # noqa: E731
+    it = lambda s: int(re.search(r"(\d+)/\d+ it", s).group(1))  # type: ignore[union-attr]  # noqa: E731
     return it(line) // 10 != it(prev) // 10
 
 

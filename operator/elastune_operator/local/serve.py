@@ -29,6 +29,7 @@ from elastune_contract.api import manifests
 from elastune_contract.api.loraadapter import LoRAAdapter
 from elastune_contract.api.tuningjob import TuningJob
 from elastune_contract.api.warmpool import WarmPool
+from elastune_contract.request_credential import KEY_FILE_ENV
 from elastune_operator.api_keys import namespace_models
 from elastune_operator.control.core import ControlCore
 from elastune_operator.control.records import CoreSettings, JobRecord
@@ -50,6 +51,8 @@ from elastune_operator.local.supervise import Backoff
 
 KEYS_REREAD_S = 2.0
 """How often the -f files are read again for API key Secrets (revocation within seconds)."""
+GATEWAY_METRICS_FILE = "gateway-metrics-url"
+"""In the state directory: where the gateway's /metrics is (its own port, not the client one)."""
 
 
 @dataclass
@@ -198,12 +201,16 @@ def serve(opts: ServeOptions, out: TextIO = sys.stdout, err: TextIO = sys.stderr
             print("API keys from the -f files: requests need Authorization: Bearer <key>", file=err,
                   flush=True)  # fmt: skip
         port = opts.port or free_port()
+        # The gateway's /metrics names every key and model: on a port of its own, as in the chart.
+        metrics_port = free_port()
+        (state_dir / GATEWAY_METRICS_FILE).write_text(f"http://127.0.0.1:{metrics_port}/metrics\n")
 
         def start_gateway() -> subprocess.Popen[bytes]:
             log = (state_dir / "logs" / "gateway.log").open("ab")
             argv = [sys.executable, "-m", "elastune_gateway.server", "--redis-url", redis_url]
             argv += ["--host", "127.0.0.1", "--port", str(port), "--auth", auth]
-            env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+            argv += ["--metrics-port", str(metrics_port)]
+            env = {**os.environ, "PYTHONUNBUFFERED": "1", KEY_FILE_ENV: str(backend.request_key_file)}
             return subprocess.Popen(
                 argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
             )

@@ -95,7 +95,7 @@ class PodWorld:
         if why is not None:
             raise RuntimeError(why)
         if cache_root is None:
-            from elastune_worker.tiny.build import cache_root as default_cache
+            from elastune_demo.build import cache_root as default_cache
 
             cache_root = default_cache()
         root.mkdir(parents=True, exist_ok=True)

@@ -15,7 +15,7 @@ import pytest
 from elastune_bench.device.common import FULL
 from elastune_bench.device.engine import BLOCK, kv_blocks
 from elastune_bench.device.roofline import Shape
-from elastune_worker.serving.runner.models.random_init import SHAPES
+from elastune_worker.modeling.random_init import SHAPES
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -83,7 +83,7 @@ def test_the_benchmarks_run_the_8b_shape_on_the_gpu_in_160_s_and_fit_an_h100() -
     the default run's boxes within its 455 s; their GPU memory plans."""
     from elastune_bench.device import coserve_bench, lora_bench
     from elastune_bench.device.run import PARTS
-    from elastune_worker.serving.runner.models.random_init import lora_shapes
+    from elastune_worker.modeling.random_init import lora_shapes
 
     for part in (lora_bench, coserve_bench):
         full, smoke = part.bench_argv("x.json", False), part.bench_argv("x.json", True)

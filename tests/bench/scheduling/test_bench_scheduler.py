@@ -4,7 +4,7 @@ the abstract's "up to" figures, and the per-setting comparison with the paper's 
 import pytest
 
 from elastune_bench.scheduling.scheduler import grid_max, ratios, versus_paper
-from elastune_operator.sim.experiments import Cell
+from elastune_bench.sim.scheduling.experiments import Cell
 
 
 def cells(pt: tuple[float, float], inf: tuple[float, float], ef: tuple[float, float]) -> dict[str, Cell]:

@@ -9,7 +9,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from elastune_bench.serving import ssjf as bench  # noqa: E402
-from elastune_worker.tiny import build as B  # noqa: E402
+from elastune_demo import build as B  # noqa: E402
 
 
 @pytest.mark.parametrize("order", ["fcfs", "sjf_predicted", "sjf_oracle"])

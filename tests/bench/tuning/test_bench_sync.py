@@ -13,7 +13,7 @@ pytest.importorskip("torch")
 pytest.importorskip("peft")
 
 from elastune_bench.tuning import sync
-from elastune_worker.tiny import build as tiny_build
+from elastune_demo import build as tiny_build
 from tiny_test_model import TEST_SPEC  # the small model the worker tests already cache
 
 

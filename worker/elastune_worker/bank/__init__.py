@@ -8,7 +8,7 @@ API (what the scheduler / TuningJob wiring calls)::
                extractor=None, batch_size=64, calibrate=True) -> PromptBank
         features of every candidate under the LLM, cosine distance, FasterPAM k-medoids, saved
         (features.safetensors + bank.json); the project's demo set of 3,000 is
-        elastune_worker.tiny.bank_candidates.default_candidates()
+        elastune_demo.bank_candidates.default_candidates()
     ensure_bank(model_dir, llm_key=None, *, k=50, candidates=None, out_dir=None) -> PromptBank
         load, or (re)build when missing or when the LLM under that key changed (new features)
     load_bank(llm_key) -> PromptBank            # BankError(NoFeatures) if never built
@@ -34,8 +34,8 @@ Scoring matches the tuning loop token for token (``score.Scorer``): for promptTu
 methods use ``layout="text"`` (``prompt\\ninput →``, the tiny corpus layout).
 
 CLI: ``python -m elastune_worker.bank build|lookup|insert|info --model DIR`` (``main(argv)``; ``elastune
-bank`` fills in the tiny demo defaults first: ``tiny/bank_cli.py``); benchmark: ``elastune bench bank``
-(``elastune_bench.tuning.bank``).
+bank`` fills in the tiny demo defaults first: ``elastune_demo/bank_cli.py``); benchmark:
+``elastune bench bank`` (``elastune_bench.tuning.bank``).
 
 Importing this package needs numpy only; torch and transformers load when a model is used.
 """

@@ -10,7 +10,8 @@
 The model is a directory that transformers loads offline (an HF-format causal LM and its tokenizer);
 the candidates a file of prompts (one per line, or a JSON list); the dataset a JSONL of
 ``{"input", "target"}`` records, as a TuningJob's. ``elastune bank`` resolves the project's demo
-defaults first (``tiny/bank_cli.py``: the tiny models and the candidates written for their task suite).
+defaults first (``elastune_demo/bank_cli.py``: the tiny models and the candidates written for their task
+suite).
 
 Every command accepts ``--json`` (one JSON document on stdout). A BankError prints ``error: Reason:
 message`` on stderr and exits 3, so a caller can fall back to the job's own initial prompt.

@@ -202,7 +202,7 @@ class Agent:
         plan = plan_training(a, self.loaded, self.cfg.model)
         cancelled = CancelCheck(self.bus, a.job, a.attempt)
         if coserve:
-            from elastune_worker.serving.coserve.task import CoServeRefused
+            from elastune_worker.coserve.task import CoServeRefused
 
             call = self._engine_call()
             assert call is not None

@@ -7,7 +7,7 @@
   with the reason before that, or for good when the model cannot load.
 - ``GET /metrics`` Prometheus text (WorkerMetrics).
 - ``GET /status`` the worker's record as JSON.
-- ``/v1/...`` the OpenAI-compatible serving API (serving/api), ``/openapi.json`` its document.
+- ``/v1/...`` the OpenAI-compatible serving API (engine/api), ``/openapi.json`` its document.
 Tuning jobs arrive by pull (the agent pops its Redis queue), not over HTTP. The pod itself (agent,
 engine, HTTP server): server/pod.py. SIGTERM drains (server/drain.py): not ready, out of the registry,
 requests in flight finished within --drain-seconds, then exit; a second signal stops at once.
@@ -23,10 +23,10 @@ import sys
 
 from elastune_common.bus import Bus, BusUnreachable
 from elastune_contract.openai_api.limits import limits_from
+from elastune_worker.engine.server import add_engine_args, engine_config, lora_modules
 from elastune_worker.server.agent import default_worker_id
 from elastune_worker.server.drain import DEFAULT_DRAIN_SECONDS
 from elastune_worker.server.pod import EngineSettings, WorkerPod
-from elastune_worker.serving.server import add_engine_args, engine_config, lora_modules
 
 log = logging.getLogger("elastune.worker")
 

@@ -1,4 +1,4 @@
-"""A training plan run inside the serving engine's iterations (serving.coserve.task): started through
+"""A training plan run inside the serving engine's iterations (coserve.task): started through
 the engine, polled for progress, checkpoints and cancellation, finished with the artifact. The engine
 may refuse it (CoServeRefused, raised before anything ran): the agent then runs it dedicated."""
 
@@ -9,11 +9,11 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from elastune_worker.engine.frontend.messages import EngineOp
 from elastune_worker.server.job_events import JobReporter
 from elastune_worker.server.metrics import WorkerMetrics
 from elastune_worker.server.outcomes import Cancelled
 from elastune_worker.server.training_plan import TrainingPlan
-from elastune_worker.serving.frontend.messages import EngineOp
 
 EngineCall = Callable[[EngineOp, Any], Any]
 """A call into the serving engine, run between its steps."""
@@ -28,7 +28,7 @@ def run_coserved(
     metrics: WorkerMetrics,
     poll_seconds: float,
 ) -> None:
-    from elastune_worker.serving.coserve.task import DEFAULT_TPOT_SLO_S, CoServeRequest
+    from elastune_worker.coserve.task import DEFAULT_TPOT_SLO_S, CoServeRequest
 
     a, cfg = plan.assignment, plan.config
     req = CoServeRequest(

@@ -27,6 +27,13 @@ class WorkerMetrics:
             registry=r,
         )
         self.steps = Counter("elastune_worker_steps", "Optimizer steps run.", registry=r)
+        self.credential_refused = Counter(
+            "elastune_worker_request_credential_refused",
+            "Inference requests refused for their gateway credential, by reason (missing | malformed | "
+            "signature | expired | namespace | model).",
+            ["reason"],
+            registry=r,
+        )
         self.compute = Histogram(
             "elastune_worker_step_compute_seconds",
             "Per-step forward, backward and optimizer time.",

@@ -19,10 +19,11 @@ from elastune_contract.model_source import (
 from elastune_contract.vocabulary import Reason
 from elastune_worker.tuning.trainer import pick_device
 
-TINY_MODEL_NAMES = ("elastune/tiny-gpt2", "tiny-gpt2")
-"""Names of the project's own tiny model: built offline on first use, never downloaded."""
-TINY_LLAMA_NAMES = ("elastune/tiny-llama", "tiny-llama")
-"""Names of the project's tiny Llama (2,048 positions, GQA, chat template), built the same way."""
+MODELS_GROUP = "elastune.models"
+"""Entry-point group of named models a package adds (the demo fixtures: ``tiny-gpt2``, ``tiny-llama``):
+each names a function that returns the model's directory. The worker never imports their package."""
+DEMO_MODEL_NAMES = ("tiny-gpt2", "elastune/tiny-gpt2", "tiny-llama", "elastune/tiny-llama")
+"""The names the demo package registers: a clear error when it is not installed."""
 
 MODEL_LOAD_FAILED = Reason.MODEL_LOAD_FAILED
 
@@ -61,21 +62,41 @@ def fetched_model_dir(name: str) -> Path | None:
     return path
 
 
+def named_model_dir(name: str) -> Path | None:
+    """The directory of a model a package registers under ``name`` in the ``elastune.models`` entry
+    points (built if missing); None when none does. A demo name without the demo package is a
+    ModelLoadError that says what to install or name instead (production images may ship no demo models)."""
+    from importlib.metadata import entry_points
+
+    found = entry_points(group=MODELS_GROUP, name=name)
+    builder = None
+    if found:
+        try:
+            builder = next(iter(found)).load()
+        except ImportError:  # registered by the distribution, its package left out (an image without demo)
+            builder = None
+    if builder is not None:
+        return Path(builder())
+    if name in DEMO_MODEL_NAMES:
+        raise ModelLoadError(
+            f"model {name!r} is a demo model of the elastune_demo package, which is not installed here: "
+            "install it (pip install -e . from a checkout; the worker image's demo step) or name a real "
+            "model (a Hugging Face id, a local directory, or an hf://, s3:// or pvc:// source)"
+        )
+    return None
+
+
 def resolve_model(name: str) -> Path:
     """A local directory for ``name``: a fetched source's directory of the model cache (never downloaded
-    here), the tiny model (built if missing), a path, or a Hugging Face id resolved through the local HF
-    cache (downloaded only if the environment allows it — pods set HF_HUB_OFFLINE=1)."""
+    here), a model a package registers by name (the demo's tiny models, built if missing), a path, or a
+    Hugging Face id resolved through the local HF cache (downloaded only if the environment allows it —
+    pods set HF_HUB_OFFLINE=1)."""
     fetched = fetched_model_dir(name)
     if fetched is not None:
         return fetched
-    if name in TINY_MODEL_NAMES:
-        from elastune_worker.tiny.build import ensure_tiny_model
-
-        return ensure_tiny_model()
-    if name in TINY_LLAMA_NAMES:
-        from elastune_worker.tiny.build import TINY_LLAMA_SPEC, ensure_tiny_model
-
-        return ensure_tiny_model(spec=TINY_LLAMA_SPEC)
+    named = named_model_dir(name)
+    if named is not None:
+        return named
     path = Path(name).expanduser()
     if path.is_dir():
         return path

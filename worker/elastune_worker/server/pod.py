@@ -16,6 +16,13 @@ import uvicorn
 from elastune_common.bus import Bus
 from elastune_contract.openai_api.limits import RequestLimits
 from elastune_contract.protocol import ServingState, WorkerState, adapter_id
+from elastune_worker.coserve.calls import CoServeCalls
+from elastune_worker.engine.api.app import create_app
+from elastune_worker.engine.api.metrics import ServingMetrics
+from elastune_worker.engine.core.config import EngineConfig
+from elastune_worker.engine.frontend.messages import EngineOp
+from elastune_worker.engine.frontend.serving_client import EngineServingClient
+from elastune_worker.engine.server import load_lora_modules, start_engine
 from elastune_worker.server.agent import Agent, AgentConfig
 from elastune_worker.server.control_auth import guard_control
 from elastune_worker.server.control_routes import control_router
@@ -24,12 +31,7 @@ from elastune_worker.server.drain import DEFAULT_DRAIN_SECONDS, Drain, DrainMidd
 from elastune_worker.server.metrics import WorkerMetrics
 from elastune_worker.server.models import LoadedModel
 from elastune_worker.server.placement import AdapterSync
-from elastune_worker.serving.api.app import create_app
-from elastune_worker.serving.api.metrics import ServingMetrics
-from elastune_worker.serving.config import EngineConfig
-from elastune_worker.serving.frontend.client import EngineServingClient
-from elastune_worker.serving.frontend.messages import EngineOp
-from elastune_worker.serving.server import load_lora_modules, start_engine
+from elastune_worker.server.request_auth import guard_inference
 
 log = logging.getLogger("elastune.worker")
 HTTP_STOP_S = 3.0
@@ -94,6 +96,8 @@ class WorkerPod:
             max_queued_requests=max_queued_requests,
         )
         guard_control(self.app)  # adapter load/unload, /status: only with the control token
+        refused = self.metrics.credential_refused
+        guard_inference(self.app, lambda reason: refused.labels(reason).inc())  # /v1 only for the gateway
         self.app.add_middleware(DrainMiddleware, drain=self.drain)  # outermost: counts every stream
         self._http: uvicorn.Server | None = None
         self._http_thread: threading.Thread | None = None
@@ -126,7 +130,7 @@ class WorkerPod:
 
     def _leave_registry(self) -> None:
         if self.agent.record.state is not WorkerState.FAILED:
-            self.bus.forget_worker(self.worker_id)
+            self.bus.leave(self.worker_id)  # a pool's Redis user may DEL its keys, not SREM the id set
 
     def shutdown(self) -> None:
         """Stop the HTTP server once its responses are sent, and leave the registry (a FAILED worker
@@ -156,6 +160,7 @@ class WorkerPod:
                 tokenizer=loaded.tokenizer,
                 threads=settings.threads,
                 cpus=settings.cpus,
+                calls=CoServeCalls(),  # the agent's co-served assignments (the engine never imports them)
             )
         except Exception as exc:
             log.error("serving is unavailable on this worker: %s", exc)

@@ -11,12 +11,13 @@ from pathlib import Path
 from typing import Any
 
 from elastune_contract import storage
+from elastune_contract.api.constants import s3_credentials
 from elastune_contract.api.tuningjob import TuningJobSpec
 from elastune_contract.protocol import Assignment, PromptBankReport
 from elastune_contract.vocabulary import Reason
 from elastune_worker.server.models import LoadedModel
 from elastune_worker.server.outcomes import AssignmentFailed
-from elastune_worker.storage import s3
+from elastune_worker.storage import ownership, s3
 from elastune_worker.tuning.data import load_dataset, split
 from elastune_worker.tuning.trainer import OutputNotOurs, TuningConfig, check_output_location
 
@@ -45,8 +46,7 @@ class TrainingPlan:
         first (with the Secret the spec names), so a job's status never names an artifact that is not
         there."""
         if self.published and s3.is_s3(self.published):
-            output = self.spec.output
-            s3.upload(local, self.published, output.secret_name if output else None)
+            s3.upload(local, self.published, _s3_credentials(self.spec))
         return self.published or local
 
 
@@ -72,7 +72,22 @@ def plan_training(a: Assignment, loaded: LoadedModel, model: str) -> TrainingPla
     if out and out.uri and s3.is_s3(out.uri):  # staged at artifact_dir, then uploaded by rank 0
         published = out.uri
         if a.rank == 0:  # a missing bucket or refused credentials fail the job now, not after tuning
-            s3.check_bucket(out.uri, out.secret_name)
+            s3.check_bucket(out.uri, _s3_credentials(spec))
+    if a.rank == 0 and a.owner_uid:  # before anything is written, so the job's deletion knows its files
+        s3_out = out.uri if out and out.uri and s3.is_s3(out.uri) else None
+        refused = ownership.claim_attempt(
+            a.job, a.owner_uid, a.checkpoint_dir, a.artifact_dir, s3_out, _s3_credentials(spec)
+        )
+        # Refused: an s3:// prefix not ours (another namespace's marker, or objects without one), or an
+        # artifact directory another namespace marked (unmarked local content: check_output_location).
+        foreign_dir = a.artifact_dir in refused and ownership.read_local(Path(a.artifact_dir)) is not None
+        if s3_out in refused or (s3_out is None and foreign_dir):
+            where = s3_out or a.artifact_dir
+            raise AssignmentFailed(
+                Reason.OUTPUT_NOT_OURS,
+                f"output {where} holds what this job did not write (another namespace's job marked it, or "
+                "it has files without an owner marker); a job never replaces them: name a new location",
+            )
     train, evals = split(load_dataset(a.dataset), a.eval_fraction, a.max_eval, a.seed)
     max_length = _max_length(loaded, spec.hyperparameters.virtual_tokens)
     init_text = a.initial_prompt if a.initial_prompt is not None else spec.initial_prompt
@@ -114,6 +129,13 @@ def _select_prompt(
     )
 
 
+def _s3_credentials(spec: TuningJobSpec) -> str | None:
+    """The s3:// output's credentials as the storage code takes them: the Secret, the pod's identity
+    only when the spec asks for it, else None (refused)."""
+    out = spec.output
+    return s3_credentials(out.secret_name, out.use_ambient_credentials) if out else None
+
+
 def _max_length(loaded: LoadedModel, virtual_tokens: int) -> int:
     """Input+target tokens per sample: the default, capped so the virtual tokens still fit the
     model's context (small models have short ones)."""
@@ -134,7 +156,8 @@ def _max_length(loaded: LoadedModel, virtual_tokens: int) -> int:
 
 def _with_local_paths(a: Assignment) -> Assignment:
     """The assignment with its checkpoint and artifact locations as paths in this pod: a pvc:// URI is
-    the claim's mount, through the one resolver the adapter loader (serving.runner.lora.storage) reads by."""
+    the claim's mount, through the one resolver the adapter loader (engine.model_runner.lora.storage)
+    reads by."""
     try:
         ckpt, out = (str(storage.local_path(u)) for u in (a.checkpoint_dir, a.artifact_dir))
     except ValueError as exc:

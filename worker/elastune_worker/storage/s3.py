@@ -4,12 +4,15 @@ Works with any S3-compatible endpoint (AWS, MinIO, Ceph RGW, GCS's XML API...). 
 endpoint come from the Secret the resource names, which the pool's worker pods mount read-only at
 ``$ELASTUNE_S3_SECRETS_ROOT/<secret>/`` (one file per key, KServe's and AIBrix's key names:
 AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, optional AWS_SESSION_TOKEN, AWS_ENDPOINT_URL, AWS_REGION).
-With no Secret named, boto3's own chain decides (the standard AWS_* environment, a pod's IRSA role):
-what `elastune serve` / `elastune run` use on a laptop. The control plane never holds the credentials:
-only the Secret's name travels through it.
+The pod's own identity (boto3's default chain: the AWS_* environment, an instance profile, an IRSA
+role) is used only when the resource says so (``useAmbientCredentials: true``, which travels as
+AMBIENT_CREDENTIALS in the Secret's place); with neither, every transfer is refused
+(StorageCredentialsUnset) rather than falling back to whatever identity the node has. The control plane
+never holds the credentials: only the Secret's name travels through it.
 
 Every failure is a StorageError whose ``reason`` is a vocabulary constant (StorageBucketNotFound,
-StorageAccessDenied, StorageSecretNotFound, StorageUnreachable, ArtifactNotFound), so it lands on the
+StorageAccessDenied, StorageSecretNotFound, StorageCredentialsUnset, StorageUnreachable,
+ArtifactNotFound), so it lands on the
 LoRAAdapter's Ready condition or the TuningJob's Failed condition as it is.
 """
 
@@ -27,6 +30,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from elastune_contract.api.constants import (
+    AMBIENT_CREDENTIALS,
     DEFAULT_S3_SECRETS_ROOT,
     S3_CACHE_ENV,
     S3_SECRETS_ROOT_ENV,
@@ -78,9 +82,17 @@ def secrets_root() -> Path:
 
 
 def credentials(secret: str | None) -> Credentials:
-    """The mounted Secret's keys; no Secret: Credentials() (boto3's default chain: AWS_* env)."""
-    if not secret:
+    """The mounted Secret's keys; AMBIENT_CREDENTIALS: Credentials() (boto3's default chain); None:
+    StorageError, since an unset Secret must not silently become the node's identity."""
+    if secret == AMBIENT_CREDENTIALS:
         return Credentials()
+    if not secret:
+        raise StorageError(
+            Reason.STORAGE_CREDENTIALS_UNSET,
+            "no S3 credentials were named: name a Secret (LoRAAdapter spec.artifactSecret, TuningJob "
+            "spec.output.secretName, WarmPool spec.modelSource.secretName), or set useAmbientCredentials: "
+            "true beside it to use the pod's own identity (AWS_* environment, instance profile, IRSA)",
+        )
     folder = secrets_root() / secret
 
     def key(*names: str) -> str | None:
@@ -147,8 +159,8 @@ def _error(exc: Exception, url: str, what: str) -> StorageError:
     if isinstance(exc, NoCredentialsError | PartialCredentialsError):
         return StorageError(
             Reason.STORAGE_ACCESS_DENIED,
-            f"{what} {url}: no S3 credentials (name a Secret, or set AWS_ACCESS_KEY_ID and "
-            "AWS_SECRET_ACCESS_KEY)",
+            f"{what} {url}: useAmbientCredentials is set but the pod has no identity (no AWS_* "
+            "environment, instance profile or IRSA role); name a Secret instead",
         )
     if isinstance(exc, ClientError):
         err = exc.response.get("Error", {})

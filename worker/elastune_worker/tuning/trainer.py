@@ -363,13 +363,13 @@ def build_peft_model(
 def load_base_model(model_dir: str | Path, device: torch.device | str | None = None) -> Any:
     """The base model of ``model_dir`` (transformers' AutoModelForCausalLM): its weights read on the
     CPU (``build_peft_model`` moves it), or, for a config.json that asks for random weights
-    (serving/runner/models/random_init.py: benchmarks at a real size, e.g. Llama-3-8B), made on
+    (modeling/random_init.py: benchmarks at a real size, e.g. Llama-3-8B), made on
     ``device`` from the config alone without reading a file, in the config's dtype on CUDA (bf16 for
     the 8B shape: 15 GiB, never a float32 copy) and in float32 on the CPU. Load it once and pass it as
     ``base_model`` to every Trainer of the same model (one copy of the weights for job after job)."""
     from transformers import AutoModelForCausalLM
 
-    from elastune_worker.serving.runner.models.random_init import hf_random_model, read_random_config
+    from elastune_worker.modeling.random_init import hf_random_model, read_random_config
 
     random_cfg = read_random_config(Path(model_dir))
     if random_cfg is None:

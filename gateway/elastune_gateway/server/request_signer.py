@@ -1,0 +1,36 @@
+"""The credential the gateway puts on every request it forwards to a worker
+(``elastune_contract.request_credential``): the worker's namespace, what it may serve (the adapter id, or
+the base model), the caller's key id and an expiry, signed with that namespace's key."""
+
+from __future__ import annotations
+
+import os
+
+from elastune_contract.protocol import adapter_id, split_worker_id
+from elastune_contract.request_credential import CREDENTIAL_HEADER, load_key, sign
+
+from .call import Call
+from .directory import Endpoint, KnownModel
+
+
+class RequestSigner:
+    def __init__(self, secret: bytes, ttl_s: float) -> None:
+        self.secret = secret
+        self.ttl_s = ttl_s
+
+    def headers(self, call: Call, model: KnownModel, endpoint: Endpoint) -> dict[str, str]:
+        """The header for ``call`` sent to ``endpoint`` (its namespace from its worker id, which the
+        directory vouches for from the pod list)."""
+        namespace, _ = split_worker_id(endpoint.id)
+        adapter = model.parent is not None
+        served = adapter_id(model.namespace, model.name) if adapter else model.name
+        key_id = call.principal.name if call.principal is not None else ""
+        value = sign(self.secret, namespace, served, adapter=adapter, key_id=key_id, ttl_s=self.ttl_s)
+        return {CREDENTIAL_HEADER: value}
+
+
+def signer_from_env(ttl_s: float, environ: dict[str, str] | None = None) -> RequestSigner | None:
+    """The signer of the key in ``$ELASTUNE_REQUEST_KEY_FILE`` / ``$ELASTUNE_REQUEST_KEY``; None without
+    one (workers that verify then refuse every request: the gateway logs it at start)."""
+    secret = load_key(dict(os.environ) if environ is None else environ)
+    return None if secret is None else RequestSigner(secret, ttl_s)

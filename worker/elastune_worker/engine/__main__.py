@@ -1,0 +1,3 @@
+from elastune_worker.engine.server import main
+
+raise SystemExit(main())

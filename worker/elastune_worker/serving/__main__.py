@@ -1,3 +1,0 @@
-from elastune_worker.serving.server import main
-
-raise SystemExit(main())

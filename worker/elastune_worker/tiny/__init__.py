@@ -1,1 +1,0 @@
-"""Tiny, self-made models and tasks for tests and benchmarks (no hub downloads; docs/design.md §6)."""
