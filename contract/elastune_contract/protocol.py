@@ -202,7 +202,8 @@ class PlacedAdapter(_Message):
     s3://bucket/prefix."""
     secret: str | None = None
     """For s3://: the name of the Secret (in the pool's namespace, mounted into its pods) with the
-    credentials and endpoint; only the name travels through Redis, never its content."""
+    credentials and endpoint, or AMBIENT_CREDENTIALS when the adapter sets useAmbientCredentials (None:
+    the worker refuses the download); only the name travels through Redis, never its content."""
     tier: str = "host"
     """device: keep it in a device slot (pinned or popular); host: keep it in host memory."""
 

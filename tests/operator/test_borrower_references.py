@@ -17,7 +17,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from kubernetes import client, config
@@ -77,7 +77,7 @@ class World:
 
     def condition(self, ns: str, plural: str, name: str, ctype: str) -> dict[str, Any] | None:
         assert self.operator.poll() is None, self.log.read_text()
-        obj = self.custom.get_namespaced_custom_object(GROUP, VERSION, ns, plural, name)
+        obj = cast(dict[str, Any], self.custom.get_namespaced_custom_object(GROUP, VERSION, ns, plural, name))
         return next((c for c in (obj.get("status") or {}).get("conditions", []) if c["type"] == ctype), None)
 
     def mounted_secrets(self) -> set[str]:
@@ -87,7 +87,12 @@ class World:
             if exc.status == 404:
                 return set()
             raise
-        return {v.secret.secret_name for v in dep.spec.template.spec.volumes or [] if v.secret}
+        body = self.api.sanitize_for_serialization(dep)
+        return {
+            v["secret"]["secretName"]
+            for v in body["spec"]["template"]["spec"].get("volumes", [])
+            if "secret" in v
+        }
 
 
 @pytest.fixture(scope="module")
@@ -149,8 +154,9 @@ def test_a_borrower_job_may_name_neither_the_owner_s_secrets_nor_its_claims(worl
 
 
 def test_a_borrower_adapter_may_name_neither_the_owner_s_secrets_nor_its_claims(world: World) -> None:
-    cases = {
+    cases: dict[str, dict[str, Any]] = {
         "by-secret": {"artifactURL": "s3://a-bucket/adapters/x", "artifactSecret": "a-s3-reader"},
+        "by-identity": {"artifactURL": "s3://a-bucket/adapters/x", "useAmbientCredentials": True},
         "by-claim": {"artifactURL": "pvc://datasets/adapters/x"},
         "other-folder": {"artifactURL": f"pvc://jobs/elastune/artifacts/{OWNER}/tuned"},
     }
@@ -176,3 +182,23 @@ def test_a_borrower_adapter_may_name_neither_the_owner_s_secrets_nor_its_claims(
     )
     assert cond["reason"] != Reason.FOREIGN_REFERENCE, cond
     assert "a-s3-reader" not in world.mounted_secrets()
+
+
+def test_the_apiserver_takes_use_ambient_credentials_for_s3_without_a_secret_only(world: World) -> None:
+    ambient = {"useAmbientCredentials": True}
+    bad = [
+        ("loraadapters", "LoRAAdapter", {"baseModel": MODEL, "artifactURL": "pvc://jobs/a", **ambient}),
+        (
+            "tuningjobs",
+            "TuningJob",
+            job_spec(MODEL, output={"uri": "s3://out/x", "secretName": "s", **ambient}),
+        ),
+        ("warmpools", "WarmPool", {"model": "hf://org/m", "modelSource": ambient}),
+    ]
+    for plural, kind, spec in bad:
+        with pytest.raises(ApiException) as info:
+            world.create(OWNER, plural, kind, "ambient", spec)
+        assert info.value.status == 422 and "useAmbientCredentials applies" in str(info.value.body), kind
+    world.create(
+        OWNER, "warmpools", "WarmPool", "s3-model", {"model": "s3://models/m", "modelSource": ambient}
+    )

@@ -91,6 +91,9 @@ class Cluster:
             PVC_ROOT_ENV: str(self.pvc_root),  # the operator sees the claims too (artifact checks)
             # one proof key across restarts, as the chart's Secret gives: a restarted operator adopts
             "ELASTUNE_PROOF_KEY": f"proof-{self.namespace}",
+            # No Job controller runs here: a deleted job's cleanup Job (spec.retention) never starts, and
+            # the operator gives up after this many seconds (StorageLeft), as where its pod cannot run.
+            "ELASTUNE_RECLAIM_TIMEOUT": "5",
         }
         log = (self.tmp / f"operator-{self.starts}.log").open("wb")
         cmd = [sys.executable, "-m", "elastune_cli", "operator", "--standalone", "--all-namespaces"]

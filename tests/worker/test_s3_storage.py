@@ -23,7 +23,7 @@ pytest.importorskip("boto3")
 import s3_emulator
 from elastune_common.bus import Bus
 from elastune_common.servers import Server, free_port
-from elastune_contract.api.constants import S3_CACHE_ENV, S3_SECRETS_ROOT_ENV
+from elastune_contract.api.constants import AMBIENT_CREDENTIALS, S3_CACHE_ENV, S3_SECRETS_ROOT_ENV
 from elastune_contract.api.loraadapter import LoRAAdapterSpec
 from elastune_contract.protocol import PlacedAdapter, ServingState, WorkerRecord, WorkerState
 from elastune_contract.vocabulary import PERMANENT_FAILURE_REASONS, Reason
@@ -102,15 +102,16 @@ def test_round_trip_through_a_mounted_secret_and_the_cache(
     assert not got.exists(), "the superseded copy is removed"
 
 
-def test_the_aws_environment_is_used_when_no_secret_is_named(
+def test_the_aws_environment_is_used_when_asked_for(
     tmp_path: Path, emulator: s3_emulator.S3Emulator, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """`elastune serve` / `elastune run` on a laptop: the standard AWS_* variables."""
+    """`elastune serve` / `elastune run` on a laptop with useAmbientCredentials: the AWS_* variables
+    (never without it: tests/security/test_ambient_credentials.py)."""
     for key, value in emulator.secret_keys().items():
         monkeypatch.setenv(key, value)
     url = f"s3://{BUCKET}/env/adapter"
-    s3.upload(peft_like(tmp_path / "a"), url)
-    assert files(s3.download(url, None, tmp_path / "cache")) == files(tmp_path / "a")
+    s3.upload(peft_like(tmp_path / "a"), url, AMBIENT_CREDENTIALS)
+    assert files(s3.download(url, AMBIENT_CREDENTIALS, tmp_path / "cache")) == files(tmp_path / "a")
 
 
 def test_missing_bucket(tmp_path: Path, secrets: Path) -> None:
@@ -242,11 +243,12 @@ def test_a_lora_adapter_on_s3_is_placed_loaded_and_served(
     from_s3 = eng.generate(prompts, greedy, ["r8-s3"] * 2)
     assert from_s3 == eng.generate(prompts, greedy, ["r8-local"] * 2)
     assert from_s3 != eng.generate(prompts, greedy, [None, None]), "the adapter changes the answers"
-    # vLLM's lora_path may name s3:// too: the worker's AWS_* environment.
+    # vLLM's lora_path names no credentials: even with an AWS_* environment around, s3:// is refused
+    # there (no implicit identity); placed adapters carry their Secret or useAmbientCredentials.
     for key, value in s3_emulator_keys(secrets).items():
         monkeypatch.setenv(key, value)
-    eng.load_lora("r8-api", url)
-    assert eng.generate(prompts, greedy, ["r8-api"] * 2) == from_s3
+    with pytest.raises(Exception, match=Reason.STORAGE_CREDENTIALS_UNSET):
+        eng.load_lora("r8-api", url)
 
 
 def s3_emulator_keys(secrets: Path) -> dict[str, str]:

@@ -196,6 +196,8 @@ def exp_run_resumes(root: Path, plan: Plan) -> Outcome:
     checkpoint folder), and the job ends Succeeded."""
     import yaml
 
+    # The worker finishes its current job after the SIGTERM `elastune run` sends it on Ctrl-C (the tiny
+    # model trains tens of iterations a second): the detail says where the first run's training stopped.
     iterations = 60 if plan.quick else 120
     pool = {
         "apiVersion": "elastune.dev/v1alpha1", "kind": "WarmPool",

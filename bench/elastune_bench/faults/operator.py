@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from elastune_common.bus import Bus
+from elastune_contract.api.constants import LABEL_WARM_POOL
 from elastune_contract.protocol import Event, WorkerRecord, WorkerState, assign_key
 
 from .stack import CLI, Outcome, Plan, RedisProcess, wait_until
@@ -33,7 +34,8 @@ def exp_operator_killed(root: Path, plan: Plan) -> Outcome:
     bus = Bus(redis.url, f"chaos{time.time_ns()}")
     procs: list[subprocess.Popen[bytes]] = []
     stop = threading.Event()
-    wid = "tiny-pod-1"
+    pod_name, pod_ip = "tiny-pod-1", "10.9.0.1"
+    wid = f"default/{pod_name}"  # as a pod's worker registers: the operator counts only a pod it lists
     try:
         api = k8s.config.new_client_from_config(config_file=str(emulator.kubeconfig_path))
         custom = k8s.client.CustomObjectsApi(api)
@@ -65,11 +67,23 @@ def exp_operator_killed(root: Path, plan: Plan) -> Outcome:
                 procs.append(subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT))
             return procs[-1]
 
+        # The pool's pod (what its Deployment and the kubelet make) and its worker's record at the pod's
+        # address, READY, refreshed as its heartbeat would (beat).
+        labels = {LABEL_WARM_POOL: "tiny"}
+        container = {"name": "worker", "image": "ghcr.io/elastune/worker:0.1.0"}
+        pod = {"apiVersion": "v1", "kind": "Pod", "spec": {"containers": [container]},
+               "metadata": {"name": pod_name, "namespace": "default", "labels": labels}}  # fmt: skip
+        core = k8s.client.CoreV1Api(api)
+        core.create_namespaced_pod("default", pod)
+        running = {"status": {"phase": "Running", "podIP": pod_ip}}
+        core.patch_namespaced_pod_status(pod_name, "default", running)
+
         def beat() -> None:
             started = time.time()
             while not stop.is_set():
                 rec = WorkerRecord(id=wid, pool="tiny", model="test/model", state=WorkerState.READY,
-                                   started_at=started - 3, ready_at=started)  # fmt: skip
+                                   started_at=started - 3, ready_at=started,
+                                   url=f"http://{pod_ip}:8080")  # fmt: skip
                 bus.publish_worker(rec)
                 stop.wait(1.0)
 

@@ -169,11 +169,11 @@ def exp_paused(stack: Stack, plan: Plan) -> Outcome:
     back = wait_until(lambda: (r := stack.bus.workers().get(wid)) is not None and r.url, plan.recover_s, 0.5)
 
     def used() -> bool:
-        for i in range(8):
-            s = stream(stack.url, {"model": MODEL, "prompt": f"{i} g ->", "max_tokens": 2})
-            if s.endpoint == wid:
-                return True
-        return False
+        # 4 at once with the streams' prompt: the router spreads them by load and prefix (one at a time,
+        # an idle pool's ties may always go to the other worker).
+        body = {"model": MODEL, "prompt": PROMPT, "max_tokens": 8, "temperature": 0, "ignore_eos": True}
+        with ThreadPoolExecutor(4) as again:
+            return any(s.endpoint == wid for s in again.map(lambda _: stream(stack.url, body), range(4)))
 
     used_again = bool(back) and bool(wait_until(used, plan.recover_s, 1.0))
     stopped = "draining" in stack.worker_log(wid)[wlog["before"] :] or not pid_alive(pid)

@@ -59,7 +59,7 @@ S3_CACHE_ENV: Final = "ELASTUNE_S3_CACHE"
 AMBIENT_CREDENTIALS: Final = "@ambient"
 
 
-def s3_credentials(secret: str | None, ambient: bool) -> str | None:
+def s3_credentials(secret: str | None, ambient: bool | None) -> str | None:
     """Where an s3:// transfer takes its credentials from, as the workers are told: the Secret's name,
     AMBIENT_CREDENTIALS, or None (neither was set: the transfer is refused)."""
     return secret or (AMBIENT_CREDENTIALS if ambient else None)

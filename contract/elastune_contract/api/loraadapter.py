@@ -63,7 +63,7 @@ class LoRAAdapterSpec(ApiModel):
     read-only into the WarmPool's worker pods, which download the artifact; the operator never reads it.
     Unset: no credentials, and the download is refused (StorageCredentialsUnset) unless
     useAmbientCredentials is set."""
-    use_ambient_credentials: bool = False
+    use_ambient_credentials: bool | None = None
     """For an s3:// artifactURL without an artifactSecret: use the worker pods' own identity (boto3's
     default chain: AWS_* environment, instance profile, IRSA). Only an adapter of the WarmPool's own
     namespace may; never implied by leaving artifactSecret out."""

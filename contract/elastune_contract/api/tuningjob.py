@@ -127,7 +127,7 @@ class Output(ApiModel):
     optionally AWS_ENDPOINT_URL, AWS_REGION, AWS_SESSION_TOKEN, mounted read-only into the WarmPool's worker
     pods (the operator never reads it); a published adapter names it too. Unset: no credentials, and the
     upload is refused (StorageCredentialsUnset) unless useAmbientCredentials is set."""
-    use_ambient_credentials: bool = False
+    use_ambient_credentials: bool | None = None
     """For an s3:// uri without a secretName: use the worker pods' own identity (boto3's default chain:
     AWS_* environment, instance profile, IRSA). Only a job of the WarmPool's own namespace may; never
     implied by leaving secretName out."""

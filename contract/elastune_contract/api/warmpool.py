@@ -77,7 +77,7 @@ class ModelSourceSpec(ApiModel):
     hf://; for s3:// the keys LoRAAdapter artifactSecret uses (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY,
     optional AWS_ENDPOINT_URL, AWS_REGION, AWS_SESSION_TOKEN). Unset: anonymous for hf:// (public
     repositories); for s3:// the fetch is refused unless useAmbientCredentials is set."""
-    use_ambient_credentials: bool = False
+    use_ambient_credentials: bool | None = None
     """For an s3:// model without a secretName: fetch with the fetch pod's own identity (boto3's default
     chain: AWS_* environment, instance profile, IRSA); never implied by leaving secretName out."""
     cache_claim: ResourceName = DEFAULT_MODEL_CACHE_CLAIM

@@ -22,6 +22,8 @@ Run with ``elastune operator [kopf run flags]`` (e.g. ``--all-namespaces --liven
 - LoRAAdapter create/resume/update → validated against its artifact and placed on the pool's pods
   (status follows what the workers really hold); delete → unloaded from every pod, and only then does
   kopf remove our finalizer (retried every 2 s while a pod still holds it).
+- TuningJob and LoRAAdapter delete, after the handlers above → what spec.retention says goes is removed by
+  a cleanup Job in the resource's namespace, bounded in time (k8s/retention_handlers.py).
 - Secret events → the API key map the gateway reads: SHA-256 of each labelled key with its scope and
   limits (elastune_operator.api_keys), never the key. Only Secrets labelled ``elastune.dev/api-key=true``
   are listed and watched: the label selector goes to the apiserver (kopf's

@@ -24,11 +24,13 @@ from typing import Any, Final
 
 from elastune_contract import storage
 from elastune_contract.api.constants import (
+    AMBIENT_CREDENTIALS,
     DEFAULT_PVC_ROOT,
     DEFAULT_S3_SECRETS_ROOT,
     GROUP,
     KIND_TUNING_JOB,
     VERSION,
+    s3_credentials,
 )
 from elastune_contract.api.loraadapter import LoRAAdapter
 from elastune_contract.api.tuningjob import TuningJob
@@ -106,7 +108,7 @@ def tuning_job_plan(job: TuningJob, pool: WarmPool | None) -> Plan:
         job=job_name(uid),
         owner_uid=uid,
         targets=sorted({t for t in targets if t and _reachable(t)}),
-        secret=out.secret_name if s3_out and out else None,
+        secret=s3_credentials(out.secret_name, out.use_ambient_credentials) if s3_out and out else None,
         image=pool.spec.worker.image if pool else DEFAULT_WORKER_IMAGE,
     )
 
@@ -123,7 +125,9 @@ def adapter_plan(adapter: LoRAAdapter, pool: WarmPool | None) -> Plan:
         job=job_name(adapter.metadata.uid or ""),
         owner_uid=str(publisher or ""),
         targets=[url] if wanted else [],
-        secret=adapter.spec.artifact_secret if wanted else None,
+        secret=s3_credentials(adapter.spec.artifact_secret, adapter.spec.use_ambient_credentials)
+        if wanted
+        else None,
         image=pool.spec.worker.image if pool else DEFAULT_WORKER_IMAGE,
     )
 
@@ -142,7 +146,9 @@ def job_manifest(plan: Plan, kind: str, meta: dict[str, Any]) -> dict[str, Any]:
         {"name": f"claim-{i}", "mountPath": f"{DEFAULT_PVC_ROOT}/{c}"} for i, c in enumerate(claims)
     ]
     args = ["--namespace", ns, "--owner-uid", plan.owner_uid]
-    if plan.secret:
+    if plan.secret == AMBIENT_CREDENTIALS:  # the pod's own identity, as the resource asked: no volume
+        args += ["--s3-secret", plan.secret]
+    elif plan.secret:
         # optional: a missing Secret fails the cleanup with StorageSecretNotFound instead of leaving
         # its pod in ContainerCreating until the timeout
         volumes.append({"name": "s3-secret", "secret": {"secretName": plan.secret, "optional": True}})

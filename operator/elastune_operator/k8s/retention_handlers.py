@@ -95,7 +95,7 @@ def _reclaim(rt: Runtime, kind: str, plural: str, body: dict[str, Any], elapsed:
             name,
             kind,
             Reason.STORAGE_RECLAIMED,
-            f"Job {plan.job} removed what it owned: {what}",
+            f"Job {plan.job} removed what of this it owned: {what}",
             False,
             uid,
         )
