@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One command on a fresh machine: install what the tests need, then run them.
-# Arguments go to pytest (e.g. ./test.sh tests/test_prompttuner.py -x). `.ci/run` calls exactly this.
+# Arguments go to pytest (e.g. ./test.sh tests/operator/scheduling/test_prompttuner.py -x). `.ci/run` calls exactly this.
 #
 # 1. Debian packages: real Redis and Memcached servers (started by test fixtures, never as daemons) and
 #    promtool (package prometheus; without systemd its daemon never starts) for metrics and dashboards.

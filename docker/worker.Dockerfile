@@ -5,7 +5,8 @@
 #   docker build -f docker/worker.Dockerfile --build-arg TORCH_INDEX=https://download.pytorch.org/whl/cpu \
 #     -t ghcr.io/elastune/worker:0.1.0-cpu .                                                    # CPU (kind e2e)
 #
-# The data plane: one pod = one GPU, HTTP on $PORT (Knative) with /healthz, /readyz, /metrics.
+# The data plane: one pod = one GPU, HTTP on $PORT (Knative) with /healthz, /readyz; /metrics on
+# $ELASTUNE_METRICS_PORT.
 #
 # torch: installed on its own, first, pinned (as .ci/run does), so resolving the `worker` extra never
 # swaps it. The default index serves CUDA builds (the image is then several GB and needs the NVIDIA
@@ -67,8 +68,8 @@ RUN groupadd --system --gid 10001 elastune \
  && chmod -R a+rX /opt/elastune /app
 ENV HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_HOME=/tmp/hf HOME=/tmp
 USER 10001:10001
-# Knative sets PORT (8080 by default).
-ENV PORT=8080
-EXPOSE 8080
+# Knative sets PORT (8080 by default). /metrics is on a port of its own (the serving one answers 404).
+ENV PORT=8080 ELASTUNE_METRICS_PORT=9091
+EXPOSE 8080 9091
 ENTRYPOINT ["python", "-m", "elastune_worker"]
 CMD ["serve"]

@@ -17,6 +17,42 @@ from elastune_common.servers import Server
 from real_servers import start_redis, stop
 
 
+# Markers (registered in pyproject.toml), set here from what a module does rather than by hand, so a new
+# module is marked the day it is written: `root` for the pod world (network and mount namespaces),
+# `slow` for modules that start processes (the pod world, a kopf operator, `elastune serve`, workers,
+# gateways) or train a model. `pytest -m "not slow"` is the quick loop (about a minute here).
+_SLOW_HELPERS = (
+    "elastune_testing.podworld",
+    "operator_site",
+    "serve_process",
+    "local_run",
+    "subprocess",
+    "tiny_test_model",
+    "elastune_worker.tuning",
+    "elastune_worker.engine.llm_engine",
+    "elastune_worker.engine.model_runner",
+)
+_module_is_slow: dict[str, bool] = {}
+
+
+def _starts_processes(path: Any) -> bool:
+    key = str(path)
+    if key not in _module_is_slow:
+        text = path.read_text(encoding="utf-8") if path.suffix == ".py" else ""
+        _module_is_slow[key] = any(f"import {h}" in text or f"from {h} " in text or f"from {h}." in text
+                                   for h in _SLOW_HELPERS)  # fmt: skip
+    return _module_is_slow[key]
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        in_pod_world = "tests/cluster/" in item.path.as_posix()
+        if in_pod_world:
+            item.add_marker(pytest.mark.root)
+        if in_pod_world or _starts_processes(item.path):
+            item.add_marker(pytest.mark.slow)
+
+
 @pytest.fixture(scope="session")
 def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     server = start_redis(tmp_path_factory.mktemp("redis"))

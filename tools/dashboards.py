@@ -5,7 +5,7 @@ each file in a ConfigMap for the Grafana sidecar. Every query names metrics exac
 (operator/elastune_operator/metrics.py), ``WorkerMetrics`` (worker/elastune_worker/server/metrics.py),
 ``ServingMetrics`` (worker/elastune_worker/engine/api/metrics.py: the ``vllm:`` names and the engine's
 ``elastune_`` counters) and ``GatewayMetrics`` (gateway/elastune_gateway/server/metrics.py) expose them —
-counters with ``_total``, histograms as ``_bucket``/``_sum``/``_count`` — and tests/test_dashboards.py
+counters with ``_total``, histograms as ``_bucket``/``_sum``/``_count`` — and tests/chart/test_dashboards.py
 checks both that and that the files equal this script's output.
 
     python tools/dashboards.py           # (re)write the JSON files

@@ -40,6 +40,8 @@ class ServiceProcess:
     name: str
     control_token: str = ""
     """A worker's control token (adapter load/unload, /status need it as a Bearer token)."""
+    metrics_url: str = ""
+    """A worker's /metrics, on its metrics port (the serving port answers 404 for it)."""
 
     def control_headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.control_token}"}
@@ -105,7 +107,7 @@ def wait_for_worker(w: ServiceProcess, redis_url: str, namespace: str, timeout: 
             rec = bus.workers().get(w.name)
             warm = rec is not None and rec.url and rec.serving is not None
             if rec is not None and warm and httpx.get(rec.url + "/readyz", timeout=5).status_code == 200:
-                w.url = rec.url
+                w.url, w.metrics_url = rec.url, rec.metrics_url
                 return
             time.sleep(0.2)
         raise ProcessFailed(f"worker {w.name} not ready within {timeout:.0f} s:\n{w.log_tail()}")

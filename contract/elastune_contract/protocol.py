@@ -140,6 +140,9 @@ class WorkerRecord(_Message):
     state: WorkerState
     url: str = ""
     """http://host:port of the worker's server (informational: dispatch never needs it)."""
+    metrics_url: str = ""
+    """http://host:port/metrics of its metrics listener, apart from ``url`` (informational: what a local
+    scraper or a test reads; on a cluster Prometheus finds the pod's ``metrics`` container port)."""
     pid: int = 0
     started_at: float
     """Unix time the process started: T_cold is measured from here to ``ready_at``."""

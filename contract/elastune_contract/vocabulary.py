@@ -3,7 +3,7 @@
 Kubernetes API conventions (kubebuilder's conditions.go, crate's constants.py): reasons are CamelCase
 constants that tools and alerts match on, so every producer — the control core, the kopf runtime,
 local mode, the worker agent, the datasets code, the Prompt Bank — imports them from here and none
-writes its own literal. tests/test_vocabulary.py fails when code passes a reason literal instead.
+writes its own literal. tests/contract/test_vocabulary.py fails when code passes a reason literal instead.
 """
 
 from __future__ import annotations

@@ -352,7 +352,7 @@ def test_a_client_gone_mid_stream_cancels_the_request_on_the_worker(stack: Stack
     worker's connection: the worker aborts the request instead of generating the rest."""
 
     def aborted(wid: str) -> float:
-        text = httpx.get(stack.workers[wid].url + "/metrics", timeout=10).text
+        text = httpx.get(stack.workers[wid].metrics_url, timeout=10).text
         return counter(text, "vllm:request_success_total", finished_reason="abort")
 
     before = {wid: aborted(wid) for wid in stack.workers}

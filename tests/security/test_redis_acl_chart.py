@@ -18,13 +18,13 @@ from typing import Any
 import pytest
 import redis
 
+from chart_render import RELEASE, named, render
 from elastune_common.bus import Bus
 from elastune_common.servers import free_port
 from elastune_contract.protocol import ServingPoolRecord, pools_key
 from elastune_contract.redis_acl import acl_rules
 from elastune_operator.k8s.settings import OperatorSettings
 from elastune_operator.k8s.workload import worker_deployment
-from test_helm import RELEASE, named, render
 
 REPO = Path(__file__).resolve().parents[2]
 

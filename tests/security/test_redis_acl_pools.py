@@ -10,10 +10,12 @@ keys, a rotation keeps a running worker working until its pod restarts, and a de
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 import math
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -21,6 +23,7 @@ import redis
 from kubernetes import client, config
 
 from elastune_common.bus import Bus
+from elastune_common.servers import start_redis as start_redis_on
 from elastune_contract.api.constants import GROUP, LABEL_WARM_POOL, PLURAL_WARM_POOLS, VERSION
 from elastune_contract.protocol import (
     Assignment,
@@ -71,10 +74,12 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
         op = Bus(server.url, NS)
         runtime = Runtime(settings, api, bus=op)
         runtime.start()
-        yield from _pools(server, emulator, api, op, runtime)
+        yield from _pools(server, emulator, api, op, runtime, tmp)
 
 
-def _pools(server: Any, emulator: Any, api: Any, op: Bus, runtime: Runtime) -> Iterator[dict[str, Any]]:
+def _pools(
+    server: Any, emulator: Any, api: Any, op: Bus, runtime: Runtime, tmp: Path
+) -> Iterator[dict[str, Any]]:
     custom = client.CustomObjectsApi(api)
     bodies = {}
     for ns in ("team-a", "team-b"):
@@ -83,8 +88,9 @@ def _pools(server: Any, emulator: Any, api: Any, op: Bus, runtime: Runtime) -> I
         body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "WarmPool", "metadata": meta, "spec": spec}
         bodies[ns] = custom.create_namespaced_custom_object(GROUP, VERSION, ns, PLURAL_WARM_POOLS, body)
         runtime.upsert_pool(bodies[ns])
+    site = {"server": server, "tmp": tmp}  # the server a test restarts (test_a_redis_that_restarts_empty...)
     try:
-        yield {
+        yield site | {
             "url": server.url,
             "api": api,
             "op": op,
@@ -95,7 +101,7 @@ def _pools(server: Any, emulator: Any, api: Any, op: Bus, runtime: Runtime) -> I
     finally:
         runtime.stop()
         emulator.stop()
-        stop(server.proc)
+        stop(site["server"].proc)
 
 
 def pod_credentials(api: client.ApiClient, ns: str, deployment: str = POOL) -> dict[str, str]:
@@ -298,3 +304,40 @@ def test_an_oversized_registry_entry_is_dropped_and_counted(site: dict[str, Any]
     assert wid not in op.workers()
     assert op.poison.get("worker", 0) == before + 1
     op.redis.delete(worker_key(NS, wid))
+
+
+def test_a_redis_that_restarts_empty_gets_the_pools_users_back_with_their_passwords(
+    site: dict[str, Any],
+) -> None:
+    """A Redis without persistence (or a replaced external one) restarts empty: the pools' users and
+    everything the operator kept in Redis are gone. The operator re-creates each pool's user from the
+    hashes in its WarmPool's status, so a running pod's password works again, and no Secret changes
+    (before: the hashes lived only in Redis, so it issued new passwords the running pods did not hold)."""
+    url, api, custom = site["url"], site["api"], site["custom"]
+    creds = pod_credentials(api, "team-a")  # what the running pod holds
+    password = creds["ELASTUNE_REDIS_PASSWORD"]
+    running = as_pod(url, creds)
+    assert running.ping()
+    pool = custom.get_namespaced_custom_object(GROUP, VERSION, "team-a", PLURAL_WARM_POOLS, POOL)
+    user = pool["status"]["redisUser"]
+    assert user["passwordHash"] == hashlib.sha256(password.encode()).hexdigest()
+    assert password not in json.dumps(pool)  # hashes only
+
+    old = site["server"]
+    stop(old.proc)  # SIGKILL, no persistence: the new server starts empty but for the chart's ACL file
+    site["server"] = start_redis_on(site["tmp"], "--aclfile", str(site["tmp"] / "users.acl"), port=old.port)
+
+    def works_again() -> bool:
+        try:
+            return bool(running.ping())  # the pod's client reconnects with its password
+        except (redis.exceptions.AuthenticationError, redis.exceptions.ConnectionError):
+            return False
+
+    wait_for("the pool's user with its running pod's password", works_again, timeout=15)
+    assert running.set(worker_key(NS, f"team-a/{POD_A}"), "{}", ex=30)  # its rights, not just a login
+    assert pod_credentials(api, "team-a") == creds  # no new Secret value
+    pool = custom.get_namespaced_custom_object(GROUP, VERSION, "team-a", PLURAL_WARM_POOLS, POOL)
+    assert pool["status"]["redisUser"] == user
+    # Every password the status lists (the current and those old pods may still hold) is back.
+    passwords = site["op"].redis.acl_getuser(creds["ELASTUNE_REDIS_USERNAME"])["passwords"]
+    assert set(passwords) == {user["passwordHash"], *user["previousHashes"]}

@@ -140,7 +140,7 @@ def test_another_namespace_and_another_model_are_refused(stack: dict[str, Servic
 def test_refusals_are_counted(stack: dict[str, ServiceProcess]) -> None:
     w = stack["worker"]
     _refused(_post(w, MODEL, {}), 401)
-    text = httpx.get(w.url + "/metrics", timeout=10).text
+    text = httpx.get(w.metrics_url, timeout=10).text
     counts = {
         line.split('reason="')[1].split('"')[0]: float(line.split()[-1])
         for line in text.splitlines()

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from chart_render import RELEASE, named, render
 from elastune_contract.api.warmpool import WarmPool
 from elastune_contract.request_credential import (
     KEY_FILE_ENV,
@@ -22,7 +23,6 @@ from elastune_contract.request_credential import (
 )
 from elastune_operator.k8s import request_key
 from elastune_operator.k8s.workload import worker_deployment
-from test_helm import RELEASE, named, render
 
 KEYS = f"{RELEASE}-operator-keys"
 

@@ -30,7 +30,7 @@ import pytest
 
 from elastune_operator.k8s import handlers
 from elastune_testing.emulator import EmulatorHandle, start_emulator
-from test_emulator_rbac import RELEASE_NS, Api, _forbidden, _install
+from rbac_client import RELEASE_NS, Api, _forbidden, _install
 
 WATCHED, OTHER = "team-a", "team-b"
 

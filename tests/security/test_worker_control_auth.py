@@ -82,8 +82,9 @@ def test_unload_without_the_token_is_401_and_the_adapter_stays(worker: ServicePr
 
 def test_inference_health_and_metrics_stay_open_status_needs_the_token(worker: ServiceProcess) -> None:
     w = worker
-    for path in ("/healthz", "/readyz", "/health", "/metrics", "/v1/models", "/openapi.json"):
+    for path in ("/healthz", "/readyz", "/health", "/v1/models", "/openapi.json"):
         assert httpx.get(w.url + path, timeout=10).status_code == 200, path
+    assert httpx.get(w.metrics_url, timeout=10).status_code == 200  # its own port (issue 39 item 5)
     assert complete(w, MODEL).status_code == 200
     assert httpx.get(w.url + "/status", timeout=10).status_code == 401
     r = httpx.get(w.url + "/status", headers=w.control_headers(), timeout=10)

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 import yaml
 
+from chart_render import COMBINATIONS, NAMESPACE, RELEASE, named, of_kind, render
 from elastune_contract.api.resources import parse_resource
 from elastune_operator.k8s.settings import OperatorSettings, SettingsError
 from elastune_operator.k8s.workload import (
@@ -23,7 +24,6 @@ from elastune_operator.k8s.workload import (
     WorkloadBackend,
     worker_deployment,
 )
-from test_helm import COMBINATIONS, NAMESPACE, RELEASE, named, of_kind, render
 
 REPO = Path(__file__).resolve().parents[2]
 

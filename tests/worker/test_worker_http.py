@@ -20,6 +20,7 @@ pytest.importorskip("torch")
 pytest.importorskip("fastapi")
 
 from elastune_common.bus import Bus
+from elastune_contract.protocol import WorkerRecord
 from elastune_demo import build as tiny_build
 from tiny_test_model import TEST_SPEC
 
@@ -49,7 +50,13 @@ def _get(
 
 
 @pytest.fixture(scope="module")
-def worker_url(redis_server: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def worker_url(worker: WorkerRecord) -> str:
+    return worker.url
+
+
+@pytest.fixture(scope="module")
+def worker(redis_server: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[WorkerRecord]:
+    """The worker's registry record once it is ready (its serving and metrics URLs)."""
     model = tiny_build.ensure_tiny_model(spec=TEST_SPEC)
     ns = f"http{time.time_ns()}"
     log = (tmp_path_factory.mktemp("worker") / "worker.log").open("wb")
@@ -65,7 +72,7 @@ def worker_url(redis_server: Any, tmp_path_factory: pytest.TempPathFactory) -> I
             if rec is not None and rec.url:
                 status, _ = _get(rec.url + "/readyz")
                 if status == 200:
-                    yield rec.url
+                    yield rec
                     return
             assert proc.poll() is None, Path(log.name).read_text()
             time.sleep(0.2)
@@ -76,11 +83,11 @@ def worker_url(redis_server: Any, tmp_path_factory: pytest.TempPathFactory) -> I
         bus.close()
 
 
-def test_container_contract(worker_url: str) -> None:
+def test_container_contract(worker: WorkerRecord, worker_url: str) -> None:
     assert _get(worker_url + "/healthz") == (200, {"status": "ok"})
     status, ready = _get(worker_url + "/readyz")
     assert status == 200 and ready["status"] == "ready"  # type: ignore[index]
-    status, metrics = _get(worker_url + "/metrics")
+    status, metrics = _get(worker.metrics_url)  # its own port; the serving port's 404: tests/security
     assert status == 200 and "elastune_worker_ready" in str(metrics)
     assert _get(worker_url + "/status")[0] == 401  # the worker's record: its control token only
     status, record = _get(worker_url + "/status", token=CONTROL_TOKEN)

@@ -32,14 +32,15 @@ def _streams(stack: Stack, pool: ThreadPoolExecutor, n: int, max_tokens: int) ->
 
 def _busiest(stack: Stack) -> str | None:
     """The serving worker whose engine runs the most requests now (None: no engine runs any)."""
-    load = {wid: _running(stack, [r.url]) for wid, r in stack.serving_workers().items()}
+    load = {wid: _running(stack, [r.metrics_url]) for wid, r in stack.serving_workers().items()}
     return max(load, key=lambda w: load[w]) if load and max(load.values()) > 0 else None
 
 
 def _running(stack: Stack, urls: list[str]) -> float:
+    """Requests running or waiting on the engines whose /metrics are at ``urls``."""
     total = 0.0
     for url in urls:
-        text = stack.http.get(url + "/metrics", timeout=5).text
+        text = stack.http.get(url, timeout=5).text  # the worker's metrics port (record.metrics_url)
         total += metric(text, "vllm:num_requests_running") + metric(text, "vllm:num_requests_waiting")
     return total
 
@@ -124,7 +125,7 @@ def exp_killed_mid_stream(stack: Stack, plan: Plan) -> Outcome:
 def exp_client_disconnect(stack: Stack, plan: Plan) -> Outcome:
     """4 clients ask for 400-token streams and go away after 2 chunks: the engines drop the requests
     (nothing runs on for nobody) and answer the next ones at once."""
-    urls = [r.url for r in stack.serving_workers().values()]
+    urls = [r.metrics_url for r in stack.serving_workers().values()]
     body = {"model": MODEL, "prompt": PROMPT, "max_tokens": 400, "temperature": 0, "ignore_eos": True}
     with ThreadPoolExecutor(4) as pool:
         gone = list(pool.map(lambda _: stream(stack.url, body, stop_after=2), range(4)))

@@ -18,6 +18,7 @@ from elastune_contract.api.common import (
     Quantity,
     Resource,
     ResourceName,
+    Timestamp,
 )
 from elastune_contract.api.constants import DEFAULT_PVC_ROOT, KIND_WARM_POOL
 from elastune_contract.model_source import (
@@ -400,6 +401,31 @@ class WarmPoolSpec(ApiModel):
         return namespace_admitted(namespace, own, self.allowed_namespaces)
 
 
+#: The SHA-256 of a password, as Redis keeps it (``ACL SETUSER ... #<hash>``): lowercase hex.
+PasswordHash = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
+
+
+class RedisUserStatus(ApiModel):
+    """The pool's Redis user as the operator keeps it: hashes of its passwords, never a password. From it
+    the operator re-creates the user when Redis lost it (a restart without persistence, a replaced
+    Redis), so the pool's running pods keep the password their Secret gave them. Written by the operator
+    before it hands a new password to Redis or the Secret."""
+
+    password_hash: PasswordHash
+    """SHA-256 of the password the Secret <pool>-redis-user holds (or is about to)."""
+    previous_hashes: list[PasswordHash] = Field(default_factory=list, max_length=4)
+    """Earlier passwords still valid until every pod of the pool was created after rotatedAt."""
+    rotated_at: Timestamp
+    """When passwordHash was issued (rounded up to the second, as pods' creationTimestamp is compared)."""
+    rotation_request: str | None = None
+    """The rotate.elastune.dev/redis-password annotation value last acted on."""
+    secret_written: bool = False
+    """Whether the Secret holds passwordHash's password; false after a crash between the two, and the
+    operator then issues another."""
+    suspended: bool = False
+    """Write rights cut (over its Redis budget) until a new password is asked for."""
+
+
 class WarmPoolStatus(ApiModel):
     """Observed state of a WarmPool."""
 
@@ -419,6 +445,8 @@ class WarmPoolStatus(ApiModel):
     """Measured allocation overhead T_cold, in seconds."""
     iteration_seconds: dict[str, PositiveDecimal] | None = None
     """Measured seconds per tuning iteration, keyed by GPU count ("1", "2", …)."""
+    redis_user: RedisUserStatus | None = None
+    """The pool's Redis user (when Redis requires auth): hashes only, the operator's record."""
 
     @field_validator("iteration_seconds")
     @classmethod

@@ -114,7 +114,7 @@ seccompProfile:
 {{- end }}
 
 {{/* Who may connect to worker pods (NetworkPolicy ingress rules): the release's gateway and operator
-pods, Prometheus, and networkPolicy.extraIngress (workers take no traffic through a Service or Knative). The same list goes to the
+pods to the http port, Prometheus to the metrics port, and networkPolicy.extraIngress (workers take no traffic through a Service or Knative). The same list goes to the
 chart's per-namespace policies and, cluster-wide, to the operator, which writes it into each WarmPool
 namespace. */}}
 {{- define "elastune.workerIngress" -}}
@@ -131,12 +131,18 @@ namespace. */}}
           - key: app.kubernetes.io/component
             operator: In
             values: ["gateway", "operator"]
+  ports:  # /v1 and the control routes; not /metrics, which names every namespace's adapters on the pod
+    - port: http
+      protocol: TCP
 {{- if $np.prometheus.enabled }}
 - from:
     - namespaceSelector:
         {{- toYaml $np.prometheus.namespaceSelector | nindent 8 }}
       podSelector:
         {{- toYaml $np.prometheus.podSelector | nindent 8 }}
+  ports:  # the worker's metrics port (the operator's container port `metrics`) and nothing else
+    - port: metrics
+      protocol: TCP
 {{- end }}
 {{- with $np.extraIngress }}
 {{ toYaml . }}

@@ -41,10 +41,13 @@ def own_artifacts(namespace: str, job_storage: str | None) -> str | None:
 
 
 def _location(field: str, location: str, namespace: str, job_storage: str | None) -> str | None:
+    try:
+        loc = storage.parse(location)
+    except ValueError as exc:  # e.g. '..' in a pvc:// path: never a borrower's
+        return f"{field}: {exc}"
     if _in_image(location):
         return None
     mine = own_artifacts(namespace, job_storage)
-    loc = storage.parse(location)
     if mine and loc.scheme == storage.PVC and str(loc).startswith(mine):
         return None
     if loc.scheme == storage.PVC:

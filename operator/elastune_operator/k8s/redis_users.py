@@ -21,8 +21,12 @@ refused (NOPERM).
 
 Passwords: 32 random bytes, stored by Redis as SHA-256 hashes (``#<hash>``) and handed to the pods in the
 Secret ``<pool>-redis-user`` (keys ``username``, ``password``) the pool's Deployment reads its env from.
-The operator keeps only the hashes, in ``{bus}:pool-users`` (its own key), so it can re-assert a user
-(after a Redis restart that kept its data) without knowing the password. Rotation (on an interval, or when
+The operator keeps only the hashes, in the WarmPool's ``status.redisUser`` (the contract's
+``RedisUserStatus``), and re-asserts every pool's user from there every ``RECHECK_S``: a Redis that
+restarts empty (no persistence, a replaced external Redis) gets each user back with the passwords the
+pool's running pods hold, without the operator ever knowing a password. Status, not Redis, is the record:
+what lives only in Redis is lost with it. A new password's hash is recorded there before Redis or the
+Secret gets the password (intent before effect). Rotation (on an interval, or when
 the WarmPool's ``rotate.elastune.dev/redis-password`` annotation changes): a new password is added to the
 user and written to the Secret; the old one stays valid (Redis allows several passwords per user) until
 every listed pod of the pool was created after the rotation, then it is removed. Env from a Secret is read
@@ -35,19 +39,21 @@ import base64
 import hashlib
 import json
 import logging
+import math
 import secrets
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
-from datetime import datetime
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
 from typing import Any
 
 import redis
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from elastune_contract.api.constants import GROUP, LABEL_WARM_POOL
-from elastune_contract.api.warmpool import ALL_NAMESPACES, WarmPool
+from elastune_contract.api import units
+from elastune_contract.api.constants import GROUP, LABEL_WARM_POOL, PLURAL_WARM_POOLS, VERSION
+from elastune_contract.api.warmpool import ALL_NAMESPACES, RedisUserStatus, WarmPool
 from elastune_contract.protocol import pool_id
 
 log = logging.getLogger("elastune.redis_users")
@@ -62,7 +68,7 @@ MAX_PREVIOUS = 4
 """Old passwords kept valid at most (each until no pod older than its rotation is listed); a fifth
 rotation before the pods restart drops the oldest."""
 RECHECK_S = 5.0
-"""How often every pool's user is re-asserted (a restarted Redis that kept its data lost its users)."""
+"""How often every pool's user is re-asserted from its status (a restarted Redis lost its users)."""
 POD_CHECK_S = 5.0
 """How often a pool with an old password still valid lists its pods to see whether it can go."""
 # What every client does on connect (redis-py: HELLO/AUTH, CLIENT SETINFO) and to check the server.
@@ -138,25 +144,45 @@ class UserState:
     suspended: bool = False
     """Write rights cut (over its Redis budget: k8s.redis_budget) until a rotation is asked for."""
 
+    def to_status(self) -> dict[str, Any]:
+        """``status.redisUser`` as a merge patch: every field set, so none keeps an older value."""
+        stamp = units.format_timestamp(datetime.fromtimestamp(self.rotated_at, UTC))
+        status = RedisUserStatus(
+            password_hash=self.current, previous_hashes=self.previous, rotated_at=stamp,
+            rotation_request=self.request, secret_written=self.written, suspended=self.suspended,
+        )  # fmt: skip
+        return status.model_dump(by_alias=True, mode="json")
+
+    @classmethod
+    def from_status(cls, status: RedisUserStatus) -> UserState:
+        return cls(
+            current=status.password_hash, previous=list(status.previous_hashes),
+            rotated_at=units.parse_timestamp(status.rotated_at).timestamp(),
+            request=status.rotation_request or "", written=status.secret_written, suspended=status.suspended,
+        )  # fmt: skip
+
 
 class PoolRedisUsers:
     """Creates, rotates and deletes the pools' Redis users; ``redis_client`` is the operator's own, which
-    needs ``+acl|setuser +acl|deluser +acl|getuser`` (docs/operations/redis-state.md)."""
+    needs ``+acl|setuser +acl|deluser +acl|getuser`` (docs/operations/redis-state.md); ``custom`` writes
+    the WarmPools' status, where each user's state is kept."""
 
     def __init__(
         self,
         redis_client: redis.Redis,
         core: client.CoreV1Api,
+        custom: client.CustomObjectsApi,
         bus_ns: str,
         rotation_s: float = 0.0,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.redis = redis_client
         self.core = core
+        self.custom = custom
         self.bus_ns = bus_ns
         self.rotation_s = rotation_s
         self.clock = clock
-        self.state_key = f"{bus_ns}:pool-users"
+        self._states: dict[str, UserState] = {}  # pool id -> what this process last wrote to its status
         self._checked: dict[str, float] = {}  # pool id -> clock of the last re-assert
         self._pods_checked: dict[str, float] = {}  # pool id -> clock of the last pod listing
 
@@ -166,7 +192,7 @@ class PoolRedisUsers:
         Raises RedisUserUnavailable when Redis refuses (no ACL rights, or no ACLs at all)."""
         ns, name = pool.metadata.namespace or "default", pool.metadata.name or ""
         key = pool_id(ns, name)
-        state = self._load(key)
+        state = self._load(pool)
         request = (pool.metadata.annotations or {}).get(ROTATE_ANNOTATION, "")
         now = self.clock()
         due = state is not None and (
@@ -186,7 +212,7 @@ class PoolRedisUsers:
         for pool in pools:
             key = pool_id(pool.metadata.namespace or "default", pool.metadata.name or "")
             try:
-                state = self._load(key)
+                state = self._load(pool)
                 if (
                     state is not None
                     and state.previous
@@ -204,32 +230,35 @@ class PoolRedisUsers:
 
     def suspend(self, pool: WarmPool) -> None:
         """Cut the user's write rights now (its open connections too) until a rotation is asked for."""
-        key = pool_id(pool.metadata.namespace or "default", pool.metadata.name or "")
-        state = self._load(key)
+        state = self._load(pool)
         if state is None or state.suspended:
             return
-        state.suspended = True
-        self._store(key, state)
+        state = replace(state, suspended=True)
+        self._store(pool, state)
         self._setuser(pool, state)
 
     def suspended(self, pool: WarmPool) -> bool:
-        state = self._load(pool_id(pool.metadata.namespace or "default", pool.metadata.name or ""))
+        state = self._load(pool)
         return state is not None and state.suspended
 
     def remove(self, namespace: str, name: str) -> None:
         """The pool is gone: its user goes (Redis disconnects its clients); its Secret goes with the
         WarmPool (owner reference)."""
         key = pool_id(namespace, name)
+        self._states.pop(key, None)  # a WarmPool of that name created later starts afresh
         self.redis.execute_command("ACL", "DELUSER", pool_username(self.bus_ns, namespace, name))
-        self.redis.hdel(self.state_key, key)
         self._checked.pop(key, None)
         self._pods_checked.pop(key, None)
 
     # -- internals ------------------------------------------------------------------------------------
     def _issue(self, pool: WarmPool, state: UserState | None, request: str, now: float) -> None:
-        """A new password: recorded (hash), given to the user, then written to the Secret (intent before
-        effect: a crash in between leaves ``written`` false and the next ensure issues another)."""
+        """A new password: recorded (hash, in status), given to the user, then written to the Secret
+        (intent before effect: a crash in between leaves ``written`` false and the next ensure issues
+        another)."""
         ns, name = pool.metadata.namespace or "default", pool.metadata.name or ""
+        # What is recorded first (a user without passwords when nothing is): a Redis that refuses ACL
+        # SETUSER fails here, before a status write, so a refused pool's retries record nothing.
+        self._setuser(pool, state)
         password = secrets.token_urlsafe(32)
         previous: list[str] = []
         if state is not None and state.written:
@@ -238,20 +267,24 @@ class PoolRedisUsers:
         elif state is not None:
             previous = state.previous
         suspended = state is not None and state.suspended and request == state.request
+        # Whole seconds, rounded up: pods' creationTimestamp has whole seconds (_retire compares them).
         new = UserState(
-            current=_hash(password), previous=previous, rotated_at=now, request=request, suspended=suspended
-        )
-        self._store(pool_id(ns, name), new)
+            current=_hash(password), previous=previous, rotated_at=float(math.ceil(now)), request=request,
+            suspended=suspended,
+        )  # fmt: skip
+        self._store(pool, new)
         self._setuser(pool, new)
         self._write_secret(pool, password)
-        new.written = True
-        self._store(pool_id(ns, name), new)
+        self._store(pool, replace(new, written=True))
         log.info("Redis user of WarmPool %s/%s: new password (%d old still valid)", ns, name, len(previous))
 
-    def _setuser(self, pool: WarmPool, state: UserState) -> None:
+    def _setuser(self, pool: WarmPool, state: UserState | None) -> None:
+        """The user as ``state`` says (None: no password, so nobody can log in as it)."""
         ns, name = pool.metadata.namespace or "default", pool.metadata.name or ""
-        rules = pool_acl_rules(self.bus_ns, ns, name, admitted(pool), reads_only=state.suspended)
-        hashes = [f"#{h}" for h in dict.fromkeys([state.current, *state.previous])]
+        suspended = state is not None and state.suspended
+        rules = pool_acl_rules(self.bus_ns, ns, name, admitted(pool), reads_only=suspended)
+        known = [state.current, *state.previous] if state is not None else []
+        hashes = [f"#{h}" for h in dict.fromkeys(known)]
         # reset: nothing of an earlier version of the rules (or of a user someone made by hand) stays.
         args = ["reset", "on", *hashes, *rules.split()]
         try:
@@ -313,25 +346,28 @@ class PoolRedisUsers:
             created = (pod.get("metadata") or {}).get("creationTimestamp")
             if not created or _seconds(created) < state.rotated_at:
                 return  # a pod that may still hold an old password
-        state.previous = []
-        self._store(pool_id(ns, name), state)
+        state = replace(state, previous=[])
+        self._store(pool, state)
         self._setuser(pool, state)
         log.info(
             "Redis user of WarmPool %s/%s: old passwords removed (no pod older than the rotation)", ns, name
         )
 
-    def _load(self, key: str) -> UserState | None:
-        raw = self.redis.hget(self.state_key, key)
-        if raw is None:
-            return None
-        try:
-            return UserState(**json.loads(raw))
-        except (TypeError, ValueError):
-            log.warning("unreadable Redis user state of %s: issuing a new password", key)
-            return None
+    def _load(self, pool: WarmPool) -> UserState | None:
+        """What this process last recorded, else the WarmPool's status as read (after a restart)."""
+        key = pool_id(pool.metadata.namespace or "default", pool.metadata.name or "")
+        if key in self._states:
+            return self._states[key]
+        recorded = pool.status.redis_user if pool.status is not None else None
+        return UserState.from_status(recorded) if recorded is not None else None
 
-    def _store(self, key: str, state: UserState) -> None:
-        self.redis.hset(self.state_key, key, json.dumps(asdict(state)))
+    def _store(self, pool: WarmPool, state: UserState) -> None:
+        """Into the WarmPool's status (a merge patch of ``status.redisUser`` only), then in memory; an
+        API error leaves both as they were and is raised."""
+        ns, name = pool.metadata.namespace or "default", pool.metadata.name or ""
+        body = {"status": {"redisUser": state.to_status()}}
+        self.custom.patch_namespaced_custom_object_status(GROUP, VERSION, ns, PLURAL_WARM_POOLS, name, body)
+        self._states[pool_id(ns, name)] = state
 
 
 def _seconds(timestamp: str) -> float:

@@ -123,7 +123,7 @@ class Runtime:
         )
         # A Redis with auth: each pool's workers get a user of their own (never a shared password).
         self.redis_users = (
-            PoolRedisUsers(self.bus.redis, client.CoreV1Api(api_client), settings.namespace,
+            PoolRedisUsers(self.bus.redis, client.CoreV1Api(api_client), self.api, settings.namespace,
                            settings.redis_rotation_s)
             if settings.redis_secret else None
         )  # fmt: skip

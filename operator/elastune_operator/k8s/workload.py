@@ -69,6 +69,10 @@ COST_REMOVE = "-1000"
 COST_BUSY = "1000"
 """Pods running a job: removed last (never, as long as idle pods are released instead)."""
 WORKER_PORT = 8080
+WORKER_METRICS_PORT = 9091
+"""The worker's /metrics (container port ``metrics``): apart from WORKER_PORT (``http``, the gateway's and
+the operator's), as its series name every namespace's adapters on the pod; the NetworkPolicy admits only
+Prometheus to it."""
 DRAIN_MARGIN_S = 5
 """The worker's drain ends this long before the pod's grace period (ELASTUNE_DRAIN_SECONDS), so it exits
 on its own before the kubelet's SIGKILL."""
@@ -171,6 +175,7 @@ def worker_pod_template(
         {"name": PVC_ROOT_ENV, "value": DEFAULT_PVC_ROOT},
         {"name": "ELASTUNE_CONTROL_TOKEN_FILE", "value": f"{WORKER_CONTROL_DIR}/{WORKER_CONTROL_KEY}"},
         {"name": "PORT", "value": str(WORKER_PORT)},  # the port the worker binds (worker/server/app.py)
+        {"name": "ELASTUNE_METRICS_PORT", "value": str(WORKER_METRICS_PORT)},  # its /metrics, only there
         # SIGTERM drains (worker/server/drain.py) within the pod's grace period, less a margin.
         {"name": "ELASTUNE_DRAIN_SECONDS", "value": str(grace - DRAIN_MARGIN_S)},
     ]
@@ -215,7 +220,10 @@ def worker_pod_template(
                 "image": spec.worker.image,
                 # The serving section as the engine's flags (vLLM's names), the same as `elastune serve`.
                 "args": ["serve", *worker_serving_args(spec.serving)],
-                "ports": [{"name": "http", "containerPort": WORKER_PORT}],
+                "ports": [  # http first: the port Knative and the pod world take as the serving one
+                    {"name": "http", "containerPort": WORKER_PORT},
+                    {"name": "metrics", "containerPort": WORKER_METRICS_PORT},
+                ],
                 "env": env,
                 "resources": resources,
                 "readinessProbe": {"httpGet": {"path": "/readyz", "port": WORKER_PORT}, "periodSeconds": 2},

@@ -11,7 +11,7 @@ from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from elastune_worker.engine.core.adapter_ref import AdapterRef
+from elastune_worker.engine.core.adapter_ref import DEFAULT_NAMESPACE, AdapterRef
 from elastune_worker.engine.core.outputs import RequestOutput
 from elastune_worker.engine.core.sampling import SamplingParams
 
@@ -89,7 +89,7 @@ class EngineClient(Protocol):
         """Registers an adapter (ValueError: it cannot serve here, the client's 400)."""
         ...
 
-    async def unload_lora(self, name: str) -> None:
+    async def unload_lora(self, name: str, namespace: str = DEFAULT_NAMESPACE) -> None:
         """KeyError when it is not loaded; ValueError while requests use it."""
         ...
 

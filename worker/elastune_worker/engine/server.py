@@ -1,7 +1,12 @@
 """The serving engine on its own, like ``vllm serve``: an OpenAI-compatible server for one model
 directory, with no Redis and no tuning (the worker process adds both).
 
-    python -m elastune_worker.engine --model DIR [--port 8000] [--served-model-name NAME] [engine flags]
+    python -m elastune_worker.engine --model DIR [--port 8000] [--metrics-port N] [--served-model-name NAME]
+        [engine flags]
+
+/metrics is on --port, as ``vllm serve`` has it (one user's server: no gateway, no tenants, and its
+series name no more than /v1/models does); --metrics-port moves it to a listener of its own (404 on
+--port), as the worker pod always has it.
 """
 
 from __future__ import annotations
@@ -211,16 +216,19 @@ def start_engine(
     return engine
 
 
-def health_router(registry: CollectorRegistry) -> APIRouter:
+def health_router(registry: CollectorRegistry, metrics_here: bool = True) -> APIRouter:
+    """/health, and /metrics unless a metrics port serves it (``metrics_here`` False)."""
     router = APIRouter(tags=["health"])
 
     @router.get("/health")
     def health() -> dict[str, str]:
         return {"status": "ok"}
 
-    @router.get("/metrics", response_class=Response)
-    def metrics() -> Response:
-        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+    if metrics_here:
+
+        @router.get("/metrics", response_class=Response)
+        def metrics() -> Response:
+            return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
     return router
 
@@ -230,6 +238,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model", required=True, help="HF-format model directory")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=int(os.environ.get("PORT", "8000")))
+    p.add_argument("--metrics-port", type=int, default=None,
+                   help="serve /metrics on this port only (default: on --port, as vllm serve)")  # fmt: skip
     add_engine_args(p)
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -260,9 +270,17 @@ def main(argv: list[str] | None = None) -> int:
     registry = CollectorRegistry()
     metrics = ServingMetrics(registry, name)
     metrics.watch_engine(registry, client.stats, client.lora_info)
+    separate = args.metrics_port is not None
     app = create_app(
-        lambda: client, metrics=metrics, control=health_router(registry), limits=limits_from(args),
-        max_queued_requests=args.max_queued_requests,
+        lambda: client, metrics=metrics, control=health_router(registry, metrics_here=not separate),
+        limits=limits_from(args), max_queued_requests=args.max_queued_requests,
     )  # fmt: skip
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning", access_log=False)
+    if not separate:
+        uvicorn.run(app, host=args.host, port=args.port, log_level="warning", access_log=False)
+        return 0
+    from elastune_worker.engine.api.listeners import ServingServer, listen, metrics_server
+
+    scraper = metrics_server(registry, listen(args.host, args.metrics_port))
+    config = uvicorn.Config(app, host=args.host, port=args.port, log_level="warning", access_log=False)
+    ServingServer(config, scraper).run()
     return 0

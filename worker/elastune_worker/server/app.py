@@ -5,7 +5,8 @@
 - ``GET /healthz`` 200 while the process serves (liveness).
 - ``GET /readyz`` 200 only once the runtime and weights are loaded — that is what "warm" means; 503
   with the reason before that, or for good when the model cannot load.
-- ``GET /metrics`` Prometheus text (WorkerMetrics).
+- ``GET /metrics`` Prometheus text (WorkerMetrics, the engine's series) on --metrics-port only: the
+  series name every namespace's adapters on the pod, so the serving port answers 404 for it.
 - ``GET /status`` the worker's record as JSON.
 - ``/v1/...`` the OpenAI-compatible serving API (engine/api), ``/openapi.json`` its document.
 Tuning jobs arrive by pull (the agent pops its Redis queue), not over HTTP. The pod itself (agent,
@@ -58,6 +59,13 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--port", type=int, default=int(os.environ.get("PORT", "8080")), help="[$PORT, Knative sets it]"
     )
+    p.add_argument(
+        "--metrics-port",
+        type=int,
+        default=int(os.environ.get("ELASTUNE_METRICS_PORT", "0")),
+        help="the only port serving /metrics [$ELASTUNE_METRICS_PORT; worker pods and the image: 9091]; "
+        "default: a free one (several workers share a machine), registered as the record's metrics_url",
+    )
     p.add_argument("--threads", type=int, help="torch intra-op threads (CPU workers sharing a machine)")
     p.add_argument(
         "--drain-seconds",
@@ -108,8 +116,11 @@ def main(argv: list[str] | None = None) -> int:
         max_queued_requests=args.max_queued_requests,
         drain_seconds=args.drain_seconds,
     )
-    url = pod.start_http(args.host, args.port, args.advertise_host)
-    log.info("worker %s of pool %s serving on %s", pod.worker_id, args.pool, url)
+    url = pod.start_http(args.host, args.port, args.advertise_host, args.metrics_port)
+    log.info(
+        "worker %s of pool %s serving on %s, /metrics on %s",
+        pod.worker_id, args.pool, url, pod.agent.record.metrics_url,
+    )  # fmt: skip
 
     def on_signal(signum: int, _frame: object) -> None:
         if pod.drain.draining:  # a second signal: stop now

@@ -1,18 +1,17 @@
-"""The container contract of a worker pod: liveness, readiness (= warm), Prometheus metrics and
-the worker's record. Mounted beside the serving API (/v1) on the pod's one port."""
+"""The container contract of a worker pod: liveness, readiness (= warm) and the worker's record. Mounted
+beside the serving API (/v1) on the serving port; Prometheus' /metrics is on the metrics port only
+(engine/api/listeners.py), and this one answers 404 for it."""
 
 from __future__ import annotations
 
 from fastapi import APIRouter
-from fastapi.responses import JSONResponse, PlainTextResponse, Response
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from fastapi.responses import JSONResponse, Response
 
 from elastune_contract.protocol import WorkerState
 from elastune_worker.server.agent import Agent
-from elastune_worker.server.metrics import WorkerMetrics
 
 
-def control_router(agent: Agent, metrics: WorkerMetrics) -> APIRouter:
+def control_router(agent: Agent) -> APIRouter:
     router = APIRouter(tags=["worker"])
 
     @router.get("/healthz")
@@ -39,10 +38,6 @@ def control_router(agent: Agent, metrics: WorkerMetrics) -> APIRouter:
     def health() -> Response:
         """vLLM's health route, which peer routers (vllm-router, SGLang's smg) probe: 200 once warm."""
         return Response(status_code=200 if agent.ready else 503)
-
-    @router.get("/metrics", response_class=PlainTextResponse)
-    def prometheus() -> Response:
-        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     @router.get("/status")
     def status() -> dict[str, object]:

@@ -1,12 +1,12 @@
 """One worker pod: the job agent (main thread), the serving engine over the model the agent loaded, the
-control plane's adapter placement, and the HTTP server (the Knative contract and /v1, a background
-thread). ``server/app.py`` builds it from the command line."""
+control plane's adapter placement, and the HTTP server (the Knative contract and /v1 on the serving port,
+/metrics on the metrics port: two listeners in one event loop on a background thread). ``server/app.py``
+builds it from the command line."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import socket
 import threading
 from dataclasses import dataclass, field
 from typing import Any
@@ -18,6 +18,7 @@ from elastune_contract.openai_api.limits import RequestLimits
 from elastune_contract.protocol import ServingState, WorkerState, adapter_id
 from elastune_worker.coserve.calls import CoServeCalls
 from elastune_worker.engine.api.app import create_app
+from elastune_worker.engine.api.listeners import ServingServer, listen, metrics_server
 from elastune_worker.engine.api.metrics import ServingMetrics
 from elastune_worker.engine.core.config import EngineConfig
 from elastune_worker.engine.frontend.messages import EngineOp
@@ -91,7 +92,7 @@ class WorkerPod:
         self.app = create_app(
             lambda: self.engine,
             metrics=self.serving_metrics,
-            control=control_router(self.agent, self.metrics),
+            control=control_router(self.agent),
             limits=limits,
             max_queued_requests=max_queued_requests,
         )
@@ -103,11 +104,16 @@ class WorkerPod:
         self._http_thread: threading.Thread | None = None
 
     # -- start, serve, shut down --------------------------------------------------------------------
-    def start_http(self, host: str, port: int, advertise: str | None) -> str:
-        """Serve the pod's app from a background thread (the agent owns the main thread) and register
-        the URL other pods reach it at; ``port`` 0 picks a free one. Returns that URL."""
-        self._http, self._http_thread, bound = _serve_in_thread(self.app, host, port)
-        self.agent.record.url = f"http://{advertised_host(host, advertise)}:{bound}"
+    def start_http(self, host: str, port: int, advertise: str | None, metrics_port: int = 0) -> str:
+        """Serve the pod's app from a background thread (the agent owns the main thread), /metrics on
+        ``metrics_port`` beside it, and register the URLs other pods reach them at; port 0 picks a free
+        one. Returns the serving URL."""
+        self._http, self._http_thread, bound, scraped = _serve_in_thread(
+            self.app, self.metrics, host, port, metrics_port
+        )
+        reached = advertised_host(host, advertise)
+        self.agent.record.url = f"http://{reached}:{bound}"
+        self.agent.record.metrics_url = f"http://{reached}:{scraped}/metrics"
         return self.agent.record.url
 
     def serve(self) -> None:
@@ -207,19 +213,19 @@ def advertised_host(bind: str, advertise: str | None) -> str:
     return "127.0.0.1" if bind in ("0.0.0.0", "::", "") else bind
 
 
-def _serve_in_thread(app: Any, host: str, port: int) -> tuple[uvicorn.Server, threading.Thread, int]:
-    """uvicorn on a daemon thread over a socket bound here (so the bound port is known at once)."""
-    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, port))
-    sock.listen(2048)  # connections wait in the backlog until the server thread accepts them
+def _serve_in_thread(
+    app: Any, metrics: WorkerMetrics, host: str, port: int, metrics_port: int
+) -> tuple[uvicorn.Server, threading.Thread, int, int]:
+    """uvicorn on a daemon thread over sockets bound here (a taken port fails the start; the bound ports
+    are known at once): the serving port, and the metrics port's server in the same event loop."""
+    sock, scraped = listen(host, port), listen(host, metrics_port)
     # Once told to exit, uvicorn waits for open responses; by then the drain has let them finish, so the
     # bound is for a stuck connection only.
     config = uvicorn.Config(
         app, log_level="warning", lifespan="off", access_log=False, timeout_graceful_shutdown=HTTP_STOP_S
     )
-    server = uvicorn.Server(config)
+    server = ServingServer(config, metrics_server(metrics.registry, scraped))
     server.install_signal_handlers = lambda: None  # type: ignore[attr-defined]  # main thread's job (older uvicorn)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="http", daemon=True)
     thread.start()
-    return server, thread, sock.getsockname()[1]
+    return server, thread, sock.getsockname()[1], scraped.getsockname()[1]

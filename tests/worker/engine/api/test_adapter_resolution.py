@@ -147,3 +147,36 @@ def test_two_namespaces_each_serve_their_own_adapter_under_one_name() -> None:
     assert [got["ns0"], got["ns1"]] == want
     eng.unload_lora("summarizer", namespace="team-a")
     assert [x.ref for x in eng.list_loras() if x.name == "summarizer"] == [b]
+
+
+def test_the_unload_route_finds_an_adapter_the_placement_loaded_in_its_namespace(
+    served: RecordingClient,
+) -> None:
+    """An adapter the placement loaded in its LoRAAdapter's namespace is unloaded by its served name when
+    that name is unique on the worker, or by ``namespace/name``; a name two namespaces share is a 400
+    asking for the namespace (the chaos bench's adapter-unloaded-behind-back found the route answering 404
+    for every placed adapter: it looked the name up in the default namespace only)."""
+    app = create_app(lambda: served)
+    path = str(A.ensure_tiny_adapter(8))
+
+    async def main() -> None:
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://worker") as http:
+            await served.load_lora("placed", path, namespace="team-a")
+            r = await http.post("/v1/unload_lora_adapter", json={"lora_name": "placed"})
+            assert r.status_code == 200, r.text
+            assert not [a for a in served.adapters() if a.name == "placed"]
+
+            await served.load_lora("placed", path, namespace="team-a")
+            await served.load_lora("placed", path, namespace="team-b")
+            r = await http.post("/v1/unload_lora_adapter", json={"lora_name": "placed"})
+            assert r.status_code == 400 and "team-a/placed" in r.json()["error"]["message"], r.text
+            r = await http.post("/v1/unload_lora_adapter", json={"lora_name": "team-b/placed"})
+            assert r.status_code == 200, r.text
+            assert [a.ref.namespace for a in served.adapters() if a.name == "placed"] == ["team-a"]
+            r = await http.post("/v1/unload_lora_adapter", json={"lora_name": "team-a/placed"})
+            assert r.status_code == 200, r.text
+            r = await http.post("/v1/unload_lora_adapter", json={"lora_name": "placed"})
+            assert r.status_code == 404, r.text
+
+    asyncio.run(main())

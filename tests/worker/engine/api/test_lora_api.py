@@ -59,8 +59,9 @@ def load(w: ServiceProcess, name: str, path: str | Path) -> httpx.Response:
 
 
 def metric(url: str, name: str, **labels: str) -> float:
+    """``name``'s samples with ``labels`` summed, from the /metrics at ``url`` (the metrics port's)."""
     total = 0.0
-    for m in re.finditer(rf"^{re.escape(name)}\{{([^}}]*)\}} (\S+)$", httpx.get(url + "/metrics").text, re.M):
+    for m in re.finditer(rf"^{re.escape(name)}\{{([^}}]*)\}} (\S+)$", httpx.get(url).text, re.M):
         got = dict(re.findall(r'(\w+)="([^"]*)"', m.group(1)))
         if all(got.get(k) == v for k, v in labels.items()):
             total += float(m.group(2))
@@ -131,7 +132,7 @@ def test_bad_artifacts_are_4xx_naming_the_problem_and_show_on_the_record(worker,
     weights = load_file(str(good / "adapter_model.safetensors"))
     huge = {k: torch.full_like(v, 1e20) for k, v in weights.items()}
     save_file(huge, str(overflow / "adapter_model.safetensors"))
-    before = metric(w.url, "elastune_lora_adapter_loads_total", outcome="failed")
+    before = metric(w.metrics_url, "elastune_lora_adapter_loads_total", outcome="failed")
     cases = [
         (tmp_path / "empty", "not a PEFT adapter directory"),
         (tmp_path / "nowhere", "is not a directory"),
@@ -144,7 +145,7 @@ def test_bad_artifacts_are_4xx_naming_the_problem_and_show_on_the_record(worker,
     for path, why in cases:
         r = load(w, "bad", path)
         assert r.status_code == 400 and why in r.json()["error"]["message"], (path, r.text)
-    assert metric(w.url, "elastune_lora_adapter_loads_total", outcome="failed") - before == len(cases)
+    assert metric(w.metrics_url, "elastune_lora_adapter_loads_total", outcome="failed") - before == len(cases)
     deadline = time.time() + 15
     while time.time() < deadline:
         rec = bus.workers()["w-lora"]
@@ -168,7 +169,7 @@ def test_adapter_tiers_loads_evictions_and_requests_info_are_exported(worker) ->
 
     def counters() -> dict[str, float]:
         return {
-            f"{name}:{tier}": metric(w.url, name + "_total", tier=tier)
+            f"{name}:{tier}": metric(w.metrics_url, name + "_total", tier=tier)
             for name in ("elastune_lora_tier_loads", "elastune_lora_evictions")
             for tier in ("device", "host")
         }
@@ -183,9 +184,9 @@ def test_adapter_tiers_loads_evictions_and_requests_info_are_exported(worker) ->
     assert after["elastune_lora_tier_loads:host"] - before["elastune_lora_tier_loads:host"] >= 3
     assert after["elastune_lora_tier_loads:device"] - before["elastune_lora_tier_loads:device"] >= 3
     assert after["elastune_lora_evictions:device"] - before["elastune_lora_evictions:device"] >= 1
-    assert metric(w.url, "elastune_lora_tier_load_seconds_total", tier="device") > 0
-    assert metric(w.url, "elastune_lora_adapters_resident", tier="device") == 2
-    assert metric(w.url, "elastune_lora_adapters_resident", tier="host") >= 1
+    assert metric(w.metrics_url, "elastune_lora_tier_load_seconds_total", tier="device") > 0
+    assert metric(w.metrics_url, "elastune_lora_adapters_resident", tier="device") == 2
+    assert metric(w.metrics_url, "elastune_lora_adapters_resident", tier="host") >= 1
 
     stream = client.completions.create(
         model="t-r16", prompt="5 m →", max_tokens=200, temperature=0, stream=True,
@@ -193,9 +194,12 @@ def test_adapter_tiers_loads_evictions_and_requests_info_are_exported(worker) ->
     )  # fmt: skip
     chunks = iter(stream)
     next(chunks)
-    assert metric(w.url, "vllm:lora_requests_info", running_lora_adapters="t-r16", max_lora="2") > 0
+    assert metric(w.metrics_url, "vllm:lora_requests_info", running_lora_adapters="t-r16", max_lora="2") > 0
     for _ in chunks:
         pass
-    assert metric(w.url, "vllm:lora_requests_info", running_lora_adapters="", waiting_lora_adapters="") > 0
+    assert (
+        metric(w.metrics_url, "vllm:lora_requests_info", running_lora_adapters="", waiting_lora_adapters="")
+        > 0
+    )
     for name in names:
         httpx.post(w.url + "/v1/unload_lora_adapter", json={"lora_name": name}, headers=w.control_headers())

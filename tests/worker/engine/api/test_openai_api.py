@@ -33,12 +33,22 @@ def worker(redis_server: Any, tmp_path_factory: pytest.TempPathFactory) -> Itera
 
 
 @pytest.fixture(scope="module")
+def scraped(worker: str, redis_server: Any) -> str:
+    """The worker's /metrics: on its metrics port, as its registry record names it (not on ``worker``)."""
+    bus = Bus(redis_server.url, NAMESPACE["ns"])
+    try:
+        return bus.workers()["w-api"].metrics_url
+    finally:
+        bus.close()
+
+
+@pytest.fixture(scope="module")
 def client(worker: str) -> Any:
     return openai.OpenAI(base_url=worker + "/v1", api_key="unused", max_retries=0, timeout=60)
 
 
 def metric(url: str, name: str) -> float:
-    text = httpx.get(url + "/metrics").text
+    text = httpx.get(url).text
     m = re.search(rf"^{re.escape(name)}\{{[^}}]*\}} (\S+)$", text, re.M)
     assert m, f"{name} not exported"
     return float(m.group(1))
@@ -81,8 +91,8 @@ def test_chat_uses_the_chat_template_streamed_and_not(client):
     assert "".join(parts) == msg.content
 
 
-def test_bad_input_gets_openai_shaped_4xx(client, worker):
-    text = httpx.get(worker + "/metrics").text
+def test_bad_input_gets_openai_shaped_4xx(client, worker, scraped):
+    text = httpx.get(scraped).text
     before = {code: _errors(text, code) for code in ("400", "404")}
     with pytest.raises(openai.NotFoundError, match="does not exist"):
         client.completions.create(model="nope", prompt="x", max_tokens=2)
@@ -101,7 +111,7 @@ def test_bad_input_gets_openai_shaped_4xx(client, worker):
     r = httpx.post(worker + "/v1/chat/completions", json={"model": MODEL, "messages": []})
     assert r.status_code == 400 and "messages" in r.json()["error"]["message"]
     # The worker is still up and counted each error by its status (6 x 400, 1 x 404 above).
-    text = httpx.get(worker + "/metrics").text
+    text = httpx.get(scraped).text
     assert _errors(text, "400") - before["400"] == 6 and _errors(text, "404") - before["404"] == 1
 
 
@@ -110,7 +120,7 @@ def _errors(text: str, code: str) -> float:
     return float(m.group(1)) if m else 0.0
 
 
-def test_a_client_that_disconnects_mid_stream_is_aborted_and_frees_its_blocks(client, worker):
+def test_a_client_that_disconnects_mid_stream_is_aborted_and_frees_its_blocks(client, worker, scraped):
     body = {"model": MODEL, "prompt": "hello", "max_tokens": 1500, "stream": True, "ignore_eos": True}
     with httpx.stream("POST", worker + "/v1/completions", json=body, timeout=60) as r:
         lines = r.iter_lines()
@@ -119,8 +129,8 @@ def test_a_client_that_disconnects_mid_stream_is_aborted_and_frees_its_blocks(cl
     deadline = time.time() + 20
     while time.time() < deadline:
         if (
-            metric(worker, "vllm:num_requests_running") == 0
-            and metric(worker, "vllm:kv_cache_usage_perc") == 0
+            metric(scraped, "vllm:num_requests_running") == 0
+            and metric(scraped, "vllm:kv_cache_usage_perc") == 0
         ):
             break
         time.sleep(0.2)
@@ -130,7 +140,7 @@ def test_a_client_that_disconnects_mid_stream_is_aborted_and_frees_its_blocks(cl
     assert ok.usage.completion_tokens >= 1
 
 
-def test_concurrent_requests_are_batched_and_each_gets_its_own_answer(worker, client):
+def test_concurrent_requests_are_batched_and_each_gets_its_own_answer(worker, client, scraped):
     prompts = ["12 km →", "hello", "Count the words →", "book: Dune →"]
     alone = [
         client.completions.create(model=MODEL, prompt=p, max_tokens=8, temperature=0).choices[0].text
@@ -150,11 +160,11 @@ def test_concurrent_requests_are_batched_and_each_gets_its_own_answer(worker, cl
         return [r.choices[0].text for r in rs]
 
     assert asyncio.run(together()) == alone
-    assert metric(worker, "vllm:e2e_request_latency_seconds_count") >= 8
-    assert metric(worker, "elastune_prefix_cache_queried_tokens_total") > 0
+    assert metric(scraped, "vllm:e2e_request_latency_seconds_count") >= 8
+    assert metric(scraped, "elastune_prefix_cache_queried_tokens_total") > 0
     # the engine was busy in steps; none of it went to co-served finetuning (no job is co-served)
-    assert metric(worker, "elastune_engine_busy_seconds_total") > 0
-    assert metric(worker, "elastune_coserve_finetune_seconds_total") == 0
+    assert metric(scraped, "elastune_engine_busy_seconds_total") > 0
+    assert metric(scraped, "elastune_coserve_finetune_seconds_total") == 0
 
 
 def test_openapi_document_names_the_routes(worker):

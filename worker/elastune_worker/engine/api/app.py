@@ -1,5 +1,7 @@
 """The worker's HTTP application: the OpenAI-compatible serving routes beside the Knative container
-contract (/healthz, /readyz, /metrics, /status), on FastAPI with its OpenAPI document at /openapi.json.
+contract (/healthz, /readyz, /status), on FastAPI with its OpenAPI document at /openapi.json. The worker
+pod serves /metrics on a port of its own (listeners.py); the standalone server on this app's port unless
+given --metrics-port (engine/server.py).
 """
 
 from __future__ import annotations

@@ -123,8 +123,21 @@ def openai_router(
         engine = get_engine()
         if engine is None:
             raise EngineBusy("the model is still loading; retry shortly")
+        # The placement loads an adapter in its LoRAAdapter's namespace; vLLM's request names no namespace,
+        # so ``lora_name`` is the served name when one namespace has it here, else ``namespace/name``.
+        loaded = [a.ref for a in engine.adapters()]
+        ref = next((r for r in loaded if r.key == body.lora_name), None)
+        if ref is None:
+            same = [r for r in loaded if r.name == body.lora_name]
+            if len(same) > 1:
+                keys = ", ".join(sorted(r.key for r in same))
+                raise APIError(400, f"More than one namespace loaded '{body.lora_name}' here: name one of "
+                               f"{keys}", "lora_name")  # fmt: skip
+            ref = same[0] if same else None
         try:
-            await engine.unload_lora(body.lora_name)
+            if ref is None:
+                raise KeyError(body.lora_name)
+            await engine.unload_lora(ref.name, ref.namespace)
         except KeyError as exc:
             raise APIError(404, f"The lora adapter '{body.lora_name}' cannot be found.", "lora_name") from exc
         except ValueError as exc:

@@ -9,7 +9,7 @@ import yaml
 from elastune_contract.api import constants, crdcheck
 from elastune_contract.api.resources import parse_resource
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 MANIFESTS = sorted((REPO / "manifests").glob("*.yaml"))
 CRDS = {
     crd["spec"]["names"]["kind"]: crd

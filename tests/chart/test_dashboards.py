@@ -28,7 +28,7 @@ from elastune_worker.engine.api.metrics import ServingMetrics
 from elastune_worker.engine.client import LoRAInfo
 from elastune_worker.server.metrics import WorkerMetrics
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 DASHBOARD_DIR = REPO / "helm" / "elastune" / "dashboards"
 PROMTOOL_HINT = "promtool is missing: apt-get install -y --no-install-recommends prometheus (.ci/run does)"
 # Grafana's own variables: not defined by the dashboards.

@@ -15,7 +15,7 @@ import pytest
 from elastune_contract import vocabulary as V
 from elastune_contract.api.common import CONDITION_TYPE_PATTERN, REASON_PATTERN
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PRODUCT = [ROOT / "contract", ROOT / "operator", ROOT / "worker"]
 VOCABULARY = ROOT / "contract" / "elastune_contract" / "vocabulary.py"
 #: Calls whose n-th positional argument is a reason (0-based).

@@ -36,7 +36,7 @@ from elastune_operator.k8s.workload import (
 from elastune_testing.emulator import EmulatorHandle
 from elastune_testing.fixtures import k8s_emulator  # noqa: F401  (fixture)
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 NS, POOL, MODEL = "team-a", "tiny-gpt2", "elastune/tiny-gpt2"
 KEY = f"{NS}/{POOL}"  # how the core names the pool to the backend (protocol.pool_id)
 

@@ -11,7 +11,7 @@ import pytest
 
 from elastune_common import datasets
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 # Spelled in pieces so that this file does not match its own search.
 OUTSIDE = ("../" + "shared", "/work/" + "shared")
 

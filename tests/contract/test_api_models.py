@@ -20,7 +20,7 @@ from elastune_contract.api.tuningjob import TuningJob, TuningJobSpec
 from elastune_contract.api.warmpool import DEFAULT_WORKER_IMAGE, WarmPool
 from elastune_contract.vocabulary import ConditionType, Reason
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 CRDS = {
     yaml.safe_load(text)["spec"]["names"]["kind"]: yaml.safe_load(text) for text in render_crds().values()
 }

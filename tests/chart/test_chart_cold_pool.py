@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from test_helm import RELEASE, named, of_kind, render
+from chart_render import RELEASE, named, of_kind, render
 
 
 def operator_env(docs: tuple[dict[str, Any], ...]) -> dict[str, str]:

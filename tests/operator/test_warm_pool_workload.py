@@ -5,7 +5,7 @@ semantics; no kubelet: the controller only writes Pod objects, this test writes 
 WorkloadBackend registers a pool and resizes it. Before this change the operator wrote a Knative Service
 with min-scale in its template; held to Knative's rules (``knative_rules``) that Service was refused
 (timeoutSeconds 3600 > 600, fieldRef env, PVCs, nodeSelector, tolerations) and every resize was a new
-Revision replacing every pod — see tests/test_knative_rules.py and docs/operations/warm-pool-workload.md.
+Revision replacing every pod — see tests/testing/test_knative_rules.py and docs/operations/warm-pool-workload.md.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from elastune_testing.emulator import EmulatorHandle
 from elastune_testing.fixtures import k8s_emulator  # noqa: F401  (fixture)
 from elastune_testing.podworld.controllers import Deployments, deletion_order
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 NS, POOL, MODEL = "team-a", "tiny-gpt2", "elastune/tiny-gpt2"
 KEY = f"{NS}/{POOL}"
 STAMP = "2026-01-01T00:00:00Z"

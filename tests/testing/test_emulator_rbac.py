@@ -9,68 +9,17 @@ staging/src/k8s.io/apiserver/pkg/endpoints/request/requestinfo.go (see elastune_
 
 from __future__ import annotations
 
-import json
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from kubernetes import config
 
 from elastune_testing.apiserver import rbac
 from elastune_testing.apiserver.authn import User
 from elastune_testing.emulator import EmulatorHandle, start_emulator
 from elastune_testing.podworld.helm import template
-from elastune_testing.podworld.world import apply_object
-
-RELEASE_NS = "elastune-system"
-TENANT = "team-a"
-OPERATOR = f"system:serviceaccount:{RELEASE_NS}:elastune"
-WP = "/apis/elastune.dev/v1alpha1"
-
-
-class Api:
-    """Raw HTTP against the emulator, as one identity (a bearer token, or none: the admin)."""
-
-    def __init__(self, handle: EmulatorHandle, token: str | None = None) -> None:
-        self.url, self.token = handle.url, token
-
-    def call(
-        self, method: str, path: str, body: Any = None, content_type: str = "application/json"
-    ) -> tuple[int, Any]:
-        headers = {"Content-Type": content_type}
-        if self.token is not None:
-            headers["Authorization"] = f"Bearer {self.token}"
-        data = None if body is None else json.dumps(body).encode()
-        request = urllib.request.Request(self.url + path, data=data, method=method, headers=headers)
-        try:
-            with urllib.request.urlopen(request, timeout=10) as response:
-                lines = response.read().splitlines() or [b"null"]
-                return response.status, json.loads(lines[0])  # a watch: its first event
-        except urllib.error.HTTPError as error:
-            return error.code, json.loads(error.read() or b"null")
-
-    def token_for(self, namespace: str, account: str) -> str:
-        status, body = self.call(
-            "POST", f"/api/v1/namespaces/{namespace}/serviceaccounts/{account}/token", {}
-        )
-        assert status == 201, body
-        assert body["kind"] == "TokenRequest" and body["spec"]["audiences"]
-        return str(body["status"]["token"])
-
-
-def _install(handle: EmulatorHandle, *sets: str) -> list[dict[str, Any]]:
-    docs = template("elastune", RELEASE_NS, *sets)
-    api = config.new_client_from_config(str(handle.kubeconfig_path))
-    try:
-        for doc in docs:
-            if doc["kind"] in ("ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"):
-                apply_object(api, doc, RELEASE_NS)
-    finally:
-        api.close()
-    return docs
+from rbac_client import OPERATOR, RELEASE_NS, TENANT, WP, Api, _forbidden, _install
 
 
 @pytest.fixture
@@ -86,13 +35,6 @@ def cluster(tmp_path: Path) -> Iterator[EmulatorHandle]:
             pod["spec"] = {"containers": [{"name": "c", "image": "x"}]}
             assert admin.call("POST", f"/api/v1/namespaces/{ns}/pods", pod)[0] == 201
         yield handle
-
-
-def _forbidden(answer: tuple[int, Any]) -> dict[str, Any]:
-    status, body = answer
-    assert status == 403, body
-    assert (body["kind"], body["reason"], body["code"]) == ("Status", "Forbidden", 403)
-    return body
 
 
 def test_operator_account_gets_what_the_chart_grants_and_403_for_the_rest(cluster: EmulatorHandle):

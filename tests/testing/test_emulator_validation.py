@@ -22,7 +22,7 @@ import yaml
 from elastune_testing.apiserver import cel
 from elastune_testing.emulator import EmulatorHandle, start_emulator
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 WIDGETS = "/apis/test.elastune.dev/v1/namespaces/default/widgets"
 CRDS = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
 MERGE = "application/merge-patch+json"

@@ -16,7 +16,7 @@ from elastune_operator.k8s.runtime import status_patch
 from elastune_operator.k8s.settings import OperatorSettings, SettingsError
 from elastune_operator.k8s.workload import COST_BUSY, COST_REMOVE, WORKER_PORT, worker_deployment
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture

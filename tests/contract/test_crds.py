@@ -12,7 +12,7 @@ from pydantic import Field, TypeAdapter
 from elastune_contract.api import constants, crdcheck
 from elastune_contract.api.crds import HEADER, render_crds, write_crds
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 CRD_DIR = REPO / "crds"
 REGENERATE = "regenerate with `elastune crds --write crds/` and commit the result"
 
