@@ -614,6 +614,20 @@ def workers() -> dashboard_builders.Dashboard:
                     ],
                     stacked=True,
                 ),
+                graph(
+                    "Requests refused without the gateway's credential",
+                    "Inference requests a worker refused because the gateway's signed per-request credential "
+                    "was missing, expired, forged or named another namespace or model, by reason: nonzero "
+                    "means something other than the gateway is calling workers.",
+                    "short",
+                    [
+                        (
+                            "sum by (reason) "
+                            f"({increase('elastune_worker_request_credential_refused_total', NAMESPACE)})",
+                            "{{reason}}",
+                        )
+                    ],
+                ),
             ],
         ),
     ]

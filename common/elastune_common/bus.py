@@ -15,6 +15,7 @@ import redis
 from pydantic import BaseModel, ValidationError
 
 from elastune_common.redact import redact_url
+from elastune_common.tls import redis_ssl_kwargs
 from elastune_contract.protocol import (
     DEFAULT_NAMESPACE,
     EVENTS_TTL_SECONDS,
@@ -76,6 +77,7 @@ class Bus:
             socket_connect_timeout=5.0,
             decode_responses=True,
             encoding_errors="replace",
+            **redis_ssl_kwargs(url),  # rediss://: the CA of $ELASTUNE_REDIS_CA_FILE (elastune_common.tls)
             **extra,
         )
         self.on_poison: Callable[[PoisonKind], None] | None = None

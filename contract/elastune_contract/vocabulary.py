@@ -112,6 +112,9 @@ class Reason:
     # WarmPool Ready: refused because its Redis user cannot be created (the operator lacks ACL rights, or
     # Redis has no ACLs); its workers are never given a shared password instead
     REDIS_USER_UNAVAILABLE: Final = "RedisUserUnavailable"
+    # WarmPool Ready: refused because spec.gpusPerPod asks for more GPUs than Elastune's engine uses (one a
+    # pod, for serving and tuning alike); models that need several are for vLLM pools (not built yet)
+    GPUS_PER_POD_UNSUPPORTED: Final = "GPUsPerPodUnsupported"
     # WarmPool Ready: its workers wrote more to Redis than the pool's budget; their user lost its write
     # rights until a new password is asked for (the rotate annotation)
     REDIS_BUDGET_EXCEEDED: Final = "RedisBudgetExceeded"

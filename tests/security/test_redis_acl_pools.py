@@ -5,7 +5,8 @@ in the API - and uses it through the worker's own clients (``Bus``, ``RedisChann
 
 Before: every pool's pods got the one worker password (copied into each namespace), which reads and
 writes every other pool's placements, queues, events and gradients. Now a pool's user reaches only its own
-keys, a rotation keeps a running worker working until its pod restarts, and a deleted pool's user goes."""
+keys, a rotation keeps a running worker working until its pod restarts, a deleted pool's user goes,
+and a Redis that restarts empty gets every pool's user back with the passwords its pods hold."""
 
 from __future__ import annotations
 
@@ -88,16 +89,11 @@ def _pools(
         body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "WarmPool", "metadata": meta, "spec": spec}
         bodies[ns] = custom.create_namespaced_custom_object(GROUP, VERSION, ns, PLURAL_WARM_POOLS, body)
         runtime.upsert_pool(bodies[ns])
-    site = {"server": server, "tmp": tmp}  # the server a test restarts (test_a_redis_that_restarts_empty...)
+    # "server": the one a test restarts (test_a_redis_that_restarts_empty...), stopped at the end.
+    site = {"server": server, "tmp": tmp, "url": server.url, "api": api, "op": op, "runtime": runtime,
+            "bodies": bodies, "custom": custom}  # fmt: skip
     try:
-        yield site | {
-            "url": server.url,
-            "api": api,
-            "op": op,
-            "runtime": runtime,
-            "bodies": bodies,
-            "custom": custom,
-        }
+        yield site
     finally:
         runtime.stop()
         emulator.stop()
@@ -304,6 +300,37 @@ def test_an_oversized_registry_entry_is_dropped_and_counted(site: dict[str, Any]
     assert wid not in op.workers()
     assert op.poison.get("worker", 0) == before + 1
     op.redis.delete(worker_key(NS, wid))
+
+
+def test_a_password_whose_record_was_not_confirmed_stays_valid(
+    site: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Intent before effect: the status records the new hash, then Redis and the Secret get the password,
+    then the status says the Secret was written. When that last write fails (the API server gone for a
+    moment) the next round issues another password; a pod started in between holds the first, which must
+    stay valid (before: it was dropped as never handed out)."""
+    from kubernetes.client.rest import ApiException
+
+    api, custom, runtime = site["api"], site["custom"], site["runtime"]
+    users = runtime.redis_users
+    store = users._store
+
+    def confirm_fails(pool: Any, state: Any) -> None:
+        if state.written:
+            raise ApiException(status=503, reason="the API server went away")
+        store(pool, state)
+
+    monkeypatch.setattr(users, "_store", confirm_fails)
+    patch = {"metadata": {"annotations": {"rotate.elastune.dev/redis-password": "unconfirmed"}}}
+    body = custom.patch_namespaced_custom_object(GROUP, VERSION, "team-a", PLURAL_WARM_POOLS, POOL, patch)
+    with pytest.raises(ApiException):
+        runtime.upsert_pool(body)
+    started = pod_credentials(api, "team-a")  # a pod starting now reads this one
+    monkeypatch.setattr(users, "_store", store)
+    runtime.upsert_pool(body)  # kopf retries the handler
+    assert pod_credentials(api, "team-a") != started  # another was issued
+    assert as_pod(site["url"], started).ping()
+    assert as_pod(site["url"], pod_credentials(api, "team-a")).ping()
 
 
 def test_a_redis_that_restarts_empty_gets_the_pools_users_back_with_their_passwords(

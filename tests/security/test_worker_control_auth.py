@@ -2,7 +2,8 @@
 
 Against a real worker process over real HTTP: an unauthenticated POST /v1/unload_lora_adapter used to
 remove a served adapter; now it is a 401 (OpenAI-shaped) and the adapter is still served, while the same
-call with the token succeeds. Inference, health, /metrics stay open; an unknown path is still a 404.
+call with the token succeeds. Inference and health stay open (/metrics too, on the metrics port:
+test_worker_metrics_port.py); an unknown path is still a 404.
 """
 
 from __future__ import annotations

@@ -124,9 +124,12 @@ def _selects(selector: dict[str, Any], labels: dict[str, str]) -> bool:
 
 
 def _check_ingress(ingress: list[dict[str, Any]], docs: tuple[dict[str, Any], ...]) -> None:
-    """Exactly: the release's gateway and operator pods, Prometheus (no Knative namespace: none needed)."""
+    """Exactly: the release's gateway and operator pods to the serving port, Prometheus to the metrics
+    port only (no Knative namespace: none needed)."""
     peers = [peer for rule in ingress for peer in rule["from"]]
-    assert all("ports" not in rule for rule in ingress)
+    assert [rule["ports"] for rule in ingress] == [
+        [{"port": "http", "protocol": "TCP"}], [{"port": "metrics", "protocol": "TCP"}]
+    ]  # fmt: skip
     assert len(peers) == 2, peers
     release, prometheus = peers
     assert release["namespaceSelector"] == {"matchLabels": {"kubernetes.io/metadata.name": NAMESPACE}}

@@ -37,6 +37,16 @@ RoutingPolicyName = Literal[
 
 DEFAULT_WORKER_IMAGE = "ghcr.io/elastune/worker:0.1.0"
 
+#: GPUs one worker pod of Elastune's engine uses: one process on cuda:0, for serving (no tensor
+#: parallelism) and for tuning (data parallel across pods, never across a pod's GPUs), and the scheduler
+#: counts a pod as one GPU. More would be requested from Kubernetes and left idle, so they are refused.
+ENGINE_GPUS_PER_POD: Final = 1
+GPUS_PER_POD_REFUSAL: Final = (
+    "Elastune's engine uses one GPU per worker pod, for serving and tuning alike (no tensor parallelism); "
+    "a model that needs several GPUs per pod is for a vLLM pool (spec.serving.engine: vllm), which is "
+    "not available yet"
+)
+
 #: spec.allowedNamespaces entry that admits jobs and adapters of every namespace.
 ALL_NAMESPACES = "*"
 #: A namespace name (an RFC 1123 label), or "*" for all.
@@ -293,6 +303,14 @@ class WarmPoolSpec(ApiModel):
                     "message": "useAmbientCredentials applies to an s3:// model without a secretName",
                     "fieldPath": ".modelSource.useAmbientCredentials",
                 },
+                {
+                    # A rule, not a maximum, so the apiserver's refusal says why and where to go; the
+                    # model accepts more so the operator can read (and refuse) a pool stored under an
+                    # older CRD (helm upgrade leaves crds/ alone).
+                    "rule": f"!has(self.gpusPerPod) || self.gpusPerPod <= {ENGINE_GPUS_PER_POD}",
+                    "message": f"gpusPerPod must be {ENGINE_GPUS_PER_POD}: {GPUS_PER_POD_REFUSAL}",
+                    "fieldPath": ".gpusPerPod",
+                },
             ]
         }
     )
@@ -305,7 +323,9 @@ class WarmPoolSpec(ApiModel):
     """Credentials, cache claim and load timeout of the model (unset: no Secret, the claim
     elastune-models, 10m)."""
     gpus_per_pod: int = Field(default=1, ge=1)
-    """GPUs requested by each worker pod."""
+    """GPUs requested by each worker pod. Must be 1: Elastune's engine uses one GPU per pod, for serving
+    and tuning alike; more is refused (GPUsPerPodUnsupported) rather than requested and left idle.
+    Models that need several GPUs per pod are for vLLM pools, not available yet."""
     node_selector: dict[str, str] | None = None
     """Node labels of the GPU node pool, e.g. elastune.dev/pool: cold."""
     tolerations: list[Toleration] | None = None

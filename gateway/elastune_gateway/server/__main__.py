@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+import os
 import sys
 from collections.abc import Iterator
 from typing import Any
@@ -99,6 +100,11 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     p.add_argument("--request-credential-ttl", type=float, default=defaults.request_credential_ttl_s,
                    help="seconds the credential signed onto each forwarded request lives (the key: "
                         "$ELASTUNE_REQUEST_KEY_FILE or $ELASTUNE_REQUEST_KEY)")  # fmt: skip
+    p.add_argument("--worker-ca-file", default=os.environ.get("ELASTUNE_WORKER_CA_FILE") or None,
+                   help="CA bundle of the workers' certificates: reach them over HTTPS only, verified "
+                        "against it [$ELASTUNE_WORKER_CA_FILE]")  # fmt: skip
+    p.add_argument("--worker-tls-server-name", default=defaults.worker_tls_server_name,
+                   help="the DNS name every worker certificate carries")  # fmt: skip
     p.add_argument("--log-level", default="info")
     return p
 
@@ -123,6 +129,7 @@ def settings_from(args: argparse.Namespace) -> GatewaySettings:
             queue_timeout_s=args.queue_timeout, metrics_port=args.metrics_port,
             limits_on_redis_outage=args.limits_on_redis_outage,
             request_credential_ttl_s=args.request_credential_ttl,
+            worker_ca_file=args.worker_ca_file, worker_tls_server_name=args.worker_tls_server_name,
             **dataclasses.asdict(limits_from(args)),
         )  # fmt: skip
     except ValidationError as exc:

@@ -51,6 +51,7 @@ from elastune_contract.protocol import PASSWORD_ENV, USERNAME_ENV
 
 from .metrics import GatewayMetrics
 from .resp import PipelineClient, RedisUnavailable, ReplyError
+from .tls import redis_context
 
 log = logging.getLogger("elastune.gateway")
 
@@ -222,8 +223,9 @@ class RateLimiter:
     ) -> None:
         self.fail_closed, self.retry_after_s = fail_closed, retry_after_s
         self.redis = PipelineClient(
-            url, socket_timeout, os.environ.get(USERNAME_ENV) or None, os.environ.get(PASSWORD_ENV) or None
-        )
+            url, socket_timeout, os.environ.get(USERNAME_ENV) or None, os.environ.get(PASSWORD_ENV) or None,
+            ssl_context=redis_context(url),  # rediss://: the CA of $ELASTUNE_REDIS_CA_FILE (server/tls.py)
+        )  # fmt: skip
         self.ns, self.metrics = ns, metrics
         self._over: dict[str, tuple[int, str]] = {}
         """digest → (window, which limit) for keys known to be over a limit in that window."""

@@ -117,8 +117,14 @@ class PipelineClient:
     command Redis refused); ``RedisUnavailable`` when no answer came within ``timeout`` seconds."""
 
     def __init__(
-        self, url: str, timeout: float, username: str | None = None, password: str | None = None
+        self,
+        url: str,
+        timeout: float,
+        username: str | None = None,
+        password: str | None = None,
+        ssl_context: ssl.SSLContext | None = None,
     ) -> None:
+        """``ssl_context``: how ``rediss://`` is verified (server/tls.py; None: the system's CAs)."""
         u = urlsplit(url)
         if u.scheme not in ("redis", "rediss") or u.query:
             raise ValueError(
@@ -127,6 +133,7 @@ class PipelineClient:
             )
         self.host, self.port = u.hostname or "127.0.0.1", u.port or 6379
         self.tls = u.scheme == "rediss"
+        self.ssl_context = ssl_context
         self.db = int(u.path.strip("/") or 0)
         self.username = unquote(u.username) if u.username else username
         self.password = unquote(u.password) if u.password else password
@@ -166,7 +173,7 @@ class PipelineClient:
             if self._protocol is not None and not self._protocol.lost:
                 return self._protocol
             loop = asyncio.get_running_loop()
-            context = ssl.create_default_context() if self.tls else None
+            context = (self.ssl_context or ssl.create_default_context()) if self.tls else None
             try:
                 async with asyncio.timeout(self.timeout):
                     _, protocol = await loop.create_connection(_Protocol, self.host, self.port, ssl=context)

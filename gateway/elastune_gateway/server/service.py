@@ -39,7 +39,8 @@ from .metrics import GatewayMetrics
 from .prompt_key import chat_key, text_key
 from .request_signer import RequestSigner, signer_from_env
 from .settings import GatewaySettings
-from .upstream import ConnectionLost, ReadTimeout, UpstreamPool, UpstreamResponse
+from .tls import worker_context
+from .upstream import ConnectionLost, Limits, ReadTimeout, UpstreamPool, UpstreamResponse
 from .views import endpoint_view
 
 log = logging.getLogger("elastune.gateway")
@@ -100,7 +101,13 @@ class Gateway:
     # -- lifecycle --------------------------------------------------------------------------------
     async def start(self) -> None:
         s = self.settings
-        self._upstream = UpstreamPool(s.connect_timeout_s, s.read_timeout_s)
+        self._upstream = UpstreamPool(
+            s.connect_timeout_s, s.read_timeout_s, ssl_context=worker_context(s),
+            server_hostname=s.worker_tls_server_name, limits=Limits(
+                s.upstream_max_header_bytes, s.upstream_max_headers, s.upstream_max_event_bytes,
+                s.upstream_max_body_bytes, s.upstream_idle_s, s.upstream_total_timeout_s,
+            ),
+        )  # fmt: skip
         if s.length_predictor_url:
             timeout = httpx.Timeout(connect=s.connect_timeout_s, read=s.read_timeout_s, write=30.0, pool=None)
             self._client = httpx.AsyncClient(timeout=timeout)

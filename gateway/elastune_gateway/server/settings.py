@@ -56,6 +56,25 @@ class GatewaySettings(BaseModel):
     """Longest silence between two chunks of a streamed answer: then the stream ends with an error
     event. Above a decode step's worst case and a GC pause or a throttled CPU (a worker paused 20 s
     keeps its streams), far below the ten minutes a hung pod held a client before."""
+    upstream_total_timeout_s: float = Field(default=1800.0, gt=0)
+    """Longest a forwarded request may take from sending it to the last byte of its answer, however
+    steadily the worker sends (a stream trickling one byte under the idle timeout would otherwise hold a
+    client and a slot for ever): then 504, or an error event once streaming. Above the longest answer a
+    worker is configured for (32k tokens at 20 tokens/s is 27 minutes)."""
+    upstream_idle_s: float = Field(default=4.0, gt=0)
+    """A kept-alive connection to a worker idle longer than this is closed, never reused: below the
+    workers' keep-alive (uvicorn's 5 s), so the gateway never writes a request onto a socket the worker
+    is closing; idle connections are also pruned on a timer."""
+    upstream_max_header_bytes: int = Field(default=64 << 10, ge=1024)
+    """Largest head (status line and headers) of a worker's answer; more: the request fails (502) and
+    the connection is dropped. A worker sends a handful of short headers."""
+    upstream_max_headers: int = Field(default=100, ge=1)
+    """Most headers in a worker's answer; more: as above."""
+    upstream_max_event_bytes: int = Field(default=1 << 20, ge=1024)
+    """Largest SSE event (bytes between two blank lines) of a streamed answer: the gateway gathers
+    events to read usage; more: the stream ends with an error event and the connection is dropped."""
+    upstream_max_body_bytes: int = Field(default=64 << 20, ge=1024)
+    """Largest non-streamed answer of a worker (read whole before it is relayed); more: 502."""
     max_attempts: int = Field(default=3, ge=1)
     """Endpoints tried for one request when the first cannot take it (before any byte was sent)."""
     length_predictor_url: str | None = None
@@ -114,6 +133,13 @@ class GatewaySettings(BaseModel):
     Retry-After: a tenant's quota is a contract with the other tenants, and a gateway that stops
     counting lets one key take the whole fleet for as long as Redis is away. ``open``: let the request
     through uncounted (availability first; for a single-tenant gateway). Counted and logged either way."""
+    worker_ca_file: str | None = None
+    """PEM bundle of the CA that signs the workers' serving certificates: set, workers are reached over
+    HTTPS only, verified against it (server/tls.py); a worker registered at http:// is refused. None:
+    plain HTTP inside the cluster. The chart sets it (gateway.workerTLS)."""
+    worker_tls_server_name: str = "elastune-worker"
+    """The DNS name every worker certificate carries and the gateway checks (it dials pod IPs, which no
+    certificate names ahead of time)."""
     metrics_port: int | None = Field(default=None, ge=1, le=65535)
     """Port of a second listener that serves only /metrics (per-key, per-model and per-endpoint series:
     every tenant's names), so it can be scraped where clients cannot reach it. None: with ``auth`` off

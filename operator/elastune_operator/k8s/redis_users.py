@@ -24,13 +24,13 @@ Secret ``<pool>-redis-user`` (keys ``username``, ``password``) the pool's Deploy
 The operator keeps only the hashes, in the WarmPool's ``status.redisUser`` (the contract's
 ``RedisUserStatus``), and re-asserts every pool's user from there every ``RECHECK_S``: a Redis that
 restarts empty (no persistence, a replaced external Redis) gets each user back with the passwords the
-pool's running pods hold, without the operator ever knowing a password. Status, not Redis, is the record:
-what lives only in Redis is lost with it. A new password's hash is recorded there before Redis or the
-Secret gets the password (intent before effect). Rotation (on an interval, or when
-the WarmPool's ``rotate.elastune.dev/redis-password`` annotation changes): a new password is added to the
-user and written to the Secret; the old one stays valid (Redis allows several passwords per user) until
-every listed pod of the pool was created after the rotation, then it is removed. Env from a Secret is read
-when a container starts, so a running worker keeps its password and a restarted one reads the new one.
+pool's running pods hold, and no password is kept anywhere but in the Secret. Status, not Redis, is the
+record: what lives only in Redis is lost with it. A new password's hash is recorded there before Redis or
+the Secret gets the password (intent before effect). Rotation (on an interval, or when the WarmPool's
+``rotate.elastune.dev/redis-password`` annotation changes): a new password is added to the user and
+written to the Secret; the old one stays valid (Redis allows several passwords per user) until every
+listed pod of the pool was created after the rotation, then it is removed. Env from a Secret is read when
+a container starts, so a running worker keeps its password and a restarted one reads the new one.
 """
 
 from __future__ import annotations
@@ -253,19 +253,16 @@ class PoolRedisUsers:
     # -- internals ------------------------------------------------------------------------------------
     def _issue(self, pool: WarmPool, state: UserState | None, request: str, now: float) -> None:
         """A new password: recorded (hash, in status), given to the user, then written to the Secret
-        (intent before effect: a crash in between leaves ``written`` false and the next ensure issues
-        another)."""
+        (intent before effect: a stop in between leaves ``written`` false and the next ensure issues
+        another, keeping this one valid like a rotated one)."""
         ns, name = pool.metadata.namespace or "default", pool.metadata.name or ""
         # What is recorded first (a user without passwords when nothing is): a Redis that refuses ACL
         # SETUSER fails here, before a status write, so a refused pool's retries record nothing.
         self._setuser(pool, state)
         password = secrets.token_urlsafe(32)
-        previous: list[str] = []
-        if state is not None and state.written:
-            # A rotation: the running pods' password stays valid until they are gone.
-            previous = [state.current, *state.previous][:MAX_PREVIOUS]
-        elif state is not None:
-            previous = state.previous
+        # A rotation: the running pods' password stays valid until they are gone. One not confirmed
+        # written (a stop between the Secret and the status) stays too: the Secret may hold it.
+        previous = [state.current, *state.previous][:MAX_PREVIOUS] if state is not None else []
         suspended = state is not None and state.suspended and request == state.request
         # Whole seconds, rounded up: pods' creationTimestamp has whole seconds (_retire compares them).
         new = UserState(

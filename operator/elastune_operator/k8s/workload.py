@@ -57,7 +57,7 @@ from elastune_contract.protocol import (
 )
 from elastune_operator.control.backend import WorkerExit
 from elastune_operator.control.resources import worker_serving_args
-from elastune_operator.k8s import model_fetch, request_key
+from elastune_operator.k8s import model_fetch, request_key, worker_tls
 from elastune_operator.k8s.pod_status import PodFailureRules, pod_failure
 from elastune_operator.k8s.redis_users import PASSWORD_KEY, USERNAME_KEY, pool_secret_name
 
@@ -248,6 +248,7 @@ def worker_pod_template(
     if spec.tolerations:
         pod_spec["tolerations"] = [t.model_dump(by_alias=True, exclude_none=True) for t in spec.tolerations]
     model_fetch.add_to_worker(pod_spec, pool, WORKER_PORT)  # the model cache, offline load, startupProbe
+    worker_tls.add_to_worker(pod_spec, WORKER_PORT, redis_url)  # Redis CA, HTTPS serving (k8s/worker_tls.py)
     return {"metadata": {"labels": labels}, "spec": pod_spec}
 
 
@@ -309,6 +310,8 @@ class WorkloadBackend:
         self._secret_in: set[str] = set()  # namespaces whose Secret copy is written
         self._control_in: set[str] = set()  # namespaces whose worker control Secret exists
         self._request_key_in: set[str] = set()  # namespaces whose worker request key Secret exists
+        self._redis_ca = worker_tls.redis_ca() if redis_url.startswith("rediss://") else None
+        self._redis_ca_in: set[str] = set()  # namespaces whose Redis CA copy is written
         self._policy_in: set[str] = set()  # namespaces whose worker NetworkPolicy is written
         # Pools by ``protocol.pool_id`` (namespace/name: two namespaces may each have a WarmPool "tiny"),
         # the id the core names them by.
@@ -341,6 +344,9 @@ class WorkloadBackend:
         if self.request_secret is not None and ns not in self._request_key_in:
             request_key.write_secret(self.core, ns, self.request_secret)
             self._request_key_in.add(ns)
+        if self._redis_ca is not None and ns not in self._redis_ca_in:
+            worker_tls.write_redis_ca(self.core, ns, self._redis_ca)
+            self._redis_ca_in.add(ns)
         self.write_network_policy(ns)
         self._apply(key)
         return desired

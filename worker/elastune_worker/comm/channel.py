@@ -31,6 +31,7 @@ from pymemcache.client.base import Client as MemcacheClient
 from pymemcache.exceptions import MemcacheError, MemcacheUnexpectedCloseError
 
 from elastune_common.redact import redact_url
+from elastune_common.tls import redis_ssl_kwargs
 
 __all__ = [
     "DEFAULT_MAX_ITEM_SIZE",
@@ -107,6 +108,7 @@ class RedisChannel:
                 kwargs["password"] = password
         if urlsplit(url).username is None and os.environ.get(REDIS_USERNAME_ENV):
             kwargs["username"] = os.environ[REDIS_USERNAME_ENV]  # the worker's Redis ACL user
+        kwargs.update(redis_ssl_kwargs(url))  # rediss://: the CA of $ELASTUNE_REDIS_CA_FILE
         self._client = redis.Redis.from_url(url, **kwargs)
 
     @property

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import threading
 from dataclasses import dataclass, field
 from typing import Any
@@ -36,6 +37,9 @@ from elastune_worker.server.request_auth import guard_inference
 
 log = logging.getLogger("elastune.worker")
 HTTP_STOP_S = 3.0
+TLS_CERT_FILE_ENV, TLS_KEY_FILE_ENV = "ELASTUNE_WORKER_TLS_CERT_FILE", "ELASTUNE_WORKER_TLS_KEY_FILE"
+"""The serving certificate and key (PEM; the chart's gateway.workerTLS): set, the serving port speaks
+HTTPS only and the worker registers an https:// URL, which a gateway with the worker CA requires."""
 """How long the HTTP server may take to close after the drain (connections left open by clients)."""
 
 
@@ -112,7 +116,8 @@ class WorkerPod:
             self.app, self.metrics, host, port, metrics_port
         )
         reached = advertised_host(host, advertise)
-        self.agent.record.url = f"http://{reached}:{bound}"
+        scheme = "https" if self._http.config.ssl_certfile else "http"
+        self.agent.record.url = f"{scheme}://{reached}:{bound}"
         self.agent.record.metrics_url = f"http://{reached}:{scraped}/metrics"
         return self.agent.record.url
 
@@ -221,9 +226,15 @@ def _serve_in_thread(
     sock, scraped = listen(host, port), listen(host, metrics_port)
     # Once told to exit, uvicorn waits for open responses; by then the drain has let them finish, so the
     # bound is for a stuck connection only.
+    cert, key = os.environ.get(TLS_CERT_FILE_ENV) or None, os.environ.get(TLS_KEY_FILE_ENV) or None
+    if (cert is None) != (key is None):
+        raise SystemExit(f"worker TLS needs both ${TLS_CERT_FILE_ENV} and ${TLS_KEY_FILE_ENV}")
     config = uvicorn.Config(
-        app, log_level="warning", lifespan="off", access_log=False, timeout_graceful_shutdown=HTTP_STOP_S
-    )
+        app, log_level="warning", lifespan="off", access_log=False, timeout_graceful_shutdown=HTTP_STOP_S,
+        ssl_certfile=cert, ssl_keyfile=key,  # /metrics stays plain HTTP on its own port (scraped in-cluster)
+    )  # fmt: skip
+    if cert:
+        config.load()  # here, so that an unreadable certificate fails the start, not the server thread
     server = ServingServer(config, metrics_server(metrics.registry, scraped))
     server.install_signal_handlers = lambda: None  # type: ignore[attr-defined]  # main thread's job (older uvicorn)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="http", daemon=True)
