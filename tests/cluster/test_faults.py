@@ -261,11 +261,14 @@ def test_a_pool_whose_pods_crash_loop_fails_its_job_with_CrashLoopBackOff(cluste
 
 def test_a_pool_whose_pods_cannot_be_scheduled_fails_its_job_with_Unschedulable(cluster: PodWorld) -> None:
     """Every emulated GPU node has one GPU; pods asking for two stay Pending, PodScheduled=False
-    Unschedulable (the chart's operator here waits ELASTUNE_POD_UNSCHEDULABLE_GRACE=3 s, not 60)."""
+    Unschedulable (the chart's operator here waits ELASTUNE_POD_UNSCHEDULABLE_GRACE=3 s, not 60). The
+    two come from worker.resources, passed as written: gpusPerPod 2 is refused at admission."""
     world = cluster
     model = "elastune/tiny-llama-too-big"
+    two = {"nvidia.com/gpu": 2}
+    worker = {"image": "ghcr.io/elastune/worker:test", "resources": {"limits": two, "requests": two}}
     pool = warm_pool(
-        "too-big", model=model, maxWarmGPUs=2, gpusPerPod=2, idleWindow="600s", volumes=_volumes()
+        "too-big", model=model, maxWarmGPUs=2, worker=worker, idleWindow="600s", volumes=_volumes()
     )
     world.apply(pool)
     world.apply(tuning_job("too-big-job", model=model))

@@ -6,7 +6,9 @@ a long stop string, too many stop_token_ids and out-of-range numbers 400 naming 
 
 from __future__ import annotations
 
+import contextlib
 import json
+import socket
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -25,6 +27,7 @@ from elastune_contract.openai_api.limits import (  # noqa: E402
 )
 
 MAX_PROMPT_CHARS = 5000  # set by flag: the limits are settings
+HEAD_TIMEOUT_S = 1.0  # --request-head-timeout and --request-body-timeout (defaults 10 s and 30 s)
 MODEL = "no-such-model"
 
 
@@ -33,6 +36,7 @@ def gateway(redis_server: Any, tmp_path_factory: pytest.TempPathFactory) -> Iter
     g = start_gateway(
         redis_server.url, f"gwlim{time.time_ns()}", tmp_path_factory.mktemp("gateway"),
         "--max-prompt-chars", str(MAX_PROMPT_CHARS),
+        "--request-head-timeout", str(HEAD_TIMEOUT_S), "--request-body-timeout", str(HEAD_TIMEOUT_S),
     )  # fmt: skip
     try:
         yield g
@@ -107,3 +111,85 @@ def test_numbers_out_of_range_are_a_400_naming_the_field(client: Any, field: str
     with pytest.raises(openai.BadRequestError) as info:
         client.completions.create(model=MODEL, prompt="hi", extra_body={field: value})
     _error(info.value, 400, field)
+
+
+# -- before authentication (issue 39 item 6): what a client holds with a head or body it never finishes --
+
+
+def _connect(gateway: ServiceProcess) -> socket.socket:
+    host, port = gateway.url.removeprefix("http://").split(":")
+    return socket.create_connection((host, int(port)), timeout=5)
+
+
+def _answer_then_eof(sock: socket.socket, within: float) -> bytes:
+    """What the gateway sends until it closes the connection; fails if it keeps it open past ``within``."""
+    sock.settimeout(within)
+    got = b""
+    try:
+        while chunk := sock.recv(65536):
+            got += chunk
+    except ConnectionResetError:
+        pass
+    except TimeoutError:
+        pytest.fail(f"the connection was still open after {within} s; got {got[:80]!r}")
+    return got
+
+
+def test_a_huge_request_head_is_a_431_before_authentication(gateway: ServiceProcess) -> None:
+    with _connect(gateway) as sock:
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nhost: gw\r\nx-pad: ")
+        with contextlib.suppress(ConnectionError):  # the gateway may hang up before it has it all
+            for _ in range(1024):  # 1 MB of one header
+                sock.sendall(b"a" * 1024)
+            sock.sendall(b"\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}")
+        answer = _answer_then_eof(sock, 5)
+    assert answer.startswith(b"HTTP/1.1 431 "), answer[:200]
+
+
+def test_slowloris_connections_are_cut_at_the_head_timeout_and_others_are_served(
+    gateway: ServiceProcess,
+) -> None:
+    """40 clients that send a request line and then a header byte every 0.2 s (never finishing), and a
+    client that connects and sends nothing: each gets 408 and its connection closed at the head
+    timeout, while a normal client is served all along."""
+    socks = [_connect(gateway) for _ in range(41)]
+    try:
+        for sock in socks[1:]:
+            sock.sendall(b"GET /v1/models HTTP/1.1\r\nhost: gw\r\nx-slow: ")
+            sock.setblocking(False)
+        socks[0].setblocking(False)
+        start, open_ = time.monotonic(), set(range(len(socks)))
+        answers = {i: b"" for i in open_}
+        while open_ and time.monotonic() - start < HEAD_TIMEOUT_S + 4:
+            assert httpx.get(gateway.url + "/healthz", timeout=2).status_code == 200
+            for i in list(open_):
+                with contextlib.suppress(BlockingIOError, ConnectionError):
+                    if i:
+                        socks[i].send(b"a")
+                try:
+                    chunk = socks[i].recv(4096)
+                except BlockingIOError:
+                    continue
+                except ConnectionError:
+                    chunk = b""
+                answers[i] += chunk
+                if not chunk:
+                    open_.discard(i)
+            time.sleep(0.2)
+        elapsed = time.monotonic() - start
+    finally:
+        for sock in socks:
+            sock.close()
+    assert not open_, f"{len(open_)} slow connections still open after {elapsed:.1f} s"
+    assert all(a.startswith(b"HTTP/1.1 408 ") for a in answers.values()), set(answers.values())
+
+
+def test_a_body_never_finished_is_cut_at_the_body_timeout(gateway: ServiceProcess) -> None:
+    with _connect(gateway) as sock:
+        sock.sendall(
+            b"POST /v1/completions HTTP/1.1\r\nhost: gw\r\ncontent-type: application/json\r\n"
+            b'content-length: 100\r\n\r\n{"model":'
+        )
+        start = time.monotonic()
+        _answer_then_eof(sock, HEAD_TIMEOUT_S + 4)
+    assert time.monotonic() - start >= HEAD_TIMEOUT_S * 0.9

@@ -107,3 +107,75 @@ def test_urls_it_cannot_follow_are_refused_at_start() -> None:
     c = PipelineClient("rediss://gw:s%40cret@redis.example:6380/3", timeout=1, username="env", password="env")
     got = (c.host, c.port, c.tls, c.db, c.username, c.password)
     assert got == ("redis.example", 6380, True, 3, "gw", "s@cret")
+
+
+# -- issue 39 item 6: a Redis (or something posing as one) that misbehaves -----------------------------
+
+
+@pytest.mark.parametrize(
+    ("head", "piece", "why"),
+    [
+        (b"$1073741824\r\n", b"x" * 65536, "bulk reply of 1073741824 bytes"),  # a 1 GB value
+        (b"+", b"a" * 65536, "reply line over"),  # a status line that never ends
+    ],
+    ids=["a 1 GB bulk reply", "an endless status line"],
+)
+def test_an_oversized_reply_drops_the_connection_instead_of_buffering_it(
+    head: bytes, piece: bytes, why: str
+) -> None:
+    sent = 0
+    hung_up = asyncio.Event()
+
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal sent
+        await reader.read(1024)
+        writer.write(head)
+        try:
+            for _ in range(640):  # 40 MB unless the client hangs up
+                writer.write(piece)
+                sent += len(piece)
+                await writer.drain()
+        except ConnectionError:
+            hung_up.set()
+        writer.close()
+
+    async def scenario() -> None:
+        server = await asyncio.start_server(answer, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        client = PipelineClient(f"redis://127.0.0.1:{port}/0", timeout=5)
+        start = time.monotonic()
+        with pytest.raises(RedisUnavailable, match=why):
+            await client.execute([("GET", "k")])
+        assert time.monotonic() - start < 3  # at the cap, not at the command's deadline
+        await asyncio.wait_for(hung_up.wait(), 3)
+        assert sent < 24 << 20
+        await client.close()
+        server.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_redis_that_fails_is_dialled_again_only_after_a_growing_back_off() -> None:
+    accepted = 0
+
+    async def hang_up(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal accepted
+        accepted += 1
+        writer.close()  # accepts, then closes before any reply: as good as refused
+
+    async def scenario() -> None:
+        server = await asyncio.start_server(hang_up, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        client = PipelineClient(f"redis://127.0.0.1:{port}/0", timeout=2)
+        start, failed = time.monotonic(), 0
+        while time.monotonic() - start < 0.5:  # a busy gateway: a pipeline every 5 ms
+            with pytest.raises(RedisUnavailable):
+                await client.execute([("INCR", "k")])
+            failed += 1
+            await asyncio.sleep(0.005)
+        assert failed > 40
+        assert 2 <= accepted <= 6  # 0.05 s doubling (jittered) within 0.5 s, not one dial per pipeline
+        await client.close()
+        server.close()
+
+    asyncio.run(scenario())

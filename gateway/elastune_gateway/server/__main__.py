@@ -20,6 +20,7 @@ from elastune_contract.protocol import DEFAULT_NAMESPACE
 
 from ..routing.policy import ROUTING_POLICY_NAMES
 from .app import create_app, metrics_app
+from .http_guard import guarded_protocol
 from .service import Gateway
 from .settings import GatewaySettings
 
@@ -48,6 +49,12 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
                    help="seconds to wait for a worker's status line, then 504")  # fmt: skip
     p.add_argument("--stream-idle-timeout", type=float, default=defaults.stream_idle_timeout_s,
                    help="longest silence between two chunks of a stream, then an error event")  # fmt: skip
+    p.add_argument("--request-head-timeout", type=float, default=defaults.request_head_timeout_s,
+                   help="seconds a client may take to send a request's headers, then 408")  # fmt: skip
+    p.add_argument("--request-body-timeout", type=float, default=defaults.request_body_timeout_s,
+                   help="seconds a client may take to send a request's body after its headers")  # fmt: skip
+    p.add_argument("--max-request-head-bytes", type=int, default=defaults.max_request_head_bytes,
+                   help="largest request line and headers; more: 431")  # fmt: skip
     p.add_argument("--default-max-tokens", type=int, default=defaults.default_max_tokens,
                    help="completion tokens a request without max_tokens reserves against its key's "
                         "tokens/min at admission")  # fmt: skip
@@ -129,6 +136,9 @@ def settings_from(args: argparse.Namespace) -> GatewaySettings:
             queue_timeout_s=args.queue_timeout, metrics_port=args.metrics_port,
             limits_on_redis_outage=args.limits_on_redis_outage,
             request_credential_ttl_s=args.request_credential_ttl,
+            request_head_timeout_s=args.request_head_timeout,
+            request_body_timeout_s=args.request_body_timeout,
+            max_request_head_bytes=args.max_request_head_bytes,
             worker_ca_file=args.worker_ca_file, worker_tls_server_name=args.worker_tls_server_name,
             **dataclasses.asdict(limits_from(args)),
         )  # fmt: skip
@@ -152,9 +162,10 @@ def run(args: argparse.Namespace) -> int:
             logging.getLogger("elastune.gateway").warning(
                 "no --metrics-port: /metrics is not served (it names every tenant's keys and models)"
             )
-        uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, access_log=False)
+        uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, access_log=False,
+                    http=_guard(settings))  # fmt: skip
         return 0
-    asyncio.run(_serve_with_metrics(app, metrics_app(gateway), args, settings.metrics_port))
+    asyncio.run(_serve_with_metrics(app, metrics_app(gateway), args, settings))
     return 0
 
 
@@ -166,11 +177,18 @@ class _MetricsServer(uvicorn.Server):
         yield
 
 
-async def _serve_with_metrics(app: Any, metrics: Any, args: argparse.Namespace, metrics_port: int) -> None:
+def _guard(s: GatewaySettings) -> type[Any]:
+    """uvicorn's HTTP protocol with a cap on request heads and read timeouts (it has neither)."""
+    return guarded_protocol(s.max_request_head_bytes, s.request_head_timeout_s, s.request_body_timeout_s)
+
+
+async def _serve_with_metrics(app: Any, metrics: Any, args: argparse.Namespace, s: GatewaySettings) -> None:
+    assert s.metrics_port is not None
     server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
-                                           access_log=False))  # fmt: skip
-    scraper = _MetricsServer(uvicorn.Config(metrics, host=args.host, port=metrics_port, lifespan="off",
-                                            log_level=args.log_level, access_log=False))  # fmt: skip
+                                           access_log=False, http=_guard(s)))  # fmt: skip
+    scraper = _MetricsServer(uvicorn.Config(metrics, host=args.host, port=s.metrics_port, lifespan="off",
+                                            log_level=args.log_level, access_log=False,
+                                            http=_guard(s)))  # fmt: skip
     side = asyncio.create_task(scraper.serve())
     try:
         await server.serve()

@@ -8,17 +8,32 @@ returned to a pool, and many ``get_running_loop()`` calls, each a getpid() syste
 Here a pipeline is one write and one future; Redis answers pipelines in order, so replies go to the
 oldest waiting pipeline. RESP2, ``redis://`` and ``rediss://`` URLs (user, password, database in the
 path); a timeout or a broken connection fails every pipeline on it and the next one reconnects.
+
+Bounded against a Redis that misbehaves (issue 39 item 6): a bulk reply over ``max_reply_bytes`` or a
+reply line over ``MAX_LINE_BYTES`` drops the connection instead of buffering it; array replies are refused
+outright (no command sent here returns one, so no depth or length can be exhausted); every pipeline has
+the deadline ``timeout``; a connection that fails before its first reply makes the next attempts wait a
+growing, jittered back-off (``BACKOFF_FIRST_S`` doubling to ``BACKOFF_MAX_S``), during which pipelines fail
+at once rather than each dialling a Redis that is down.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import random
 import ssl
 from collections.abc import Sequence
 from urllib.parse import unquote, urlsplit
 
 Reply = int | bytes | str | None
+
+MAX_REPLY_BYTES = 16 << 20
+"""Largest bulk reply taken (the gateway reads counters and short values; Redis allows 512 MB)."""
+MAX_LINE_BYTES = 64 << 10
+"""Longest status, error or integer line; more without its CRLF is not Redis."""
+BACKOFF_FIRST_S = 0.05
+BACKOFF_MAX_S = 2.0
 
 
 class RedisUnavailable(Exception):
@@ -33,7 +48,9 @@ _INCOMPLETE = object()
 
 
 class _Protocol(asyncio.Protocol):
-    def __init__(self) -> None:
+    def __init__(self, max_reply_bytes: int = MAX_REPLY_BYTES) -> None:
+        self.max_reply_bytes = max_reply_bytes
+        self.replied = False  # a pipeline was answered: the connection worked
         self.transport: asyncio.Transport | None = None
         self.buffer = bytearray()
         self.pending: collections.deque[
@@ -67,11 +84,12 @@ class _Protocol(asyncio.Protocol):
             while self.pending:
                 future, wanted, replies = self.pending[0]
                 while len(replies) < wanted:
-                    reply, pos = _parse(self.buffer, pos)
+                    reply, pos = _parse(self.buffer, pos, self.max_reply_bytes)
                     if reply is _INCOMPLETE:
                         return
                     replies.append(reply)  # type: ignore[arg-type]
                 self.pending.popleft()
+                self.replied = True
                 if not future.done():
                     future.set_result(replies)
         except ValueError as exc:
@@ -81,10 +99,12 @@ class _Protocol(asyncio.Protocol):
             del self.buffer[:pos]
 
 
-def _parse(buf: bytearray, pos: int) -> tuple[object, int]:
+def _parse(buf: bytearray, pos: int, max_bulk: int = MAX_REPLY_BYTES) -> tuple[object, int]:
     """One reply from ``buf`` at ``pos`` and where the next starts; ``_INCOMPLETE`` if not all there."""
-    end = buf.find(b"\r\n", pos)
+    end = buf.find(b"\r\n", pos, pos + MAX_LINE_BYTES + 2)
     if end < 0:
+        if len(buf) - pos > MAX_LINE_BYTES:
+            raise ValueError(f"a reply line over {MAX_LINE_BYTES} bytes")
         return _INCOMPLETE, pos
     kind, line = buf[pos : pos + 1], bytes(buf[pos + 1 : end])
     if kind == b":":
@@ -93,6 +113,8 @@ def _parse(buf: bytearray, pos: int) -> tuple[object, int]:
         size = int(line)
         if size < 0:
             return None, end + 2
+        if size > max_bulk:
+            raise ValueError(f"a bulk reply of {size} bytes, over the {max_bulk}-byte cap")
         stop = end + 2 + size
         if len(buf) < stop + 2:
             return _INCOMPLETE, pos
@@ -101,6 +123,8 @@ def _parse(buf: bytearray, pos: int) -> tuple[object, int]:
         return line.decode(), end + 2
     if kind == b"-":
         return ReplyError(line.decode("utf-8", "replace")), end + 2
+    if kind == b"*":
+        raise ValueError("an array reply (no command sent here returns one)")
     raise ValueError(f"unexpected reply type {bytes(kind)!r}")
 
 
@@ -123,6 +147,7 @@ class PipelineClient:
         username: str | None = None,
         password: str | None = None,
         ssl_context: ssl.SSLContext | None = None,
+        max_reply_bytes: int = MAX_REPLY_BYTES,
     ) -> None:
         """``ssl_context``: how ``rediss://`` is verified (server/tls.py; None: the system's CAs)."""
         u = urlsplit(url)
@@ -138,14 +163,36 @@ class PipelineClient:
         self.username = unquote(u.username) if u.username else username
         self.password = unquote(u.password) if u.password else password
         self.timeout = timeout
+        self.max_reply_bytes = max_reply_bytes
+        self._failures = 0  # connections in a row that failed before their first reply
+        self._retry_at = 0.0
         self._protocol: _Protocol | None = None
         self._connecting: asyncio.Lock | None = None
 
     async def execute(self, commands: Sequence[tuple[str | bytes | int, ...]]) -> list[Reply | ReplyError]:
         protocol = self._protocol
         if protocol is None or protocol.lost:
-            protocol = await self._connect()
-        return await self._send(protocol, commands)
+            wait = self._retry_at - asyncio.get_running_loop().time()
+            if wait > 0:
+                raise RedisUnavailable(f"Redis at {self.host}:{self.port} failed; next try in {wait:.2f} s")
+            try:
+                protocol = await self._connect()
+            except RedisUnavailable:
+                self._back_off()
+                raise
+        try:
+            replies = await self._send(protocol, commands)
+        except RedisUnavailable:
+            if not protocol.replied:  # accepted, then nothing: as good as refused
+                self._back_off()
+            raise
+        self._failures = 0
+        return replies
+
+    def _back_off(self) -> None:
+        delay = min(BACKOFF_MAX_S, BACKOFF_FIRST_S * 2**self._failures) * random.uniform(0.5, 1.0)
+        self._failures = min(self._failures + 1, 16)
+        self._retry_at = asyncio.get_running_loop().time() + delay
 
     async def close(self) -> None:
         if self._protocol is not None:
@@ -176,7 +223,9 @@ class PipelineClient:
             context = (self.ssl_context or ssl.create_default_context()) if self.tls else None
             try:
                 async with asyncio.timeout(self.timeout):
-                    _, protocol = await loop.create_connection(_Protocol, self.host, self.port, ssl=context)
+                    _, protocol = await loop.create_connection(
+                        lambda: _Protocol(self.max_reply_bytes), self.host, self.port, ssl=context
+                    )
             except (OSError, TimeoutError) as exc:
                 raise RedisUnavailable(f"cannot connect to Redis at {self.host}:{self.port}: {exc}") from exc
             hello: list[tuple[str | bytes | int, ...]] = []

@@ -75,6 +75,17 @@ class GatewaySettings(BaseModel):
     events to read usage; more: the stream ends with an error event and the connection is dropped."""
     upstream_max_body_bytes: int = Field(default=64 << 20, ge=1024)
     """Largest non-streamed answer of a worker (read whole before it is relayed); more: 502."""
+    max_request_head_bytes: int = Field(default=32 << 10, ge=1024)
+    """Largest request head (request line and headers) a client may send; more: 431 and the connection
+    closed, before the app or authentication runs (uvicorn sets none: server/http_guard.py). nginx's
+    default allows 4 buffers of 8 KiB."""
+    request_head_timeout_s: float = Field(default=10.0, gt=0)
+    """Longest a client may take to send a request's head (from connecting, or from the request's first
+    byte on a kept-alive connection); then 408 and closed: a slowloris client holds a connection this
+    long at most (nginx's client_header_timeout is 60 s; a real client sends its head in one write)."""
+    request_body_timeout_s: float = Field(default=30.0, gt=0)
+    """Longest a client may take to send a request's body after its head; then the connection is
+    closed (a body is at most ``max_request_bytes``)."""
     max_attempts: int = Field(default=3, ge=1)
     """Endpoints tried for one request when the first cannot take it (before any byte was sent)."""
     length_predictor_url: str | None = None

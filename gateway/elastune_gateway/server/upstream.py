@@ -370,6 +370,8 @@ class UpstreamPool:
                 )  # fmt: skip
         except TimeoutError as exc:
             raise ConnectFailed(f"no connection to {base_url} within {self.connect_timeout:g} s") from exc
+        except ssl.SSLCertVerificationError as exc:  # the worker CA or name is wrong: say so, not "reset"
+            raise ConnectFailed(f"TLS: {base_url} is not a worker the worker CA vouches for: {exc}") from exc
         except OSError as exc:
             raise ConnectFailed(f"{type(exc).__name__}: {exc}") from exc
         return conn

@@ -73,7 +73,7 @@ the operator's only when the repository does too. */}}
 external one, which is then required. */}}
 {{- define "elastune.redisUrl" -}}
 {{- if .Values.redis.bundled.enabled }}
-{{- printf "redis://%s-redis.%s.svc:6379/0" (include "elastune.fullname" .) .Release.Namespace }}
+{{- printf "%s://%s-redis.%s.svc:6379/0" (ternary "rediss" "redis" (eq (include "elastune.redisTls" .) "true")) (include "elastune.fullname" .) .Release.Namespace }}
 {{- else }}
 {{- required "redis.url is required when redis.bundled.enabled is false" .Values.redis.url }}
 {{- end }}

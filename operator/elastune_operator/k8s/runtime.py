@@ -49,7 +49,7 @@ from elastune_contract.protocol import PASSWORD_ENV, adapter_id
 from elastune_contract.request_credential import load_key
 from elastune_contract.vocabulary import ConditionType, Reason
 from elastune_operator.api_keys import namespace_models
-from elastune_operator.control import borrowing
+from elastune_operator.control import borrowing, pool_gpus
 from elastune_operator.control.attempt_timeouts import AttemptTimeouts
 from elastune_operator.control.core import ControlCore, PublishRefused
 from elastune_operator.control.lifecycle import is_terminal
@@ -168,6 +168,7 @@ class Runtime:
         self._posted: dict[str, set[tuple[str, str, str]]] = {}  # job key -> conditions already evented
         self._pools: dict[str, WarmPool] = {}  # "ns/name" -> resource (the pools the core runs)
         self._rejected: dict[str, WarmPool] = {}  # "ns/name" -> a WarmPool whose model has a pool in its ns
+        self._unsupported: dict[str, WarmPool] = {}  # "ns/name" -> refused for its GPUs per pod (pool_gpus)
         self.models = ModelFetcher(api_client)
         self._fetching: dict[str, WarmPool] = {}  # "ns/name" -> a WarmPool whose model is not fetched yet
         self._pool_conditions: dict[str, list[Any]] = {}  # "ns/name" -> its Ready condition
@@ -257,6 +258,17 @@ class Runtime:
     def _apply_pool(self, pool: WarmPool) -> list[dict[str, Any]]:
         """In the core thread: accept or refuse ``pool``; returns the held jobs of its model."""
         key = f"{pool.metadata.namespace or 'default'}/{pool.metadata.name}"
+        if (why := pool_gpus.refusal(pool.spec)) is not None:
+            if key in self._pools:  # a configured pool changed under an older CRD: it keeps its spec
+                why += "; the pool keeps running its previous spec"
+            else:  # its status is written; nothing else is made, whatever else held it back before
+                self._unsupported[key] = pool
+                for held_back in (self._rejected, self._fetching, self._no_redis_user):
+                    held_back.pop(key, None)
+            self._pool_condition(key, "False", Reason.GPUS_PER_POD_UNSUPPORTED, why)
+            log.warning("WarmPool %s refused: %s", key, why)
+            return []
+        self._unsupported.pop(key, None)
         model, ns = pool.spec.model, pool.metadata.namespace or "default"
         owner = next(
             (
@@ -356,7 +368,7 @@ class Runtime:
             self._forget_redis_user(key)
             if self._rejected.pop(key, None) is not None or self._fetching.pop(key, None) is not None:
                 return None
-            if self._no_redis_user.pop(key, None) is not None:
+            if self._no_redis_user.pop(key, None) is not None or self._unsupported.pop(key, None):
                 return None
             pool = self._pools.pop(key, None)
             if pool is None:
@@ -794,7 +806,8 @@ class Runtime:
                 for _key, pool in list(self._no_redis_user.items()):
                     for held in self._apply_pool(pool):
                         self._writers.submit(self.submit_job, held)
-        for key, pool in [*self._rejected.items(), *self._fetching.items(), *self._no_redis_user.items()]:
+        refused = [*self._rejected.items(), *self._unsupported.items(), *self._no_redis_user.items()]
+        for key, pool in [*refused, *self._fetching.items()]:
             status = WarmPoolStatus(observed_generation=pool.metadata.generation).model_dump(
                 by_alias=True, mode="json", exclude_none=True
             )
