@@ -367,9 +367,10 @@ def vouched_url(address: str, url: str) -> str | None:
 
 
 NAMESPACE_HEADER = "x-elastune-namespace"
-"""Sent by the gateway with a request for an adapter: the namespace the worker resolves the request's
-``model`` in (the adapter's, which the gateway chose for the caller). A request without it (sent to the
-worker directly) is served by the adapter of that name when only one namespace's is loaded there."""
+"""Sent by the gateway with a request for an adapter: the adapter's namespace, which the gateway resolved
+for the caller; with the request's ``model`` it is the adapter's id. Read only on the unsigned dev path
+(a worker with no request key): a signed request's adapter id is the credential's. Without it, ``model``
+is the base model or an adapter of no namespace; there is no "the only one of that name" rule."""
 
 
 def adapter_id(namespace: str, name: str) -> str:

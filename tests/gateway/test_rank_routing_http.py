@@ -37,6 +37,7 @@ from elastune_gateway.routing.policy import RequestView
 from elastune_gateway.routing.rank_aware import RankAwareRouter
 from elastune_gateway.server.directory import Endpoint
 from elastune_gateway.server.ledger import Ledger
+from elastune_gateway.server.settings import GatewaySettings
 from elastune_gateway.server.views import endpoint_view
 
 MODEL = "tiny-llama"
@@ -89,6 +90,9 @@ def _idle(redis_url: str, prefix: str) -> None:
         while True:
             recs = [r for r in bus.workers().values() if r.serving is not None]
             if len(recs) == 2 and all(r.serving.running + r.serving.waiting == 0 for r in recs):  # type: ignore[union-attr]
+                # The gateways re-read the registry every 0.25 s and expose no read time to wait on: two
+                # periods, so their view is this one too (not the last trace's queues).
+                time.sleep(2 * GatewaySettings.model_fields["refresh_s"].default)
                 return
             assert time.monotonic() < deadline, "the workers never went idle"
             time.sleep(0.2)

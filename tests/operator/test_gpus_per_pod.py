@@ -5,7 +5,8 @@ new WarmPool asking for more through the CRD's CEL rule; a WarmPool stored under
 upgrade leaves crds/ alone) reaches the real operator (kopf over our handlers, against the Kubernetes API
 emulator over HTTP and a real redis-server), which refuses it: Ready=False GPUsPerPodUnsupported, naming
 vLLM pools, and no Deployment. A pool of one GPU per pod beside it is configured as before, and the
-refused one comes up once its spec asks for one.
+refused one comes up once its spec asks for one. `elastune validate` and local mode, which check
+manifests as the apiserver would, refuse it with the apiserver's words.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import pytest
 from kubernetes import client, config
 from kubernetes.client.rest import ApiException
 
+from elastune_contract.api import manifests
 from elastune_contract.api.constants import GROUP, PLURAL_WARM_POOLS, VERSION
 from elastune_contract.api.crds import build_crd
 from elastune_contract.api.warmpool import WarmPool
@@ -147,3 +149,13 @@ def test_the_apiserver_refuses_two_gpus_per_pod_with_the_reason_and_admits_one(t
         assert update.value.status == 422, update.value.body
     finally:
         emulator.stop()
+
+
+def test_manifest_checks_refuse_two_gpus_per_pod_as_the_apiserver_does() -> None:
+    # What `elastune validate`, `elastune run` and `elastune serve` read manifests with.
+    wide = manifests.check(body("w", "m/a", 2), Path("pool.yaml"))
+    assert wide.resource is None, wide
+    assert [p for p in wide.problems if p.startswith("spec.gpusPerPod: gpusPerPod must be 1")], wide.problems
+    assert any("vLLM pool" in p for p in wide.problems), wide.problems
+    narrow = manifests.check(body("n", "m/a", 1), Path("pool.yaml"))
+    assert narrow.problems == [] and isinstance(narrow.resource, WarmPool), narrow

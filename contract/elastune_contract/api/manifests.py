@@ -13,6 +13,7 @@ import yaml
 from elastune_contract.api.crdcheck import validate_against_crd
 from elastune_contract.api.crds import render_crds
 from elastune_contract.api.resources import AnyResource, InvalidResource, parse_resource
+from elastune_contract.api.warmpool import ENGINE_GPUS_PER_POD, GPUS_PER_POD_MESSAGE, WarmPool
 
 
 @dataclass
@@ -54,6 +55,10 @@ def check(doc: Any, file: Path) -> Manifest:
         # once (issue 41 item 6: every error was printed twice), the rest (semantic checks) as well.
         named = {_field_of(p) for p in problems}
         problems += [e for e in exc.errors if _field_of(e) not in named]
+    # A CEL rule the model leaves out on purpose (the operator must still read such a stored pool to
+    # refuse it), so it is checked here, as the apiserver would.
+    if isinstance(resource, WarmPool) and resource.spec.gpus_per_pod > ENGINE_GPUS_PER_POD:
+        problems.append(f"spec.gpusPerPod: {GPUS_PER_POD_MESSAGE}")
     return Manifest(file, doc, resource if not problems else None, problems)
 
 

@@ -46,6 +46,8 @@ GPUS_PER_POD_REFUSAL: Final = (
     "a model that needs several GPUs per pod is for a vLLM pool (spec.serving.engine: vllm), which is "
     "not available yet"
 )
+#: The apiserver's message (the CRD's CEL rule), which `elastune validate` and local mode repeat.
+GPUS_PER_POD_MESSAGE: Final = f"gpusPerPod must be {ENGINE_GPUS_PER_POD}: {GPUS_PER_POD_REFUSAL}"
 
 #: spec.allowedNamespaces entry that admits jobs and adapters of every namespace.
 ALL_NAMESPACES = "*"
@@ -308,7 +310,7 @@ class WarmPoolSpec(ApiModel):
                     # model accepts more so the operator can read (and refuse) a pool stored under an
                     # older CRD (helm upgrade leaves crds/ alone).
                     "rule": f"!has(self.gpusPerPod) || self.gpusPerPod <= {ENGINE_GPUS_PER_POD}",
-                    "message": f"gpusPerPod must be {ENGINE_GPUS_PER_POD}: {GPUS_PER_POD_REFUSAL}",
+                    "message": GPUS_PER_POD_MESSAGE,
                     "fieldPath": ".gpusPerPod",
                 },
             ]
