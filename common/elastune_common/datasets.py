@@ -26,6 +26,9 @@ DATA_DIR = Path(__file__).resolve().parents[2] / "data"
 
 SHAREGPT_FILE = "sharegpt_250.json.gz"
 """250 ShareGPT conversations' first prompt and response, token lengths, Poisson arrivals (1/s)."""
+ALPACAEVAL_FILE = "alpacaeval_gpt35_0301.json.gz"
+"""AlpacaEval's 805 instructions (five instruction sets) with gpt-3.5-turbo-0301's answers, ShareGPT format
+plus each entry's ``source``: SSJF's second training source and its held-out one."""
 AZURE_CONV_TRACE_FILE = "azure_llm_conv_2023.csv.gz"
 """Azure LLM inference trace 2023, conversation service: TIMESTAMP, ContextTokens, GeneratedTokens."""
 
@@ -38,6 +41,11 @@ _GZIP_MAGIC = b"\x1f\x8b"
 def sharegpt_path() -> Path:
     """The ShareGPT dataset: ``$ELASTUNE_DATASET`` if set, else the shipped copy."""
     return Path(os.environ.get(DATASET_ENV) or DATA_DIR / SHAREGPT_FILE)
+
+
+def alpacaeval_path() -> Path:
+    """The AlpacaEval sample shipped in ``data/`` (tools/alpacaeval_sample.py wrote it)."""
+    return DATA_DIR / ALPACAEVAL_FILE
 
 
 def azure_trace_path() -> Path:

@@ -3,21 +3,22 @@
 
     python -m elastune_ssjf.build [--force] [--out DIR] [--cache-dir DIR] [--dataset FILE]
 
-Training data: the ShareGPT sample the repository ships (``data/sharegpt_250.json.gz``, found by
-``elastune_common.datasets``; ``--dataset`` or ``$ELASTUNE_DATASET`` name another copy): each entry's
-``prompt`` and ``response_length`` (the output length in tokens that the head learns). A fixed-seed
-80/20 split (``numpy.random.default_rng(seed).permutation``): the head is trained on the 200 training
-prompts only, and ``build_info.json`` reports on the 50 held-out ones its MAE in tokens, Spearman's rank
-correlation, and the trivial baseline (every prompt gets the training median), plus 5-fold
-cross-validation on the training split (what the recipe was chosen with; the held-out split was not
-used to choose). ``dataset_predictions.json`` holds out-of-fold predictions for every entry (5 folds
-over the whole dataset, each predicted by a head that never saw it): what ``elastune bench ssjf`` feeds
-the scheduler, so no request is scheduled on an in-sample prediction.
+Training data, all shipped in ``data/`` (found by ``elastune_common.datasets``): the ShareGPT sample
+(``sharegpt_250.json.gz``; ``--dataset`` or ``$ELASTUNE_DATASET`` name another copy) and AlpacaEval's
+instructions answered by gpt-3.5-turbo-0301 (``alpacaeval_gpt35_0301.json.gz``), each entry's ``prompt``
+and ``response_length`` (the output tokens the head learns). The split is by source, not by record: one
+whole source, ``spec.held_out_source`` (AlpacaEval's Self-Instruct set, 252 prompts), never reaches
+training, and build_info.json's ``test`` figures (MAE in tokens, Spearman's rank correlation, and the
+median predictor: every prompt gets the training median) are measured on it alone; ``loso`` holds
+leave-one-source-out cross-validation over the training sources (each predicted by a head that never saw
+any of its prompts). ``dataset_predictions.json`` records each side's prompt digests (a prompt on both
+sides fails the build) and the held-out source's predictions.
 
 The artifact is ``<ELASTUNE_CACHE | ~/.cache/elastune>/models/ssjf-predictor-v1``: the head's weights
 (the encoder stays in its package; build_info.json pins its version and weights digest, and a
 different encoder makes the cache stale). Built in a temp dir and renamed into place under a lock, as
-the tiny models are. About 20 s on 2 cores: one frozen forward of 250 prompts, then 11 small heads.
+the tiny models are. About a minute on 2 cores: one frozen forward of 1,055 prompts, then closed-form
+heads.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import math
 import os
 import statistics
 import time
@@ -56,6 +58,8 @@ class Entry:
     """Output tokens of the recorded answer: the target."""
     arrival_time: float
     """Seconds from the trace's start (Poisson arrivals in sharegpt_250)."""
+    source: str = "sharegpt"
+    """Where the prompt comes from (an entry's ``source``; ShareGPT's entries have none)."""
 
 
 def default_dataset() -> Path:
@@ -69,27 +73,44 @@ def load_dataset(path: Path | None = None) -> list[Entry]:
         raise datasets.not_found(path, "SSJF training data", f"--dataset or ${datasets.DATASET_ENV}")
     data = datasets.read_json(path)
     entries = data["entries"] if isinstance(data, dict) else data
-    return [Entry(e["prompt"], int(e["response_length"]), float(e.get("arrival_time", 0.0))) for e in entries]
+    return [
+        Entry(
+            e["prompt"],
+            int(e["response_length"]),
+            float(e.get("arrival_time", 0.0)),
+            e.get("source", "sharegpt"),
+        )
+        for e in entries
+    ]
 
 
-def split(n: int, spec: PredictorSpec) -> tuple[list[int], list[int]]:
-    """(train, test) indices: a fixed-seed permutation, the last ``test_fraction`` held out."""
-    import numpy as np
+def training_entries(dataset: Path | None = None) -> list[Entry]:
+    """Every entry the build sees, both sides of the split: the ShareGPT sample, then AlpacaEval's."""
+    path = datasets.alpacaeval_path()
+    if not path.exists():
+        raise datasets.not_found(path, "SSJF training data", "a checkout's data/")
+    return load_dataset(dataset) + load_dataset(path)
 
-    perm = [int(i) for i in np.random.default_rng(spec.seed).permutation(n)]
-    n_train = round(n * (1 - spec.test_fraction))
-    return perm[:n_train], perm[n_train:]
+
+def prompt_digest(prompt: str) -> str:
+    """What names a record across sources: its prompt, whitespace-normalised."""
+    return hashlib.sha256(" ".join(prompt.split()).encode()).hexdigest()[:16]
 
 
-def folds_of(indices: Sequence[int], k: int) -> list[list[int]]:
-    """``k`` contiguous, nearly equal parts (numpy.array_split's sizes)."""
-    q, r = divmod(len(indices), k)
-    out, start = [], 0
-    for f in range(k):
-        size = q + (1 if f < r else 0)
-        out.append(list(indices[start : start + size]))
-        start += size
-    return out
+def split_by_source(entries: Sequence[Entry], held_out: str) -> tuple[list[int], list[int]]:
+    """(train, test) indices: every entry of ``held_out`` tested, none trained on; a test prompt that also
+    occurs among the training entries (the same question in two sources) is an error, not a test."""
+    train = [i for i, e in enumerate(entries) if e.source != held_out]
+    test = [i for i, e in enumerate(entries) if e.source == held_out]
+    if not test:
+        raise ValueError(f"no entry of the held-out source {held_out!r}")
+    seen = {prompt_digest(entries[i].prompt) for i in train}
+    leaked = [i for i in test if prompt_digest(entries[i].prompt) in seen]
+    if leaked:
+        raise ValueError(
+            f"{len(leaked)} held-out prompt(s) of {held_out!r} also occur in training: {leaked[:5]}"
+        )
+    return train, test
 
 
 # --------------------------------------------------------------------------------------- metrics
@@ -136,28 +157,23 @@ def scores(pred: Sequence[int], truth: Sequence[int], train_truth: Sequence[int]
 
 
 # -------------------------------------------------------------------------------------- training
-def train_head(x: Any, targets: Sequence[int], spec: PredictorSpec, seed: int) -> Any:
-    """The regression head with L1 loss on ``x`` (n, dim) features: full-batch AdamW."""
+def train_head(x: Any, targets: Sequence[int], spec: PredictorSpec) -> Any:
+    """The ridge regression of log(tokens) on standardised features, solved in closed form."""
     import torch
 
     from .predictor import LengthHead
 
-    torch.manual_seed(seed)
     head = LengthHead(x.shape[1], spec)
     head.mean.copy_(x.mean(0))
     head.std.copy_(x.std(0) + 1e-6)
-    t = torch.tensor([v / spec.target_scale for v in targets], dtype=torch.float32)
-    out = head.net[-1]
-    assert isinstance(out, torch.nn.Linear)
+    z = (x - head.mean) / head.std
+    t = torch.tensor([math.log(max(1, v)) for v in targets], dtype=torch.float64)
+    zd = z.double()
+    gram = zd.T @ zd + spec.ridge_alpha * torch.eye(z.shape[1], dtype=torch.float64)
+    w = torch.linalg.solve(gram, zd.T @ (t - t.mean()))
     with torch.no_grad():
-        out.bias.fill_(statistics.median(t.tolist()))  # start at the median: L1's constant fit
-    opt = torch.optim.AdamW(head.net.parameters(), lr=spec.lr, weight_decay=spec.weight_decay)
-    head.train()
-    for _ in range(spec.epochs):
-        loss = (head(x) - t).abs().mean()
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
+        head.linear.weight.copy_(w.float().unsqueeze(0))
+        head.linear.bias.fill_(float(t.mean()))  # z is centred: the intercept is the mean log length
     return head.eval()
 
 
@@ -170,18 +186,30 @@ def predict_with(head: Any, x: Any, spec: PredictorSpec) -> list[int]:
         return to_tokens(head(x), spec)
 
 
-def cross_fit(x: Any, y: Sequence[int], parts: list[list[int]], spec: PredictorSpec) -> dict[int, int]:
-    """Each part predicted by a head trained on the other parts: {index: tokens}."""
-    out: dict[int, int] = {}
-    for f, part in enumerate(parts):
-        rest = [i for g, other in enumerate(parts) if g != f for i in other]
-        head = train_head(x[rest], [y[i] for i in rest], spec, spec.seed + f)
-        out.update(zip(part, predict_with(head, x[part], spec), strict=True))
+def leave_one_source_out(x: Any, entries: Sequence[Entry], train: Sequence[int], spec: PredictorSpec) -> dict:
+    """Each training source predicted by a head trained on the other training sources."""
+    out: dict[str, Any] = {}
+    for source in sorted({entries[i].source for i in train}):
+        fit = [i for i in train if entries[i].source != source]
+        part = [i for i in train if entries[i].source == source]
+        head = train_head(x[fit], [entries[i].response_length for i in fit], spec)
+        pred = predict_with(head, x[part], spec)
+        out[source] = scores(
+            pred, [entries[i].response_length for i in part], [entries[i].response_length for i in fit]
+        )
+    rhos = [m["spearman"] for m in out.values() if m["spearman"] is not None]
+    out["mean_spearman"] = round(statistics.fmean(rhos), 4) if rhos else None
     return out
 
 
+def _counts(entries: Sequence[Entry], idx: Sequence[int]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for i in idx:
+        out[entries[i].source] = out.get(entries[i].source, 0) + 1
+    return dict(sorted(out.items()))
+
+
 def _write_artifact(out: Path, spec: PredictorSpec, dataset: Path, *, log: bool) -> dict[str, Any]:
-    import numpy as np
     import safetensors
     import torch
     import transformers
@@ -190,36 +218,39 @@ def _write_artifact(out: Path, spec: PredictorSpec, dataset: Path, *, log: bool)
     from .predictor import Encoder
 
     t0 = time.perf_counter()
-    entries = load_dataset(dataset)
+    entries = training_entries(dataset)
     y = [e.response_length for e in entries]
+    train, test = split_by_source(entries, spec.held_out_source)  # before the costly encoding
     encoder = Encoder(spec)
     x = encoder.features([e.prompt for e in entries])
     t_features = time.perf_counter() - t0
     if log:
         print(f"  encoded {len(entries)} prompts in {t_features:.1f} s", flush=True)
 
-    train, test = split(len(entries), spec)
-    head = train_head(x[train], [y[i] for i in train], spec, spec.seed)
+    head = train_head(x[train], [y[i] for i in train], spec)
     test_pred = predict_with(head, x[test], spec)
-    cv = cross_fit(x, y, folds_of(train, spec.folds), spec)
     train_y = [y[i] for i in train]
-    oof_order = [int(i) for i in np.random.default_rng(spec.seed + 1).permutation(len(entries))]
-    oof = cross_fit(x, y, folds_of(oof_order, spec.folds), spec)
     metrics = {
         "test": scores(test_pred, [y[i] for i in test], train_y),
-        "cv_train": scores([cv[i] for i in train], train_y, train_y),
-        "out_of_fold": scores([oof[i] for i in range(len(y))], y, y),
+        "loso": leave_one_source_out(x, entries, train, spec),
     }
-    # The baselines of cv_train / out_of_fold use the whole set's median (a touch optimistic for them).
+    split_info = {
+        "train_sources": _counts(entries, train),
+        "held_out_sources": _counts(entries, test),
+    }
     save_file({k: v.contiguous() for k, v in head.state_dict().items()}, str(out / HEAD_FILE))
-    digest = hashlib.sha256(datasets.read_bytes(dataset)).hexdigest()  # the data's, not the gzip's
+    files = [Path(dataset), datasets.alpacaeval_path()]
+    digests = {f.name: hashlib.sha256(datasets.read_bytes(f)).hexdigest() for f in files}  # the data's
     (out / PREDICTIONS_FILE).write_text(
         json.dumps(
             {
-                "dataset_sha256": digest,
-                "split": {"train": train, "test": test},
-                "out_of_fold": [oof[i] for i in range(len(y))],
-                "test": dict(zip(map(str, test), test_pred, strict=True)),
+                "datasets_sha256": digests,
+                "split": {
+                    **split_info,
+                    "train_prompts": sorted({prompt_digest(entries[i].prompt) for i in train}),
+                    "held_out_prompts": [prompt_digest(entries[i].prompt) for i in test],
+                },
+                "held_out": test_pred,
             }
         )
         + "\n"
@@ -229,9 +260,15 @@ def _write_artifact(out: Path, spec: PredictorSpec, dataset: Path, *, log: bool)
         "format_version": FORMAT_VERSION,
         "spec": spec.fingerprint(),
         "encoder": encoder_identity(encoder.path),
-        "dataset": {"name": spec.dataset, "path": str(dataset), "sha256": digest, "entries": len(entries)},
+        "dataset": {
+            "name": spec.dataset,
+            "paths": [datasets.display_path(f) for f in files],
+            "sha256": digests,
+            "entries": len(entries),
+        },
+        "split": split_info,
         "metrics": metrics,
-        "head_params": sum(p.numel() for p in head.net.parameters()),
+        "head_params": sum(p.numel() for p in head.linear.parameters()),
         "seconds": round(time.perf_counter() - t0, 2),
         "seconds_features": round(t_features, 2),
         "torch_threads": torch.get_num_threads(),
@@ -304,18 +341,18 @@ def ensure_predictor(
     force: bool = False,
     log: bool = False,
 ) -> Path:
-    """The predictor's directory, built first if missing (~20 s on 2 cores)."""
+    """The predictor's directory, built first if missing (about a minute on 2 cores)."""
     return build_predictor(model_dir(cache_dir, spec), spec, dataset=dataset, force=force, log=log)
 
 
 def summary(info: dict[str, Any]) -> str:
     t = info.get("metrics", {}).get("test", {})
-    cv = info.get("metrics", {}).get("cv_train", {})
+    loso = info.get("metrics", {}).get("loso", {})
+    held = ", ".join(info.get("split", {}).get("held_out_sources", {}))
     return (
-        f"held-out ({t.get('n')} prompts): MAE {t.get('mae_tokens')} tokens, Spearman {t.get('spearman')}, "
-        f"baseline (training median {t.get('baseline_median_tokens')}) MAE {t.get('baseline_mae_tokens')}; "
-        f"{info.get('spec', {}).get('folds')}-fold CV on the training split: MAE {cv.get('mae_tokens')}, "
-        f"Spearman {cv.get('spearman')}, baseline MAE {cv.get('baseline_mae_tokens')}"
+        f"held-out source {held} ({t.get('n')} prompts, none trained on): MAE {t.get('mae_tokens')} tokens, "
+        f"Spearman {t.get('spearman')}, median predictor (training median {t.get('baseline_median_tokens')}) "
+        f"MAE {t.get('baseline_mae_tokens')}; leave-one-source-out Spearman {loso.get('mean_spearman')}"
     )
 
 
@@ -324,7 +361,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--force", action="store_true", help="rebuild even if a complete artifact exists")
     p.add_argument("--out", type=Path, help="exact output directory (default: the cache location)")
     p.add_argument("--cache-dir", type=Path, help="cache root (default $ELASTUNE_CACHE or ~/.cache/elastune)")
-    p.add_argument("--dataset", type=Path, help="training data (default: data/sharegpt_250.json.gz)")
+    p.add_argument("--dataset", type=Path, help="ShareGPT training data (default: data/sharegpt_250.json.gz)")
     p.add_argument("-q", "--quiet", action="store_true")
     args = p.parse_args(argv)
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch: see elastune_demo/build.py

@@ -94,7 +94,7 @@ def test_one_resolution_one_lookup_by_id_one_admission_check(
                 serving=ServingState(model=MODEL, max_model_len=256, adapters=adapters),
             )
         )  # fmt: skip
-        settings = GatewaySettings(redis_url=redis_server.url, namespace=prefix, fair_share=False)  # type: ignore[arg-type]
+        settings = GatewaySettings(redis_url=redis_server.url, namespace=prefix, fair_share=False)
         gw = Gateway(settings, Bus(redis_server.url, prefix))
         await gw.start()
         try:

@@ -40,9 +40,12 @@ class RequestView:
     length: int | None = None
     """Prompt length in tokens; None means ``len(tokens)``."""
     adapter: str | None = None
-    """The LoRA adapter (LoRAAdapter metadata.name); None for the base model."""
+    """The LoRA adapter's id (``protocol.adapter_id``: namespace/name, the name alone for one of no
+    namespace), as the gateway resolved the request's ``model`` (``KnownModel.adapter``); None for the
+    base model. ``EndpointView``'s adapter sets use the same ids."""
     rank: int = 0
-    """The adapter's LoRA rank (0 for the base model)."""
+    """The adapter's LoRA rank (0 for the base model): from the resolved model, which has it from the
+    worker records and pool record that publish it."""
     predicted_output_tokens: int | None = None
     """Output length predicted by the gateway (SSJF proxy model), or None when there is no prediction."""
     ttft_slo: float | None = None

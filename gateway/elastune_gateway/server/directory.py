@@ -33,8 +33,13 @@ hand through its control endpoint). Nothing else: another namespace's adapter of
 reached, and is not listed in ``/v1/models`` or in the 404's list of models. Without authentication (a
 loopback-only ``elastune serve``) there is one tenant: a base model (through the pool of the lowest
 id, when several serve it), else the adapter of that name when
-exactly one namespace serves one; a name two namespaces serve is then a 404 that says so. The request is
-forwarded with the adapter's namespace (``NAMESPACE_HEADER``), in which the worker resolves it again.
+exactly one namespace serves one; a name two namespaces serve is then a 404 that says so.
+
+This is the only place a served name is resolved (issue 40): the ``KnownModel`` it gives carries the
+adapter's id and rank to the routing policy (``RequestView.adapter``/``rank``), and the adapter's id to
+the worker in the signed credential (``request_signer.py``); the worker looks the adapter up by that id
+(no name rules of its own) and the engine checks the reference once at admission. Unsigned (a worker
+with no request key: local runs), the adapter's namespace goes as ``NAMESPACE_HEADER`` beside the name.
 """
 
 from __future__ import annotations
@@ -95,7 +100,9 @@ class Endpoint:
 
 @dataclass(frozen=True, slots=True)
 class KnownModel:
-    """A model clients may name: served now, published as a pool, or served earlier in this process."""
+    """A model clients may name: served now, published as a pool, or served earlier in this process.
+    What a request's ``model`` resolves to, once, at the gateway: namespace, adapter id, base model,
+    pool and rank; everything after (routing, the signed credential, the worker) reads this value."""
 
     name: str
     pool: str
@@ -137,6 +144,18 @@ class KnownModel:
     def served_model(self) -> str:
         """The model whose endpoints serve it (the base model of an adapter)."""
         return self.parent or self.name
+
+    @property
+    def adapter(self) -> str | None:
+        """The adapter's id (``protocol.adapter_id``: what the gateway signs for the worker, which looks
+        the adapter up by it, and what routing policies see); None for a base model."""
+        return adapter_id(self.namespace, self.name) if self.parent is not None else None
+
+    @property
+    def adapter_rank(self) -> int:
+        """The rank routing policies see: the adapter's (published by the pods holding it and by its
+        pool record), 0 for a base model."""
+        return self.rank if self.parent is not None else 0
 
 
 def _holdings(endpoints: dict[str, Endpoint]) -> set[tuple[str, str]]:
@@ -392,6 +411,11 @@ class Directory:
             return bases[0]
         same = [m for (_, n), m in self._adapters.items() if n == name]
         return same[0] if len(same) == 1 else None
+
+    def adapter(self, namespace: str, name: str) -> KnownModel | None:
+        """The adapter of this identity as last read (no name rule: for a request already resolved, to
+        see whether it became servable or unservable while it waits)."""
+        return self._adapters.get((namespace, name))
 
     def namespaces_serving(self, name: str) -> list[str]:
         """The namespaces with an adapter of this name (to explain a name that is ambiguous without a

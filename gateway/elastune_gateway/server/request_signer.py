@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import os
 
-from elastune_contract.protocol import adapter_id, split_worker_id
+from elastune_contract.protocol import split_worker_id
 from elastune_contract.request_credential import CREDENTIAL_HEADER, load_key, sign
 
 from .call import Call
@@ -22,10 +22,11 @@ class RequestSigner:
         """The header for ``call`` sent to ``endpoint`` (its namespace from its worker id, which the
         directory vouches for from the pod list)."""
         namespace, _ = split_worker_id(endpoint.id)
-        adapter = model.parent is not None
-        served = adapter_id(model.namespace, model.name) if adapter else model.name
+        served = model.adapter or model.name  # the adapter's id, resolved once (directory.py)
         key_id = call.principal.name if call.principal is not None else ""
-        value = sign(self.secret, namespace, served, adapter=adapter, key_id=key_id, ttl_s=self.ttl_s)
+        value = sign(
+            self.secret, namespace, served, adapter=model.adapter is not None, key_id=key_id, ttl_s=self.ttl_s
+        )
         return {CREDENTIAL_HEADER: value}
 
 

@@ -219,6 +219,8 @@ class Gateway:
         view = RequestView(
             id=uuid.uuid4().hex,
             tokens=key,
+            adapter=model.adapter,  # what the name resolved to: rank-aware costs need both
+            rank=model.adapter_rank,
             predicted_output_tokens=predicted,
             ttft_slo=ttft_slo,
             tpot_slo=tpot_slo,
@@ -316,6 +318,10 @@ class Gateway:
             if decision is not None:
                 self.metrics.decisions_of(model.namespace, model.name, policy, decision.kind).inc()
             router.on_routed(view, endpoint.id, time.monotonic())
+            log.debug(
+                "routed %s (adapter %s, rank %d) to %s by %s",
+                view.id, view.adapter or "-", view.rank, endpoint.id, policy,
+            )  # fmt: skip
             self.metrics.routed_of(model.namespace, model.name, endpoint.id, policy).inc()
             entry = self.ledger.add(
                 view, endpoint.id, None if body.stream else self._prefill_estimate(endpoint, view)
@@ -323,7 +329,7 @@ class Gateway:
             self.metrics.inflight.inc()
             try:
                 forwarded = _forwarded_headers(call)
-                if model.parent is not None:  # the worker resolves the adapter in its namespace
+                if model.parent is not None:  # unsigned (dev) path: the worker's id is namespace + name
                     forwarded = {**(forwarded or {}), NAMESPACE_HEADER: model.namespace}
                 if self.signer is not None:  # what the worker trusts: namespace, model and key, signed
                     forwarded = {**(forwarded or {}), **self.signer.headers(call, model, endpoint)}
@@ -436,7 +442,7 @@ class Gateway:
                         if e.id == chosen:
                             return e
                 if model.parent is not None:  # an adapter whose condition says waiting cannot help
-                    model = self.directory.model(model.name, model.namespace) or model
+                    model = self.directory.adapter(model.namespace, model.name) or model
                     if model.unservable:
                         self.metrics.rejected.labels("unservable").inc()
                         raise APIError(

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from elastune_contract.protocol import ServingCost
+from elastune_contract.protocol import ServingCost, adapter_id
 
 from ..routing.cost import CostModel
 from ..routing.policy import EndpointView
@@ -75,8 +75,8 @@ def endpoint_view(ep: Endpoint, ledger: Ledger) -> EndpointView:
         kv_capacity_tokens=capacity,
         max_running=max_running,
         context_tokens=int(s.kv_cache_usage * capacity),
-        device_adapters=frozenset(a.name for a in s.adapters if a.tier == "device"),
-        host_adapters=frozenset(a.name for a in s.adapters if a.tier == "host"),
+        device_adapters=frozenset(adapter_id(a.namespace, a.name) for a in s.adapters if a.tier == "device"),
+        host_adapters=frozenset(adapter_id(a.namespace, a.name) for a in s.adapters if a.tier == "host"),
         max_adapters=s.max_loras or DEFAULT_MAX_ADAPTERS,
         active=ledger.active(ep.id),
         cost=cost_model(s.cost),

@@ -6,9 +6,10 @@ serves ``/v1/completions`` and ``/v1/chat/completions`` only with a valid ``x-el
 (``elastune_contract.request_credential``), checked before the body is read: missing, malformed, forged
 or expired → 401, for another namespace → 403. Then only what it names is served: the body's ``model``
 must be the signed base model or the signed adapter's name → else 403. The request reaches the routes
-with the gateway's ``x-elastune-namespace``/``x-elastune-tenant`` replaced by the credential's (the
-signed adapter's namespace, the API key's id), so the routes resolve the adapter in that namespace only
-(no fallback to another of that name) and share the engine by the signed key. Every refusal is counted
+with the signed adapter id on its state (``routes.SERVED_ADAPTER``; None for the base model), which the
+routes look the adapter up by (issue 40: the gateway resolved the name once; no name rule here), the
+gateway's ``x-elastune-namespace`` dropped and ``x-elastune-tenant`` replaced by the API key's id, so the
+engine is shared by the signed key. Every refusal is counted
 (``elastune_worker_request_credential_refused_total{reason}``).
 
 A worker with no key (run by hand, the engine's own tests) is open as before and says so at start. The
@@ -38,6 +39,7 @@ from elastune_contract.request_credential import (
     load_key,
 )
 from elastune_contract.request_credential import verify as verify_credential
+from elastune_worker.engine.api.routes import SERVED_ADAPTER
 
 log = logging.getLogger("elastune.worker")
 
@@ -95,15 +97,13 @@ class RequestAuth:
 
 
 def _signed_scope(scope: Scope, cred: Credential) -> Scope:
-    """``scope`` with the gateway's headers replaced by what the credential says."""
+    """``scope`` with what the credential says in place of the gateway's headers: the signed adapter id
+    (None: the base model, so no adapter of that name answers in its stead) and the key's id."""
     drop = {_HEADER, _NAMESPACE, _TENANT}
     headers = [(n, v) for n, v in scope.get("headers", ()) if n not in drop]
-    if cred.adapter:
-        headers.append((_NAMESPACE, split_adapter_id(cred.model)[0].encode()))
-    else:  # a base model: no adapter of that name may answer in its stead
-        headers.append((_NAMESPACE, b"/"))  # no namespace is named "/": resolves no adapter
     headers.append((_TENANT, cred.key_id.encode()))
-    return {**scope, "headers": headers}
+    state = {**(scope.get("state") or {}), SERVED_ADAPTER: cred.model if cred.adapter else None}
+    return {**scope, "headers": headers, "state": state}
 
 
 async def _read_body(receive: Receive) -> tuple[list[Any], bytes]:

@@ -36,7 +36,7 @@ from elastune_contract.protocol import NAMESPACE_HEADER
 from elastune_worker.engine.api.admission import QueueBound, QueueTicket
 from elastune_worker.engine.api.metrics import ServingMetrics
 from elastune_worker.engine.client import EngineBusy, EngineClient
-from elastune_worker.engine.core.adapter_ref import AdapterRef, resolve
+from elastune_worker.engine.core.adapter_ref import DEFAULT_NAMESPACE, AdapterRef, adapter_key
 from elastune_worker.engine.core.outputs import RequestOutput
 from elastune_worker.engine.core.sampling import SamplingParams
 
@@ -61,25 +61,20 @@ def openai_router(
     bounds = limits or RequestLimits()
     created = int(time.time())
 
-    def engine_for(model: str, namespace: str | None) -> tuple[EngineClient, AdapterRef | None]:
-        """The engine, and the adapter (LoRA or soft prompt) when ``model`` names one: the one place a
-        served name is resolved on the worker; the reference travels with the request from here. The
-        name is resolved in ``namespace`` (the gateway's ``NAMESPACE_HEADER``: the caller's adapter);
-        without one, the adapter of that name when only one is loaded here."""
+    def engine_for(model: str, request: Request) -> tuple[EngineClient, AdapterRef | None]:
+        """The engine, and the adapter (LoRA or soft prompt) the gateway resolved this request to, looked
+        up by its id (``served_adapter``): the worker has no name rules of its own. The reference travels
+        with the request from here; the engine checks it once at admission."""
         engine = get_engine()
         if engine is None:
             raise EngineBusy("the model is still loading; retry shortly")
-        if model == engine.model_name:
+        key = served_adapter(model, request, engine.model_name)
+        if key is None and model == engine.model_name:
             return engine, None
-        loaded = [a.ref for a in engine.adapters()]
-        if namespace is not None:
-            adapter = resolve(model, loaded, namespace)
-        else:
-            same = [r for r in loaded if r.name == model]
-            adapter = resolve(model, loaded) or (same[0] if len(same) == 1 else None)
+        adapter = lookup_adapter(engine, key) if key is not None else None
         if adapter is not None:
             return engine, adapter
-        available = ", ".join([engine.model_name, *(r.name for r in loaded)])
+        available = ", ".join([engine.model_name, *(a.name for a in engine.adapters())])
         raise APIError(404, f"The model `{model}` does not exist. Available: {available}", "model")
 
     @router.get("/models", response_model=ModelList, responses=_ERRORS)
@@ -146,7 +141,7 @@ def openai_router(
 
     @router.post("/completions", response_model=CompletionResponse, responses=_ERRORS)
     async def completions(body: CompletionRequest, request: Request) -> Any:
-        engine, adapter = engine_for(body.model, request.headers.get(NAMESPACE_HEADER))
+        engine, adapter = engine_for(body.model, request)
         _refuse_unsupported(body)
         bounds.check(body)  # before tokenizing
         prompt = body.single_prompt()
@@ -168,7 +163,7 @@ def openai_router(
 
     @router.post("/chat/completions", response_model=ChatCompletionResponse, responses=_ERRORS)
     async def chat(body: ChatCompletionRequest, request: Request) -> Any:
-        engine, adapter = engine_for(body.model, request.headers.get(NAMESPACE_HEADER))
+        engine, adapter = engine_for(body.model, request)
         _refuse_unsupported(body)
         bounds.check(body)  # before tokenizing
         try:
@@ -210,6 +205,33 @@ async def _answer(
         "choices": [choice(text, reason)],
         "usage": run.usage(),
     }
+
+
+SERVED_ADAPTER = "elastune_served_adapter"
+"""The request's ``state`` key the worker's credential check (``elastune_worker.server.request_auth``)
+sets from the verified credential: the adapter id the gateway resolved and signed (None: the base
+model). Set, it is the only thing that says which adapter serves the request."""
+
+
+def served_adapter(model: str, request: Request, base_model: str) -> str | None:
+    """The id (``adapter_key``: namespace/name) of the adapter ``request`` is for; None for the base
+    model. Signed: the credential's. Unsigned, the dev path of a worker with no request key (local runs,
+    the engine's tests): the gateway's ``NAMESPACE_HEADER`` with ``model``; without the header, ``model``
+    is the base model's name or an adapter of no namespace (loaded by hand). No other rule: an adapter
+    a placement loaded in a namespace is reached with that namespace only."""
+    state = request.scope.get("state") or {}
+    if SERVED_ADAPTER in state:
+        signed: str | None = state[SERVED_ADAPTER]
+        return signed
+    namespace = request.headers.get(NAMESPACE_HEADER)
+    if namespace is None and model == base_model:
+        return None
+    return adapter_key(namespace or DEFAULT_NAMESPACE, model)
+
+
+def lookup_adapter(engine: EngineClient, key: str) -> AdapterRef | None:
+    """The loaded adapter whose id is ``key`` (None: none is loaded here)."""
+    return next((a.ref for a in engine.adapters() if a.ref.key == key), None)
 
 
 def _refuse_unsupported(body: _Request) -> None:
