@@ -9,7 +9,10 @@ a. prefix: a Preble-style workload (long shared documents behind a shared system
    the workers' measured service time. Then the same policies in the simulator at 8 and 32 endpoints
    with the cost model the real workers published (their profiled prefill/decode fit).
 b. rank: CaraServe's rank-aware routing vs MostIdle / FirstFit / Random in the simulator (60 servers,
-   skewed adapter popularity, mixed ranks): SLO attainment and time per token.
+   skewed adapter popularity, mixed ranks): SLO attainment and time per token. Then on real workers
+   (local processes, each holding adapters of ranks 8-64) through our gateway, which resolves each
+   request's adapter and rank once and hands both to the policy: rank-aware and the combined router
+   against round-robin and least-load on the same heterogeneous-rank Poisson trace.
 c. ssjf: the engine-side SSJF benchmark (``python -m elastune_bench.serving.ssjf``) run as a subprocess,
    its figures merged here (skipped with the reason when that module is not installed).
 """
@@ -315,6 +318,11 @@ RANK_HEADLINE_RATE = 5.5
 RANK_POLICIES: tuple[tuple[str, RoutingPolicyName], ...] = (
     ("rank_aware", "rankAware"), ("most_idle", "mostIdle"), ("first_fit", "firstFit"), ("random", "random"),
 )  # fmt: skip
+RANK_REAL_POLICIES: tuple[tuple[str, RoutingPolicyName], ...] = (
+    ("rank_aware", "rankAware"), ("combined", "combined"), ("round_robin", "roundRobin"),
+    ("least_load", "leastLoad"),
+)  # fmt: skip
+"""On real workers: CaraServe's policy and ours against the gateway's usual defaults."""
 
 
 def run_sim_rank() -> dict[str, Any]:
@@ -416,7 +424,7 @@ def run_rank_real(setup: RankSetup, logs: Path, say: Callable[[str], None]) -> d
         ]
         out["setup"] = {**setup.__dict__, "tpot_slo_ms": round(slo * 1000, 2), "kernel": "padded"}
         say(f"rank.real: {setup.workers} workers, TPOT SLO {slo * 1000:.2f} ms (8 x rank 64 alone)")
-        for key, policy in RANK_POLICIES:
+        for key, policy in RANK_REAL_POLICIES:
             gw = start_gateway(redis.url, ns, logs, "--policy", policy)
             try:
                 wait_for_endpoints(gw.url, setup.workers)
@@ -430,13 +438,29 @@ def run_rank_real(setup: RankSetup, logs: Path, say: Callable[[str], None]) -> d
                 "slo_attainment_pct": round(100 * met, 2), "tpot_ms_mean": round(1000 * mean, 2),
                 "tpot_ms_p99": round(1000 * percentile(tpots, 99), 2), "loadavg_1m_before": round(load, 2),
             }  # fmt: skip
-            say(f"  {key:10s} SLO attainment {100 * met:6.2f} %  TPOT mean {1000 * mean:.2f} ms")
+            say(f"  {key:11s} SLO attainment {100 * met:6.2f} %  TPOT mean {1000 * mean:.2f} ms")
+        out["vs"] = {
+            f"{subject}_vs_{base}": _attainment_ratio(out, base, subject)
+            for subject in ("rank_aware", "combined")
+            for base in ("round_robin", "least_load")
+        }
     finally:
         for p in procs:
             p.stop()
         redis.proc.kill()
         redis.proc.wait()
     return out
+
+
+def _attainment_ratio(section: dict[str, Any], baseline: str, subject: str) -> dict[str, float] | None:
+    """Subject's SLO attainment over the baseline's (> 1: ahead) and its TPOT mean under it."""
+    a, b = section.get(baseline, {}), section.get(subject, {})
+    if not a.get("slo_attainment_pct") or not b.get("tpot_ms_mean"):
+        return None
+    return {
+        "slo_attainment": round(b["slo_attainment_pct"] / a["slo_attainment_pct"], 3),
+        "tpot_mean_lower": round(a["tpot_ms_mean"] / b["tpot_ms_mean"], 3),
+    }
 
 
 def run_ssjf(quick: bool, say: Callable[[str], None]) -> dict[str, Any]:

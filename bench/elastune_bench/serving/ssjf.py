@@ -2,16 +2,19 @@
 
 The experiment of the SSJF paper ("Efficient Interactive LLM Serving with Proxy Model-based Sequence
 Length Prediction", §4.2) on Elastune's engine: the in-process ``LLMEngine`` serving the tiny Llama
-(``tiny-llama-v1``) replays the ShareGPT trace shipped in ``data/sharegpt_250.json.gz`` in real time.
-Each request's prompt is the dataset's prompt (the tiny Llama's tokens, the first ``--max-prompt``
+(``tiny-llama-v1``) replays the trace of the predictor's held-out source in real time: AlpacaEval's
+Self-Instruct prompts with gpt-3.5-turbo-0301's answers (``data/alpacaeval_gpt35_0301.json.gz``,
+``--trace``/``--trace-source``), a source the predictor never trained on. Each request's prompt is the
+dataset's prompt (the tiny Llama's tokens, the first ``--max-prompt``
 kept) and its output length is forced to the dataset's response length (``max_tokens`` = that
 length, ``ignore_eos``, greedy), so what a request costs is what it cost on the LLM that answered it.
 
 For each batching setting (none, dynamic, continuous; ``--max-num-seqs`` 4, the paper's batch size) three
 waiting-queue orders run on the same arrivals: FCFS; SJF on the predictor's lengths (``sjf``, the
 request's ``priority`` = its predicted output tokens); SJF on the true lengths (oracle). The predicted
-lengths are the predictor's out-of-fold predictions (``ssjf-predictor-v1``'s dataset_predictions.json:
-each prompt predicted by a head that never trained on it), never in-sample ones.
+lengths are the built predictor's (``ssjf-predictor-v1``) on the trace's prompts; the JSON counts the
+trace's prompts that are among the predictor's training prompts (``predictor.trace_prompts_in_training``,
+0 for the held-out source).
 
 Load. The dataset's arrivals (Poisson, 1 request/s) are compressed by a factor per setting so that the
 offered output tokens per second equal ``--load`` × the setting's decode capacity, estimated before the
@@ -22,9 +25,10 @@ which is where the order matters. The factors are in the JSON (``settings.<s>.ar
 Figures per run: job completion time (arrival → last token) mean and p99, throughput (output tokens
 / (last finish − first arrival)), the starvation guard's admissions. JSON (``--json``): ``ssjf.fcfs``,
 ``ssjf.sjf_predicted``, ``ssjf.sjf_oracle`` (continuous batching), ``ssjf.settings.<none|dynamic|
-continuous>.<order>``, ``ssjf.predictor`` (held-out MAE / Spearman / median baseline from the build,
-the bench requests' figures, per-prompt latency), ``ssjf.jct_mean_reduction_pct_vs_fcfs`` (continuous,
-predicted) and per setting, ``machine`` (load average before and after).
+continuous>.<order>``, ``ssjf.predictor`` (the build's held-out-source MAE / Spearman / median
+baseline and split, the bench requests' figures, per-prompt latency),
+``ssjf.jct_mean_reduction_pct_vs_fcfs`` (continuous, predicted) and per setting, ``machine`` (load
+average before and after).
 """
 
 from __future__ import annotations
@@ -45,6 +49,8 @@ ROOT = Path(__file__).resolve().parents[3]
 DEFAULT_OUT = ROOT / "benchmarks" / "results" / "ssjf.json"
 SETTINGS = ("none", "dynamic", "continuous")
 ORDERS = ("fcfs", "sjf_predicted", "sjf_oracle")
+HELD_OUT = "alpacaeval/selfinstruct"
+"""The predictor's held-out source (``PredictorSpec.held_out_source``; this module imports no torch)."""
 
 
 @dataclass(frozen=True)
@@ -54,29 +60,32 @@ class BenchRequest:
     output_tokens: int
     """Forced output length: the dataset's response length."""
     predicted: int
-    """The predictor's out-of-fold prediction."""
+    """The predictor's prediction (a source it never trained on, by default)."""
     at: float
     """Arrival, seconds from the trace's start (before scaling)."""
 
 
 # -- the workload -----------------------------------------------------------------------------------
 def workload(
-    dataset: Path, n: int | None, max_prompt: int, tokenizer: Any, predictions: list[int]
-) -> list[BenchRequest]:
-    """The first ``n`` requests of the trace (all when None), arrivals rebased to 0."""
+    trace: Path, source: str | None, n: int | None, max_prompt: int, tokenizer: Any, predictor: Any
+) -> tuple[list[BenchRequest], list[str]]:
+    """The first ``n`` requests of the trace's ``source`` entries (all when None; every entry when no
+    source), arrivals rebased to 0, each with the predictor's length; and their prompts."""
     from elastune_ssjf.build import load_dataset
 
-    entries = load_dataset(dataset)
-    if len(predictions) != len(entries):
-        raise ValueError("the predictor's dataset predictions do not match the dataset")
+    entries = [e for e in load_dataset(trace) if source is None or e.source == source]
+    if not entries:
+        raise ValueError(f"{trace} has no entry of source {source!r}")
     order = sorted(range(len(entries)), key=lambda i: entries[i].arrival_time)[:n]
+    prompts = [entries[i].prompt for i in order]
+    predicted = predictor.predict(prompts)
     t0 = entries[order[0]].arrival_time
     out = []
-    for i in order:
+    for i, guess in zip(order, predicted, strict=True):
         e = entries[i]
         ids = list(tokenizer(e.prompt)["input_ids"])[:max_prompt] or [tokenizer.eos_token_id]
-        out.append(BenchRequest(f"r{i}", ids, e.response_length, predictions[i], e.arrival_time - t0))
-    return out
+        out.append(BenchRequest(f"r{i}", ids, e.response_length, guess, e.arrival_time - t0))
+    return out, prompts
 
 
 # -- the engine -------------------------------------------------------------------------------------
@@ -179,14 +188,16 @@ def reduction(base: dict[str, Any], other: dict[str, Any]) -> float:
 
 
 # -- the predictor ----------------------------------------------------------------------------------
-def predictor_figures(reqs: list[BenchRequest], prompts: list[str], info: dict[str, Any]) -> dict[str, Any]:
-    """The build's held-out figures, the bench requests' out-of-fold figures, per-prompt latency."""
-    from elastune_ssjf.build import mae, spearman
-    from elastune_ssjf.predictor import LengthPredictor
+def predictor_figures(
+    reqs: list[BenchRequest], prompts: list[str], predictor: Any, pdir: Path
+) -> dict[str, Any]:
+    """The build's held-out-source figures and split, the bench requests' figures, per-prompt latency."""
+    from elastune_ssjf.build import mae, prompt_digest, spearman
+    from elastune_ssjf.predictor import dataset_predictions
 
+    info = predictor.info
     test = info["metrics"]["test"]
-    predictor = LengthPredictor.load()
-    predictor.predict(prompts[:2])  # first-call costs
+    trained = set(dataset_predictions(pdir)["split"]["train_prompts"])
     lat = []
     for p in prompts:  # one at a time, as the gateway asks for each request
         t0 = time.perf_counter()
@@ -202,9 +213,10 @@ def predictor_figures(reqs: list[BenchRequest], prompts: list[str], info: dict[s
         "baseline_mae_tokens": test["baseline_mae_tokens"],
         "baseline_median_tokens": test["baseline_median_tokens"],
         "heldout_prompts": test["n"],
-        "cv_train": info["metrics"]["cv_train"],
+        "split": info["split"],
+        "loso_mean_spearman": info["metrics"]["loso"]["mean_spearman"],
+        "trace_prompts_in_training": sum(prompt_digest(p) in trained for p in prompts),
         "bench_requests": {
-            "predictions": "out_of_fold",
             "n": len(reqs),
             "mae_tokens": round(mae(pred, truth), 2),
             "spearman": None if rho is None else round(rho, 4),
@@ -221,12 +233,19 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--json", type=Path, help="write the results here")
     p.add_argument(
         "--dataset", type=Path, default=datasets.sharegpt_path(),
-        help=f"the trace and the predictor's training data (default: ${datasets.DATASET_ENV} or "
+        help=f"the predictor's ShareGPT training data (default: ${datasets.DATASET_ENV} or "
         f"data/{datasets.SHAREGPT_FILE})",
     )  # fmt: skip
     p.add_argument(
-        "--requests", type=int, help="requests from the trace's start (default all 250; --quick 40)"
-    )
+        "--trace", type=Path, default=datasets.alpacaeval_path(),
+        help=f"the replayed requests (default: data/{datasets.ALPACAEVAL_FILE})",
+    )  # fmt: skip
+    p.add_argument(
+        "--trace-source", default=HELD_OUT,
+        help=f"replay only the trace's entries of this source ('' for all; default: {HELD_OUT}, the "
+        "predictor's held-out source)",
+    )  # fmt: skip
+    p.add_argument("--requests", type=int, help="requests from the trace's start (default all; --quick 40)")
     p.add_argument("--load", type=float, default=1.0, help="offered tokens/s over estimated capacity")
     p.add_argument("--max-num-seqs", type=int, default=4, help="batch size (the paper's 4)")
     p.add_argument("--max-num-batched-tokens", type=int, default=2048)
@@ -253,8 +272,8 @@ def run(quick: bool, args: argparse.Namespace | None = None) -> dict[str, Any]:
     from transformers import AutoTokenizer
 
     from elastune_demo.build import TINY_LLAMA_SPEC, ensure_tiny_model
-    from elastune_ssjf.build import ensure_predictor, load_dataset, read_build_info
-    from elastune_ssjf.predictor import dataset_predictions
+    from elastune_ssjf.build import ensure_predictor
+    from elastune_ssjf.predictor import LengthPredictor
 
     torch.set_num_threads(1)
     machine: dict[str, Any] = {"nproc": os.cpu_count(), "loadavg_before": loadavg(), "torch_threads": 1}
@@ -262,16 +281,19 @@ def run(quick: bool, args: argparse.Namespace | None = None) -> dict[str, Any]:
     reps = args.reps or 1
     model = ensure_tiny_model(spec=TINY_LLAMA_SPEC)
     pdir = ensure_predictor(dataset=args.dataset)
-    info = read_build_info(pdir) or {}
-    preds = dataset_predictions(pdir)
+    length_predictor = LengthPredictor.load(pdir)
     tok = AutoTokenizer.from_pretrained(model, local_files_only=True)
     tok.model_max_length = 1 << 30  # prompts are cut to --max-prompt tokens below
-    reqs = workload(args.dataset, n, args.max_prompt, tok, preds["out_of_fold"])
-    by_id = {f"r{i}": e.prompt for i, e in enumerate(load_dataset(args.dataset))}
-    predictor = predictor_figures(reqs, [by_id[r.rid] for r in reqs], info)
+    source = args.trace_source or None
+    reqs, prompts = workload(args.trace, source, n, args.max_prompt, tok, length_predictor)
+    predictor = predictor_figures(reqs, prompts, length_predictor, pdir)
+    del length_predictor
     print(
-        f"bench ssjf: {len(reqs)} requests, {sum(r.output_tokens for r in reqs)} output tokens; predictor "
-        f"held-out MAE {predictor['mae_tokens']} (median baseline {predictor['baseline_mae_tokens']}), "
+        f"bench ssjf: {len(reqs)} requests of {source or 'every source'}, "
+        f"{sum(r.output_tokens for r in reqs)} output tokens ({predictor['trace_prompts_in_training']} of "
+        f"their prompts in the predictor's training); predictor on them: MAE "
+        f"{predictor['bench_requests']['mae_tokens']}, Spearman {predictor['bench_requests']['spearman']}; "
+        f"build's held-out MAE {predictor['mae_tokens']} (median {predictor['baseline_mae_tokens']}), "
         f"Spearman {predictor['spearman']}; {predictor['latency_ms_mean']} ms per prompt",
         flush=True,
     )
@@ -334,6 +356,7 @@ def run(quick: bool, args: argparse.Namespace | None = None) -> dict[str, Any]:
         "config": {
             **config,
             "dataset": datasets.display_path(args.dataset),
+            "trace": datasets.display_path(args.trace),
             "requests": len(reqs),
             "model": TINY_LLAMA_SPEC.name,
         },
@@ -343,9 +366,10 @@ def run(quick: bool, args: argparse.Namespace | None = None) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    if not args.dataset.exists():
-        print(f"bench ssjf: {datasets.not_found(args.dataset, 'dataset', '--dataset')}", file=sys.stderr)
-        return 2
+    for path, flag in ((args.dataset, "--dataset"), (args.trace, "--trace")):
+        if not path.exists():
+            print(f"bench ssjf: {datasets.not_found(path, 'dataset', flag)}", file=sys.stderr)
+            return 2
     result = run(args.quick, args)
     for name, row in result["ssjf"]["settings"].items():
         print(

@@ -5,8 +5,8 @@ pure core all import it).
 A served name is resolved within a namespace (issue 25 item 1): two namespaces may each have a LoRAAdapter
 ``summarizer``. The control plane's placement names each adapter by ``namespace/name``
 (``elastune_contract.protocol.adapter_id``, the same string as ``adapter_key``), the worker's placement
-sync loads it with its namespace, the gateway forwards a request with the namespace it resolved for the
-caller (``NAMESPACE_HEADER``) and the worker's API resolves the name there; everything keyed by
+sync loads it with its namespace, the gateway resolves a request's name once and signs the adapter's id
+for the worker, whose API looks the adapter up by that id (``routes.lookup_adapter``); everything keyed by
 ``AdapterRef.key`` keeps the two apart. ``DEFAULT_NAMESPACE`` is left for adapters loaded by name alone
 (by hand through ``/v1/load_lora_adapter``, ``--lora-modules``, benchmarks).
 """
