@@ -1,7 +1,8 @@
 """The SSJF predictor, built once per session into the project's model cache (or found there).
 
-Built from the ShareGPT sample the repository ships (data/sharegpt_250.json.gz): an empty cache builds
-it here (~20 s on 2 cores) rather than skipping; a missing data file is a failure, not a skip."""
+Built from the samples the repository ships (data/sharegpt_250.json.gz, data/alpacaeval_gpt35_0301.json.gz):
+an empty cache builds it here (about a minute on 2 cores) rather than skipping; a missing data file is a
+failure, not a skip."""
 
 from __future__ import annotations
 

@@ -101,7 +101,7 @@ def test_invalid_json_is_a_400(service: str):
 def test_startup_builds_the_predictor_when_the_cache_has_none(
     predictor_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ):
-    """The build itself is the cached one copied in (a real build takes ~20 s; test_ssjf_predictor
+    """The build itself is the cached one copied in (a real build takes about a minute; test_ssjf_predictor
     checks what it writes): what is checked here is that startup notices the miss, builds, logs."""
     import logging
     import shutil

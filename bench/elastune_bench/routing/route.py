@@ -494,14 +494,20 @@ def ratios(section: dict[str, Any], baseline: str, subject: str) -> dict[str, fl
     }
 
 
+def target_of(args: argparse.Namespace) -> Path | None:
+    """Where the results go: ``--json``, else the committed file for a full run (none for --quick)."""
+    return Path(args.json) if args.json else (None if args.quick else RESULTS)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="elastune bench route", description=__doc__.split("\n")[0])
     p.add_argument("--quick", action="store_true", help="fewer requests (a few minutes)")
     p.add_argument("--json", metavar="PATH", help=f"write the results (default {RESULTS} for a full run)")
     p.add_argument("--workers", type=int, default=2, help="real workers behind each router")
     p.add_argument(
-        "--only", choices=("prefix", "rank", "ssjf"), action="append",
-        help="run only these parts (repeatable); they replace the same parts of an existing --json file",
+        "--only", choices=("prefix", "rank", "rank_real", "ssjf"), action="append",
+        help="run only these parts (repeatable); they replace the same parts of an existing --json file "
+        "(rank_real: the real workers of rank, keeping the file's simulated part)",
     )  # fmt: skip
     args = p.parse_args(argv)
     parts = set(args.only or ("prefix", "rank", "ssjf"))
@@ -527,6 +533,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                 section["e2_vs_vllm_router"] = ratios(section, "vllm_router_cache_aware", "e2")
                 section["e2_vs_smg"] = ratios(section, "smg_cache_aware", "e2")
             say(f"prefix.{key}: E2 vs round-robin (x lower latency): {section['e2_vs_round_robin']}")
+    written = target_of(args)
+    if "rank_real" in parts and "rank" not in parts:
+        earlier = json.loads(written.read_text()) if written is not None and written.exists() else {}
+        with tempfile.TemporaryDirectory(prefix="elastune-rank-") as logs:
+            real = run_rank_real(RankSetup(requests=60 if args.quick else 150), Path(logs), say)
+        result["rank"] = {**earlier.get("rank", {}), "real": real}
     if "rank" in parts:
         result["rank"] = {"sim": run_sim_rank()}
         with tempfile.TemporaryDirectory(prefix="elastune-rank-") as logs:
@@ -541,7 +553,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         result["ssjf"] = run_ssjf(args.quick, say)
     result["machine"]["loadavg_1m_end"] = round(os.getloadavg()[0], 2)
     result["wall_s"] = round(time.time() - started, 1)
-    target = Path(args.json) if args.json else (None if args.quick else RESULTS)
+    target = target_of(args)
     if target is not None:
         target.parent.mkdir(parents=True, exist_ok=True)
         if args.only and target.exists():  # a partial run updates its parts of an earlier full run
