@@ -109,6 +109,7 @@ class ControlCore:
             on_adapter_status,
             clock,
             check_artifact_paths=settings.check_artifact_paths,
+            lend_gpus_only=settings.lend_gpus_only,
             metrics=self.metrics,  # re-asserts of what it owns in the registry are counted
             # The addresses the backend knows its workers at (Local, Knative); a backend without them
             # (tests' fakes) vouches for none and the pool records say so (no list).

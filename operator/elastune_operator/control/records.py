@@ -150,6 +150,10 @@ class CoreSettings:
     """The scheduling policy: PromptTuner's, or one of the paper's baselines (infless, elasticflow)
     for side-by-side runs on real workers."""
     check_artifact_paths: bool = True
+    lend_gpus_only: bool = True
+    """A LoRAAdapter of a namespace a pool admits may name nothing of the pool's namespace (its claims,
+    Secrets, pod paths, cloud identity: control/borrowing.py). Off in local mode: one user's machine has
+    no namespaces to keep apart, and its adapters are files of that user."""
     """Check file:// and path artifactURLs of LoRAAdapters on this process's filesystem (local mode; a
     Kubernetes operator sees the workers' files only when it mounts the same volume)."""
     recovery_grace_s: float = WORKER_TTL_SECONDS + 5.0

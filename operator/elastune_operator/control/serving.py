@@ -129,6 +129,7 @@ class ServingControl:
         clock: Callable[[], float] = time.time,
         *,
         check_artifact_paths: bool = True,
+        lend_gpus_only: bool = True,
         metrics: ControlMetrics | None = None,
         vouched: Callable[[], dict[str, dict[str, str]]] | None = None,
     ) -> None:
@@ -139,6 +140,7 @@ class ServingControl:
         which forwards only to these. None: the backend vouches for nothing (the records carry no list)."""
         self.metrics = metrics
         self.check_artifact_paths = check_artifact_paths
+        self.lend_gpus_only = lend_gpus_only
         self.on_status = on_status or (lambda _rec: None)
         self.clock = clock
         self.pools: dict[str, _Pool] = {}  # pool id (namespace/name) -> pool
@@ -238,8 +240,8 @@ class ServingControl:
                 f"{rec.namespace}: create a WarmPool in {rec.namespace}, or have one of them list "
                 f"{rec.namespace} in spec.allowedNamespaces",
             )
-        elif foreign := borrowing.adapter_references(
-            rec.spec, rec.namespace, pool.namespace, pool.job_storage
+        elif self.lend_gpus_only and (
+            foreign := borrowing.adapter_references(rec.spec, rec.namespace, pool.namespace, pool.job_storage)
         ):  # never inspected, placed or mounted: a borrower names nothing of the pool's namespace
             message = borrowing.refusal("LoRAAdapter", rec.namespace, pool.key, foreign)
             rec.problem = artifacts.Problem(Reason.FOREIGN_REFERENCE, message)

@@ -256,6 +256,7 @@ def run(opts: RunOptions, out: TextIO = sys.stdout, err: TextIO = sys.stderr) ->
             eval_every=opts.eval_every,
             checkpoint_every=opts.checkpoint_every,
             policy=opts.policy,
+            lend_gpus_only=False,
         )
         core = ControlCore(backend, bus, settings, pools)
         progress = Progress(err)

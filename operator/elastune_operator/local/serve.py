@@ -163,7 +163,9 @@ def serve(opts: ServeOptions, out: TextIO = sys.stdout, err: TextIO = sys.stderr
         configs = [pool_config(wp, opts.workers) for wp in pools]
         for wp, cfg in zip(pools, configs, strict=True):
             backend.pool_args[cfg.key] = worker_serving_args(wp.spec.serving)
-        settings = CoreSettings(cold_capacity=opts.workers, channel_url=redis_url, work_dir=state_dir)
+        settings = CoreSettings(
+            cold_capacity=opts.workers, channel_url=redis_url, work_dir=state_dir, lend_gpus_only=False
+        )
         core = ControlCore(
             backend, bus, settings, configs, on_status=status.job, on_adapter_status=status.adapter
         )
