@@ -5,8 +5,8 @@
 ``POST /v1/predict_length`` with ``{"prompts": ["...", ...]}`` answers
 ``{"predicted_output_tokens": [int, ...], "model": "ssjf-predictor-v1"}`` in the prompts' order; a bad
 body is a 400 with an OpenAI-shaped error (``{"error": {"message", "type", "param", "code"}}``).
-``GET /healthz`` says it is up. Without ``--model`` the cached predictor is used, built first (~20 s)
-when the cache has none; the server only listens once it is loaded.
+``GET /healthz`` says it is up. Without ``--model`` the cached predictor is used, built first (about a
+minute on 2 cores) when the cache has none; the server only listens once it is loaded.
 """
 
 from __future__ import annotations
@@ -74,7 +74,7 @@ def load_predictor(model: Path | None, cache_dir: Path | None = None) -> Any:
     if model is None:
         target = model_dir(cache_dir)
         if not is_complete(target):
-            log.info("building the SSJF predictor into %s (not in the cache; ~20 s)", target)
+            log.info("building the SSJF predictor into %s (not in the cache; about a minute)", target)
             t0 = time.perf_counter()
             ensure_predictor(cache_dir)
             log.info("built the SSJF predictor in %.1f s", time.perf_counter() - t0)

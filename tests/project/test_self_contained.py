@@ -39,8 +39,9 @@ def test_no_file_names_a_folder_outside_the_repository():
 
 
 # -- the data shipped in data/ ----------------------------------------------------------------------
-SHIPPED_MAX_BYTES = 256 * 1024
-"""Each data file stays small (issue 41: "keep it small"); a bigger sample belongs in a script."""
+SHIPPED_MAX_BYTES = 320 * 1024
+"""Each data file stays small (issue 41: "keep it small"); a bigger sample belongs in a script. 320 KiB:
+the SSJF predictor's held-out source (AlpacaEval, 292 KiB gzipped) is the largest."""
 
 
 @pytest.fixture
@@ -50,7 +51,9 @@ def no_override(monkeypatch):
 
 def test_the_shipped_data_is_found_in_the_checkout_with_no_setting(no_override):
     readme = (ROOT / "data" / "README.md").read_text()
-    for path in (datasets.sharegpt_path(), datasets.azure_trace_path()):
+    shipped = sorted((ROOT / "data").glob("*.gz"))
+    assert {datasets.sharegpt_path(), datasets.azure_trace_path()} <= set(shipped)
+    for path in shipped:
         assert path.parent == ROOT / "data" and path.is_file(), path
         assert path.read_bytes()[:2] == b"\x1f\x8b" and path.stat().st_size < SHIPPED_MAX_BYTES, path
         assert f"`{path.name}`" in readme  # its source and licence are named there

@@ -202,6 +202,13 @@ def main() -> int:
         if greedy:
             r["vs_greedy"] = figures(r["tokens_per_s"] / greedy)
         print(f"engine decode b={batch} sampled {SAMPLED}: {r['tokens_per_s']} tok/s", flush=True)
+        try:  # the sampler alone, peaked and flat logits, with and without the full sort (issue 42)
+            from elastune_bench.device import sampler_bench
+
+            vocabs = ("tiny",) if args.smoke else ("tiny", "llama-3")
+            result["sampler"] = sampler_bench.measure(z.device, reps=3 if args.smoke else 20, vocabs=vocabs)
+        except Exception as exc:  # a figure missing, not the engine part failed
+            result["sampler"] = {"error": f"{type(exc).__name__}: {exc}"}
         if torch.cuda.is_available():
             result["model"]["max_memory_allocated_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 2)
         write_part(args.out, "engine", result)

@@ -1,12 +1,21 @@
 """Next-token sampling for a batch: greedy rows by argmax, the others with temperature, top-k and
 top-p, each seeded request from its own generator (same seed → same tokens, whatever the batch).
 
-The sampled rows are computed together: one temperature division, one top-k, one softmax, one sort for
-top-p, one multinomial draw for the unseeded rows (a seeded row draws from its own generator). Row by
+The sampled rows are computed together: one temperature division, one top-k, one softmax, one top-p,
+one multinomial draw for the unseeded rows (a seeded row draws from its own generator). Row by
 row, each sampled request cost 7 torch ops (temperature alone) to 22 (top_k and top_p), each a kernel
 launched from Python on a GPU: 449-1,409 a step at batch 64; now 13-39 a step whatever the batch
 (counted with a dispatch counter on this CPU; a seeded row still draws alone: 332 ops for 64 seeded
 rows). Every operation is per row, so a row's probabilities do not depend on the rest of the batch.
+
+Top-p without sorting the vocabulary (issue 42: the full sort made a temperature + top-p step 0.76x
+greedy on an H200): the nucleus is looked for among each row's ``CANDIDATES`` likeliest tokens (one
+``topk``); where it closes there, the kept set, its order and its running sums are those of the full
+stable sort, so the result is the same (exact, not approximate); only the rows where it does not (flat
+distributions: top_p's mass spread over more than ``CANDIDATES`` tokens) are sorted whole. vLLM's
+PyTorch path sorts the whole vocabulary for top-p and uses ``topk`` alone for top-k only; its GPU paths
+avoid the sort with a pivot search (Triton) or FlashInfer's rejection sampling, which draw from the
+same distribution but not the same token for a seed (vllm/v1/sample/ops/topk_topp_sampler.py).
 
 A row that fails is that request's failure alone: it is recorded in ``failures`` (the engine ends that
 request with the error) and the other rows are sampled as usual (when the batched draw fails, the rows
@@ -33,16 +42,60 @@ log = logging.getLogger("elastune.serving")
 NO_DISTRIBUTION = "no valid next-token distribution (NaN or inf in the logits)"
 
 
+CANDIDATES = 256
+"""Top-p looks for each row's nucleus among its 256 likeliest tokens (one ``topk``) before sorting the
+whole vocabulary: a language model's next-token nucleus at the top_p clients send is mostly far smaller."""
+
+
+def nucleus_drop(sorted_p: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """Which positions of descending probabilities fall outside the nucleus: those whose preceding mass
+    already reaches top_p. The first token always stays (also for a top_p below float32's resolution);
+    rows of top_p 1 keep all."""
+    drop = (sorted_p.cumsum(-1) - sorted_p >= top_p) & (top_p < 1.0)
+    drop[:, 0] = False
+    return drop
+
+
+def nucleus_by_sort(probs: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """The reference: the whole vocabulary sorted (stably: equal probabilities by token id), the
+    smallest prefix whose mass reaches top_p kept, the rest zeroed."""
+    sorted_p, order = probs.sort(dim=-1, descending=True, stable=True)
+    return probs.scatter(1, order, sorted_p.masked_fill(nucleus_drop(sorted_p, top_p), 0.0))
+
+
 class Sampler:
     def __init__(self, device: torch.device) -> None:
         self.device = device
         self.generators: dict[str, torch.Generator] = {}
         self.failures: dict[str, str] = {}
         """Requests whose row failed in a ``sample`` call since the last ``take_failures``: the why."""
+        self.full_sorts = 0
+        """Top-p rows whose nucleus did not close inside the candidates: sorted whole (flat rows)."""
         armed = os.environ.get(FAILPOINT_ENV, "")
         self.failpoint = SAMPLER_RAISE in (p.strip() for p in armed.split(","))
         if self.failpoint:
             log.warning("failpoint %s armed: seed %d fails in sampling", SAMPLER_RAISE, FAILPOINT_SEED)
+
+    @staticmethod
+    def _nucleus(probs: torch.Tensor, top_p: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each row's top-p nucleus (its other probabilities zeroed, not renormalised) from its
+        ``CANDIDATES`` likeliest tokens alone, and whether that row's nucleus closed inside them (else
+        the caller recomputes the row with the full sort). Rows of top_p 1 count as closed."""
+        vocab = probs.shape[-1]
+        if vocab <= CANDIDATES:  # the candidates would be the whole vocabulary: sort it
+            return nucleus_by_sort(probs, top_p), torch.ones_like(probs[:, 0], dtype=torch.bool)
+        # the K largest, ordered as the full stable sort orders them (ties: the lower token id first):
+        # topk leaves the order of equal values unspecified, so by id first, then stably by value
+        ids = torch.topk(probs, CANDIDATES, dim=-1).indices.sort(dim=-1).values
+        cand, by_value = probs.gather(1, ids).sort(dim=-1, descending=True, stable=True)
+        ids = ids.gather(1, by_value)
+        drop = nucleus_drop(cand, top_p)
+        last = cand.gather(1, (~drop).sum(-1, keepdim=True) - 1)
+        # exact when the last kept value is above every token left out (all of which are <= the K-th):
+        # then the full sort's first positions are these, in this order, with the same running sums
+        closed = (last > cand[:, -1:])[:, 0] | (top_p[:, 0] >= 1.0)
+        kept = torch.zeros_like(probs).scatter(1, ids, cand.masked_fill(drop, 0.0))
+        return kept, closed
 
     def forget(self, request_id: str) -> None:
         self.generators.pop(request_id, None)
@@ -118,18 +171,21 @@ class Sampler:
             kth = kth.masked_fill(no_k, float("-inf"))
             rows = rows.masked_fill(rows < kth, float("-inf"))
         probs = torch.softmax(rows, dim=-1)
-        if any(p.top_p < 1.0 for p in params):
-            # keep the smallest set whose mass reaches top_p (the first token always stays, also for a
-            # top_p below float32's resolution); rows of top_p 1 are left as they are
-            top_p = column([p.top_p for p in params])
-            sorted_p, order = probs.sort(dim=-1, descending=True, stable=True)
-            drop = (sorted_p.cumsum(-1) - sorted_p >= top_p) & (top_p < 1.0)
-            drop[:, 0] = False
-            kept = probs.scatter(1, order, sorted_p.masked_fill(drop, 0.0))
-            probs = torch.where(top_p < 1.0, kept / kept.sum(-1, keepdim=True), probs)
-        # NaN or inf logits in a row make its softmax, and so its sum, NaN (not > 0)
+        # NaN or inf logits in a row make its softmax, and so its sum, NaN (not > 0); top-p keeps that
         valid = probs.sum(-1) > 0
-        invalid = [i for i, ok in enumerate(valid.tolist()) if not ok]
+        if any(p.top_p < 1.0 for p in params):
+            top_p = column([p.top_p for p in params])
+            kept, closed = self._nucleus(probs, top_p)
+            # one device-to-host copy: the invalid rows and whether any row needs the full sort
+            flags = torch.stack([valid, closed]).tolist()
+            valid_rows, open_rows = flags[0], [i for i, c in enumerate(flags[1]) if not c]
+            if open_rows:
+                self.full_sorts += len(open_rows)
+                kept[open_rows] = nucleus_by_sort(probs[open_rows], top_p[open_rows])
+            probs = torch.where(top_p < 1.0, kept / kept.sum(-1, keepdim=True), probs)
+        else:
+            valid_rows = valid.tolist()
+        invalid = [i for i, ok in enumerate(valid_rows) if not ok]
         if invalid:  # drawn from a stand-in (uniform), reported as failed
             probs = torch.where(valid[:, None], probs, torch.ones_like(probs))
         seeded = [i for i, p in enumerate(params) if p.seed is not None]
