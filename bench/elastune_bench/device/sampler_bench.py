@@ -23,6 +23,7 @@ from elastune_worker.engine.model_runner.sampler import Sampler
 BATCH = 64
 VOCABS = {"tiny": 2048, "llama-3": 128256}
 SAMPLED = SamplingParams(temperature=0.8, top_p=0.9)
+FIGURES = ("greedy_ms", "top_p_ms", "top_p_full_sort_ms")
 
 
 def logits_of(shape: str, vocab: int, device: str) -> torch.Tensor:
@@ -39,21 +40,39 @@ def step(s: Sampler, logits: torch.Tensor, requests: list[tuple[str, SamplingPar
     return lambda: s.sample(logits, requests)
 
 
-def median_ms(fn: Any, device: str, reps: int) -> float:
+def medians_ms(fns: list[Any], device: str, reps: int) -> list[float]:
+    """Each function's median time; the functions take turns within every repetition, so that a
+    machine whose load changes (a shared CPU) slows them alike."""
+
     def sync() -> None:
         if device.startswith("cuda"):
             torch.cuda.synchronize()
 
-    for _ in range(3):
+    for fn in fns * 3:
         fn()
-    times = []
+    times: list[list[float]] = [[] for _ in fns]
     for _ in range(reps):
-        sync()
-        t0 = time.perf_counter()
-        fn()
-        sync()
-        times.append(time.perf_counter() - t0)
-    return round(statistics.median(times) * 1e3, 3)
+        for fn, seen in zip(fns, times, strict=True):
+            sync()
+            t0 = time.perf_counter()
+            fn()
+            sync()
+            seen.append(time.perf_counter() - t0)
+    return [round(statistics.median(t) * 1e3, 3) for t in times]
+
+
+def with_full_sort(fn: Any, vocab: int) -> Any:
+    """``fn`` with every top-p row sorted whole: the sampler before issue 42."""
+
+    def run() -> None:
+        saved = sampler_module.CANDIDATES
+        sampler_module.CANDIDATES = vocab
+        try:
+            fn()
+        finally:
+            sampler_module.CANDIDATES = saved
+
+    return run
 
 
 def measure(device: str, reps: int = 20, vocabs: tuple[str, ...] = tuple(VOCABS)) -> dict[str, Any]:
@@ -63,17 +82,14 @@ def measure(device: str, reps: int = 20, vocabs: tuple[str, ...] = tuple(VOCABS)
     for name, vocab in ((n, VOCABS[n]) for n in vocabs):
         for shape in ("peaked", "flat"):
             logits = logits_of(shape, vocab, device)
-            s = Sampler(torch.device(device))
-            r = {"greedy_ms": median_ms(step(s, logits, greedy), device, reps)}
-            s.full_sorts = 0
-            r["top_p_ms"] = median_ms(step(s, logits, sampled), device, reps)
+            s, old = Sampler(torch.device(device)), Sampler(torch.device(device))
+            fns = [
+                step(s, logits, greedy),
+                step(s, logits, sampled),
+                with_full_sort(step(old, logits, sampled), vocab),
+            ]
+            r = dict(zip(FIGURES, medians_ms(fns, device, reps), strict=True))
             r["rows_sorted_whole"] = round(s.full_sorts / (reps + 3) / BATCH, 3)
-            saved = sampler_module.CANDIDATES
-            sampler_module.CANDIDATES = vocab  # every row sorted whole: the sampler before
-            try:
-                r["top_p_full_sort_ms"] = median_ms(step(s, logits, sampled), device, reps)
-            finally:
-                sampler_module.CANDIDATES = saved
             r["speedup"] = round(r["top_p_full_sort_ms"] / r["top_p_ms"], 2)
             out[f"{name}/{shape}"] = r
             print(f"sampler b={BATCH} vocab={vocab} {shape}: {r}", flush=True)

@@ -26,8 +26,10 @@ def peaked(rows: int, seed: int) -> torch.Tensor:
     return -2.0 * ranks.log()
 
 
-def flat(rows: int, seed: int) -> torch.Tensor:
-    return torch.randn(rows, VOCAB, generator=torch.Generator().manual_seed(seed)) * 0.5
+def flat(rows: int, seed: int, std: float = 0.5) -> torch.Tensor:
+    """Gaussian logits: at std 0.5 the candidates may hold top_p's mass but do not; at 0.05 even 256 of
+    the likeliest cannot (the row is sorted whole without trying them)."""
+    return torch.randn(rows, VOCAB, generator=torch.Generator().manual_seed(seed)) * std
 
 
 def reference(logits: torch.Tensor, p: SamplingParams) -> torch.Tensor:
@@ -73,12 +75,14 @@ ROWS = [
 ]
 
 
-@pytest.mark.parametrize("shape", ["peaked", "flat", "ties"])
+@pytest.mark.parametrize("shape", ["peaked", "flat", "flatter", "ties"])
 def test_the_kept_set_and_distribution_are_the_full_sorts(
     monkeypatch: pytest.MonkeyPatch, shape: str
 ) -> None:
     if shape == "ties":  # logits on a coarse grid: long runs of equal probabilities, at the boundary too
         logits = torch.round(peaked(len(ROWS), 3) * 0.5)
+    elif shape == "flatter":
+        logits = flat(len(ROWS), 1, std=0.05)
     else:
         logits = (peaked if shape == "peaked" else flat)(len(ROWS), 1)
     s = Sampler(CPU)
@@ -117,13 +121,21 @@ def test_a_tie_at_the_boundary_keeps_the_lower_token_ids(monkeypatch: pytest.Mon
     assert s.full_sorts == 1
 
 
-def test_the_fallback_is_counted_row_by_row() -> None:
-    logits = torch.cat([peaked(5, 4), flat(3, 4)])
+def test_the_fallback_is_counted_row_by_row(monkeypatch: pytest.MonkeyPatch) -> None:
+    tried: list[int] = []
+    real = Sampler._nucleus
+
+    def counting(probs: torch.Tensor, top_p: torch.Tensor) -> Any:
+        tried.append(len(probs))
+        return real(probs, top_p)
+
+    monkeypatch.setattr(Sampler, "_nucleus", staticmethod(counting))
+    logits = torch.cat([peaked(5, 4), flat(3, 4), flat(2, 4, std=0.05)])
     s = Sampler(CPU)
-    s.sample(logits, [(f"r{i}", SamplingParams(temperature=1.0, top_p=0.9)) for i in range(8)])
-    assert s.full_sorts == 3
+    s.sample(logits, [(f"r{i}", SamplingParams(temperature=1.0, top_p=0.9)) for i in range(10)])
+    assert s.full_sorts == 5 and tried == [8]  # the flattest two never tried among the candidates
     s.sample(logits[:5], [(f"r{i}", SamplingParams(temperature=1.0, top_p=0.9)) for i in range(5)])
-    assert s.full_sorts == 3
+    assert s.full_sorts == 5 and tried == [8, 5]
 
 
 def test_seeded_rows_reproduce_alone_and_beside_fallback_rows() -> None:

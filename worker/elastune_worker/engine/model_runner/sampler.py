@@ -76,14 +76,40 @@ class Sampler:
         if self.failpoint:
             log.warning("failpoint %s armed: seed %d fails in sampling", SAMPLER_RAISE, FAILPOINT_SEED)
 
+    def _top_p(
+        self, probs: torch.Tensor, top_p: torch.Tensor, valid: torch.Tensor
+    ) -> tuple[torch.Tensor, list[bool]]:
+        """The rows' probabilities with top-p applied (renormalised; rows of top_p 1 as they are), and
+        which rows are valid. A row's nucleus is looked for among its candidates where it can close
+        there: where the candidates' mass can reach top_p (at most CANDIDATES x the largest probability);
+        the others, and those whose nucleus did not close there, are sorted whole. Both tell the same
+        kept set, so which path a row takes changes no token."""
+        applies = top_p[:, 0] < 1.0
+        may_close = probs.amax(-1) * CANDIDATES >= top_p[:, 0]
+        if probs.shape[-1] <= CANDIDATES:  # the candidates would be the whole vocabulary: sort it
+            may_close = torch.zeros_like(applies)
+        # one device-to-host copy for the invalid rows and which rows take which path
+        valid_rows, fits, sorts = torch.stack([valid, applies & may_close, applies & ~may_close]).tolist()
+        candidate_rows = [i for i, (ok, f) in enumerate(zip(valid_rows, fits, strict=True)) if ok and f]
+        sort_rows = [i for i, (ok, f) in enumerate(zip(valid_rows, sorts, strict=True)) if ok and f]
+        if len(sort_rows) == len(probs):  # every row sorted whole (flat rows): no copies of rows
+            self.full_sorts += len(sort_rows)
+            kept = nucleus_by_sort(probs, top_p)
+            return torch.where(top_p < 1.0, kept / kept.sum(-1, keepdim=True), probs), valid_rows
+        kept = probs.clone()  # rows of top_p 1, and invalid rows (reported failed), as they are
+        if candidate_rows:
+            kept[candidate_rows], closed = self._nucleus(probs[candidate_rows], top_p[candidate_rows])
+            sort_rows += [i for i, c in zip(candidate_rows, closed.tolist(), strict=True) if not c]
+        if sort_rows:
+            self.full_sorts += len(sort_rows)
+            kept[sort_rows] = nucleus_by_sort(probs[sort_rows], top_p[sort_rows])
+        return torch.where(top_p < 1.0, kept / kept.sum(-1, keepdim=True), probs), valid_rows
+
     @staticmethod
     def _nucleus(probs: torch.Tensor, top_p: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Each row's top-p nucleus (its other probabilities zeroed, not renormalised) from its
         ``CANDIDATES`` likeliest tokens alone, and whether that row's nucleus closed inside them (else
         the caller recomputes the row with the full sort). Rows of top_p 1 count as closed."""
-        vocab = probs.shape[-1]
-        if vocab <= CANDIDATES:  # the candidates would be the whole vocabulary: sort it
-            return nucleus_by_sort(probs, top_p), torch.ones_like(probs[:, 0], dtype=torch.bool)
         # the K largest, ordered as the full stable sort orders them (ties: the lower token id first):
         # topk leaves the order of equal values unspecified, so by id first, then stably by value
         ids = torch.topk(probs, CANDIDATES, dim=-1).indices.sort(dim=-1).values
@@ -175,14 +201,7 @@ class Sampler:
         valid = probs.sum(-1) > 0
         if any(p.top_p < 1.0 for p in params):
             top_p = column([p.top_p for p in params])
-            kept, closed = self._nucleus(probs, top_p)
-            # one device-to-host copy: the invalid rows and whether any row needs the full sort
-            flags = torch.stack([valid, closed]).tolist()
-            valid_rows, open_rows = flags[0], [i for i, c in enumerate(flags[1]) if not c]
-            if open_rows:
-                self.full_sorts += len(open_rows)
-                kept[open_rows] = nucleus_by_sort(probs[open_rows], top_p[open_rows])
-            probs = torch.where(top_p < 1.0, kept / kept.sum(-1, keepdim=True), probs)
+            probs, valid_rows = self._top_p(probs, top_p, valid)
         else:
             valid_rows = valid.tolist()
         invalid = [i for i, ok in enumerate(valid_rows) if not ok]
