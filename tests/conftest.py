@@ -16,7 +16,6 @@ import pytest
 from elastune_common.servers import Server
 from real_servers import start_redis, stop
 
-
 # Markers (registered in pyproject.toml), set here from what a module does rather than by hand, so a new
 # module is marked the day it is written: `root` for the pod world (network and mount namespaces),
 # `slow` for modules that start processes (the pod world, a kopf operator, `elastune serve`, workers,

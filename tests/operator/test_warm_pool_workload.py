@@ -5,7 +5,8 @@ semantics; no kubelet: the controller only writes Pod objects, this test writes 
 WorkloadBackend registers a pool and resizes it. Before this change the operator wrote a Knative Service
 with min-scale in its template; held to Knative's rules (``knative_rules``) that Service was refused
 (timeoutSeconds 3600 > 600, fieldRef env, PVCs, nodeSelector, tolerations) and every resize was a new
-Revision replacing every pod — see tests/testing/test_knative_rules.py and docs/operations/warm-pool-workload.md.
+Revision replacing every pod — see tests/testing/test_knative_rules.py and
+docs/operations/warm-pool-workload.md.
 """
 
 from __future__ import annotations

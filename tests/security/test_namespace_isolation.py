@@ -35,6 +35,14 @@ from operator_site import MODEL, OperatorSite, wait_for
 
 A, B = "team-a", "team-b"
 JOB_STORAGE = [{"claimName": "shared", "jobStorage": True}]
+BORROWER_JOB = {"dataset": "data/train.jsonl"}
+"""A job of another namespace may name nothing of the pool's (issue 39 item 3: ForeignReference): its
+dataset is a file of the worker image, not a path of the owner's pods."""
+
+
+def borrower_artifact(ns: str, name: str) -> str:
+    """Where a borrower's adapter may live on the pool: its own namespace's folder of the jobStorage claim."""
+    return f"pvc://shared/elastune/artifacts/{ns}/{name}"
 
 
 def allow(site: OperatorSite, ns: str, name: str, allowed: list[str]) -> None:
@@ -60,7 +68,7 @@ def site(tmp_path: Path, redis_server: Any) -> Iterator[OperatorSite]:
 
 def test_a_job_of_another_namespace_waits_until_the_pool_admits_it(site: OperatorSite) -> None:
     site.pool("tiny", A, volumes=JOB_STORAGE)
-    site.job("theirs", B)
+    site.job("theirs", B, **BORROWER_JOB)
     c = wait_for("B's job: Scheduled", lambda: site.condition("theirs", "Scheduled", PLURAL_TUNING_JOBS, B))
     assert (c["status"], c["reason"]) == ("False", Reason.POOL_NOT_SHARED), c
     assert f"{A}/tiny" in c["message"] and "allowedNamespaces" in c["message"], c["message"]
@@ -94,7 +102,7 @@ def test_a_job_of_another_namespace_waits_until_the_pool_admits_it(site: Operato
 
 def test_the_wildcard_admits_every_namespace(site: OperatorSite) -> None:
     site.pool("tiny", A, volumes=JOB_STORAGE, allowedNamespaces=["*"])
-    site.job("theirs", B)
+    site.job("theirs", B, **BORROWER_JOB)
     wait_for("B's job in the core", lambda: f"{B}/theirs" in site.runtime.core.jobs)
 
 
@@ -103,7 +111,7 @@ def test_an_adapter_of_another_namespace_is_not_served_on_the_pool_unless_admitt
 ) -> None:
     site.pool("tiny", A, volumes=JOB_STORAGE)
     site.adapter("a-adapter", A)
-    site.adapter("b-adapter", B)
+    site.adapter("b-adapter", B, artifactURL=borrower_artifact(B, "b-adapter"))
     wait_for("A's adapter in A's pool record", lambda: f"{A}/a-adapter" in served_adapters(site, "tiny"))
     c = wait_for("B's adapter: Ready", lambda: site.condition("b-adapter", "Ready", PLURAL_LORA_ADAPTERS, B))
     assert (c["status"], c["reason"]) == ("False", Reason.POOL_NOT_SHARED), c
@@ -179,7 +187,7 @@ def test_a_second_namespace_s_pool_of_the_model_is_ready_and_serves_its_own_name
     ready(site, "tiny", A)
     assert deployment(site, b_name, B) is not None
     wait_for("B's pool record", lambda: f"{B}/{b_name}" in site.bus.serving_pools())
-    site.job("theirs", B)
+    site.job("theirs", B, **BORROWER_JOB)
     theirs = wait_for("B's job in the core", lambda: site.runtime.core.jobs.get(f"{B}/theirs"))
     assert theirs.pool == f"{B}/{b_name}", "B's job runs on B's own pool"
     c = wait_for("B's job Scheduled", lambda: site.condition("theirs", "Scheduled", PLURAL_TUNING_JOBS, B))
@@ -194,7 +202,7 @@ def test_deleting_one_namespace_s_pool_leaves_the_other_namespaces_pool(
     a_pool_with_a_job(site)
     site.pool(b_name, B, volumes=JOB_STORAGE)
     ready(site, b_name, B)
-    site.job("theirs", B)
+    site.job("theirs", B, **BORROWER_JOB)
     wait_for("B's job in the core", lambda: f"{B}/theirs" in site.runtime.core.jobs)
     dup = site.get(PLURAL_WARM_POOLS, b_name, B)
     site.custom.delete_namespaced_custom_object(GROUP, VERSION, B, PLURAL_WARM_POOLS, b_name)
@@ -231,12 +239,12 @@ def test_a_job_uses_an_admitting_pool_of_another_namespace_only_while_its_own_ha
     site: OperatorSite,
 ) -> None:
     site.pool("tiny", A, volumes=JOB_STORAGE, allowedNamespaces=["*"])
-    site.job("early", B)
+    site.job("early", B, **BORROWER_JOB)
     early = wait_for("B's job in the core", lambda: site.runtime.core.jobs.get(f"{B}/early"))
     assert early.pool == f"{A}/tiny", "no pool of its own: the one that admits it"
     site.pool("own", B, volumes=JOB_STORAGE)
     ready(site, "own", B)
-    site.job("late", B)
+    site.job("late", B, **BORROWER_JOB)
     late = wait_for("B's second job in the core", lambda: site.runtime.core.jobs.get(f"{B}/late"))
     assert late.pool == f"{B}/own"
     # The first was not dispatched yet (no worker runs here): it moved to B's own pool.
@@ -268,7 +276,7 @@ def test_two_namespaces_each_have_a_summarizer_and_deleting_one_leaves_the_other
     """Fails before per-namespace identity: the second `summarizer` was refused (DuplicateAdapterName)."""
     site.pool("tiny", A, volumes=JOB_STORAGE, allowedNamespaces=[B])
     site.adapter("summarizer", A, artifactURL="pvc://shared/adapters/a-summarizer")
-    site.adapter("summarizer", B, artifactURL="pvc://shared/adapters/b-summarizer")
+    site.adapter("summarizer", B, artifactURL=borrower_artifact(B, "summarizer"))
     both = {f"{A}/summarizer", f"{B}/summarizer"}
     wait_for("both in A's pool record", lambda: both <= served_adapters(site, "tiny"))
     for ns in (A, B):
@@ -286,7 +294,7 @@ def test_two_namespaces_each_have_a_summarizer_and_deleting_one_leaves_the_other
         "both placed on the pod", lambda: (p := site.bus.placement(w1)) and both <= set(p) and p
     )
     assert placed[f"{A}/summarizer"].url.endswith("a-summarizer"), placed
-    assert placed[f"{B}/summarizer"].url.endswith("b-summarizer"), placed
+    assert placed[f"{B}/summarizer"].url.endswith(f"{B}/summarizer"), placed
 
     # The pod loads both: each LoRAAdapter's status names the pod, from its own entry of the record.
     serving_worker(site, "tiny-w1", "tiny", [(A, "summarizer"), (B, "summarizer")])
