@@ -12,6 +12,7 @@ adapter unloads it from every pod before its finalizer goes.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -30,6 +31,7 @@ from test_operator_integration import NS, Cluster, wait_for  # noqa: E402
 
 from elastune_common.servers import free_port  # noqa: E402
 from elastune_contract.api.constants import GROUP, VERSION  # noqa: E402
+from elastune_contract.request_credential import KEY_FILE_ENV  # noqa: E402
 from elastune_demo import adapters as tiny_adapters  # noqa: E402
 from elastune_demo import build as tiny_build  # noqa: E402
 
@@ -52,7 +54,10 @@ def gateway(cluster: Cluster) -> Iterator[str]:
     log = (cluster.tmp / "gateway.log").open("wb")
     argv = [sys.executable, "-m", "elastune_gateway.server", "--redis-url", cluster.redis_url]
     argv += ["--namespace", cluster.namespace, "--host", "127.0.0.1", "--port", str(port)]
-    proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
+    # The workers the stand-in starts hold the local backend's worker request key: the gateway signs with
+    # its secret (issue 39 item 3), as `elastune serve` and the chart wire them.
+    env = {**os.environ, KEY_FILE_ENV: str(cluster.backend.request_key_file)}
+    proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env)
 
     def up() -> bool:
         try:

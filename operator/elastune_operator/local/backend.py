@@ -63,6 +63,7 @@ class LocalBackend:
         # The gateway's request key (it signs every forwarded request) and the workers' key derived from
         # it (local workers have no namespace): files only this user reads (request_credential.py).
         secret = secrets.token_urlsafe(32).encode()
+        self._request_secret = secret
         self.request_key_file = _private_file(self.work_dir / "request-key", secret)
         self.worker_request_key_file = _private_file(
             self.work_dir / "worker-request-key", namespace_key(secret, "")
@@ -83,6 +84,18 @@ class LocalBackend:
             self._n += 1
             self.start_worker(f"{name}-w{self._n}", pool, model)
 
+    def _request_key_env(self, wid: str) -> dict[str, str]:
+        """The request key a worker verifies with: derived for its namespace, as the operator writes one
+        per pool namespace (a worker id ``<namespace>/<pod>``, what a Kubernetes stand-in starts), else the
+        local workers' key (no namespace)."""
+        namespace = wid.split("/", 1)[0] if "/" in wid else ""
+        if not namespace:
+            return {"ELASTUNE_REQUEST_KEY_FILE": str(self.worker_request_key_file)}
+        path = self.work_dir / f"worker-request-key-{namespace}"
+        if not path.exists():
+            _private_file(path, namespace_key(self._request_secret, namespace))
+        return {"ELASTUNE_REQUEST_KEY_FILE": str(path), "POD_NAMESPACE": namespace}
+
     def start_worker(
         self, wid: str, pool: str, model: str, host: str = LOOPBACK, port: int = 0, *, key: str | None = None
     ) -> _Proc:
@@ -101,7 +114,7 @@ class LocalBackend:
             "TOKENIZERS_PARALLELISM": "false",
             **self.extra_env,
             "ELASTUNE_CONTROL_TOKEN_FILE": str(self.control_token_file),
-            "ELASTUNE_REQUEST_KEY_FILE": str(self.worker_request_key_file),
+            **self._request_key_env(wid),
         }
         with log.open("ab") as out:
             proc = subprocess.Popen(
