@@ -11,9 +11,6 @@ not refused, and team-a's own job still has its Secret mounted (so the no-mount 
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,6 +23,7 @@ from kubernetes.client.rest import ApiException
 from elastune_contract.api.constants import GROUP, VERSION
 from elastune_contract.vocabulary import Reason
 from elastune_testing.emulator import start_emulator
+from operator_process import start_operator, stop_operator
 from operator_site import job_spec, wait_for
 
 OWNER, GUEST = "team-a", "team-b"
@@ -45,29 +43,19 @@ class World:
         self.api = config.new_client_from_config(config_file=str(self.emulator.kubeconfig_path))
         self.custom = client.CustomObjectsApi(self.api)
         self.create(OWNER, "warmpools", "WarmPool", "pool", POOL)
-        env = {
-            **{k: v for k, v in os.environ.items() if not k.startswith("AWS_")},
-            "KUBECONFIG": str(self.emulator.kubeconfig_path),
-            "ELASTUNE_REDIS_URL": redis_url,
-            "ELASTUNE_REDIS_SECRET": "",
-            "ELASTUNE_NAMESPACE": f"borrow{time.time_ns()}",
-            "ELASTUNE_WORK_DIR": str(tmp / "pod-tmp"),
-            "ELASTUNE_METRICS_PORT": "0",
-            "ELASTUNE_API_KEYS": "false",
-        }
-        cmd = [sys.executable, "-m", "kopf", "run", "--standalone", "--all-namespaces"]
-        cmd += ["-m", "elastune_operator.k8s.handlers"]
         self.log = tmp / "operator.log"
-        with self.log.open("wb") as out:
-            self.operator = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT)
+        self.operator = start_operator(
+            self.emulator.kubeconfig_path,
+            redis_url,
+            f"borrow{time.time_ns()}",
+            tmp / "pod-tmp",
+            self.log,
+            without_aws=True,
+            ELASTUNE_REDIS_SECRET="",
+        )
 
     def close(self) -> None:
-        self.operator.terminate()
-        try:
-            self.operator.wait(15)
-        except subprocess.TimeoutExpired:
-            self.operator.kill()
-            self.operator.wait()
+        stop_operator(self.operator)
         self.emulator.stop()
 
     def create(self, ns: str, plural: str, kind: str, name: str, spec: dict[str, Any]) -> None:

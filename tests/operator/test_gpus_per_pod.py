@@ -12,9 +12,6 @@ manifests as the apiserver would, refuse it with the apiserver's words.
 from __future__ import annotations
 
 import copy
-import os
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -29,6 +26,7 @@ from elastune_contract.api.crds import build_crd
 from elastune_contract.api.warmpool import WarmPool
 from elastune_contract.vocabulary import Reason
 from elastune_testing.emulator import default_crds, start_emulator
+from operator_process import start_operator, stop_operator
 from operator_site import wait_for
 from real_servers import start_redis, stop
 
@@ -57,29 +55,18 @@ def world(tmp_path: Path) -> Iterator[dict[str, Any]]:
     server = start_redis(tmp_path)
     crds = [c for c in default_crds() if c["spec"]["names"]["kind"] != "WarmPool"]
     emulator = start_emulator(tmp_path / "emulator", crds=[*crds, crd_without_gpu_rule()])
-    env = {
-        **os.environ,
-        "KUBECONFIG": str(emulator.kubeconfig_path),
-        "ELASTUNE_REDIS_URL": server.url,
-        "ELASTUNE_NAMESPACE": "gpus",
-        "ELASTUNE_WORK_DIR": str(tmp_path / "work"),
-        "ELASTUNE_METRICS_PORT": "0",
-        "ELASTUNE_API_KEYS": "false",
-    }
-    cmd = [sys.executable, "-m", "kopf", "run", "-m", "elastune_operator.k8s.handlers", "--standalone",
-           "--all-namespaces"]  # fmt: skip
-    with (tmp_path / "operator.log").open("wb") as log:
-        proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
+    proc = start_operator(
+        emulator.kubeconfig_path,
+        server.url,
+        "gpus",
+        tmp_path / "work",
+        tmp_path / "operator.log",
+    )
     api = config.new_client_from_config(config_file=str(emulator.kubeconfig_path))
     try:
         yield {"api": api, "log": tmp_path / "operator.log", "proc": proc}
     finally:
-        proc.terminate()
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_operator(proc)
         emulator.stop()
         stop(server.proc)
 

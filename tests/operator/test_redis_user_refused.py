@@ -8,9 +8,6 @@ from __future__ import annotations
 
 import base64
 import json
-import os
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,6 +20,7 @@ from kubernetes.client.rest import ApiException
 from elastune_contract.api.constants import GROUP, PLURAL_WARM_POOLS, VERSION
 from elastune_contract.redis_acl import DEFAULT_USERS, ROLES, Role, acl_file, acl_rules
 from elastune_testing.emulator import start_emulator
+from operator_process import start_operator, stop_operator
 from operator_site import wait_for
 from real_servers import start_redis, stop
 
@@ -40,35 +38,24 @@ def world(tmp_path: Path) -> Iterator[dict[str, Any]]:
     (tmp_path / "users.acl").write_text(acl + f"user admin on >{ADMIN} ~* &* +@all\n")
     server = start_redis(tmp_path, "--aclfile", str(tmp_path / "users.acl"))
     emulator = start_emulator(tmp_path / "emulator")
-    env = {
-        **os.environ,
-        "KUBECONFIG": str(emulator.kubeconfig_path),
-        "ELASTUNE_REDIS_URL": server.url,
-        "ELASTUNE_REDIS_USERNAME": DEFAULT_USERS["operator"],
-        "ELASTUNE_REDIS_PASSWORD": PASSWORDS["operator"],
+    proc = start_operator(
+        emulator.kubeconfig_path,
+        server.url,
+        BUS,
+        tmp_path / "work",
+        tmp_path / "operator.log",
+        ELASTUNE_REDIS_USERNAME=DEFAULT_USERS["operator"],
+        ELASTUNE_REDIS_PASSWORD=PASSWORDS["operator"],
         # What the chart gave the operator before per-pool users: the shared worker password to copy.
-        "ELASTUNE_REDIS_SECRET": "elastune-redis-worker",
-        "ELASTUNE_REDIS_WORKER_USERNAME": DEFAULT_USERS["worker"],
-        "ELASTUNE_REDIS_WORKER_PASSWORD": PASSWORDS["worker"],
-        "ELASTUNE_NAMESPACE": BUS,
-        "ELASTUNE_WORK_DIR": str(tmp_path / "work"),
-        "ELASTUNE_METRICS_PORT": "0",
-        "ELASTUNE_API_KEYS": "false",
-    }
-    cmd = [sys.executable, "-m", "kopf", "run", "-m", "elastune_operator.k8s.handlers", "--standalone",
-           "--all-namespaces"]  # fmt: skip
-    with (tmp_path / "operator.log").open("wb") as log:
-        proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
+        ELASTUNE_REDIS_SECRET="elastune-redis-worker",
+        ELASTUNE_REDIS_WORKER_USERNAME=DEFAULT_USERS["worker"],
+        ELASTUNE_REDIS_WORKER_PASSWORD=PASSWORDS["worker"],
+    )
     api = config.new_client_from_config(config_file=str(emulator.kubeconfig_path))
     try:
         yield {"api": api, "url": server.url, "log": tmp_path / "operator.log", "proc": proc}
     finally:
-        proc.terminate()
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_operator(proc)
         emulator.stop()
         stop(server.proc)
 

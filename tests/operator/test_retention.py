@@ -48,6 +48,7 @@ from elastune_operator.control.resources import durable_storage
 from elastune_operator.k8s.retention import CLEANUP_LABEL, Plan
 from elastune_testing.emulator import start_emulator
 from elastune_worker.storage import ownership, s3
+from operator_process import start_operator, stop_operator
 from operator_site import job_spec, wait_for
 
 NS = "default"
@@ -156,30 +157,20 @@ class Site:
         for name in ("s3-creds", "s3-stuck"):
             self.core.create_namespaced_secret(NS, {"metadata": {"name": name}, "data": self.secret_data()})
         self.pool = self.create("warmpools", "WarmPool", "pool", POOL)
-        env = {
-            **{k: v for k, v in os.environ.items() if not k.startswith("AWS_")},
-            "KUBECONFIG": str(self.emulator.kubeconfig_path),
-            "ELASTUNE_REDIS_URL": redis_url,
-            "ELASTUNE_REDIS_SECRET": "",
-            "ELASTUNE_NAMESPACE": f"ret{time.time_ns()}",
-            "ELASTUNE_WORK_DIR": str(tmp / "pod-tmp"),
-            "ELASTUNE_METRICS_PORT": "0",
-            "ELASTUNE_API_KEYS": "false",
-            "ELASTUNE_PROOF_KEY": "retention-test",
-        }
-        cmd = [sys.executable, "-m", "kopf", "run", "--standalone", "--all-namespaces"]
-        cmd += ["-m", "elastune_operator.k8s.handlers"]
         self.log = tmp / "operator.log"
-        with self.log.open("wb") as out:
-            self.operator = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT)
+        self.operator = start_operator(
+            self.emulator.kubeconfig_path,
+            redis_url,
+            f"ret{time.time_ns()}",
+            tmp / "pod-tmp",
+            self.log,
+            without_aws=True,
+            ELASTUNE_REDIS_SECRET="",
+            ELASTUNE_PROOF_KEY="retention-test",
+        )
 
     def close(self) -> None:
-        self.operator.terminate()
-        try:
-            self.operator.wait(15)
-        except subprocess.TimeoutExpired:
-            self.operator.kill()
-            self.operator.wait()
+        stop_operator(self.operator)
         self.standin.stopped.set()
         self.emulator.stop()
         self.s3.stop()
