@@ -4,17 +4,16 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import dataclasses
 import logging
 import os
 import sys
-from collections.abc import Iterator
 from typing import Any
 
 import uvicorn
 from pydantic import ValidationError
 
+from elastune_common.side_server import SideServer, serve_beside
 from elastune_contract.openai_api.limits import add_limit_args, limits_from
 from elastune_contract.protocol import DEFAULT_NAMESPACE
 
@@ -169,14 +168,6 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-class _MetricsServer(uvicorn.Server):
-    """The metrics listener leaves signals to the client one, which stops it when it stops."""
-
-    @contextlib.contextmanager
-    def capture_signals(self) -> Iterator[None]:
-        yield
-
-
 def _guard(s: GatewaySettings) -> type[Any]:
     """uvicorn's HTTP protocol with a cap on request heads and read timeouts (it has neither)."""
     return guarded_protocol(s.max_request_head_bytes, s.request_head_timeout_s, s.request_body_timeout_s)
@@ -186,15 +177,10 @@ async def _serve_with_metrics(app: Any, metrics: Any, args: argparse.Namespace, 
     assert s.metrics_port is not None
     server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
                                            access_log=False, http=_guard(s)))  # fmt: skip
-    scraper = _MetricsServer(uvicorn.Config(metrics, host=args.host, port=s.metrics_port, lifespan="off",
+    scraper = SideServer(uvicorn.Config(metrics, host=args.host, port=s.metrics_port, lifespan="off",
                                             log_level=args.log_level, access_log=False,
                                             http=_guard(s)))  # fmt: skip
-    side = asyncio.create_task(scraper.serve())
-    try:
-        await server.serve()
-    finally:
-        scraper.should_exit = True
-        await side
+    await serve_beside(server.serve(), scraper, scraper.serve())
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -6,10 +6,7 @@ and the operator's) answers 404 for /metrics (docs/security.md, issue 39 item 5)
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import socket
-from collections.abc import Iterator
 
 import uvicorn
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
@@ -17,6 +14,8 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
+
+from elastune_common.side_server import SideServer, serve_beside
 
 DEFAULT_METRICS_PORT = 9091
 """What a worker pod's metrics port is (the operator's container port ``metrics``; the image's
@@ -42,16 +41,12 @@ def listen(host: str, port: int) -> socket.socket:
     return sock
 
 
-class MetricsServer(uvicorn.Server):
-    """The metrics listener: leaves signals to the serving server, which stops it when it stops."""
+class MetricsServer(SideServer):
+    """The metrics listener on its bound socket: leaves signals to the serving server, which stops it."""
 
     def __init__(self, config: uvicorn.Config, sock: socket.socket) -> None:
         super().__init__(config)
         self.sock = sock
-
-    @contextlib.contextmanager
-    def capture_signals(self) -> Iterator[None]:
-        yield
 
 
 class ServingServer(uvicorn.Server):
@@ -65,12 +60,9 @@ class ServingServer(uvicorn.Server):
         if self.metrics is None:
             await super().serve(sockets)
             return
-        side = asyncio.create_task(self.metrics.serve(sockets=[self.metrics.sock]))
-        try:
-            await super().serve(sockets)
-        finally:
-            self.metrics.should_exit = True
-            await side
+        await serve_beside(
+            super().serve(sockets), self.metrics, self.metrics.serve(sockets=[self.metrics.sock])
+        )
 
 
 def metrics_server(registry: CollectorRegistry, sock: socket.socket) -> MetricsServer:
