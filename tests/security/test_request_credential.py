@@ -62,6 +62,12 @@ def stack(redis_server: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterat
             )
             assert r.status_code == 200, r.text
         g = start_gateway(redis_server.url, prefix, logs, env={"ELASTUNE_REQUEST_KEY": SECRET.decode()})
+        # The worker publishes its adapters with its next heartbeat and the gateway re-reads the registry:
+        # until then `units` is a 404 at the gateway (one run in three raced it).
+        deadline = time.monotonic() + 30
+        while "units" not in {m["id"] for m in httpx.get(g.url + "/v1/models", timeout=10).json()["data"]}:
+            assert time.monotonic() < deadline, "the gateway never listed the worker's adapter"
+            time.sleep(0.2)
         yield {"worker": w, "gateway": g}
         assert w.alive(), w.log_tail()
     finally:

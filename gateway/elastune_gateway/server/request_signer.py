@@ -5,9 +5,10 @@ the base model), the caller's key id and an expiry, signed with that namespace's
 from __future__ import annotations
 
 import os
+import time
 
 from elastune_contract.protocol import split_worker_id
-from elastune_contract.request_credential import CREDENTIAL_HEADER, load_key, sign
+from elastune_contract.request_credential import CREDENTIAL_HEADER, Credential, load_key, namespace_key, seal
 
 from .call import Call
 from .directory import Endpoint, KnownModel
@@ -17,6 +18,9 @@ class RequestSigner:
     def __init__(self, secret: bytes, ttl_s: float) -> None:
         self.secret = secret
         self.ttl_s = ttl_s
+        self._keys: dict[
+            str, bytes
+        ] = {}  # namespace -> its derived key: one HMAC per namespace, not per request
 
     def headers(self, call: Call, model: KnownModel, endpoint: Endpoint) -> dict[str, str]:
         """The header for ``call`` sent to ``endpoint`` (its namespace from its worker id, which the
@@ -24,10 +28,11 @@ class RequestSigner:
         namespace, _ = split_worker_id(endpoint.id)
         served = model.adapter or model.name  # the adapter's id, resolved once (directory.py)
         key_id = call.principal.name if call.principal is not None else ""
-        value = sign(
-            self.secret, namespace, served, adapter=model.adapter is not None, key_id=key_id, ttl_s=self.ttl_s
-        )
-        return {CREDENTIAL_HEADER: value}
+        key = self._keys.get(namespace)
+        if key is None:
+            key = self._keys[namespace] = namespace_key(self.secret, namespace)
+        cred = Credential(namespace, served, model.adapter is not None, key_id, time.time() + self.ttl_s)
+        return {CREDENTIAL_HEADER: seal(key, cred)}
 
 
 def signer_from_env(ttl_s: float, environ: dict[str, str] | None = None) -> RequestSigner | None:
